@@ -1,0 +1,20 @@
+# knownstate: `make verify` runs the gate, `make test` runs the test suite. Both set everything up first.
+.PHONY: setup verify test test-fast mutants bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+verify: setup
+	.venv/bin/knownstate verify
+
+test: setup
+	.venv/bin/python -m pytest tests
+
+test-fast: setup
+	.venv/bin/python -m pytest tests -m "not slow"
+
+mutants: setup
+	.venv/bin/knownstate mutants
+
+clean:
+	rm -rf .venv tools

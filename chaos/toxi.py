@@ -1,0 +1,207 @@
+"""Toxiproxy: the real server (Shopify's, v2.12.0) and the one module that talks to it.
+
+Every connection the code under test makes — to PostgreSQL or to an external stand-in — goes
+through its own proxy, one per (worker, upstream) link, so one worker can be cut off alone.
+
+Toxic values are never left to Toxiproxy's own randomness (it cannot be seeded): the checks
+draw every attribute with Hypothesis and pass it here, so a seed replays the same faults.
+
+The client is ``toxiproxy-python``; every call goes through :class:`Toxiproxy`. Two calls it
+makes are refused by Toxiproxy v2.12 and are made as direct HTTP calls here instead:
+``POST /reset`` (the client decodes the empty 204 body as JSON and fails) and enabling or
+disabling a proxy (same: the client expects a JSON body, and v2.12 answers ``PATCH``-style
+updates on ``POST /proxies/{name}`` with the proxy, which we accept either way).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+from toxiproxy.api import APIConsumer
+from toxiproxy.server import Toxiproxy as _Client
+
+from . import tools
+
+
+class ToxiproxyError(RuntimeError):
+    """The Toxiproxy server is not answering: it may have been killed."""
+
+
+TOXIC_KINDS = ("latency", "timeout", "reset_peer", "slicer", "limit_data", "bandwidth", "slow_close")
+
+
+@dataclass(frozen=True)
+class Toxic:
+    """One toxic with concrete attribute values. ``stream`` is ``downstream`` (server → client)
+    or ``upstream`` (client → server)."""
+
+    kind: str
+    stream: str = "downstream"
+    attributes: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}_{self.stream}"
+
+    def describe(self) -> str:
+        attrs = " ".join(f"{k}={v}" for k, v in sorted(self.attributes.items()))
+        return f"{self.kind}({self.stream}{' ' + attrs if attrs else ''})"
+
+
+class ToxiproxyServer:
+    """The toxiproxy-server process on a free loopback port."""
+
+    def __init__(self):
+        self.host = "127.0.0.1"
+        self.port: int | None = None
+        self._proc: subprocess.Popen | None = None
+
+    def start(self) -> "ToxiproxyServer":
+        binary = tools.toxiproxy_server()
+        self.port = tools.free_port()
+        self._proc = subprocess.Popen([binary, "-host", self.host, "-port", str(self.port)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      preexec_fn=tools.die_with_parent)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise ToxiproxyError(f"toxiproxy-server exited with code {self._proc.returncode} at start")
+            try:
+                with urllib.request.urlopen(f"{self.url}/version", timeout=1) as r:
+                    r.read()
+                return self
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(0.02)
+        self.stop()
+        raise ToxiproxyError("toxiproxy-server did not answer within 15s")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def client(self) -> "Toxiproxy":
+        return Toxiproxy(self.host, self.port)
+
+    def __enter__(self) -> "ToxiproxyServer":
+        return self.start() if self._proc is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class Link:
+    """One proxy: a single worker's path to a single upstream."""
+
+    def __init__(self, api: "Toxiproxy", name: str, listen_port: int, upstream: str):
+        self.api, self.name, self.port, self.upstream = api, name, listen_port, upstream
+        self.host = "127.0.0.1"
+        self.toxics: list[Toxic] = []
+        self.enabled = True
+
+    def add(self, toxic: Toxic) -> None:
+        self.api._call(lambda: self.api._proxy(self.name).add_toxic(
+            type=toxic.kind, stream=toxic.stream, name=toxic.name, toxicity=1.0, attributes=toxic.attributes))
+        self.toxics.append(toxic)
+
+    def remove(self, toxic: Toxic) -> None:
+        self.api._call(lambda: self.api._proxy(self.name).destroy_toxic(toxic.name))
+        self.toxics.remove(toxic)
+
+    def down(self) -> None:
+        """Disable the proxy: open connections drop, new ones are refused."""
+        self.api._http("POST", f"/proxies/{self.name}", {"enabled": False})
+        self.enabled = False
+
+    def up(self) -> None:
+        self.api._http("POST", f"/proxies/{self.name}", {"enabled": True})
+        self.enabled = True
+
+    def clear(self) -> None:
+        for t in list(self.toxics):
+            self.remove(t)
+        if not self.enabled:
+            self.up()
+
+    def __repr__(self) -> str:
+        return f"Link({self.name} :{self.port} -> {self.upstream})"
+
+
+class Toxiproxy:
+    """The wrapped client. ``toxiproxy-python`` keeps its address in a class attribute, so every
+    call sets it first; knownstate runs one Toxiproxy server per process."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self._client = _Client()
+        self.links: dict[str, Link] = {}
+
+    def _call(self, fn):
+        APIConsumer.host, APIConsumer.port = self.host, self.port
+        try:
+            return fn()
+        except (OSError, ConnectionError) as e:
+            raise ToxiproxyError(f"toxiproxy-server at {self.host}:{self.port} is not answering ({e}); "
+                                 "was it killed?") from None
+        except Exception as e:
+            if type(e).__module__.startswith(("requests", "urllib3")):
+                raise ToxiproxyError(f"toxiproxy-server at {self.host}:{self.port} is not answering "
+                                     f"({type(e).__name__}); was it killed?") from None
+            raise
+
+    def _proxy(self, name: str):
+        proxy = self._client.get_proxy(name)
+        if proxy is None:
+            raise ToxiproxyError(f"toxiproxy has no proxy named {name!r}")
+        return proxy
+
+    def _http(self, method: str, path: str, body: dict | None = None) -> None:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"http://{self.host}:{self.port}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                r.read()
+        except urllib.error.HTTPError as e:
+            raise ToxiproxyError(f"toxiproxy refused {method} {path}: {e.code} {e.read()[:200]!r}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise ToxiproxyError(f"toxiproxy-server at {self.host}:{self.port} is not answering ({e}); "
+                                 "was it killed?") from None
+
+    def link(self, name: str, upstream_host: str, upstream_port: int) -> Link:
+        """Create (or return) the proxy ``name`` in front of ``upstream``."""
+        if name in self.links:
+            return self.links[name]
+        port = tools.free_port()
+        upstream = f"{upstream_host}:{upstream_port}"
+        self._call(lambda: self._client.create(upstream=upstream, name=name, listen=f"127.0.0.1:{port}"))
+        link = self.links[name] = Link(self, name, port, upstream)
+        return link
+
+    def reset(self) -> None:
+        """Re-enable every proxy and remove every toxic (between examples)."""
+        self._http("POST", "/reset")
+        for link in self.links.values():
+            link.toxics.clear()
+            link.enabled = True
+
+    def version(self) -> str:
+        return self._call(lambda: self._client.version()).decode().strip()

@@ -1,0 +1,57 @@
+"""The one place where driver errors become domain errors.
+
+Every implementation runs its transactions through :func:`boundary` and commits with
+:func:`commit`. A lost race is *not* here: it is an ordinary outcome
+(:class:`knownstate.model.contract.LostRace`). What is here is what a worker cannot know.
+Each error's docstring is its message.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import psycopg
+
+
+class KnownstateError(Exception):
+    """knownstate failed."""
+
+    def __init__(self, detail: str = ""):
+        self.detail = detail
+        msg = (self.__doc__ or "").strip().splitlines()[0]
+        super().__init__(f"{msg} ({detail})" if detail else msg)
+
+
+class ConnectionLost(KnownstateError):
+    """The database connection died before COMMIT was sent: nothing of this transaction committed."""
+
+
+class CommitIndeterminate(KnownstateError):
+    """The database connection died while COMMIT was in flight: the transaction may or may not have committed."""
+
+
+class ExternalCallFailed(KnownstateError):
+    """The external service did not confirm the call: it may or may not have acted on it."""
+
+
+@contextmanager
+def boundary(where: str):
+    """Translate driver errors raised inside the block. Use around the statements of one
+    transaction; the COMMIT itself goes through :func:`commit`."""
+    try:
+        yield
+    except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+        raise ConnectionLost(f"{where}: {_first_line(e)}") from e
+
+
+def commit(conn: psycopg.Connection, where: str) -> None:
+    """COMMIT, telling a refused COMMIT apart from one whose answer never came."""
+    try:
+        conn.commit()
+    except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+        raise CommitIndeterminate(f"{where}: {_first_line(e)}") from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
