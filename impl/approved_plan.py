@@ -1,0 +1,274 @@
+"""The approved-plan executor on PostgreSQL: the reference implementation of
+:mod:`knownstate.model.approved_plan`.
+
+Each method of :class:`ApprovedPlanStore` is one operation of the model, with the same
+arguments after the connection and the same outcome values. Each is one transaction on the
+given psycopg 3 connection (not in autocommit): its statements run inside
+:func:`~knownstate.impl.errors.boundary`, then :func:`~knownstate.impl.errors.commit`. A
+transition whose ``UPDATE ... WHERE status = <from>`` matches no row rolls back and returns
+the model's ``LostRace``; a refusal by rule returns the model's ``Rejected``. The rules that
+both sides must word the same way (the fence's verdict, a step index's validity, reasons) are
+the model's own functions, so they are written once.
+
+``run_step`` is the heart of it, one transaction::
+
+    lock_executing  SELECT ... FOR UPDATE, refuse unless executing under the caller's token
+    credit | debit  the step's effect in the demo domain (nothing for a step that is not ok)
+    insert_receipt  agent_proposal_step (proposal_id, step_index): commits with the effect
+    finish_step     heartbeat_at = now(), and the step's transition
+    COMMIT
+
+SQL lives in ``sql/approved_plan_schema.sql`` and ``sql/approved_plan.sql``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Callable, Iterable
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from knownstate.impl.errors import boundary, commit
+from knownstate.impl.queries import load, schema as _read_schema
+from knownstate.model import approved_plan as m
+from knownstate.model.contract import LostRace, Outcome, Rejected, Won
+
+SCHEMA_FILE = "approved_plan_schema.sql"
+QUERIES = load("approved_plan.sql")
+TABLES = ("demo_ledger", "demo_account", "agent_proposal_step", "agent_proposal", "agent_proposal_ids")
+"""Every table of this kind, for ``TRUNCATE ... RESTART IDENTITY`` between examples."""
+
+Q = QUERIES
+
+
+def schema() -> str:
+    """The DDL that creates this kind's tables in an empty database."""
+    return _read_schema(SCHEMA_FILE)
+
+
+def _steps_json(steps: Iterable[m.Step]) -> Jsonb:
+    return Jsonb([s.to_json() for s in steps])
+
+
+def _steps(data: list) -> tuple[m.Step, ...]:
+    return tuple(m.Step.from_json(d) for d in data)
+
+
+def _rollback_quietly(conn: psycopg.Connection) -> None:
+    try:
+        conn.rollback()
+    except Exception:  # the connection is already gone: nothing of this transaction committed
+        pass
+
+
+class ApprovedPlanStore:
+    """The operations of :class:`~knownstate.model.approved_plan.ApprovedPlanModel`, on PostgreSQL."""
+
+    def __init__(self, heartbeat_s: int = m.HEARTBEAT_S):
+        self.heartbeat_s = heartbeat_s
+
+    # -- one transaction per operation -------------------------------------------
+    def _transaction(self, conn: psycopg.Connection, op: str, body: Callable[[], tuple[Outcome, bool]]) -> Outcome:
+        """Run ``body`` (which returns the outcome and whether it wrote anything) as one
+        transaction: commit what was written, roll back what was not."""
+        where = f"{m.KIND}.{op}"
+        try:
+            with boundary(where):
+                outcome, wrote = body()
+                if not wrote:
+                    conn.rollback()
+        except BaseException:
+            _rollback_quietly(conn)
+            raise
+        if wrote:
+            commit(conn, where)
+        return outcome
+
+    def _why_not(self, conn: psycopg.Connection, proposal_id: int, event: str) -> Outcome:
+        """A guarded UPDATE matched no row: either there is no such run, or someone moved it first."""
+        row = conn.execute(Q["run"], {"id": proposal_id}).fetchone()
+        return m.no_proposal(proposal_id) if row is None else m.lost(event)
+
+    def _conditional(self, conn: psycopg.Connection, proposal_id: int, event: str) -> Outcome:
+        def body():
+            if conn.execute(Q[event], {"id": proposal_id}).fetchone() is not None:
+                return Won(), True
+            return self._why_not(conn, proposal_id, event), False
+
+        return self._transaction(conn, event, body)
+
+    def _insert(self, conn: psycopg.Connection, steps: tuple[m.Step, ...], compensates: int | None) -> int:
+        (pid,) = conn.execute(Q["next_proposal_id"]).fetchone()
+        conn.execute(Q["insert_proposal"], {"id": pid, "steps": _steps_json(steps), "compensates": compensates})
+        return pid
+
+    def _heal(self, conn: psycopg.Connection, proposal_id: int) -> bool:
+        """mark_interrupted_if_stale; True when it failed a stale run (a write to commit)."""
+        row = conn.execute(Q["mark_interrupted_if_stale"], {
+            "id": proposal_id, "failure": m.INTERRUPTED, "heartbeat_s": self.heartbeat_s}).fetchone()
+        return row is not None
+
+    def _report(self, conn: psycopg.Connection, proposal_id: int) -> m.RunReport | None:
+        row = conn.execute(Q["run"], {"id": proposal_id}).fetchone()
+        if row is None:
+            return None
+        status, failure, _compensates, _generation = row
+        receipts = tuple(m.Receipt(*r) for r in conn.execute(Q["receipts"], {"id": proposal_id}))
+        return m.RunReport(proposal_id, m.Status(status), failure, receipts)
+
+    # -- operations ----------------------------------------------------------------
+    def propose(self, conn: psycopg.Connection, steps: Iterable) -> Outcome:
+        parsed = m.parse_steps(steps)
+        if isinstance(parsed, Rejected):
+            return parsed
+        return self._transaction(conn, "propose", lambda: (Won(self._insert(conn, parsed, None)), True))
+
+    def revise(self, conn: psycopg.Connection, proposal_id: int, steps: Iterable) -> Outcome:
+        parsed = m.parse_steps(steps)
+        if isinstance(parsed, Rejected):
+            return parsed
+
+        def body():
+            if conn.execute(Q["revise"], {"id": proposal_id, "steps": _steps_json(parsed)}).fetchone():
+                return Won(), True
+            row = conn.execute(Q["run"], {"id": proposal_id}).fetchone()
+            if row is not None and row[2] is not None:
+                return m.COMPENSATION_IS_FROZEN, False
+            return self._why_not(conn, proposal_id, "revise"), False
+
+        return self._transaction(conn, "revise", body)
+
+    def approve(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
+        return self._conditional(conn, proposal_id, "approve")
+
+    def reject(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
+        return self._conditional(conn, proposal_id, "reject")
+
+    def expire(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
+        return self._conditional(conn, proposal_id, "expire")
+
+    def mark_executing(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
+        """The claim. Won(token)."""
+        def body():
+            row = conn.execute(Q["mark_executing"], {"id": proposal_id}).fetchone()
+            if row is not None:
+                return Won(row[0]), True
+            return self._why_not(conn, proposal_id, "mark_executing"), False
+
+        return self._transaction(conn, "mark_executing", body)
+
+    def heartbeat(self, conn: psycopg.Connection, proposal_id: int, token: int) -> Outcome:
+        def body():
+            if conn.execute(Q["heartbeat"], {"id": proposal_id, "token": token}).fetchone() is not None:
+                return Won(), True
+            row = conn.execute(Q["run"], {"id": proposal_id}).fetchone()
+            if row is None:
+                return m.no_proposal(proposal_id), False
+            status, _failure, _compensates, generation = row
+            return m.fence("heartbeat", status, generation, token) or LostRace("heartbeat: not executing"), False
+
+        return self._transaction(conn, "heartbeat", body)
+
+    def run_step(self, conn: psycopg.Connection, proposal_id: int, step_index: int, token: int) -> Outcome:
+        """One step in one transaction: fence, effect, receipt, heartbeat, transition. Won(Receipt)."""
+        def body():
+            row = conn.execute(Q["lock_executing"], {"id": proposal_id}).fetchone()
+            if row is None:
+                return m.no_proposal(proposal_id), False
+            status, generation, steps_json, done = row
+            refused = m.fence("run_step", status, generation, token)
+            if refused:
+                return refused, False
+            steps = _steps(steps_json)
+            checked = m.check_step_index(steps, done, step_index)
+            if checked is True:  # already ran: answer from its receipt
+                r = conn.execute(Q["receipt"], {"id": proposal_id, "step_index": step_index}).fetchone()
+                return Won(m.Receipt(*r)), False
+            if checked is not None:
+                return checked, False
+            step = steps[step_index]
+            ok = self._apply(conn, proposal_id, step_index, step)
+            receipt = m.Receipt(step_index, ok, m.describe(step, ok))
+            conn.execute(Q["insert_receipt"], {"id": proposal_id, "step_index": step_index,
+                                               "ok": ok, "detail": receipt.detail})
+            target = m.TABLE.next(status, m.step_event(ok, step_index, len(steps)))
+            finished = conn.execute(Q["finish_step"], {
+                "id": proposal_id, "status": target,
+                "failure": None if ok else m.step_failure(step_index, receipt.detail)}).fetchone()
+            assert finished is not None, "the locked run left executing inside its own step"
+            return Won(receipt), True
+
+        return self._transaction(conn, "run_step", body)
+
+    @staticmethod
+    def _apply(conn: psycopg.Connection, proposal_id: int, step_index: int, step: m.Step) -> bool:
+        """The step's effect on the demo tables; False (and no effect) when the step is not ok."""
+        if step.op == "fail":
+            return False
+        params = {"id": proposal_id, "step_index": step_index, "account": step.account, "amount": step.amount}
+        return conn.execute(Q[step.op], params).fetchone() is not None
+
+    def read(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
+        """The run as seen, after the lazy heal. Won(RunReport)."""
+        def body():
+            healed = self._heal(conn, proposal_id)
+            seen = self._report(conn, proposal_id)
+            return (m.no_proposal(proposal_id) if seen is None else Won(seen)), healed
+
+        return self._transaction(conn, "read", body)
+
+    def repeat(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
+        """An execute request arriving again: a terminal run answers from its receipts, Won(RunReport)."""
+        def body():
+            healed = self._heal(conn, proposal_id)
+            seen = self._report(conn, proposal_id)
+            if seen is None:
+                return m.no_proposal(proposal_id), healed
+            if seen.status not in m.TERMINAL:
+                return m.not_terminal(seen.status), healed
+            return Won(seen), healed
+
+        return self._transaction(conn, "repeat", body)
+
+    def compensate(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
+        """Propose the run that undoes this one's committed steps. Won(compensation id)."""
+        def body():
+            healed = self._heal(conn, proposal_id)
+            row = conn.execute(Q["lock_run"], {"id": proposal_id}).fetchone()
+            if row is None:
+                return m.no_proposal(proposal_id), healed
+            status, steps_json = row
+            refused = m.compensation_refusal(status)
+            if refused:
+                return refused, healed
+            existing = conn.execute(Q["compensation_of"], {"id": proposal_id}).fetchone()
+            if existing is not None:
+                return Won(existing[0]), healed
+            receipts = [m.Receipt(*r) for r in conn.execute(Q["receipts"], {"id": proposal_id})]
+            steps = m.compensation_steps(_steps(steps_json), receipts)
+            if not steps:
+                return m.NOTHING_TO_COMPENSATE, healed
+            return Won(self._insert(conn, steps, proposal_id)), True
+
+        return self._transaction(conn, "compensate", body)
+
+
+def project(conn: psycopg.Connection, to_model_time: Callable[[datetime], int]) -> m.PlanState:
+    """Every row of this kind, in the model's state shape, read in one snapshot.
+    ``to_model_time`` turns a database timestamp into model seconds (the check owns that mapping)."""
+    with boundary(f"{m.KIND}.project"):
+        try:
+            conn.execute(Q["snapshot"])
+            receipts: dict[int, list[m.Receipt]] = {}
+            for pid, step_index, ok, detail in conn.execute(Q["all_receipts"]):
+                receipts.setdefault(pid, []).append(m.Receipt(step_index, ok, detail))
+            proposals = tuple(
+                m.Proposal(pid, m.Status(status), _steps(steps), compensates, generation,
+                           None if hb is None else to_model_time(hb), failure, tuple(receipts.get(pid, ())))
+                for pid, status, steps, compensates, generation, hb, failure in conn.execute(Q["all_proposals"]))
+            balances = tuple((a, b) for a, b in conn.execute(Q["all_balances"]))
+            ledger = tuple(sorted(m.LedgerEntry(*r) for r in conn.execute(Q["all_ledger"])))
+        finally:
+            _rollback_quietly(conn)
+    return m.PlanState(proposals, balances, ledger)

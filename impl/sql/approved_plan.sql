@@ -1,0 +1,151 @@
+-- Named queries of the approved-plan executor (knownstate.impl.approved_plan).
+-- Every transition is a conditional UPDATE: the WHERE names the status it leaves, so exactly
+-- one caller wins and a loser matches no row (a lost race, not an error). Lease stamps and
+-- comparisons use now(), the database's clock.
+
+-- next_proposal_id --
+-- Allocate the next proposal id, gaplessly: the counter row is locked until this transaction
+-- ends and rolls back with it, so a proposal that never committed never used a number.
+INSERT INTO agent_proposal_ids AS ids (one, last) VALUES (true, 1)
+ON CONFLICT (one) DO UPDATE SET last = ids.last + 1
+RETURNING last
+
+-- insert_proposal --
+-- A new plan, pending. `compensates` links a compensating plan to the run it undoes.
+INSERT INTO agent_proposal (id, status, steps, compensates)
+VALUES (%(id)s, 'pending', %(steps)s, %(compensates)s)
+
+-- revise --
+-- Replace a plan's steps while it is pending. Approval froze them: afterwards nothing matches.
+-- A compensation's steps come from receipts and are never revised.
+UPDATE agent_proposal SET steps = %(steps)s
+WHERE id = %(id)s AND status = 'pending' AND compensates IS NULL
+RETURNING id
+
+-- approve --
+-- pending -> approved: the payload is frozen from here on.
+UPDATE agent_proposal SET status = 'approved'
+WHERE id = %(id)s AND status = 'pending'
+RETURNING id
+
+-- reject --
+-- pending -> rejected.
+UPDATE agent_proposal SET status = 'rejected'
+WHERE id = %(id)s AND status = 'pending'
+RETURNING id
+
+-- expire --
+-- pending | approved -> expired: a plan nobody approved or started in time. Racing the claim,
+-- exactly one of the two matches.
+UPDATE agent_proposal SET status = 'expired'
+WHERE id = %(id)s AND status IN ('pending', 'approved')
+RETURNING id
+
+-- mark_executing --
+-- The claim, approved -> executing: exactly one caller wins. It takes the claim token (the
+-- generation) and starts the lease on the database clock.
+UPDATE agent_proposal SET status = 'executing', generation = generation + 1, heartbeat_at = now()
+WHERE id = %(id)s AND status = 'approved'
+RETURNING generation
+
+-- lock_executing --
+-- The fence. Lock the run row for the rest of this step's transaction: a heal, a heartbeat or
+-- another step of this run waits until we commit. The caller refuses unless the row says
+-- executing under its token. `done` is the number of receipts, so the next step's index.
+SELECT p.status, p.generation, p.steps,
+       (SELECT count(*) FROM agent_proposal_step s WHERE s.proposal_id = p.id) AS done
+FROM agent_proposal p
+WHERE p.id = %(id)s
+FOR UPDATE
+
+-- receipt --
+-- The receipt of one step, to answer a step that already ran.
+SELECT step_index, ok, detail FROM agent_proposal_step
+WHERE proposal_id = %(id)s AND step_index = %(step_index)s
+
+-- credit --
+-- A credit step's effect: the balance and its ledger row, tagged with the step.
+WITH account AS (
+    INSERT INTO demo_account AS a (account, balance) VALUES (%(account)s, %(amount)s)
+    ON CONFLICT (account) DO UPDATE SET balance = a.balance + excluded.balance
+    RETURNING account
+)
+INSERT INTO demo_ledger (proposal_id, step_index, account, delta)
+SELECT %(id)s, %(step_index)s, account, %(amount)s FROM account
+RETURNING id
+
+-- debit --
+-- A debit step's effect, guarded: no row (and no effect) when the account holds less.
+WITH account AS (
+    UPDATE demo_account SET balance = balance - %(amount)s
+    WHERE account = %(account)s AND balance >= %(amount)s
+    RETURNING account
+)
+INSERT INTO demo_ledger (proposal_id, step_index, account, delta)
+SELECT %(id)s, %(step_index)s, account, -%(amount)s FROM account
+RETURNING id
+
+-- insert_receipt --
+-- The step's receipt, in the same transaction as its effect: both commit or neither does.
+INSERT INTO agent_proposal_step (proposal_id, step_index, ok, detail)
+VALUES (%(id)s, %(step_index)s, %(ok)s, %(detail)s)
+
+-- finish_step --
+-- Stamp the heartbeat with now() and take the step's transition: executing -> executing after
+-- an ok step, -> executed after the last one, -> failed after one that was not ok.
+UPDATE agent_proposal SET status = %(status)s, heartbeat_at = now(), failure = %(failure)s
+WHERE id = %(id)s AND status = 'executing'
+RETURNING id
+
+-- heartbeat --
+-- The owner renews its lease on the database clock; fenced like a step.
+UPDATE agent_proposal SET heartbeat_at = now()
+WHERE id = %(id)s AND status = 'executing' AND generation = %(token)s
+RETURNING id
+
+-- mark_interrupted_if_stale --
+-- The lazy heal, run by every read: an executing run whose heartbeat is older than the lease
+-- fails as interrupted. Both sides of the comparison are the database's clock.
+UPDATE agent_proposal SET status = 'failed', failure = %(failure)s
+WHERE id = %(id)s AND status = 'executing'
+  AND heartbeat_at < now() - make_interval(secs => %(heartbeat_s)s)
+RETURNING id
+
+-- lock_run --
+-- Lock a run to compensate it: two compensate requests for one run take turns, so the second
+-- finds the first one's compensation.
+SELECT status, steps FROM agent_proposal WHERE id = %(id)s FOR UPDATE
+
+-- run --
+-- A run's row, as a reader sees it.
+SELECT status, failure, compensates, generation FROM agent_proposal WHERE id = %(id)s
+
+-- receipts --
+-- A run's receipts, in step order.
+SELECT step_index, ok, detail FROM agent_proposal_step
+WHERE proposal_id = %(id)s ORDER BY step_index
+
+-- compensation_of --
+-- The compensation already proposed for a run, if any.
+SELECT id FROM agent_proposal WHERE compensates = %(id)s
+
+-- snapshot --
+-- The projection reads every table in one snapshot (the first statement of its transaction).
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY
+
+-- all_proposals --
+-- The projection: every run.
+SELECT id, status, steps, compensates, generation, heartbeat_at, failure
+FROM agent_proposal ORDER BY id
+
+-- all_receipts --
+-- The projection: every receipt.
+SELECT proposal_id, step_index, ok, detail FROM agent_proposal_step ORDER BY proposal_id, step_index
+
+-- all_balances --
+-- The projection: the demo domain's balances.
+SELECT account, balance FROM demo_account ORDER BY account
+
+-- all_ledger --
+-- The projection: every effect, duplicates included (the ledger has no unique step key).
+SELECT proposal_id, step_index, account, delta FROM demo_ledger
