@@ -13,6 +13,7 @@ the model's own functions, so they are written once.
 ``run_step`` is the heart of it, one transaction::
 
     lock_executing  SELECT ... FOR UPDATE, refuse unless executing under the caller's token
+    steps_done      count the receipts (after the lock, so the count is current)
     credit | debit  the step's effect in the demo domain (nothing for a step that is not ok)
     insert_receipt  agent_proposal_step (proposal_id, step_index): commits with the effect
     finish_step     heartbeat_at = now(), and the step's transition
@@ -176,10 +177,11 @@ class ApprovedPlanStore:
             row = conn.execute(Q["lock_executing"], {"id": proposal_id}).fetchone()
             if row is None:
                 return m.no_proposal(proposal_id), False
-            status, generation, steps_json, done = row
+            status, generation, steps_json = row
             refused = m.fence("run_step", status, generation, token)
             if refused:
                 return refused, False
+            (done,) = conn.execute(Q["steps_done"], {"id": proposal_id}).fetchone()
             steps = _steps(steps_json)
             checked = m.check_step_index(steps, done, step_index)
             if checked is True:  # already ran: answer from its receipt

@@ -51,12 +51,14 @@ RETURNING generation
 -- lock_executing --
 -- The fence. Lock the run row for the rest of this step's transaction: a heal, a heartbeat or
 -- another step of this run waits until we commit. The caller refuses unless the row says
--- executing under its token. `done` is the number of receipts, so the next step's index.
-SELECT p.status, p.generation, p.steps,
-       (SELECT count(*) FROM agent_proposal_step s WHERE s.proposal_id = p.id) AS done
-FROM agent_proposal p
-WHERE p.id = %(id)s
-FOR UPDATE
+-- executing under its token. (FOR UPDATE returns the row's latest version even after waiting.)
+SELECT status, generation, steps FROM agent_proposal WHERE id = %(id)s FOR UPDATE
+
+-- steps_done --
+-- How many steps have a receipt, so the next step's index. A statement of its own, run after
+-- lock_executing: a subquery in the locking statement would read the snapshot taken before the
+-- lock wait and miss the receipt of the step that held the lock.
+SELECT count(*) FROM agent_proposal_step WHERE proposal_id = %(id)s
 
 -- receipt --
 -- The receipt of one step, to answer a step that already ran.
