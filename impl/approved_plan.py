@@ -12,7 +12,7 @@ the model's own functions, so they are written once.
 
 ``run_step`` is the heart of it, one transaction::
 
-    lock_executing  SELECT ... FOR UPDATE, refuse unless executing under the caller's token
+    lock_executing  SELECT ... FOR NO KEY UPDATE, refuse unless executing under the caller's token
     steps_done      count the receipts (after the lock, so the count is current)
     credit | debit  the step's effect in the demo domain (nothing for a step that is not ok)
     insert_receipt  agent_proposal_step (proposal_id, step_index): commits with the effect

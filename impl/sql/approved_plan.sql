@@ -51,8 +51,10 @@ RETURNING generation
 -- lock_executing --
 -- The fence. Lock the run row for the rest of this step's transaction: a heal, a heartbeat or
 -- another step of this run waits until we commit. The caller refuses unless the row says
--- executing under its token. (FOR UPDATE returns the row's latest version even after waiting.)
-SELECT status, generation, steps FROM agent_proposal WHERE id = %(id)s FOR UPDATE
+-- executing under its token. NO KEY UPDATE is the lock our own UPDATEs of the row take: it
+-- excludes every other writer of the run, not the foreign-key checks of receipt inserts. After
+-- a wait it returns the row's latest version.
+SELECT status, generation, steps FROM agent_proposal WHERE id = %(id)s FOR NO KEY UPDATE
 
 -- steps_done --
 -- How many steps have a receipt, so the next step's index. A statement of its own, run after
@@ -116,7 +118,7 @@ RETURNING id
 -- lock_run --
 -- Lock a run to compensate it: two compensate requests for one run take turns, so the second
 -- finds the first one's compensation.
-SELECT status, steps FROM agent_proposal WHERE id = %(id)s FOR UPDATE
+SELECT status, steps FROM agent_proposal WHERE id = %(id)s FOR NO KEY UPDATE
 
 -- run --
 -- A run's row, as a reader sees it.
