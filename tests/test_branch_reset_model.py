@@ -148,7 +148,6 @@ def test_every_edge_of_the_table_is_reached_by_an_operation():
     seen: set[tuple[str, str]] = set()
     for finish in (True, False, "cancel", "reap"):
         m = BranchResetModel(lease=100)
-        before = {}
         run_id = m.request("main", "k").value
         seen.add((CREATED, m.runs[run_id].status.value))
         before = m.runs[run_id].status.value
