@@ -36,16 +36,17 @@ from knownstate.model import approved_plan as m
 from knownstate.model.contract import LostRace, Outcome, Rejected, Won
 
 SCHEMA_FILE = "approved_plan_schema.sql"
+SCHEMA = _read_schema(SCHEMA_FILE)
+"""The DDL that creates this kind's tables in an empty database."""
 QUERIES = load("approved_plan.sql")
+"""The reference SQL, by name."""
 TABLES = ("demo_ledger", "demo_account", "agent_proposal_step", "agent_proposal", "agent_proposal_ids")
 """Every table of this kind, for ``TRUNCATE ... RESTART IDENTITY`` between examples."""
-
-Q = QUERIES
 
 
 def schema() -> str:
     """The DDL that creates this kind's tables in an empty database."""
-    return _read_schema(SCHEMA_FILE)
+    return SCHEMA
 
 
 def _steps_json(steps: Iterable[m.Step]) -> Jsonb:
@@ -64,10 +65,12 @@ def _rollback_quietly(conn: psycopg.Connection) -> None:
 
 
 class ApprovedPlanStore:
-    """The operations of :class:`~knownstate.model.approved_plan.ApprovedPlanModel`, on PostgreSQL."""
+    """The operations of :class:`~knownstate.model.approved_plan.ApprovedPlanModel`, on PostgreSQL.
+    ``queries`` defaults to the reference SQL; the mutant catalogue replaces some by name."""
 
-    def __init__(self, heartbeat_s: int = m.HEARTBEAT_S):
+    def __init__(self, heartbeat_s: int = m.HEARTBEAT_S, queries: dict[str, str] | None = None):
         self.heartbeat_s = heartbeat_s
+        self.q = {**QUERIES, **(queries or {})}
 
     # -- one transaction per operation -------------------------------------------
     def _transaction(self, conn: psycopg.Connection, op: str, body: Callable[[], tuple[Outcome, bool]]) -> Outcome:
@@ -88,34 +91,34 @@ class ApprovedPlanStore:
 
     def _why_not(self, conn: psycopg.Connection, proposal_id: int, event: str) -> Outcome:
         """A guarded UPDATE matched no row: either there is no such run, or someone moved it first."""
-        row = conn.execute(Q["run"], {"id": proposal_id}).fetchone()
+        row = conn.execute(self.q["run"], {"id": proposal_id}).fetchone()
         return m.no_proposal(proposal_id) if row is None else m.lost(event)
 
     def _conditional(self, conn: psycopg.Connection, proposal_id: int, event: str) -> Outcome:
         def body():
-            if conn.execute(Q[event], {"id": proposal_id}).fetchone() is not None:
+            if conn.execute(self.q[event], {"id": proposal_id}).fetchone() is not None:
                 return Won(), True
             return self._why_not(conn, proposal_id, event), False
 
         return self._transaction(conn, event, body)
 
     def _insert(self, conn: psycopg.Connection, steps: tuple[m.Step, ...], compensates: int | None) -> int:
-        (pid,) = conn.execute(Q["next_proposal_id"]).fetchone()
-        conn.execute(Q["insert_proposal"], {"id": pid, "steps": _steps_json(steps), "compensates": compensates})
+        (pid,) = conn.execute(self.q["next_proposal_id"]).fetchone()
+        conn.execute(self.q["insert_proposal"], {"id": pid, "steps": _steps_json(steps), "compensates": compensates})
         return pid
 
     def _heal(self, conn: psycopg.Connection, proposal_id: int) -> bool:
         """mark_interrupted_if_stale; True when it failed a stale run (a write to commit)."""
-        row = conn.execute(Q["mark_interrupted_if_stale"], {
+        row = conn.execute(self.q["mark_interrupted_if_stale"], {
             "id": proposal_id, "failure": m.INTERRUPTED, "heartbeat_s": self.heartbeat_s}).fetchone()
         return row is not None
 
     def _report(self, conn: psycopg.Connection, proposal_id: int) -> m.RunReport | None:
-        row = conn.execute(Q["run"], {"id": proposal_id}).fetchone()
+        row = conn.execute(self.q["run"], {"id": proposal_id}).fetchone()
         if row is None:
             return None
         status, failure, _compensates, _generation = row
-        receipts = tuple(m.Receipt(*r) for r in conn.execute(Q["receipts"], {"id": proposal_id}))
+        receipts = tuple(m.Receipt(*r) for r in conn.execute(self.q["receipts"], {"id": proposal_id}))
         return m.RunReport(proposal_id, m.Status(status), failure, receipts)
 
     # -- operations ----------------------------------------------------------------
@@ -131,9 +134,9 @@ class ApprovedPlanStore:
             return parsed
 
         def body():
-            if conn.execute(Q["revise"], {"id": proposal_id, "steps": _steps_json(parsed)}).fetchone():
+            if conn.execute(self.q["revise"], {"id": proposal_id, "steps": _steps_json(parsed)}).fetchone():
                 return Won(), True
-            row = conn.execute(Q["run"], {"id": proposal_id}).fetchone()
+            row = conn.execute(self.q["run"], {"id": proposal_id}).fetchone()
             if row is not None and row[2] is not None:
                 return m.COMPENSATION_IS_FROZEN, False
             return self._why_not(conn, proposal_id, "revise"), False
@@ -152,7 +155,7 @@ class ApprovedPlanStore:
     def mark_executing(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
         """The claim. Won(token)."""
         def body():
-            row = conn.execute(Q["mark_executing"], {"id": proposal_id}).fetchone()
+            row = conn.execute(self.q["mark_executing"], {"id": proposal_id}).fetchone()
             if row is not None:
                 return Won(row[0]), True
             return self._why_not(conn, proposal_id, "mark_executing"), False
@@ -161,9 +164,9 @@ class ApprovedPlanStore:
 
     def heartbeat(self, conn: psycopg.Connection, proposal_id: int, token: int) -> Outcome:
         def body():
-            if conn.execute(Q["heartbeat"], {"id": proposal_id, "token": token}).fetchone() is not None:
+            if conn.execute(self.q["heartbeat"], {"id": proposal_id, "token": token}).fetchone() is not None:
                 return Won(), True
-            row = conn.execute(Q["run"], {"id": proposal_id}).fetchone()
+            row = conn.execute(self.q["run"], {"id": proposal_id}).fetchone()
             if row is None:
                 return m.no_proposal(proposal_id), False
             status, _failure, _compensates, generation = row
@@ -174,28 +177,28 @@ class ApprovedPlanStore:
     def run_step(self, conn: psycopg.Connection, proposal_id: int, step_index: int, token: int) -> Outcome:
         """One step in one transaction: fence, effect, receipt, heartbeat, transition. Won(Receipt)."""
         def body():
-            row = conn.execute(Q["lock_executing"], {"id": proposal_id}).fetchone()
+            row = conn.execute(self.q["lock_executing"], {"id": proposal_id}).fetchone()
             if row is None:
                 return m.no_proposal(proposal_id), False
             status, generation, steps_json = row
             refused = m.fence("run_step", status, generation, token)
             if refused:
                 return refused, False
-            (done,) = conn.execute(Q["steps_done"], {"id": proposal_id}).fetchone()
+            (done,) = conn.execute(self.q["steps_done"], {"id": proposal_id}).fetchone()
             steps = _steps(steps_json)
             checked = m.check_step_index(steps, done, step_index)
             if checked is True:  # already ran: answer from its receipt
-                r = conn.execute(Q["receipt"], {"id": proposal_id, "step_index": step_index}).fetchone()
+                r = conn.execute(self.q["receipt"], {"id": proposal_id, "step_index": step_index}).fetchone()
                 return Won(m.Receipt(*r)), False
             if checked is not None:
                 return checked, False
             step = steps[step_index]
             ok = self._apply(conn, proposal_id, step_index, step)
             receipt = m.Receipt(step_index, ok, m.describe(step, ok))
-            conn.execute(Q["insert_receipt"], {"id": proposal_id, "step_index": step_index,
+            conn.execute(self.q["insert_receipt"], {"id": proposal_id, "step_index": step_index,
                                                "ok": ok, "detail": receipt.detail})
             target = m.TABLE.next(status, m.step_event(ok, step_index, len(steps)))
-            finished = conn.execute(Q["finish_step"], {
+            finished = conn.execute(self.q["finish_step"], {
                 "id": proposal_id, "status": target,
                 "failure": None if ok else m.step_failure(step_index, receipt.detail)}).fetchone()
             assert finished is not None, "the locked run left executing inside its own step"
@@ -203,13 +206,12 @@ class ApprovedPlanStore:
 
         return self._transaction(conn, "run_step", body)
 
-    @staticmethod
-    def _apply(conn: psycopg.Connection, proposal_id: int, step_index: int, step: m.Step) -> bool:
+    def _apply(self, conn: psycopg.Connection, proposal_id: int, step_index: int, step: m.Step) -> bool:
         """The step's effect on the demo tables; False (and no effect) when the step is not ok."""
         if step.op == "fail":
             return False
         params = {"id": proposal_id, "step_index": step_index, "account": step.account, "amount": step.amount}
-        return conn.execute(Q[step.op], params).fetchone() is not None
+        return conn.execute(self.q[step.op], params).fetchone() is not None
 
     def read(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
         """The run as seen, after the lazy heal. Won(RunReport)."""
@@ -237,17 +239,17 @@ class ApprovedPlanStore:
         """Propose the run that undoes this one's committed steps. Won(compensation id)."""
         def body():
             healed = self._heal(conn, proposal_id)
-            row = conn.execute(Q["lock_run"], {"id": proposal_id}).fetchone()
+            row = conn.execute(self.q["lock_run"], {"id": proposal_id}).fetchone()
             if row is None:
                 return m.no_proposal(proposal_id), healed
             status, steps_json = row
             refused = m.compensation_refusal(status)
             if refused:
                 return refused, healed
-            existing = conn.execute(Q["compensation_of"], {"id": proposal_id}).fetchone()
+            existing = conn.execute(self.q["compensation_of"], {"id": proposal_id}).fetchone()
             if existing is not None:
                 return Won(existing[0]), healed
-            receipts = [m.Receipt(*r) for r in conn.execute(Q["receipts"], {"id": proposal_id})]
+            receipts = [m.Receipt(*r) for r in conn.execute(self.q["receipts"], {"id": proposal_id})]
             steps = m.compensation_steps(_steps(steps_json), receipts)
             if not steps:
                 return m.NOTHING_TO_COMPENSATE, healed
@@ -261,16 +263,16 @@ def project(conn: psycopg.Connection, to_model_time: Callable[[datetime], int]) 
     ``to_model_time`` turns a database timestamp into model seconds (the check owns that mapping)."""
     with boundary(f"{m.KIND}.project"):
         try:
-            conn.execute(Q["snapshot"])
+            conn.execute(QUERIES["snapshot"])
             receipts: dict[int, list[m.Receipt]] = {}
-            for pid, step_index, ok, detail in conn.execute(Q["all_receipts"]):
+            for pid, step_index, ok, detail in conn.execute(QUERIES["all_receipts"]):
                 receipts.setdefault(pid, []).append(m.Receipt(step_index, ok, detail))
             proposals = tuple(
                 m.Proposal(pid, m.Status(status), _steps(steps), compensates, generation,
                            None if hb is None else to_model_time(hb), failure, tuple(receipts.get(pid, ())))
-                for pid, status, steps, compensates, generation, hb, failure in conn.execute(Q["all_proposals"]))
-            balances = tuple((a, b) for a, b in conn.execute(Q["all_balances"]))
-            ledger = tuple(sorted(m.LedgerEntry(*r) for r in conn.execute(Q["all_ledger"])))
+                for pid, status, steps, compensates, generation, hb, failure in conn.execute(QUERIES["all_proposals"]))
+            balances = tuple((a, b) for a, b in conn.execute(QUERIES["all_balances"]))
+            ledger = tuple(sorted(m.LedgerEntry(*r) for r in conn.execute(QUERIES["all_ledger"])))
         finally:
             _rollback_quietly(conn)
     return m.PlanState(proposals, balances, ledger)

@@ -22,7 +22,7 @@ claim
 lease + reaper
     Every step stamps a heartbeat with the database clock (:attr:`ApprovedPlanModel.now`).
     There is no background reaper: the next *read* of a run that is executing with a
-    heartbeat older than ``heartbeat_s`` seconds moves it to ``failed`` ("interrupted"). This
+    heartbeat ``heartbeat_s`` or more seconds old moves it to ``failed`` ("interrupted"). This
     is ``mark_interrupted_if_stale``; ``read``, ``repeat`` and ``compensate`` all start with
     it. Until somebody reads, a late owner simply carries on: since a plan is never
     re-executed there is no second owner to protect, only readers to tell the truth.
@@ -409,9 +409,14 @@ class ApprovedPlanModel:
         return Won()
 
     def _heal(self, proposal_id: int) -> None:
-        """mark_interrupted_if_stale: a run executing with a heartbeat older than the lease fails."""
+        """mark_interrupted_if_stale: a run executing with a heartbeat older than the lease fails.
+
+        ``>=``, while the SQL says ``heartbeat_at < now() - interval``: model instant t stands for a
+        database instant a little after t (real time passes between operations, and a read starts
+        after the stamp it reads), so ``heartbeat_s`` model seconds after the stamp the database has
+        seen strictly more than the lease. With this rule the two agree exactly at the boundary."""
         p = self._runs[proposal_id]
-        if p.status is Status.EXECUTING and self.now - p.heartbeat_at > self.heartbeat_s:
+        if p.status is Status.EXECUTING and self.now - p.heartbeat_at >= self.heartbeat_s:
             self.transition(proposal_id, "mark_interrupted_if_stale")
             self._runs[proposal_id] = replace(self._runs[proposal_id], failure=INTERRUPTED)
 

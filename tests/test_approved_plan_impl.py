@@ -205,6 +205,16 @@ def test_every_operation_agrees_on_a_run_in_every_status(pair, op):
 # ---------------------------------------------------------------------------
 
 
+def test_model_and_database_agree_exactly_at_the_heal_boundary(pair):
+    pair("propose", [CREDIT_A5])
+    pair("approve", 1)
+    pair("mark_executing", 1)
+    pair.advance(119)
+    assert pair("read", 1).value.status is Status.EXECUTING
+    pair.advance(1)  # the model's 120 is the database's 120 s and a little more
+    assert pair("read", 1).value.status is Status.FAILED
+
+
 def test_the_heal_reads_the_database_clock_not_the_applications(connect, clock):
     store, worker, reader = ApprovedPlanStore(), connect(), connect()
     pid = store.propose(worker, [CREDIT_A5, CREDIT_B3]).value

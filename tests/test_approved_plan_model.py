@@ -270,13 +270,15 @@ def test_the_fence_wants_the_claims_token():
 # ---------------------------------------------------------------------------
 
 
-def test_the_lazy_heal_fires_strictly_after_the_heartbeat_interval():
+def test_the_lazy_heal_fires_once_the_heartbeat_interval_has_passed():
+    """Model instant t is a database instant just after t: at stamp + 120 the database has seen
+    strictly more than 120 s, which its ``heartbeat_at < now() - 120 s`` calls stale."""
     m, pid = model_at(Status.EXECUTING)  # claimed at 0
     m.advance(100)
     m.run_step(pid, 0, 1)  # stamps 100
-    m.advance(120)  # 220: exactly the interval, still alive
+    m.advance(119)  # 219: within the lease
     assert m.read(pid).value.status is Status.EXECUTING
-    m.advance(1)  # 221: older than the interval
+    m.advance(1)  # 220: the interval has passed
     seen = m.read(pid).value
     assert (seen.status, seen.failure) == (Status.FAILED, INTERRUPTED)
     assert seen.receipts == (Receipt(0, True, "credited 5 to a"),)
@@ -287,9 +289,9 @@ def test_a_heartbeat_renews_the_lease_and_the_interval_is_configurable():
     pid = m.propose([CREDIT_A5]).value
     m.approve(pid)
     m.mark_executing(pid)
-    m.advance(10)
+    m.advance(9)
     assert m.heartbeat(pid, 1) == Won()
-    m.advance(10)
+    m.advance(9)
     assert m.read(pid).value.status is Status.EXECUTING
     m.advance(1)
     assert m.read(pid).value.status is Status.FAILED
