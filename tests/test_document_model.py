@@ -1,0 +1,512 @@
+"""The pure model of the versioned document session: fast, no I/O."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from knownstate.model.contract import CREATED, IllegalTransition, LostRace, Rejected, Won
+from knownstate.model.document import (
+    INVARIANTS,
+    RECORD,
+    SHEET,
+    TABLE,
+    USER_EVENTS,
+    DocumentModel,
+    DocView,
+    DraftView,
+    HistoryEntry,
+    KindError,
+    Ledger,
+    MergeUnsupported,
+    NoAnswer,
+    Saved,
+    State,
+    TabView,
+    UnsavedWork,
+    VersionConflict,
+    World,
+    check_invariants,
+    created_id,
+    draft_key,
+    prefer_local,
+    prefer_stored,
+)
+
+REC_SCHEMA = {"attributes": {"title": "text", "qty": "number", "done": "bool"}}
+SHEET_SCHEMA = {"rows": 10, "cols": 3}
+LOST = NoAnswer("lost")
+
+
+def world_with(m: DocumentModel) -> list:
+    return check_invariants(m.world(), m.ledger(), expected=m.world())
+
+
+def open_tab(m: DocumentModel, tab="t1", user="alice", doc="r1", kind="record", writer=None):
+    t = m.open_tab(tab, user, doc, kind, writer or f"w-{tab}")
+    req = t.begin_read("load")
+    assert isinstance(m.finish_read(tab, req, m.deliver(req)), Won)
+    return t
+
+
+def save(m: DocumentModel, tab: str, answer=None):
+    req = m.tabs[tab].begin_save()
+    return m.finish_save(tab, req, m.deliver(req) if answer is None else answer)
+
+
+@pytest.fixture
+def m():
+    model = DocumentModel(debounce=1.0)
+    model.seed("r1", "record", REC_SCHEMA, {"title": "a"}, "alice", {"bob": True, "carol": False})
+    model.seed("s1", "sheet", SHEET_SCHEMA, {"A1": 1}, "alice")
+    return model
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+
+def test_every_state_is_reachable_and_closed_is_terminal():
+    states = {s.value for s in State}
+    assert set(TABLE.statuses()) == states
+    reach, frontier = set(), [CREATED]
+    while frontier:
+        s = frontier.pop()
+        for t in TABLE.transitions:
+            if t.source == s and t.target not in reach:
+                reach.add(t.target)
+                frontier.append(t.target)
+    assert reach == states
+    assert not [t for t in TABLE.transitions if t.source == State.CLOSED.value]
+
+
+def test_conflict_is_left_only_by_user_events():
+    exits = [t for t in TABLE.transitions if t.source == "conflict" and t.target != "conflict"]
+    assert exits and all(t.event in USER_EVENTS for t in exits)
+    # and nothing but a save answer ever enters it
+    assert {t.event for t in TABLE.transitions if t.target == "conflict" and t.source != "conflict"} == {
+        "version_conflict", "copy_failed"}
+
+
+def test_illegal_transition_raises_and_leaves_state_unchanged(m):
+    t = open_tab(m)
+    with pytest.raises(IllegalTransition) as e:
+        t.begin_save()
+    assert e.value.status == "clean" and e.value.event == "save"
+    assert t.state is State.CLEAN and t.next_seq == 1
+    with pytest.raises(IllegalTransition):
+        t.discard()
+    assert t.state is State.CLEAN and t.transitions[-1] == ("loading", "loaded", "clean")
+
+
+def test_invariant_names_are_stable():
+    assert sorted(INVARIANTS) == sorted([
+        "save-carries-base-version", "unsaved-work-in-one-place", "conflict-resolved-by-user",
+        "close-flushes-never-drops", "no-edit-lost-silently", "no-stale-save-accepted", "no-last-write-wins"])
+
+
+# -- kinds -------------------------------------------------------------------------------------
+
+
+def test_record_merges_by_attribute_id():
+    base = {"title": "a", "qty": 1}
+    local = {"title": "a", "qty": 2, "done": True}
+    stored = {"title": "b", "qty": 1}
+    assert RECORD.merge(base, local, stored, prefer_stored) == {"title": "b", "qty": 2, "done": True}
+    clash_local = {"title": "L"}
+    clash_stored = {"title": "S"}
+    assert RECORD.merge({"title": "a"}, clash_local, clash_stored, prefer_local) == {"title": "L"}
+    assert RECORD.merge({"title": "a"}, clash_local, clash_stored, prefer_stored) == {"title": "S"}
+    # a deletion on one side survives the merge
+    assert RECORD.merge({"title": "a", "qty": 1}, {"qty": 1}, {"title": "a", "qty": 3}, prefer_local) == {"qty": 3}
+    # True is not 1
+    assert RECORD.merge({"done": True}, {"done": 1}, {"done": True}, prefer_stored) == {"done": 1}
+
+
+def test_sheet_does_not_merge():
+    with pytest.raises(MergeUnsupported):
+        SHEET.merge({}, {"A1": 1}, {"A1": 2}, prefer_local)
+
+
+@pytest.mark.parametrize("kind,schema,content,words", [
+    (RECORD, REC_SCHEMA, {"colour": "red"}, "unknown attribute id 'colour'"),
+    (RECORD, REC_SCHEMA, {"qty": "three"}, "'qty' must be a number"),
+    (RECORD, REC_SCHEMA, {"done": 1}, "'done' must be a boolean"),
+    (RECORD, REC_SCHEMA, {"qty": float("nan")}, "finite"),
+    (RECORD, REC_SCHEMA, {"title": "x\x00y"}, "NUL"),
+    (RECORD, REC_SCHEMA, {"title": "\ud800"}, "surrogate"),
+    (RECORD, REC_SCHEMA, {"title": None}, "null"),
+    (SHEET, SHEET_SCHEMA, {"D1": 1}, "outside the sheet"),
+    (SHEET, SHEET_SCHEMA, {"A11": 1}, "outside the sheet"),
+    (SHEET, SHEET_SCHEMA, {"a1": 1}, "unknown cell id"),
+    (SHEET, SHEET_SCHEMA, {"A1": True}, "must be a number"),
+    (SHEET, SHEET_SCHEMA, {"A1": 2**60}, "out of range"),
+])
+def test_content_rejections_name_the_problem(kind, schema, content, words):
+    with pytest.raises(KindError) as e:
+        kind.validate_content(kind.validate_schema(schema), content)
+    assert words in str(e.value)
+
+
+# -- the server model ----------------------------------------------------------------------------
+
+
+def test_server_cas_replay_and_authorization(m):
+    s = m.server
+    assert s.put("alice", "r1", 1, {"title": "b"}, "w1", 1) == Won(Saved(2))
+    stale = s.put("bob", "r1", 1, {"title": "c"}, "w2", 1)
+    assert isinstance(stale, VersionConflict) and isinstance(stale, LostRace)
+    assert (stale.version, stale.content) == (2, {"title": "b"})
+    # the retry of the applied save: the original success, not a conflict against itself
+    assert s.put("alice", "r1", 1, {"title": "b"}, "w1", 1) == Won(Saved(2, replayed=True))
+    # same (writer, seq) but another request: a conflict
+    assert isinstance(s.put("alice", "r1", 1, {"title": "z"}, "w1", 1), VersionConflict)
+    assert s.put("alice", "r1", None, {"title": "b"}, "w1", 2) == Rejected("precondition_required")
+    # authorization before any version check
+    assert s.put("dave", "r1", None, {"title": "b"}, "w3", 1) == Rejected("not_found")
+    assert s.put("dave", "r1", 1, {"title": "b"}, "w3", 1) == Rejected("not_found")
+    assert s.put("carol", "r1", 1, {"title": "b"}, "w3", 1) == Rejected("forbidden")
+    assert s.get("dave", "r1") == Rejected("not_found")
+    assert s.docs["r1"].version == 2
+
+
+def test_server_create_is_idempotent(m):
+    s = m.server
+    first = s.create("alice", "w1", 7, {"title": "mine"}, copy_of="r1")
+    assert first.value.id == created_id("alice", "w1", 7) and not first.value.replayed
+    assert s.create("alice", "w1", 7, {"title": "mine"}, copy_of="r1").value.replayed
+    assert s.create("dave", "w1", 7, {"title": "mine"}, copy_of="r1") == Rejected("not_found")
+    assert len(s.docs) == 3
+
+
+# -- sessions --------------------------------------------------------------------------------------
+
+
+def test_edit_during_in_flight_save_stays_pending(m):
+    t = open_tab(m)
+    m.edit("t1", {"title": "one"}, now=0)
+    req = t.begin_save()
+    m.edit("t1", {"qty": 5}, now=0.5)                       # typed while the save is in flight
+    assert m.finish_save("t1", req, m.deliver(req)) == Won(Saved(2))
+    assert t.state is State.DIRTY and t.local == {"title": "one", "qty": 5}
+    assert m.drafts.read(t.key)["content"] == {"title": "one", "qty": 5}
+    assert world_with(m) == []
+    save(m, "t1")
+    assert t.state is State.CLEAN and m.drafts.read(t.key) is None
+    assert m.server.docs["r1"].content == {"title": "one", "qty": 5}
+    assert world_with(m) == []
+
+
+def test_lost_response_is_retried_unchanged_and_answered_from_the_receipt(m):
+    t = open_tab(m)
+    m.edit("t1", {"title": "one"}, now=0)
+    req = t.begin_save()
+    m.deliver(req)                                          # applied ...
+    m.finish_save("t1", req, LOST)                          # ... but the answer was lost
+    assert t.state is State.OFFLINE and t.local == {"title": "one"}
+    assert m.drafts.read(t.key)["inflight"]["seq"] == req.seq
+    m.server_write("r1", {"qty": 9})                        # someone else writes meanwhile
+    retry = t.begin_save()
+    assert retry == req
+    assert m.finish_save("t1", retry, m.deliver(retry)) == Won(Saved(2, replayed=True))
+    assert t.state is State.CLEAN and t.counters["idempotent_replays"] == 1
+    assert world_with(m) == []
+
+
+def test_conflict_is_explicit_and_rebase_merges_records(m):
+    a, b = open_tab(m, "a", "alice"), open_tab(m, "b", "bob")
+    m.edit("a", {"title": "A"}, 0)
+    m.edit("b", {"qty": 3}, 0)
+    save(m, "a")
+    out = save(m, "b")
+    assert isinstance(out, VersionConflict) and b.state is State.CONFLICT
+    assert m.server.docs["r1"].content == {"title": "A"}          # nothing overwritten
+    assert world_with(m) == []
+    with pytest.raises(IllegalTransition):
+        b.begin_save()                                            # no save from conflict
+    m.rebase("b", prefer_local)
+    assert b.state is State.DIRTY and b.local == {"title": "A", "qty": 3} and b.base_version == 2
+    save(m, "b")
+    assert m.server.docs["r1"].content == {"title": "A", "qty": 3}
+    assert world_with(m) == []
+
+
+def test_sheet_conflict_keeps_a_copy(m):
+    a, b = open_tab(m, "a", doc="s1", kind="sheet"), open_tab(m, "b", doc="s1", kind="sheet")
+    m.edit("a", {"A1": 2}, 0)
+    m.edit("b", {"B2": "=A1*2"}, 0)
+    save(m, "a")
+    save(m, "b")
+    with pytest.raises(MergeUnsupported):
+        b.rebase(prefer_local)
+    assert b.state is State.CONFLICT
+    req = b.begin_copy()
+    out = m.finish_copy("b", req, m.deliver(req))
+    assert b.state is State.CLEAN and b.local == {"A1": 2}
+    assert m.server.docs[out.value.id].content == {"A1": 1, "B2": "=A1*2"}
+    assert world_with(m) == []
+
+
+def test_stale_reads_are_dropped(m):
+    t = open_tab(m)
+    r1 = t.begin_read()
+    a1 = m.deliver(r1)
+    m.server_write("r1", {"qty": 1})
+    r2 = t.begin_read()
+    a2 = m.deliver(r2)
+    assert m.finish_read("t1", r2, a2) == Won("clean") and t.base_version == 2
+    assert m.finish_read("t1", r1, a1).reason == "out_of_order"
+    assert t.base_version == 2 and t.local == {"title": "a", "qty": 1}
+    r3 = t.begin_read()
+    a3 = m.deliver(r3)
+    m.edit("t1", {"title": "mine"}, 0)
+    assert m.finish_read("t1", r3, a3).reason == "raced_local_edit"
+    assert t.local["title"] == "mine" and t.counters["stale_reads_dropped"] == 2
+
+
+def test_discard_and_reload_offline_keeps_local_state(m):
+    t = open_tab(m)
+    m.edit("t1", {"title": "mine"}, 0)
+    req = t.begin_read("replace")
+    assert m.finish_read("t1", req, LOST) == LOST
+    assert t.state is State.DIRTY and t.local == {"title": "mine"} and m.drafts.read(t.key) is not None
+    req = t.begin_read("replace")
+    assert m.finish_read("t1", req, m.deliver(req)) == Won("clean")
+    assert t.local == {"title": "a"} and m.drafts.read(t.key) is None and m.ledger().unsaved == {}
+
+
+def test_close_flushes_or_parks_never_drops(m):
+    t = open_tab(m)
+    m.edit("t1", {"title": "x"}, 0)
+    assert m.close("t1").flushed and m.server.docs["r1"].content == {"title": "x"}
+    t2 = open_tab(m, "t2")
+    m.edit("t2", {"title": "y"}, 0)
+    res = m.close("t2", deliver=lambda r: LOST)
+    assert res.parked_in_draft and t2.state is State.CLOSED
+    assert m.drafts.read(t2.key)["content"] == {"title": "y"}
+    assert world_with(m) == []
+    # reopened by the same writer: restored, and saved
+    t3 = open_tab(m, "t3", writer=t2.writer_id)
+    assert t3.state is State.DIRTY and t3.local == {"title": "y"}
+    save(m, "t3")
+    assert m.server.docs["r1"].content == {"title": "y"} and world_with(m) == []
+
+
+def test_close_refuses_when_nothing_durable_holds_the_edit(m):
+    t = open_tab(m)
+    m.set_drafts_failing(True)
+    m.edit("t1", {"title": "x"}, 0)
+    assert t.draft_status == "failing"
+    with pytest.raises(UnsavedWork):
+        m.close("t1", deliver=lambda r: LOST)
+    assert t.state is State.OFFLINE and t.local == {"title": "x"}
+    m.set_drafts_failing(False)
+    assert m.close("t1", deliver=lambda r: LOST).parked_in_draft
+    assert t.draft_status == "ok" and t.counters["draft_recoveries"] == 1
+
+
+def test_siblings_are_offered_not_applied(m):
+    t = open_tab(m, "t1")
+    m.edit("t1", {"title": "draft of t1"}, 0)
+    m.crash_tab("t1")
+    t2 = open_tab(m, "t2")                                         # another writer, same user
+    assert t2.state is State.CLEAN and t2.local == {"title": "a"}
+    assert [d["writerId"] for d in t2.siblings] == ["w-t1"]
+    assert world_with(m) == []
+    assert m.adopt("t2", "w-t1") == Won("w-t1")
+    assert t2.local == {"title": "draft of t1"} and t2.state is State.DIRTY
+    assert m.drafts.read(draft_key("record", "alice", "r1", "w-t1")) is None
+    assert world_with(m) == []
+    t3 = open_tab(m, "t3")
+    assert [d["writerId"] for d in t3.siblings] == ["w-t2"]
+    assert m.discard_sibling("t3", "w-t2") == Won("w-t2")
+
+
+# -- the invariants catch what they name -------------------------------------------------------
+
+
+def _doc(history, version=None, content=None):
+    return {"r1": DocView("r1", "record", version or history[-1].version, content or {}, tuple(history))}
+
+
+def _names(violations):
+    return {v.invariant for v in violations}
+
+
+def test_stale_accepted_save_is_caught():
+    w = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "a"), HistoryEntry(3, 1, "b")]), {}, {})
+    assert _names(check_invariants(w, Ledger({}))) == {"no-stale-save-accepted"}
+
+
+def test_draft_in_a_slot_without_the_writer_is_caught():
+    key = "knownstate:record-draft:alice:r1"
+    d = DraftView(key, "record", "alice", "r1", "w1", {"title": "x"}, 1, 1, None)
+    w = World(_doc([HistoryEntry(1, 0, "a")]), {key: d}, {})
+    names = _names(check_invariants(w, Ledger({("alice", "r1", "w1"): {"title": "x"}})))
+    assert {"unsaved-work-in-one-place", "no-edit-lost-silently"} <= names
+
+
+def test_edit_cleared_from_memory_is_caught():
+    key = draft_key("record", "alice", "r1", "w1")
+    tab = TabView("t", "alice", "r1", "w1", "record", "clean", {"title": "old"}, 2, 2, "ok")
+    w = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "alice")]), {}, {"t": tab})
+    names = _names(check_invariants(w, Ledger({("alice", "r1", "w1"): {"title": "new"}})))
+    assert "no-edit-lost-silently" in names and key not in w.drafts
+
+
+def test_close_that_drops_is_caught():
+    tab = TabView("t", "alice", "r1", "w1", "record", "closed", {"title": "x"}, 1, 1, "ok",
+                  (("clean", "close", "closed"),))
+    w = World(_doc([HistoryEntry(1, 0, "a")]), {}, {"t": tab})
+    assert "close-flushes-never-drops" in _names(check_invariants(w, Ledger({("alice", "r1", "w1"): {"title": "x"}})))
+
+
+def test_conflict_left_without_the_user_is_caught():
+    tab = TabView("t", "alice", "r1", "w1", "record", "dirty", {}, 1, 1, "ok",
+                  (("saving", "version_conflict", "conflict"), ("conflict", "auto_rebase", "dirty")))
+    w = World(_doc([HistoryEntry(1, 0, "a")]), {}, {"t": tab})
+    assert _names(check_invariants(w, Ledger({}))) == {"conflict-resolved-by-user"}
+
+
+def test_last_write_wins_is_caught():
+    expected = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b")], content={"title": "B"}), {},
+                     {"t": TabView("t", "alice", "r1", "w1", "record", "conflict", {"title": "A"}, 1, 1, "ok")})
+    real = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b"), HistoryEntry(3, 2, "alice", "w1", 2)],
+                      content={"title": "A"}), {},
+                 {"t": TabView("t", "alice", "r1", "w1", "record", "clean", {"title": "A"}, 3, 1, "ok")})
+    assert _names(check_invariants(real, Ledger({}), expected=expected)) == {"no-last-write-wins"}
+
+
+def test_save_without_base_is_caught():
+    from knownstate.model.document import SaveRequest
+    w = World(_doc([HistoryEntry(1, 0, "a")]), {}, {})
+    bad = SaveRequest("r1", "alice", "w1", 1, None, {}, 1)
+    assert _names(check_invariants(w, Ledger({}), sent=[bad])) == {"save-carries-base-version"}
+
+
+# -- a random walk: the model keeps its own invariants ---------------------------------------------
+
+
+class ModelWalk(RuleBasedStateMachine):
+    """Random operations (and network losses) over two users' tabs; every invariant holds after
+    every step. This checks the model's own consistency; the real session is checked against it
+    by the stateful check in chaos/."""
+
+    @initialize()
+    def setup(self):
+        self.m = DocumentModel(debounce=0.0)
+        self.m.seed("r1", "record", REC_SCHEMA, {"title": "a"}, "alice", {"bob": True})
+        self.pending: dict[str, object] = {}
+        self.n = 0
+
+    def _live(self):
+        return [k for k, t in self.m.tabs.items() if t.state is not State.CLOSED]
+
+    @precondition(lambda self: len(self.m.tabs) < 4)
+    @rule(user=st.sampled_from(["alice", "bob"]), writer=st.sampled_from(["w1", "w2", "w3"]))
+    def open(self, user, writer):
+        if any(t.writer_id == writer and t.user == user and t.state is not State.CLOSED for t in self.m.tabs.values()):
+            return
+        self.n += 1
+        tab = f"t{self.n}"
+        t = self.m.open_tab(tab, user, "r1", "record", writer)
+        req = t.begin_read("load")
+        self.m.finish_read(tab, req, self.m.deliver(req))
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data(), attr=st.sampled_from(["title", "qty"]), v=st.integers(0, 3))
+    def edit(self, data, attr, v):
+        tab = data.draw(st.sampled_from(self._live()))
+        t = self.m.tabs[tab]
+        if t.state in (State.LOADING, State.COPYING):
+            return
+        self.m.edit(tab, {attr: f"v{v}" if attr == "title" else v}, now=0)
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data(), fate=st.sampled_from(["ok", "ok", "lost_request", "lost_answer"]))
+    def save(self, data, fate):
+        tab = data.draw(st.sampled_from(self._live()))
+        t = self.m.tabs[tab]
+        if not t.due(0):
+            return
+        req = t.begin_save()
+        answer = LOST if fate == "lost_request" else self.m.deliver(req)
+        self.m.finish_save(tab, req, LOST if fate == "lost_answer" else answer)
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data(), how=st.sampled_from(["rebase_local", "rebase_stored", "copy", "discard", "reload"]))
+    def resolve(self, data, how):
+        tab = data.draw(st.sampled_from(self._live()))
+        t = self.m.tabs[tab]
+        if t.state is not State.CONFLICT:
+            return
+        if how.startswith("rebase"):
+            self.m.rebase(tab, prefer_local if how == "rebase_local" else prefer_stored)
+        elif how == "copy":
+            req = t.begin_copy()
+            self.m.finish_copy(tab, req, self.m.deliver(req))
+        elif how == "discard":
+            self.m.discard(tab)
+        else:
+            req = t.begin_read("replace")
+            self.m.finish_read(tab, req, self.m.deliver(req))
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data(), adopt=st.booleans())
+    def sibling(self, data, adopt):
+        tab = data.draw(st.sampled_from(self._live()))
+        t = self.m.tabs[tab]
+        if not t.siblings or t.state is State.CLOSED or (adopt and t.state is not State.CLEAN):
+            return
+        writer = data.draw(st.sampled_from([d["writerId"] for d in t.siblings]))
+        if adopt:
+            self.m.adopt(tab, writer)
+        else:
+            self.m.discard_sibling(tab, writer)
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data(), swap=st.booleans())
+    def reload(self, data, swap):
+        tab = data.draw(st.sampled_from(self._live()))
+        t = self.m.tabs[tab]
+        if t.state is not State.CLEAN:
+            return
+        r1 = t.begin_read()
+        a1 = self.m.deliver(r1)
+        r2 = t.begin_read()
+        a2 = self.m.deliver(r2)
+        for r, a in ([(r2, a2), (r1, a1)] if swap else [(r1, a1), (r2, a2)]):
+            self.m.finish_read(tab, r, a)
+
+    @rule(v=st.integers(0, 3))
+    def ai_write(self, v):
+        self.m.server_write("r1", {"qty": v})
+
+    @rule(failing=st.booleans())
+    def drafts_fail(self, failing):
+        self.m.set_drafts_failing(failing)
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data(), online=st.booleans())
+    def close(self, data, online):
+        tab = data.draw(st.sampled_from(self._live()))
+        if self.m.tabs[tab].state in (State.SAVING, State.COPYING):
+            return
+        try:
+            self.m.close(tab, None if online else (lambda r: LOST))
+        except UnsavedWork:
+            pass
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data())
+    def crash(self, data):
+        self.m.crash_tab(data.draw(st.sampled_from(self._live())))
+
+    @invariant()
+    def invariants_hold(self):
+        assert check_invariants(self.m.world(), self.m.ledger(), expected=self.m.world()) == []
+
+
+TestModelWalk = ModelWalk.TestCase
+TestModelWalk.settings = settings(max_examples=60, stateful_step_count=25, deadline=None,
+                                  suppress_health_check=[HealthCheck.too_slow])
