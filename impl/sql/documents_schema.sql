@@ -1,0 +1,44 @@
+-- The versioned document store. knownstate.impl.documents.server applies this schema.
+
+-- One row per document. `version` is bumped by every accepted write and never goes back.
+create table if not exists documents (
+    id                 text primary key check (id ~ '^[A-Za-z0-9_-]{1,64}$'),
+    kind               text not null check (kind in ('record', 'sheet')),
+    schema             jsonb not null,
+    content            jsonb not null check (jsonb_typeof(content) = 'object'),
+    version            bigint not null default 1 check (version >= 1),
+    created_by         text not null,
+    create_fingerprint text  -- for a document made by POST: what makes a retried create "the same"
+);
+
+-- Who may see a document (any row) and who may write it (can_write). No row: the document
+-- does not exist as far as that user can tell.
+create table if not exists document_acl (
+    document_id text not null references documents (id) on delete cascade,
+    user_id     text not null,
+    can_write   boolean not null,
+    primary key (document_id, user_id)
+);
+
+-- The receipt of the last save applied per (document, writer): a retry whose answer was lost
+-- is answered from it with the original success.
+create table if not exists document_saves (
+    document_id text not null references documents (id) on delete cascade,
+    writer_id   text not null,
+    save_seq    bigint not null,
+    fingerprint text not null,
+    version     bigint not null,
+    primary key (document_id, writer_id)
+);
+
+-- One row per accepted write, committed with it: the version it produced and the base version
+-- the write carried. The primary key makes a version impossible to produce twice.
+create table if not exists document_history (
+    document_id  text not null references documents (id) on delete cascade,
+    version      bigint not null,
+    base_version bigint not null,
+    author       text not null,
+    writer_id    text,
+    save_seq     bigint,
+    primary key (document_id, version)
+);
