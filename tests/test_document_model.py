@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -97,6 +100,16 @@ def test_illegal_transition_raises_and_leaves_state_unchanged(m):
     with pytest.raises(IllegalTransition):
         t.discard()
     assert t.state is State.CLEAN and t.transitions[-1] == ("loading", "loaded", "clean")
+
+
+def test_spec_diagram_is_the_session_table():
+    """specs/document-session.md embeds TABLE.mermaid() verbatim (drift test)."""
+    spec = (Path(__file__).resolve().parent.parent / "specs" / "document-session.md").read_text()
+    m = re.search(r"<!-- generated:diagram -->\n```mermaid\n(.*?)\n```\n<!-- /generated:diagram -->", spec, re.S)
+    assert m, "specs/document-session.md has no generated diagram block"
+    assert m.group(1) == TABLE.mermaid(), "the diagram drifted from model/document.py: regenerate it"
+    for name in INVARIANTS:
+        assert f"`{name}`" in spec
 
 
 def test_invariant_names_are_stable():
