@@ -187,6 +187,12 @@ class PostgresCluster:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def log_tail(self, chars: int = 600) -> str:
+        try:
+            return self._log.read_text(errors="replace")[-chars:]
+        except (AttributeError, OSError):
+            return ""
+
     def stop(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:

@@ -30,6 +30,10 @@ class CommitIndeterminate(KnownstateError):
     """The database connection died while COMMIT was in flight: the transaction may or may not have committed."""
 
 
+class TransactionAborted(KnownstateError):
+    """The server refused a statement and rolled the transaction back: nothing of it committed."""
+
+
 class ExternalCallFailed(KnownstateError):
     """The external service did not confirm the call: it may or may not have acted on it."""
 
@@ -40,8 +44,10 @@ def boundary(where: str):
     transaction; the COMMIT itself goes through :func:`commit`."""
     try:
         yield
-    except (psycopg.OperationalError, psycopg.InterfaceError) as e:
-        raise ConnectionLost(f"{where}: {_first_line(e)}") from e
+    except psycopg.Error as e:
+        if is_connection_error(e):
+            raise ConnectionLost(f"{where}: {_first_line(e)}") from e
+        raise TransactionAborted(f"{where}: {e.sqlstate} {_first_line(e)}") from e
 
 
 def commit(conn: psycopg.Connection, where: str) -> None:
@@ -50,6 +56,13 @@ def commit(conn: psycopg.Connection, where: str) -> None:
         conn.commit()
     except (psycopg.OperationalError, psycopg.InterfaceError) as e:
         raise CommitIndeterminate(f"{where}: {_first_line(e)}") from e
+
+
+def is_connection_error(e: psycopg.Error) -> bool:
+    """A dead link or server (no SQLSTATE, class 08, or a server shutting down), as opposed to a
+    statement the live server refused."""
+    state = e.sqlstate or ""
+    return state == "" or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
 def _first_line(e: BaseException) -> str:

@@ -56,11 +56,13 @@ from knownstate.model.document import (
     PRECONDITION_REQUIRED,
     USER_PATTERN,
     WRITER_PATTERN,
+    CopyRequest,
     Created,
     DocView,
     HistoryEntry,
     KindError,
     Saved,
+    SaveRequest,
     Snapshot,
     VersionConflict,
     create_fingerprint,
@@ -136,6 +138,22 @@ class DocumentStore:
         for doc_id, version, base, author, writer, seq in hist:
             by_doc.setdefault(doc_id, []).append(HistoryEntry(version, base, author, writer, seq))
         return {i: DocView(i, kind, version, content, tuple(by_doc.get(i, ()))) for i, kind, version, content in docs}
+
+    def applied(self, request: SaveRequest | CopyRequest) -> int | None:
+        """The version a session's save (or copy) produced, or None if it never landed: what a
+        check reads to resolve a request whose answer was lost."""
+        if isinstance(request, SaveRequest):
+            doc_id = request.doc_id
+        else:
+            doc_id = created_id(request.user, request.writer_id, request.seq)
+        with boundary("read history"), self._connect() as conn:
+            row = conn.execute(Q["applied"], {"id": doc_id, "writer": request.writer_id,
+                                              "seq": request.seq}).fetchone()
+        return row[0] if row else None
+
+    def reset(self) -> None:
+        with boundary("reset documents"), self._connect() as conn:
+            conn.execute(Q["reset"])
 
     # -- the operations the HTTP API serves --------------------------------------------------------
     def get(self, user: str, doc_id: str) -> Won | Rejected:

@@ -31,9 +31,6 @@ import httpx
 
 from knownstate.model.contract import IllegalTransition, Rejected, Won
 from knownstate.model.document import (
-    FORBIDDEN,
-    NOT_FOUND,
-    PRECONDITION_REQUIRED,
     TABLE,
     Answer,
     CloseResult,
@@ -123,15 +120,15 @@ class HttpTransport:
             if isinstance(request, SaveRequest):
                 return Won(Saved(body["version"], bool(body.get("replayed"))))
             return Won(Created(body["id"], body["version"], bool(body.get("replayed"))))
-        error = body.get("error") if isinstance(body, dict) else None
+        body = body if isinstance(body, dict) else {}
+        error, message = body.get("error") or f"http_{r.status_code}", body.get("message", "")
         if r.status_code == 409 and error == "version_conflict":
             return VersionConflict("version_conflict", body["version"], body["content"])
-        known = {404: NOT_FOUND, 403: FORBIDDEN, 428: PRECONDITION_REQUIRED}
-        if r.status_code in known:
-            return known[r.status_code]
-        if r.status_code == 422 and error == "invalid_content":
-            return Rejected(f"invalid: {body.get('message', '')}")
-        return Rejected(f"{error or 'http_' + str(r.status_code)}: {body.get('message', '') if isinstance(body, dict) else ''}")
+        if error in ("not_found", "forbidden", "precondition_required", "create_conflict"):
+            return Rejected(error)          # the model's reasons, word for word
+        if error == "invalid_content":
+            return Rejected(f"invalid: {message}")
+        return Rejected(f"{error}: {message}")
 
 
 # ---------------------------------------------------------------------------------------

@@ -104,3 +104,12 @@ SELECT id, kind, version, content FROM documents ORDER BY id
 -- all_history --
 SELECT document_id, version, base_version, author, writer_id, save_seq
 FROM document_history ORDER BY document_id, version
+
+-- applied --
+-- Did the save (or create) of this writer and seq land? A check resolves a lost answer with it.
+SELECT version FROM document_history
+WHERE document_id = %(id)s AND writer_id = %(writer)s AND save_seq = %(seq)s
+
+-- reset --
+-- Empty every document table (between the examples of a check).
+TRUNCATE documents, document_acl, document_saves, document_history

@@ -1,0 +1,274 @@
+"""The outbox's model-versus-implementation check.
+
+Rules are the worker loop's own steps — claim a batch, send one delivery to the sink, record
+its outcome (fenced), extend a lease — plus the reaper, a producer's enqueue, a claim racing
+another worker's open claim (SKIP LOCKED), a worker stalling past its lease, and the faults of
+:class:`~knownstate.chaos.check.KindCheck`. The sink is part of the observation: the model
+predicts what it recorded, so a duplicate is seen, counted, and allowed (at-least-once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, precondition, rule
+
+from knownstate.impl import errors
+from knownstate.impl import outbox as impl
+from knownstate.impl.errors import ConnectionLost, ExternalCallFailed
+from knownstate.model import outbox as model
+from knownstate.model.contract import LostRace, Won
+
+from ..check import QUANTUM, KindCheck, Mismatch, fmt
+from ..sink import NotificationSink
+from ..toxi import Toxic
+
+
+@dataclass
+class Held:
+    """A claim a worker holds in memory, and the sink's answer once it sent."""
+
+    claim: model.Claim
+    result: str | None = None
+
+
+SINK_ANSWERS = {200: impl.OK, 503: impl.RETRYABLE, 422: impl.PERMANENT}
+
+
+class OutboxCheck(KindCheck):
+    kind = "outbox"
+    contract = model.CONTRACT
+    schema = impl.SCHEMA
+    tables = impl.TABLES
+    n_workers = 2
+    # max_attempts 2 keeps "dead" within reach of a short program; the reference default is 3.
+    config = model.Config(lease=5 * QUANTUM, backoff_base=QUANTUM, backoff_cap=60 * QUANTUM, max_attempts=2)
+    store_class = impl.OutboxStore
+    queries: dict[str, str] | None = None  # the mutant catalogue replaces some
+    required_events = (
+        "lost race", "fence rejection", "reclaim", "backoff", "skip locked",
+        "worker died before commit", "connection lost", "indeterminate commit",
+        "indeterminate resolved: committed", "indeterminate resolved: not committed",
+        "duplicate delivery", "sink reply lost",
+    )
+
+    # -- hooks ----------------------------------------------------------------------------
+    def reset_example(self) -> None:
+        self.sink = self.env.stand_in("sink", NotificationSink)
+        self.sink.reset()
+        self.store = self.store_class(self.config, self.queries)
+        self.held: list[dict[int, Held]] = [{} for _ in self.workers]
+        for w in self.workers:
+            w.sink_link = self.env.api.link(f"outbox-{w.name}-sink", self.sink.host, self.sink.port)
+            w.links = [w.link, w.sink_link]
+        self._duplicates = 0
+        self.reply_lost: int | None = None
+
+    def new_model(self) -> model.OutboxModel:
+        return model.OutboxModel(self.config)
+
+    def observe_model(self, m: model.OutboxModel):
+        return m.state(), tuple(sorted(m.received.items()))
+
+    def observe_impl(self):
+        rows = impl.project(self.env.admin(self.dbname), self.to_model_time)
+        return rows, tuple(sorted(self.sink.received().items()))
+
+    def views(self, observation):
+        rows, received = observation
+        return model.views(rows, dict(received))
+
+    def observed(self, m: model.OutboxModel) -> None:
+        dups = sum(n - 1 for n in m.received.values())
+        self.event("duplicate delivery", max(0, dups - self._duplicates))
+        self._duplicates = dups
+
+    def clock_matters(self) -> bool:
+        return any(d.status == model.R or (d.status == model.P and d.next_attempt_at > self.model.now)
+                   for d in self.model.deliveries.values())
+
+    def forget(self, worker) -> None:
+        self.held[worker.index].clear()
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _holding(self, sent: bool | None = None) -> list[tuple[int, int]]:
+        return [(w, i) for w, held in enumerate(self.held) for i, h in sorted(held.items())
+                if sent is None or (h.result is not None) == sent]
+
+    def _pick(self, data, sent: bool | None = None) -> tuple[int, Held]:
+        w, i = data.draw(st.sampled_from(self._holding(sent)), label="worker, delivery")
+        return w, self.held[w][i]
+
+    # -- operations -------------------------------------------------------------------------
+    @initialize(n=st.integers(1, 4))
+    def enqueue_some(self, n: int) -> None:
+        """Every example starts with a few deliveries waiting, so work flows from the first step."""
+        for _ in range(n):
+            self.enqueue(0)
+
+    def _waiting(self) -> int:
+        return sum(d.status == model.P for d in self.model.deliveries.values())
+
+    @precondition(lambda self: self._waiting() < 3)
+    @rule(w=st.integers(0, 1))
+    def enqueue(self, w: int) -> None:
+        i = self.model.next_id()
+        self.apply(self.workers[w], f"enqueue(w{w}, id={i})", lambda m: m.enqueue(i), lambda c: self.store.enqueue(c, i))
+
+    @rule(w=st.integers(0, 1), batch=st.integers(1, 3))
+    def claim(self, w: int, batch: int) -> None:
+        worker = self.workers[w]
+        got = self.apply(worker, f"claim(w{w}, batch={batch})", lambda m: m.claim(batch),
+                         lambda c: self.store.claim(c, batch), on_error=lambda: self.forget(worker))
+        if isinstance(got, Won):
+            for c in got.value:
+                self.held[w][c.id] = Held(c)
+
+    @precondition(lambda self: self._holding(sent=False))
+    @rule(data=st.data(), answer=st.sampled_from([200, 200, 503, 422]))
+    def send(self, data, answer: int) -> None:
+        """The external effect: POST to the sink through this worker's own link. At-least-once."""
+        w, h = self._pick(data, sent=False)
+        worker = self.workers[w]
+        self.stats.steps += 1
+        trial = self.model.copy()
+        trial.sink_received(h.claim.id)
+        self.sink.plan(answer)
+        label = f"send(w{w}, {h.claim.id}, attempt={h.claim.attempt}) sink answers {answer}"
+        if self.reply_lost == w:
+            self.reply_lost = None
+            reply_toxic = Toxic("limit_data", "downstream", {"bytes": 0})
+            self._toxi(lambda: worker.sink_link.add(reply_toxic))
+        else:
+            reply_toxic = None
+        try:
+            h.result = impl.send_to_sink(f"http://127.0.0.1:{worker.sink_link.port}", h.claim, timeout=5)
+        except ExternalCallFailed as e:
+            # No answer: the sink may or may not have recorded it. The worker treats it as retryable.
+            h.result = impl.RETRYABLE
+            self.log(f"{label} -> no answer; it may have arrived")
+            self.event("sink reply lost")
+            self.candidates = [self.model, trial]
+        else:
+            self.log(f"{label} -> {h.result}")
+            if h.result != SINK_ANSWERS[answer]:
+                raise Mismatch(f"{label}: the worker read the answer as {h.result}")
+            self.model = trial
+            self.candidates = [trial]
+        finally:
+            self.sink.reset_plan()
+            if reply_toxic is not None:
+                self._toxi(lambda: worker.sink_link.remove(reply_toxic))
+
+    @precondition(lambda self: self._holding(sent=True))
+    @rule(data=st.data())
+    def record(self, data) -> None:
+        """The fenced write after the send: complete, or fail (retry with backoff / dead / failed)."""
+        w, h = self._pick(data, sent=True)
+        worker = self.workers[w]
+        del self.held[w][h.claim.id]
+        c = h.claim
+        if h.result == impl.OK:
+            got = self.apply(worker, f"complete(w{w}, {c.id}, attempt={c.attempt})",
+                             lambda m: m.complete(c), lambda conn: self.store.complete(conn, c),
+                             on_error=lambda: self.forget(worker))
+        else:
+            permanent = h.result == impl.PERMANENT
+            got = self.apply(worker, f"fail(w{w}, {c.id}, attempt={c.attempt}, permanent={permanent})",
+                             lambda m: m.fail(c, permanent), lambda conn: self.store.fail(conn, c, permanent, h.result),
+                             on_error=lambda: self.forget(worker))
+        if isinstance(got, LostRace):
+            self.event("fence rejection")
+        elif got == Won(model.P):
+            self.event("backoff")
+
+    @precondition(lambda self: self._holding())
+    @rule(data=st.data())
+    def extend_lease(self, data) -> None:
+        w, h = self._pick(data)
+        worker = self.workers[w]
+        got = self.apply(worker, f"extend_lease(w{w}, {h.claim.id}, attempt={h.claim.attempt})",
+                         lambda m: m.extend_lease(h.claim), lambda c: self.store.extend_lease(c, h.claim),
+                         on_error=lambda: self.forget(worker))
+        if isinstance(got, LostRace):
+            self.event("fence rejection")
+            self.held[w].pop(h.claim.id, None)
+
+    @rule(w=st.integers(0, 1))
+    def reclaim_stale(self, w: int) -> None:
+        got = self.apply(self.workers[w], f"reclaim_stale(w{w})", lambda m: m.reclaim_stale(),
+                         lambda c: self.store.reclaim_stale(c))
+        if isinstance(got, Won) and got.value:
+            self.event("reclaim", len(got.value))
+
+    @precondition(lambda self: all(w.clean() for w in self.workers))
+    @rule(ba=st.integers(1, 2), bb=st.integers(1, 2))
+    def claim_race(self, ba: int, bb: int) -> None:
+        """w0's claim holds its row locks (not yet committed) while w1 claims: SKIP LOCKED must let
+        w1 take the next due rows at once, and never the same ones."""
+        wa, wb = self.workers
+        self.stats.steps += 1
+        trial = self.model.copy()
+        exp_a = trial.claim(ba)
+        label = f"claim_race: w0 claim(batch={ba}) open"
+        try:
+            conn_a = wa.connection()
+            got_a = Won(tuple(c for c, _ in self.store.begin_claim(conn_a, ba)))
+        except ConnectionLost:
+            self.log(f"{label} -> ConnectionLost")
+            wa.abandon()
+            return
+        self.log(f"{label} -> {fmt(got_a)}")
+        if got_a != exp_a:
+            conn_a.rollback()
+            raise Mismatch(f"{label}: implementation answered {fmt(got_a)}, the model expects {fmt(exp_a)}")
+        before, self.model = self.model, trial
+        got_b = self.apply(wb, f"claim_race: w1 claim(batch={bb}) while w0's claim is open",
+                           lambda m: m.claim(bb), lambda c: self.store.claim(c, bb),
+                           on_error=lambda: self.forget(wb))
+        try:
+            errors.commit(conn_a, "outbox.claim")
+        except errors.CommitIndeterminate as e:
+            wa.abandon()
+            raise Mismatch(f"claim_race: w0's COMMIT failed on a clean link: {e.detail}") from None
+        self.log("claim_race: w0 commits")
+        for c in got_a.value:
+            self.held[0][c.id] = Held(c)
+        if isinstance(got_b, Won):
+            for c in got_b.value:
+                self.held[1][c.id] = Held(c)
+            if got_a.value and got_b.value:
+                self.event("skip locked")
+        del before
+
+    # -- faults specific to a worker ----------------------------------------------------------
+    @precondition(lambda self: all(w.before_commit is None for w in self.workers))
+    @rule(w=st.integers(0, 1), kind=st.sampled_from(["commit-reply-lost", "commit-request-lost", "worker-death"]))
+    def fault_commit(self, w: int, kind: str) -> None:
+        """The worker's next COMMIT meets a fault (the worker dies, or the reply or request is lost)."""
+        self.arm_commit_fault(self.workers[w], kind)
+        self.fault(kind, f"{kind} armed on w{w}'s next COMMIT")
+
+    @precondition(lambda self: self.reply_lost is None)
+    @rule(w=st.integers(0, 1))
+    def fault_sink_reply_lost(self, w: int) -> None:
+        """The sink records this worker's next delivery, and the reply never reaches the worker."""
+        self.reply_lost = w
+        self.fault("sink-reply-lost", f"sink reply lost armed on w{w}'s next send")
+
+    def _live_leases(self) -> list[tuple[int, int]]:
+        live = {d.id for d in self.model.deliveries.values() if d.status == model.R and d.lease_until > self.model.now}
+        return [(w, i) for w, i in self._holding() if i in live]
+
+    @precondition(lambda self: self.env.clock is not None and self._live_leases())
+    @rule(data=st.data())
+    def stall_past_lease(self, data) -> None:
+        """A worker holding a live lease stalls (GC pause, frozen VM) until the lease lapsed: the
+        database clock moves past it. When it resumes, its writes must be fenced."""
+        w, _ = data.draw(st.sampled_from(self._live_leases()), label="worker, delivery")
+        seconds = self.config.lease + QUANTUM
+        self.env.clock.jump(seconds)
+        for m in self.candidates:
+            m.advance(seconds)
+        self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease")

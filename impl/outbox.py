@@ -1,0 +1,186 @@
+"""The notification outbox on PostgreSQL: the reference implementation.
+
+Each operation is one transaction on a connection the caller owns (not autocommit): the
+statements run inside :func:`~knownstate.impl.errors.boundary`, the COMMIT goes through
+:func:`~knownstate.impl.errors.commit`, and a conditional write that matches no row is a
+:class:`LostRace` (rolled back), never an exception. Every lease stamp and comparison is
+Postgres ``now()``.
+
+The send to the sink is **at-least-once**: :class:`OutboxWorker` sends, then records the
+outcome with a fenced write; if its lease lapsed meanwhile and another worker re-claimed the
+row, the notification goes out twice. That is the documented trade: a duplicate notification
+is cheaper than a lost one. The sink can de-duplicate on the delivery id it receives.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Callable
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from knownstate.model.contract import LostRace, Outcome, Won
+from knownstate.model.outbox import Claim, Config, Delivery
+
+from . import queries
+from .errors import ConnectionLost, ExternalCallFailed, KnownstateError, boundary, commit
+
+SCHEMA = queries.schema("outbox_schema.sql")
+TABLES = ("outbox_delivery",)
+EXTERNAL_EFFECT = "at-least-once"
+
+
+class OutboxStore:
+    """The outbox's operations. ``queries`` defaults to the reference SQL; the mutant catalogue
+    passes a changed copy."""
+
+    def __init__(self, config: Config = Config(), queries_: dict[str, str] | None = None):
+        self.config = config
+        self.q = dict(queries_ or queries.load("outbox.sql"))
+
+    def _one_tx(self, conn: psycopg.Connection, op: str, sql: str, params: dict) -> list[tuple]:
+        with boundary(f"outbox.{op}"):
+            rows = conn.execute(sql, params).fetchall()
+        if not rows:
+            conn.rollback()
+            return rows
+        commit(conn, f"outbox.{op}")
+        return rows
+
+    def enqueue(self, conn: psycopg.Connection, id: int | None = None, payload: dict | None = None) -> Outcome:
+        """A new delivery. ``id`` is the producer's event id; without one the sequence picks it."""
+        params = {"id": id, "payload": Jsonb(payload or {})}
+        rows = self._one_tx(conn, "enqueue", self.q["enqueue" if id is not None else "enqueue_generated"], params)
+        return Won(rows[0][0])
+
+    def begin_claim(self, conn: psycopg.Connection, batch: int) -> list[tuple[Claim, dict]]:
+        """The claim's statement, without COMMIT: the rows stay locked until the caller commits."""
+        with boundary("outbox.claim"):
+            rows = conn.execute(self.q["claim_due"], {"batch": batch, "lease": self.config.lease}).fetchall()
+        return sorted(((Claim(r[0], r[1]), r[2]) for r in rows), key=lambda c: c[0].id)
+
+    def claim_batch(self, conn: psycopg.Connection, batch: int) -> list[tuple[Claim, dict]]:
+        claimed = self.begin_claim(conn, batch)
+        commit(conn, "outbox.claim")
+        return claimed
+
+    def claim(self, conn: psycopg.Connection, batch: int) -> Outcome:
+        return Won(tuple(c for c, _ in self.claim_batch(conn, batch)))
+
+    def extend_lease(self, conn: psycopg.Connection, c: Claim) -> Outcome:
+        rows = self._one_tx(conn, "extend_lease", self.q["extend_lease"],
+                            {"id": c.id, "attempt": c.attempt, "lease": self.config.lease})
+        return Won() if rows else LostRace("fenced")
+
+    def complete(self, conn: psycopg.Connection, c: Claim) -> Outcome:
+        rows = self._one_tx(conn, "complete", self.q["complete"], {"id": c.id, "attempt": c.attempt})
+        return Won(rows[0][0]) if rows else LostRace("fenced")
+
+    def fail_params(self, c: Claim, permanent: bool, error: str) -> dict:
+        cfg = self.config
+        return {"id": c.id, "attempt": c.attempt, "permanent": permanent, "error": error,
+                "max_attempts": cfg.max_attempts, "base": cfg.backoff_base, "cap": cfg.backoff_cap}
+
+    def fail(self, conn: psycopg.Connection, c: Claim, permanent: bool, error: str = "") -> Outcome:
+        rows = self._one_tx(conn, "fail", self.q["fail"], self.fail_params(c, permanent, error))
+        return Won(rows[0][0]) if rows else LostRace("fenced")
+
+    def reclaim_stale(self, conn: psycopg.Connection) -> Outcome:
+        rows = self._one_tx(conn, "reclaim_stale", self.q["reclaim_stale"],
+                            {"max_attempts": self.config.max_attempts})
+        return Won(tuple(sorted(r[0] for r in rows)))
+
+
+def project(conn: psycopg.Connection, to_model_time: Callable) -> tuple[Delivery, ...]:
+    """The rows in the model's shape (:meth:`knownstate.model.outbox.OutboxModel.state`)."""
+    rows = conn.execute(queries.load("outbox.sql")["project"]).fetchall()
+    return tuple(Delivery(id=r[0], status=r[1], attempts=r[2], next_attempt_at=to_model_time(r[3]),
+                          lease_until=None if r[4] is None else to_model_time(r[4])) for r in rows)
+
+
+# ---------------------------------------------------------------------------------------
+# The external send and the worker loop.
+# ---------------------------------------------------------------------------------------
+
+OK, RETRYABLE, PERMANENT = "ok", "retryable", "permanent"
+
+
+def send_to_sink(url: str, claim: Claim, payload: dict | None = None, timeout: float = 5.0) -> str:
+    """POST one delivery to the notification sink. Returns ok / retryable (5xx) / permanent
+    (4xx); raises ExternalCallFailed when no answer came (it may still have arrived)."""
+    body = json.dumps({"delivery_id": claim.id, "attempt": claim.attempt, "payload": payload or {}}).encode()
+    req = urllib.request.Request(f"{url}/deliveries", data=body, method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          "Idempotency-Key": f"outbox-{claim.id}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            r.read()
+            return OK
+    except urllib.error.HTTPError as e:
+        e.read()
+        return PERMANENT if 400 <= e.code < 500 else RETRYABLE
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise ExternalCallFailed(f"sink at {url}: {e}") from None
+
+
+@dataclass
+class LoopStats:
+    claimed: int = 0
+    sent: int = 0
+    failed: int = 0
+    fenced: int = 0
+    errors: int = 0
+
+
+class OutboxWorker:
+    """The reference worker loop: claim a batch, send each, record each outcome (fenced)."""
+
+    def __init__(self, connect: Callable[[], psycopg.Connection], store: OutboxStore,
+                 send: Callable[[Claim, dict], str], batch: int = 10):
+        self.connect, self.store, self.send, self.batch = connect, store, send, batch
+        self.conn: psycopg.Connection | None = None
+        self.stats = LoopStats()
+
+    def run_once(self) -> int:
+        """One claim and its deliveries. Returns how many rows it claimed."""
+        try:
+            if self.conn is None or self.conn.closed:
+                self.conn = self.connect()
+            claimed = self.store.claim_batch(self.conn, self.batch)
+            self.stats.claimed += len(claimed)
+            for claim, payload in claimed:
+                try:
+                    result = self.send(claim, payload)
+                except ExternalCallFailed as e:
+                    result, error = RETRYABLE, str(e)
+                else:
+                    error = "" if result == OK else f"sink answered {result}"
+                if result == OK:
+                    outcome = self.store.complete(self.conn, claim)
+                else:
+                    outcome = self.store.fail(self.conn, claim, permanent=result == PERMANENT, error=error)
+                if isinstance(outcome, LostRace):
+                    self.stats.fenced += 1
+                elif result == OK:
+                    self.stats.sent += 1
+                else:
+                    self.stats.failed += 1
+            return len(claimed)
+        except (ConnectionLost, KnownstateError):
+            self.stats.errors += 1
+            if self.conn is not None:
+                self.conn.close()
+            self.conn = None
+            return 0
+
+    def run(self, stop: threading.Event, idle: Callable[[], None] | None = None) -> None:
+        while not stop.is_set():
+            if self.run_once() == 0 and idle is not None:
+                idle()
+        if self.conn is not None:
+            self.conn.close()

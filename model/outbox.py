@@ -1,0 +1,233 @@
+"""The notification outbox, as a pure state machine.
+
+Theory of operation
+-------------------
+
+A delivery is a row: ``pending`` until a worker claims it, ``processing`` while one worker owns
+it, then ``sent``, ``failed`` (the sink refused it for good), or ``dead`` (retries exhausted).
+A retryable failure puts it back to ``pending`` with ``attempts > 0`` and a later
+``next_attempt_at``: that *is* the retry.
+
+claim
+    ``FOR UPDATE SKIP LOCKED`` over due pending rows, in id order, at most ``batch`` of them;
+    each claimed row gets ``attempts + 1`` and a lease ``lease_until = now() + lease``. The
+    claimed attempt number is the owner's token.
+fence
+    Every write an owner makes afterwards — the terminal write, a retry, a lease extension —
+    matches ``attempts = <claimed attempt>``. After the reaper reclaimed the row and another
+    worker claimed it again, the old owner's token is stale and its write matches nothing:
+    a lost race, never a silent overwrite.
+lease + reaper
+    ``reclaim_stale`` takes back every ``processing`` row whose lease lapsed (database clock),
+    to ``pending`` (or ``dead`` at the attempt limit). Nobody waits for a dead worker.
+retry policy
+    Exponential backoff, ``min(cap, base * 2 ** (attempts - 1))``, dead after ``max_attempts``.
+time
+    ``now`` is the database clock in whole seconds. The implementation stamps and compares
+    leases with Postgres ``now()``; the model's ``now`` is the same clock, moved by the check.
+external effect
+    The send to the notification sink is **at-least-once**: a worker whose lease lapsed
+    mid-send can send again after a reclaim. A duplicate notification is cheaper than a lost
+    one. The row itself is the receipt.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from dataclasses import dataclass, replace
+
+from .contract import (
+    CREATED,
+    Contract,
+    ExternalEffect,
+    LeaseClock,
+    LostRace,
+    Outcome,
+    RunView,
+    StepView,
+    TransitionTable,
+    Won,
+)
+
+
+class Status(str, enum.Enum):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    SENT = "sent"
+    FAILED = "failed"
+    DEAD = "dead"
+
+
+P, R, S, F, D = (s.value for s in Status)
+
+TABLE = TransitionTable("outbox", [
+    (CREATED, "enqueue", P),
+    (P, "claim", R),
+    (R, "extend_lease", R),
+    (R, "complete", S),
+    (R, "fail_permanent", F),
+    (R, "retry", P),
+    (R, "give_up", D),
+    (R, "reclaim", P),
+    (R, "reclaim_dead", D),
+])
+
+CONTRACT = Contract(
+    kind="outbox",
+    table=TABLE,
+    terminal=frozenset({S, F, D}),
+    claim="FOR UPDATE SKIP LOCKED claim of due rows that bumps attempts",
+    lease="claim lease (default 5 min) stamped with the database's now()",
+    lease_clock=LeaseClock.DATABASE,
+    reaper="reclaim_stale: processing rows whose lease lapsed go back to pending (dead at the limit)",
+    fence="terminal writes and lease extensions match attempts = <claimed attempt>",
+    receipts="the delivery row itself",
+    retry_policy="exponential backoff on next_attempt_at with a cap; dead after max attempts",
+    external_effect=ExternalEffect.AT_LEAST_ONCE,
+)
+
+STEP = "deliver"  # the outbox's single step; its identity is the row id
+
+
+@dataclass(frozen=True)
+class Config:
+    lease: int = 300
+    backoff_base: int = 60
+    backoff_cap: int = 3600
+    max_attempts: int = 3
+
+    def backoff(self, attempts: int) -> int:
+        return min(self.backoff_cap, self.backoff_base * 2 ** max(0, attempts - 1))
+
+
+@dataclass(frozen=True)
+class Delivery:
+    id: int
+    status: str
+    attempts: int
+    next_attempt_at: int
+    lease_until: int | None = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a worker holds after a claim: the row and its token."""
+
+    id: int
+    attempt: int
+
+
+class OutboxModel:
+    """All deliveries, the database clock, and what the sink received."""
+
+    def __init__(self, config: Config = Config()):
+        self.config = config
+        self.now = 0
+        self.deliveries: dict[int, Delivery] = {}
+        self.received: dict[int, int] = {}  # delivery id -> deliveries the sink recorded
+        self.transitions: list[tuple[int, str, str, str]] = []  # (id, from, event, to), drained by the check
+        self._next_id = 1
+
+    # -- plumbing ---------------------------------------------------------------
+    def copy(self) -> "OutboxModel":
+        return copy.deepcopy(self)
+
+    def state(self) -> tuple:
+        """The observable state: what the implementation's projection must equal."""
+        return tuple(self.deliveries[k] for k in sorted(self.deliveries))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OutboxModel) and self.state() == other.state() and self.received == other.received
+
+    def advance(self, seconds: int) -> None:
+        self.now += seconds
+
+    def _move(self, d: Delivery, event: str, **changes) -> Delivery:
+        new = replace(d, status=TABLE.next(d.status, event), **changes)
+        self.deliveries[d.id] = new
+        self.transitions.append((d.id, d.status, event, new.status))
+        return new
+
+    def _owned(self, c: Claim) -> Delivery | None:
+        d = self.deliveries.get(c.id)
+        if d is None or d.status != R or d.attempts != c.attempt:
+            return None
+        return d
+
+    # -- operations (same vocabulary as impl.outbox) ------------------------------
+    def next_id(self) -> int:
+        """The event id the producer gives the next delivery."""
+        return self._next_id
+
+    def enqueue(self, id: int) -> Outcome:
+        d = Delivery(id, CREATED, 0, self.now)
+        self._next_id = max(self._next_id, id + 1)
+        self._move(d, "enqueue")
+        return Won(d.id)
+
+    def claim(self, batch: int) -> Outcome:
+        due = [d for _, d in sorted(self.deliveries.items()) if d.status == P and d.next_attempt_at <= self.now]
+        claims = []
+        for d in due[:batch]:
+            self._move(d, "claim", attempts=d.attempts + 1, lease_until=self.now + self.config.lease)
+            claims.append(Claim(d.id, d.attempts + 1))
+        return Won(tuple(claims))
+
+    def extend_lease(self, c: Claim) -> Outcome:
+        d = self._owned(c)
+        if d is None:
+            return LostRace("fenced")
+        self._move(d, "extend_lease", lease_until=self.now + self.config.lease)
+        return Won()
+
+    def complete(self, c: Claim) -> Outcome:
+        d = self._owned(c)
+        if d is None:
+            return LostRace("fenced")
+        self._move(d, "complete", lease_until=None)
+        return Won(S)
+
+    def fail(self, c: Claim, permanent: bool) -> Outcome:
+        d = self._owned(c)
+        if d is None:
+            return LostRace("fenced")
+        if permanent:
+            self._move(d, "fail_permanent", lease_until=None)
+        elif d.attempts >= self.config.max_attempts:
+            self._move(d, "give_up", lease_until=None)
+        else:
+            self._move(d, "retry", lease_until=None, next_attempt_at=self.now + self.config.backoff(d.attempts))
+        return Won(self.deliveries[d.id].status)
+
+    def reclaim_stale(self) -> Outcome:
+        reclaimed = []
+        for _, d in sorted(self.deliveries.items()):
+            if d.status == R and d.lease_until is not None and d.lease_until <= self.now:
+                if d.attempts >= self.config.max_attempts:
+                    self._move(d, "reclaim_dead", lease_until=None)
+                else:
+                    self._move(d, "reclaim", lease_until=None, next_attempt_at=self.now)
+                reclaimed.append(d.id)
+        return Won(tuple(reclaimed))
+
+    def sink_received(self, delivery_id: int) -> None:
+        """The sink recorded one delivery of this row (an external effect, at-least-once)."""
+        self.received[delivery_id] = self.received.get(delivery_id, 0) + 1
+
+    # -- the contract's view ----------------------------------------------------------
+    def views(self) -> dict[str, RunView]:
+        return views(self.state(), self.received)
+
+
+def views(deliveries: tuple[Delivery, ...], received: dict[int, int]) -> dict[str, RunView]:
+    """Project deliveries into the contract's kind-neutral view. The row is the receipt,
+    so a sent row counts as one receipt and one effect of its single step."""
+    out = {}
+    for d in deliveries:
+        done = 1 if d.status == S else 0
+        out[str(d.id)] = RunView(
+            run_id=str(d.id), status=d.status, fence_token=d.attempts,
+            steps={STEP: StepView(receipts=done, effects=done, external_calls=received.get(d.id, 0))},
+        )
+    return out
