@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 
 import pytest
 
@@ -78,14 +77,6 @@ def env(fresh_db, toxiproxy, tmp_path):
         e.close()
 
 
-def wait_for(predicate, what: str, deadline_s: float = 5.0):
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 def lose_responses(link):
     """The server gets the request and answers; the answer never reaches the client."""
     toxic = Toxic("limit_data", "downstream", {"bytes": 0})
@@ -145,6 +136,7 @@ def test_lost_response_is_retried_and_answered_with_the_original_success(env):
     assert isinstance(answer, NoAnswer) and answer.reason.startswith("lost")
     assert s.state is State.OFFLINE and s.local == {"title": "mine", "qty": 1}
     assert env.doc().version == 2 and env.doc().content == {"title": "mine", "qty": 1}   # it landed
+    assert env.store.applied(s.unconfirmed) == 2
     assert env.drafts.read(s.key)["content"] == {"title": "mine", "qty": 1}
     env.store.server_write("rec1", {"done": True})                 # and the world moved on
     env.link.remove(toxic)
@@ -161,7 +153,7 @@ def test_offline_keeps_the_edit_and_retries(env):
     answer = s.tick(1)
     assert isinstance(answer, NoAnswer) and answer.reason.startswith("unreachable")
     assert s.state is State.OFFLINE and s.counters["save_failures"] == 1
-    assert env.doc().version == 1
+    assert env.doc().version == 1 and env.store.applied(s.unconfirmed) is None
     assert env.drafts.read(s.key)["content"]["title"] == "offline work"
     assert isinstance(s.tick(2), NoAnswer)                          # retried, still offline
     env.link.up()
@@ -243,6 +235,7 @@ def test_copy_whose_answer_was_lost_is_not_duplicated(env):
     toxic = lose_responses(env.link)
     assert isinstance(s.keep_local_as_copy(), NoAnswer)
     assert s.state is State.CONFLICT and len(env.store.documents()) == 3
+    assert env.store.applied(s.unconfirmed_copy) == 1
     env.link.remove(toxic)
     out = s.keep_local_as_copy()
     assert out.value.replayed and len(env.store.documents()) == 3
