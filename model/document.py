@@ -1135,6 +1135,26 @@ class DocumentModel:
     def _wk(self, t: TabModel) -> WriterKey:
         return (t.user, t.doc_id, t.writer_id)
 
+    # begin_* change nothing the ledger tracks; finish_* must go through this class (it keeps
+    # the ledger of unsaved edits the invariants read).
+    def begin_read(self, tab: str, purpose: str = "refresh") -> ReadRequest:
+        return self.tabs[tab].begin_read(purpose)
+
+    def begin_save(self, tab: str, now: float | None = None) -> SaveRequest:
+        return self.tabs[tab].begin_save(now)
+
+    def begin_copy(self, tab: str) -> CopyRequest:
+        return self.tabs[tab].begin_copy()
+
+    def tick(self, tab: str, now: float, deliver: Callable[[Request], Answer] | None = None):
+        """Like the session's ``tick``: when the save is due, one request through ``deliver``."""
+        t = self.tabs[tab]
+        t.now = now
+        if not t.due(now):
+            return None
+        req = t.begin_save()
+        return self.finish_save(tab, req, (deliver or self.deliver)(req))
+
     def finish_read(self, tab: str, req: ReadRequest, answer: Answer):
         t = self.tabs[tab]
         before = t.state
@@ -1397,7 +1417,7 @@ def unsaved_work_in_one_place(world: World, ledger: Ledger) -> list[Violation]:
     tabs = _writer_tabs(world)
     for wk, edits in ledger.unsaved.items():
         t = tabs.get(wk)
-        if t is not None and t.state != Z and t.draft_status == "failing":
+        if t is not None and t.state not in (Z, L) and t.draft_status == "failing":
             continue
         if edits and wk not in seen:
             out.append(Violation("unsaved-work-in-one-place",
@@ -1413,7 +1433,7 @@ def no_edit_lost_silently(world: World, ledger: Ledger) -> list[Violation]:
              if d.key == draft_key(d.kind, d.user, d.doc_id, d.writer_id)}
     for wk, edits in ledger.unsaved.items():
         t = tabs.get(wk)
-        alive = t is not None and t.state != Z
+        alive = t is not None and t.state not in (Z, L)  # a tab still loading holds nothing yet
         slot = slots.get(wk)
         doc = world.docs.get(wk[1])
         for k, v in sorted(edits.items()):

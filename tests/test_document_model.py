@@ -416,14 +416,21 @@ class ModelWalk(RuleBasedStateMachine):
         return [k for k, t in self.m.tabs.items() if t.state is not State.CLOSED]
 
     @precondition(lambda self: len(self.m.tabs) < 4)
-    @rule(user=st.sampled_from(["alice", "bob"]), writer=st.sampled_from(["w1", "w2", "w3"]))
-    def open(self, user, writer):
+    @rule(user=st.sampled_from(["alice", "bob"]), writer=st.sampled_from(["w1", "w2", "w3"]), online=st.booleans())
+    def open(self, user, writer, online):
         if any(t.writer_id == writer and t.user == user and t.state is not State.CLOSED for t in self.m.tabs.values()):
             return
         self.n += 1
         tab = f"t{self.n}"
-        t = self.m.open_tab(tab, user, "r1", "record", writer)
-        req = t.begin_read("load")
+        self.m.open_tab(tab, user, "r1", "record", writer)
+        req = self.m.begin_read(tab, "load")
+        self.m.finish_read(tab, req, self.m.deliver(req) if online else LOST)
+
+    @precondition(lambda self: any(t.state is State.LOADING for t in self.m.tabs.values()))
+    @rule(data=st.data())
+    def load_again(self, data):
+        tab = data.draw(st.sampled_from(sorted(k for k, t in self.m.tabs.items() if t.state is State.LOADING)))
+        req = self.m.begin_read(tab, "load")
         self.m.finish_read(tab, req, self.m.deliver(req))
 
     @precondition(lambda self: self._live())
@@ -439,12 +446,24 @@ class ModelWalk(RuleBasedStateMachine):
     @rule(data=st.data(), fate=st.sampled_from(["ok", "ok", "lost_request", "lost_answer"]))
     def save(self, data, fate):
         tab = data.draw(st.sampled_from(self._live()))
+
+        def net(req):
+            answer = LOST if fate == "lost_request" else self.m.deliver(req)
+            return LOST if fate == "lost_answer" else answer
+
+        self.m.tick(tab, 0, net)
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data(), v=st.integers(0, 3), lost=st.booleans())
+    def edit_during_save(self, data, v, lost):
+        tab = data.draw(st.sampled_from(self._live()))
         t = self.m.tabs[tab]
         if not t.due(0):
             return
-        req = t.begin_save()
-        answer = LOST if fate == "lost_request" else self.m.deliver(req)
-        self.m.finish_save(tab, req, LOST if fate == "lost_answer" else answer)
+        req = self.m.begin_save(tab)
+        self.m.edit(tab, {"qty": v}, now=0)
+        answer = self.m.deliver(req)
+        self.m.finish_save(tab, req, LOST if lost else answer)
 
     @precondition(lambda self: self._live())
     @rule(data=st.data(), how=st.sampled_from(["rebase_local", "rebase_stored", "copy", "discard", "reload"]))
