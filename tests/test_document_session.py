@@ -365,6 +365,22 @@ def test_close_offline_parks_the_work_in_the_draft(env):
     assert env.doc().content["title"] == "parked" and env.drafts.keys() == []
 
 
+def test_session_belongs_to_the_document_not_the_panel(env):
+    from knownstate.impl.documents import Workspace
+    t = HttpTransport(f"http://127.0.0.1:{env.link.port}", timeout=3)
+    env.transports.append(t)
+    ws = Workspace("alice", env.drafts, t, clock=env.clock)
+    left, right = ws.open_panel("rec1", "record"), ws.open_panel("rec1", "record")
+    assert left is right                                   # one session per document
+    left.edit({"title": "typed in the left panel"}, now=0)
+    ws.close_panel("rec1")                                 # closing a panel flushes ...
+    assert env.doc().content["title"] == "typed in the left panel"
+    assert right.state is State.CLEAN                      # ... and the session lives on
+    right.edit({"qty": 2}, now=0)
+    assert ws.close_document("rec1").flushed and right.state is State.CLOSED
+    assert env.doc().content == {"title": "typed in the left panel", "qty": 2}
+
+
 # -- stale reads --------------------------------------------------------------------------------------------
 
 
