@@ -46,7 +46,8 @@ import psycopg
 from hypothesis import HealthCheck, Phase, Verbosity, seed as hyp_seed, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from knownstate.impl.errors import CommitIndeterminate, ConnectionLost, KnownstateError, TransactionAborted, is_connection_error
+from knownstate.impl.errors import (CommitIndeterminate, ConnectionLost, ExternalCallFailed, KnownstateError,
+                                    TransactionAborted, is_connection_error)
 from knownstate.model.contract import INVARIANTS, Contract, LostRace, Repeat, RunView, Write, check_invariants
 
 from .cluster import ClusterError, PostgresCluster, Unavailable, open_database
@@ -65,6 +66,11 @@ class EnvironmentFault(BaseException):
 
 class Mismatch(AssertionError):
     """The implementation disagreed with the model."""
+
+
+def _record_mismatch(machine: "KindCheck", message: str) -> "Mismatch":
+    type(machine).failures.append((message, list(machine.trace)))
+    return Mismatch(message)
 
 
 # ---------------------------------------------------------------------------------------
@@ -353,8 +359,14 @@ class KindCheck(RuleBasedStateMachine):
     stats: ClassVar[Stats]
     dbname: ClassVar[str]
     last_trace: ClassVar[list[str]]
+    failures: ClassVar[list[tuple[str, list[str]]]]
 
     # -- hooks for the kind ----------------------------------------------------------------
+    @classmethod
+    def table(cls):
+        """The transition table whose every row a CI run must observe."""
+        return cls.contract.table
+
     def new_model(self) -> Any:
         raise NotImplementedError
 
@@ -402,7 +414,8 @@ class KindCheck(RuleBasedStateMachine):
         self.writes: list[Write] = []
         self.repeats: list[Repeat] = []
         self.crashed = False
-        self.prev_views = self.views(self.observe_model(self.model))
+        self._indeterminate_commit = False
+        self.prev_views = self.views(self.observe_model(self.model)) if self.contract else {}
         self.stats.examples += 1
 
     def teardown(self) -> None:
@@ -434,40 +447,56 @@ class KindCheck(RuleBasedStateMachine):
             self.stats.events[name] += n
 
     def apply(self, worker: Worker | None, label: str, model_op: Callable[[Any], Any],
-              impl_op: Callable[[psycopg.Connection], Any], on_error: Callable[[], None] | None = None) -> Any:
+              impl_op: Callable[[psycopg.Connection], Any], on_error: Callable[[], None] | None = None,
+              external_maybe: Callable[[Any], None] | None = None) -> Any:
         """Apply one operation to the model and to the implementation, and compare outcomes.
 
-        Returns the implementation's outcome, or None when the worker's connection failed; then
-        the model keeps the possible states (both, when COMMIT was in flight) and the next
-        observation decides."""
+        Returns the implementation's outcome, or None when the operation failed on a fault; then
+        the model keeps every possible state — both when COMMIT was in flight, and, with
+        ``external_maybe``, each of those with and without the external side having acted — and
+        the next observation decides."""
         self.stats.steps += 1
         trial = self.model.copy()
         expected = model_op(trial)
         try:
             got = impl_op(worker.connection() if worker else self.env.admin(self.dbname))
-        except CommitIndeterminate as e:
+        except CommitIndeterminate:
             self.log(f"{label} -> indeterminate (the connection died during COMMIT)")
             self.event("indeterminate commit")
             self._lost_connection(worker, on_error)
-            self.candidates = [self.model, trial]
+            trial._knownstate_committed = True
+            self._indeterminate_commit = True
+            self.candidates = self._with_external([self.model, trial], external_maybe)
             return None
-        except (ConnectionLost, WorkerDied) as e:
+        except (ConnectionLost, WorkerDied, ExternalCallFailed) as e:
             self.log(f"{label} -> {type(e).__name__}")
-            self.event("connection lost" if isinstance(e, ConnectionLost) else "worker died before commit")
+            self.event({ConnectionLost: "connection lost", WorkerDied: "worker died before commit",
+                        ExternalCallFailed: "external call failed"}[type(e)])
             self._lost_connection(worker, on_error)
-            self.candidates = [self.model]
+            self.candidates = self._with_external([self.model], external_maybe)
             return None
         except TransactionAborted as e:
             self._lost_connection(worker, on_error)
-            raise Mismatch(f"{label}: the server refused a statement the model accepts: {e.detail}") from None
+            raise _record_mismatch(self, f"{label}: the server refused a statement the model accepts: {e.detail}") from None
         self.log(f"{label} -> {fmt(got)}")
         if got != expected:
-            raise Mismatch(f"{label}: implementation answered {fmt(got)}, the model expects {fmt(expected)}")
+            raise _record_mismatch(self, f"{label}: implementation answered {fmt(got)}, the model expects {fmt(expected)}")
         if isinstance(got, LostRace):
             self.event("lost race")
         self.model = trial
         self.candidates = [trial]
         return got
+
+    @staticmethod
+    def _with_external(models: list, external_maybe: Callable[[Any], None] | None) -> list:
+        if external_maybe is None:
+            return models
+        out = list(models)
+        for m in models:
+            acted = m.copy()
+            external_maybe(acted)
+            out.append(acted)
+        return out
 
     def _lost_connection(self, worker: Worker | None, on_error: Callable[[], None] | None) -> None:
         cleanup, self._fault_cleanup = getattr(self, "_fault_cleanup", None), None
@@ -487,15 +516,18 @@ class KindCheck(RuleBasedStateMachine):
         matching = [m for m in self.candidates if self.observe_model(m) == real]
         if not matching:
             expected = self.observe_model(self.candidates[-1])
-            raise Mismatch("the database disagrees with the model after this step:\n"
+            raise _record_mismatch(self, "the database disagrees with the model after this step:\n"
                            + diff(expected, real)
                            + ("" if len(self.candidates) == 1 else
                               f"\n(none of the {len(self.candidates)} possible states after an indeterminate step matched)"))
-        if len(self.candidates) > 1 and len(matching) == 1:
-            committed = matching[0] is not self.candidates[0]
+        chosen = matching[0]
+        committed = getattr(chosen, "_knownstate_committed", False)
+        if self._indeterminate_commit and all(getattr(m, "_knownstate_committed", False) == committed for m in matching):
             self.event("indeterminate resolved: committed" if committed else "indeterminate resolved: not committed")
             self.log(f"  (observed: the indeterminate step {'committed' if committed else 'did not commit'})")
-        chosen = matching[0]
+        self._indeterminate_commit = False
+        if committed:
+            del chosen._knownstate_committed
         self.observed(chosen)
         for t in getattr(chosen, "transitions", []):
             self.stats.transitions[t[1:]] += 1
@@ -503,13 +535,19 @@ class KindCheck(RuleBasedStateMachine):
             chosen.transitions.clear()
         self.model = chosen
         self.candidates = [chosen]
+        violations = self.invariant_violations(real)
+        if violations:
+            raise _record_mismatch(self, "invariant violated: " + "; ".join(map(str, violations)))
+
+    def invariant_violations(self, real: Any) -> list:
+        """The contract's six invariants on the observed state. Kinds that are not durable runs
+        (the document session) override this with their own predicates."""
         views = self.views(real)
         violations = check_invariants(self.contract, self.prev_views, views, self.writes, self.repeats)
         self.stats.invariants_checked += len(INVARIANTS)
         self.writes, self.repeats = [], []
         self.prev_views = views
-        if violations:
-            raise Mismatch("invariant violated: " + "; ".join(map(str, violations)))
+        return violations
 
     # -- generic fault rules ---------------------------------------------------------------------
     # Preconditions keep faults sparse enough that work still flows: one faulted link at a time,
@@ -641,7 +679,7 @@ class CheckResult:
 
 def required_observations(machine: type[KindCheck], env: Env) -> list[tuple[str, str]]:
     """(what, label) pairs a CI run must observe: every transition of the table and every event."""
-    out = [("transition", f"{t.source} -{t.event}-> {t.target}") for t in machine.contract.table.transitions]
+    out = [("transition", f"{t.source} -{t.event}-> {t.target}") for t in machine.table().transitions]
     out += [("event", e) for e in machine.required_events]
     return out
 
@@ -660,7 +698,8 @@ def missing_observations(machine: type[KindCheck], stats: Stats, env: Env) -> li
 def build_machine(machine: type[KindCheck], env: Env, seed: int) -> type[KindCheck]:
     dbname = f"ks_{machine.kind.replace('-', '_')}"
     env.database(dbname, machine.schema)
-    cls = type(machine.__name__, (machine,), {"env": env, "stats": Stats(), "dbname": dbname, "last_trace": []})
+    cls = type(machine.__name__, (machine,), {"env": env, "stats": Stats(), "dbname": dbname, "last_trace": [],
+                                              "failures": []})
     return hyp_seed(seed)(cls)
 
 
@@ -679,9 +718,14 @@ def run_check(machine: type[KindCheck], env: Env, *, examples: int, steps: int, 
         raise
     except Exception as e:  # the check failed: the last run is Hypothesis's shrunk replay
         failure = _describe_failure(e)
+    trace = list(cls.last_trace) if failure else []
+    if failure and "Flaky" in failure and cls.failures:
+        # Shrinking met a replay that did not reproduce: report the smallest failure seen.
+        message, trace = min(cls.failures, key=lambda f: len(f[1]))
+        failure = f"{message}\n(shrinking stopped: a replay did not reproduce exactly)"
     result = CheckResult(kind=machine.kind, seed=seed, examples=cls.stats.examples, steps=cls.stats.steps,
                          seconds=time.monotonic() - start, stats=cls.stats, failure=failure,
-                         counterexample=list(cls.last_trace) if failure else [], unavailable=env.unavailable())
+                         counterexample=trace, unavailable=env.unavailable())
     if failure is None and require_all:
         result.vacuous = missing_observations(machine, cls.stats, env)
     return result

@@ -46,9 +46,9 @@ class OutboxStore:
     def _one_tx(self, conn: psycopg.Connection, op: str, sql: str, params: dict) -> list[tuple]:
         with boundary(f"outbox.{op}"):
             rows = conn.execute(sql, params).fetchall()
-        if not rows:
-            conn.rollback()
-            return rows
+            if not rows:
+                conn.rollback()
+                return rows
         commit(conn, f"outbox.{op}")
         return rows
 

@@ -20,7 +20,7 @@ from knownstate.impl.errors import ConnectionLost, ExternalCallFailed
 from knownstate.model import outbox as model
 from knownstate.model.contract import LostRace, Won
 
-from ..check import QUANTUM, KindCheck, Mismatch, fmt
+from ..check import QUANTUM, KindCheck, _record_mismatch, fmt
 from ..sink import NotificationSink
 from ..toxi import Toxic
 
@@ -153,7 +153,7 @@ class OutboxCheck(KindCheck):
         else:
             self.log(f"{label} -> {h.result}")
             if h.result != SINK_ANSWERS[answer]:
-                raise Mismatch(f"{label}: the worker read the answer as {h.result}")
+                raise _record_mismatch(self, f"{label}: the worker read the answer as {h.result}")
             self.model = trial
             self.candidates = [trial]
         finally:
@@ -221,8 +221,8 @@ class OutboxCheck(KindCheck):
             return
         self.log(f"{label} -> {fmt(got_a)}")
         if got_a != exp_a:
-            conn_a.rollback()
-            raise Mismatch(f"{label}: implementation answered {fmt(got_a)}, the model expects {fmt(exp_a)}")
+            wa.abandon()
+            raise _record_mismatch(self, f"{label}: implementation answered {fmt(got_a)}, the model expects {fmt(exp_a)}")
         before, self.model = self.model, trial
         got_b = self.apply(wb, f"claim_race: w1 claim(batch={bb}) while w0's claim is open",
                            lambda m: m.claim(bb), lambda c: self.store.claim(c, bb),
@@ -231,7 +231,7 @@ class OutboxCheck(KindCheck):
             errors.commit(conn_a, "outbox.claim")
         except errors.CommitIndeterminate as e:
             wa.abandon()
-            raise Mismatch(f"claim_race: w0's COMMIT failed on a clean link: {e.detail}") from None
+            raise _record_mismatch(self, f"claim_race: w0's COMMIT failed on a clean link: {e.detail}") from None
         self.log("claim_race: w0 commits")
         for c in got_a.value:
             self.held[0][c.id] = Held(c)
@@ -272,3 +272,78 @@ class OutboxCheck(KindCheck):
         for m in self.candidates:
             m.advance(seconds)
         self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease")
+
+
+# ---------------------------------------------------------------------------------------
+# Mutants: realistic bugs, each caught by this check (see `knownstate mutants outbox`).
+# ---------------------------------------------------------------------------------------
+
+from datetime import datetime, timezone  # noqa: E402
+
+from ..mutants import Mutant, sql_edit, with_attrs  # noqa: E402
+
+_Q = impl.queries.load("outbox.sql")
+
+
+def _edit(name: str, old: str, new: str):
+    return with_attrs(queries=sql_edit(_Q, name, old, new))
+
+
+class _AppClockReaper(impl.OutboxStore):
+    """The reaper judges leases by the application's clock, not the database's."""
+
+    def reclaim_stale(self, conn):
+        q = sql_edit(self.q, "reclaim_stale", "lease_until <= now()", "lease_until <= %(app_now)s")["reclaim_stale"]
+        rows = self._one_tx(conn, "reclaim_stale", q, {"max_attempts": self.config.max_attempts,
+                                                        "app_now": datetime.now(timezone.utc)})
+        return Won(tuple(sorted(r[0] for r in rows)))
+
+
+class _AppClockLease(impl.OutboxStore):
+    """The claim stamps the lease from the application's clock, not the database's."""
+
+    def begin_claim(self, conn, batch):
+        q = sql_edit(self.q, "claim_due", "lease_until = now() +", "lease_until = %(app_now)s::timestamptz +")["claim_due"]
+        with errors.boundary("outbox.claim"):
+            rows = conn.execute(q, {"batch": batch, "lease": self.config.lease,
+                                    "app_now": datetime.now(timezone.utc)}).fetchall()
+        return sorted(((model.Claim(r[0], r[1]), r[2]) for r in rows), key=lambda c: c[0].id)
+
+
+MUTANTS = [
+    Mutant("unfenced-complete", "outbox", "lease-fence",
+           "the terminal write does not match attempts = <claimed attempt>",
+           _edit("complete", "AND attempts = %(attempt)s", "")),
+    Mutant("unconditional-complete", "outbox", "conditional-transition",
+           "the terminal write is not conditional on status = 'processing'",
+           _edit("complete", "AND status = 'processing' ", "")),
+    Mutant("unfenced-retry", "outbox", "lease-fence",
+           "a failed send is recorded without the attempts fence",
+           _edit("fail", "AND status = 'processing' AND attempts = %(attempt)s", "AND status = 'processing'")),
+    Mutant("claim-without-bump", "outbox", "lease-fence",
+           "the claim does not bump attempts, so the fence token never changes",
+           _edit("claim_due", "attempts = d.attempts + 1", "attempts = d.attempts")),
+    Mutant("claim-without-skip-locked", "outbox", "conditional-transition",
+           "the claim waits on rows another worker is claiming (FOR UPDATE without SKIP LOCKED)",
+           _edit("claim_due", "FOR UPDATE SKIP LOCKED", "FOR UPDATE")),
+    Mutant("reaper-app-clock", "outbox", "lease-fence",
+           "the reaper compares leases with the application clock (the database clock stamped them)",
+           with_attrs(store_class=_AppClockReaper)),
+    Mutant("lease-app-clock", "outbox", "lease-fence",
+           "the claim stamps its lease with the application clock (the reaper reads the database clock)",
+           with_attrs(store_class=_AppClockLease)),
+    Mutant("reaper-ignores-lease", "outbox", "lease-fence",
+           "the reaper takes back every processing row, live leases included",
+           _edit("reclaim_stale", "AND lease_until <= now()", "")),
+    Mutant("reaper-touches-terminal", "outbox", "terminal-answers-from-receipts",
+           "the reaper treats a missing lease as lapsed and does not check the status",
+           _edit("reclaim_stale", "WHERE status = 'processing' AND lease_until <= now()",
+                 "WHERE status <> 'pending' AND coalesce(lease_until, '-infinity') <= now()")),
+    Mutant("no-backoff", "outbox", "retry-policy",
+           "a retry is due at once instead of after an exponential backoff",
+           _edit("fail", "ELSE now() + make_interval(secs => least(%(cap)s, %(base)s * 2 ^ greatest(attempts - 1, 0)))",
+                 "ELSE now()")),
+    Mutant("never-dead", "outbox", "retry-policy",
+           "a failed send is retried forever: never dead at max attempts",
+           _edit("fail", "WHEN attempts >= %(max_attempts)s THEN 'dead'", "WHEN false THEN 'dead'")),
+]
