@@ -204,4 +204,7 @@ class Toxiproxy:
             link.enabled = True
 
     def version(self) -> str:
-        return self._call(lambda: self._client.version()).decode().strip()
+        raw = self._call(lambda: self._client.version())
+        if raw is None:  # toxiproxy-python answers None, not an error, when nothing listens
+            raise ToxiproxyError(f"toxiproxy-server at {self.host}:{self.port} is not answering; was it killed?")
+        return raw.decode().strip()
