@@ -1,0 +1,444 @@
+"""The real parts the checks are built from, each tested on its own against the real thing.
+
+- ``PostgresCluster``: start, ``crash()`` (the postmaster and every backend die, nothing of its
+  process group is left), ``restart()`` on the same data (committed rows survive, uncommitted do
+  not), ``stop()`` (data directory removed, no process left), also when the block raised.
+- ``DbClock``: a jump moves ``now()`` of a connection that is already open, both ways.
+- ``ExternalDatabase`` over the session cluster's DSN; ``ContainerDatabase`` where a Docker engine is.
+- Toxiproxy: the real server, a link, each toxic kind observed on a psycopg connection or a raw
+  socket, ``down``/``up``, ``reset``, and a killed server reported as such.
+- ``NotificationSink``: records (delivery, attempt), answers as planned, counts duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import socketserver
+import subprocess
+import threading
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from knownstate.chaos import cluster as cluster_mod
+from knownstate.chaos.cluster import ContainerDatabase, ExternalDatabase, PostgresCluster, Unavailable, docker_available
+from knownstate.chaos.sink import NotificationSink
+from knownstate.chaos.toxi import Toxic, ToxiproxyError, ToxiproxyServer
+from knownstate.impl.errors import ExternalCallFailed
+from knownstate.impl.outbox import OK, PERMANENT, RETRYABLE, send_to_sink
+from knownstate.model.outbox import Claim
+
+
+def pgrep(*args: str) -> list[int]:
+    out = subprocess.run(["pgrep", *args], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def _swallow(fn) -> None:
+    try:
+        fn()
+    except psycopg.Error:
+        pass
+
+
+def poll(what: str, predicate, deadline_s: float = 10.0):
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {deadline_s:.0f}s waiting until {what}")
+
+
+# ---------------------------------------------------------------------------
+# PostgresCluster
+# ---------------------------------------------------------------------------
+
+
+def test_cluster_crash_restart_and_stop_leave_a_known_state():
+    with pytest.raises(RuntimeError, match="the block failed"):
+        with PostgresCluster(faketime=False) as c:
+            data_dir = c._dir
+            assert data_dir.is_dir() and c.running and c.port
+            postmaster = c._proc.pid
+            assert pgrep("-f", f"port={c.port}") == [postmaster]
+
+            with psycopg.connect(c.dsn(), autocommit=True) as conn:
+                conn.execute("create table t (v int)")
+                conn.execute("insert into t values (1)")
+            open_tx = psycopg.connect(c.dsn())
+            open_tx.execute("insert into t values (2)")  # never committed
+            busy = psycopg.connect(c.dsn(), autocommit=True)  # a backend in the middle of a long statement
+            threading.Thread(target=lambda: _swallow(lambda: busy.execute(
+                "select count(*) from generate_series(1, 2000000000)")), daemon=True).start()
+            with psycopg.connect(c.dsn(), autocommit=True) as watch:
+                poll("the long statement runs", lambda: watch.execute(
+                    "select 1 from pg_stat_activity where pid = %s and state = 'active'",
+                    (busy.info.backend_pid,)).fetchone())
+            backends = [open_tx.info.backend_pid, busy.info.backend_pid]
+            children = children_of(postmaster)  # backends call setsid(): found by parentage
+            assert set(backends) <= set(children) and len(children) >= 5  # + checkpointer, walwriter, ...
+
+            c.crash()
+            assert not c.running and c.crashes == 1
+            assert pgrep("-g", str(postmaster)) == [] and pgrep("-f", f"port={c.port}") == []
+            assert [p for p in [postmaster, *children] if alive(p)] == []  # every one, the busy one too
+            with pytest.raises(psycopg.OperationalError):
+                open_tx.execute("select 1")
+            open_tx.close()
+            busy.close()
+            with pytest.raises(psycopg.OperationalError):
+                psycopg.connect(c.dsn(), connect_timeout=2)
+
+            c.restart()  # crash recovery on the same data
+            assert c.running and c._proc.pid != postmaster
+            with psycopg.connect(c.dsn(), autocommit=True) as conn:
+                assert conn.execute("select v from t order by v").fetchall() == [(1,)]
+            second = c._proc.pid
+            second_children = children_of(second)
+            assert second_children
+            raise RuntimeError("the block failed")
+
+    # __exit__ stopped it although the block raised: no process, no data directory.
+    assert not c.running
+    assert not data_dir.exists()
+    assert pgrep("-f", f"port={c.port}") == [] and pgrep("-g", str(second)) == []
+    assert [p for p in [second, *second_children] if alive(p)] == []
+
+
+def test_cluster_stop_is_idempotent_and_reports_describe(pg):
+    assert "throwaway PostgreSQL" in pg.describe() and "libfaketime" in pg.describe()
+    c = PostgresCluster(faketime=False)
+    c.stop()  # never started: nothing to do, no error
+    c.stop()
+
+
+# ---------------------------------------------------------------------------
+# DbClock
+# ---------------------------------------------------------------------------
+
+
+def db_ahead(conn: psycopg.Connection) -> float:
+    """Seconds the server's now() is ahead of this process's clock."""
+    (now,) = conn.execute("select now()").fetchone()
+    return (now - datetime.now(timezone.utc)).total_seconds()
+
+
+def test_db_clock_jumps_move_now_of_an_open_connection(pg):
+    clock = pg.clock
+    assert clock is not None
+    try:
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            clock.reset()
+            assert abs(db_ahead(conn)) < 2
+            clock.jump(3600)
+            assert clock.offset == 3600
+            assert abs(db_ahead(conn) - 3600) < 2
+            clock.jump(-7200)
+            assert clock.offset == -3600
+            assert abs(db_ahead(conn) + 3600) < 2
+            assert clock.path.read_text().strip() == "-3600"
+            clock.reset()
+            assert clock.offset == 0 and abs(db_ahead(conn)) < 2
+    finally:
+        clock.reset()
+
+
+# ---------------------------------------------------------------------------
+# ExternalDatabase, ContainerDatabase, open_database
+# ---------------------------------------------------------------------------
+
+
+def test_external_database_works_and_refuses_server_faults_with_a_message(pg):
+    with ExternalDatabase(pg.dsn()) as ext:
+        assert not ext.owns_server and ext.clock is None and ext.running
+        assert (ext.host, ext.port) == (pg.host, pg.port)
+        with psycopg.connect(ext.dsn(), autocommit=True) as conn:
+            assert conn.execute("select 1").fetchone() == (1,)
+        with psycopg.connect(ext.dsn("template1"), autocommit=True) as conn:
+            assert conn.execute("select current_database()").fetchone() == ("template1",)
+        assert "port=4242" in ext.dsn(port=4242)
+        for fault in (ext.crash, ext.restart):
+            with pytest.raises(Unavailable, match="unavailable on an external DSN"):
+                fault()
+        assert "clock and crash faults unavailable" in ext.describe()
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:  # the server it does not own still runs
+            assert conn.execute("select 1").fetchone() == (1,)
+
+
+def test_open_database_picks_the_dsn_else_database_url_else_a_cluster(pg, monkeypatch):
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    assert isinstance(cluster_mod.open_database(pg.dsn()), ExternalDatabase)
+    assert type(cluster_mod.open_database()) is PostgresCluster
+    monkeypatch.setenv("DATABASE_URL", pg.dsn())
+    db = cluster_mod.open_database()
+    assert isinstance(db, ExternalDatabase) and db.port == pg.port
+
+
+def test_container_database_needs_a_docker_engine():
+    reason = docker_available()
+    if reason is not None:
+        with pytest.raises(Unavailable) as info:
+            ContainerDatabase().start()
+        assert str(info.value) == reason
+        assert "docker" in reason.lower()
+        pytest.skip(f"needs a Docker engine, which this machine cannot provide: {reason}")
+    with ContainerDatabase() as db:  # pragma: no cover - only where a Docker engine answers
+        with psycopg.connect(db.dsn(), autocommit=True) as conn:
+            assert conn.execute("show server_version").fetchone()[0].startswith("15")
+        with pytest.raises(Unavailable):
+            db.crash()
+
+
+# ---------------------------------------------------------------------------
+# Toxiproxy
+# ---------------------------------------------------------------------------
+
+
+class _Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        try:
+            while data := self.request.recv(65536):
+                self.request.sendall(data)
+        except OSError:
+            pass  # a client cut off by a toxic is the point, not an error
+
+
+@pytest.fixture(scope="module")
+def echo():
+    """A real TCP echo server on loopback, for the toxics a raw socket shows best."""
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def pg_link(pg, toxiproxy, request):
+    return toxiproxy.link(f"parts-pg-{request.node.name[:40]}", pg.host, pg.port)
+
+
+@pytest.fixture
+def echo_link(echo, toxiproxy, request):
+    return toxiproxy.link(f"parts-echo-{request.node.name[:40]}", *echo)
+
+
+def via(link, pg, **kw) -> psycopg.Connection:
+    return psycopg.connect(pg.dsn(host=link.host, port=link.port), autocommit=True, **kw)
+
+
+def roundtrip(conn: psycopg.Connection) -> float:
+    started = time.monotonic()
+    assert conn.execute("select 1").fetchone() == (1,)
+    return time.monotonic() - started
+
+
+def echo_roundtrip(link, payload: bytes, timeout: float = 10.0) -> tuple[bytes, list[int], float]:
+    """Send ``payload`` through ``link`` to the echo server; read until EOF or all of it came back."""
+    chunks: list[int] = []
+    got = b""
+    with socket.create_connection((link.host, link.port), timeout=timeout) as s:
+        started = time.monotonic()
+        s.sendall(payload)
+        while len(got) < len(payload):
+            part = s.recv(65536)
+            if not part:
+                break
+            chunks.append(len(part))
+            got += part
+        return got, chunks, time.monotonic() - started
+
+
+def test_the_real_server_answers_and_a_link_forwards(toxiproxy, toxiproxy_server, pg, pg_link, echo_link):
+    assert toxiproxy.version()  # the real server's /version
+    with urllib.request.urlopen(f"{toxiproxy_server.url}/proxies/{pg_link.name}") as r:
+        proxy = json.load(r)
+    assert proxy["listen"] == f"127.0.0.1:{pg_link.port}" and proxy["enabled"] is True
+    assert toxiproxy.link(pg_link.name, pg.host, pg.port) is pg_link  # one proxy per link name
+    with via(pg_link, pg) as conn:
+        assert conn.execute("select inet_server_port()").fetchone() == (pg.port,)
+    payload = os.urandom(4000)
+    assert echo_roundtrip(echo_link, payload)[0] == payload
+
+
+def test_latency_delays_every_answer(pg, pg_link):
+    with via(pg_link, pg) as conn:
+        assert roundtrip(conn) < 0.3
+        toxic = Toxic("latency", "downstream", {"latency": 400, "jitter": 0})
+        pg_link.add(toxic)
+        assert roundtrip(conn) >= 0.38
+        pg_link.remove(toxic)
+        assert roundtrip(conn) < 0.3 and pg_link.toxics == []
+
+
+def test_timeout_swallows_the_answer_then_closes(pg, pg_link):
+    with via(pg_link, pg) as conn:
+        pg_link.add(Toxic("timeout", "downstream", {"timeout": 500}))
+        started = time.monotonic()
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("select 1")
+        assert time.monotonic() - started >= 0.45
+
+
+def test_reset_peer_resets_the_connection(pg, pg_link, echo_link):
+    with via(pg_link, pg) as conn:
+        pg_link.add(Toxic("reset_peer", "upstream", {"timeout": 0}))
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("select 1")
+    echo_link.add(Toxic("reset_peer", "upstream", {"timeout": 0}))
+    with pytest.raises(ConnectionResetError):  # an RST, not an orderly close (that would read b"")
+        echo_roundtrip(echo_link, b"x" * 100)
+
+
+def test_slicer_cuts_the_stream_into_small_delayed_pieces(echo_link):
+    payload = bytes(range(256)) * 1
+    echo_link.add(Toxic("slicer", "downstream", {"average_size": 10, "size_variation": 0, "delay": 20000}))
+    got, chunks, elapsed = echo_roundtrip(echo_link, payload)
+    assert got == payload  # intact and in order
+    assert len(chunks) >= 8 and elapsed >= 0.4  # 256 bytes in ~8-byte slices, 20 ms apart
+
+
+def test_limit_data_closes_after_so_many_bytes(echo_link):
+    echo_link.add(Toxic("limit_data", "downstream", {"bytes": 100}))
+    got, _, _ = echo_roundtrip(echo_link, os.urandom(1000))
+    assert len(got) == 100
+
+
+def test_bandwidth_limits_the_rate(echo_link):
+    payload = os.urandom(4000)
+    fast = echo_roundtrip(echo_link, payload)[2]
+    echo_link.add(Toxic("bandwidth", "downstream", {"rate": 10}))  # 10 KB/s: 4000 bytes take 0.4 s
+    got, _, slow = echo_roundtrip(echo_link, payload)
+    assert got == payload and slow >= 0.35 and fast < 0.35
+
+
+def test_down_cuts_open_and_new_connections_and_up_restores(pg, pg_link):
+    conn = via(pg_link, pg)
+    try:
+        pg_link.down()
+        assert not pg_link.enabled
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("select 1")
+        with pytest.raises(psycopg.OperationalError):
+            via(pg_link, pg, connect_timeout=2)
+        pg_link.up()
+        with via(pg_link, pg) as again:
+            assert roundtrip(again) < 1
+    finally:
+        conn.close()
+
+
+def test_reset_clears_every_toxic_and_reenables(toxiproxy, toxiproxy_server, pg, pg_link):
+    pg_link.add(Toxic("latency", "downstream", {"latency": 1000}))
+    pg_link.add(Toxic("bandwidth", "upstream", {"rate": 1}))
+    pg_link.down()
+    toxiproxy.reset()
+    assert pg_link.toxics == [] and pg_link.enabled
+    with urllib.request.urlopen(f"{toxiproxy_server.url}/proxies/{pg_link.name}/toxics") as r:
+        assert json.load(r) == []
+    with via(pg_link, pg) as conn:
+        assert roundtrip(conn) < 0.5
+    pg_link.clear()  # nothing left to clear: no error
+
+
+def test_a_killed_toxiproxy_server_is_reported_as_such(pg):
+    server = ToxiproxyServer().start()
+    try:
+        port = server.port
+        (pid,) = pgrep("-f", f"toxiproxy-server -host 127.0.0.1 -port {port}$")
+        api = server.client()
+        link = api.link("doomed", pg.host, pg.port)
+        os.kill(pid, signal.SIGKILL)
+        poll("the server is dead", lambda: not alive(pid))
+        calls = {"version": api.version, "link": lambda: api.link("new", pg.host, pg.port),
+                 "add": lambda: link.add(Toxic("latency", "downstream", {"latency": 10})),
+                 "down": link.down, "reset": api.reset}
+        for name, call in calls.items():
+            with pytest.raises(ToxiproxyError, match="was it killed") as info:
+                call()
+            assert f"127.0.0.1:{port}" in str(info.value), name
+        assert not server.running
+    finally:
+        server.stop()
+    assert pgrep("-f", f"toxiproxy-server -host 127.0.0.1 -port {port}$") == []
+
+
+def test_a_private_toxiproxy_server_stops_clean():
+    with ToxiproxyServer() as server:
+        port = server.port
+        (pid,) = pgrep("-f", f"toxiproxy-server -host 127.0.0.1 -port {port}$")
+        assert server.client().version()
+    assert not alive(pid) and pgrep("-f", f"toxiproxy-server -host 127.0.0.1 -port {port}$") == []
+
+
+# ---------------------------------------------------------------------------
+# NotificationSink
+# ---------------------------------------------------------------------------
+
+
+def test_the_sink_records_answers_as_planned_and_counts_duplicates():
+    with NotificationSink() as sink:
+        assert send_to_sink(sink.url, Claim(1, 1)) == OK
+        sink.plan(503, 422)
+        assert send_to_sink(sink.url, Claim(2, 1)) == RETRYABLE
+        assert send_to_sink(sink.url, Claim(3, 1)) == PERMANENT
+        assert send_to_sink(sink.url, Claim(2, 2)) == OK  # the plan is used up: 200 again
+        assert send_to_sink(sink.url, Claim(1, 1)) == OK  # the same delivery again: a duplicate
+        assert sink.log == [(1, 1), (2, 1), (3, 1), (2, 2), (1, 1)]
+        assert sink.received() == {1: 2, 2: 2, 3: 1}
+        assert sink.duplicates() == 2
+
+        req = urllib.request.Request(f"{sink.url}/deliveries", data=b'{"nope": 1}', method="POST")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=5)
+        assert info.value.code == 400 and len(sink.log) == 5  # a bad body is not a delivery
+
+        sink.plan(503)
+        sink.reset_plan()
+        assert send_to_sink(sink.url, Claim(4, 1)) == OK
+        sink.plan(503)
+        sink.reset()
+        assert sink.log == [] and sink.duplicates() == 0
+        assert send_to_sink(sink.url, Claim(5, 1)) == OK
+        url = sink.url
+    with pytest.raises(ExternalCallFailed, match="may still have arrived|sink at"):
+        send_to_sink(url, Claim(6, 1), timeout=2)  # stopped: nothing listens any more
+    assert not [t for t in threading.enumerate() if t.name == "notification-sink"]
+
+
+def test_the_sink_records_a_delivery_whose_answer_was_lost(toxiproxy):
+    with NotificationSink() as sink:
+        link = toxiproxy.link("parts-sink-reply-lost", sink.host, sink.port)
+        link.add(Toxic("limit_data", "downstream", {"bytes": 0}))
+        with pytest.raises(ExternalCallFailed):
+            send_to_sink(f"http://{link.host}:{link.port}", Claim(7, 3), timeout=5)
+        poll("the sink recorded it", lambda: sink.log == [(7, 3)])  # it arrived; only the answer was lost
