@@ -36,6 +36,7 @@ import datetime as dt
 import itertools
 import os
 import socket
+import threading
 import time
 import traceback
 from collections import Counter
@@ -255,6 +256,38 @@ def cut_socket(conn: psycopg.Connection) -> None:
         conn.close()
 
 
+WATCHDOG_SECONDS = 5.0
+"""A worker statement still running after this long is cancelled from the client. The server's own
+lock_timeout and statement_timeout cannot be relied on: they are judged by the faked clock."""
+
+
+@contextlib.contextmanager
+def watchdog(conn: psycopg.Connection | None, seconds: float = WATCHDOG_SECONDS):
+    """Cancel whatever ``conn`` runs if it takes longer than ``seconds``; yields a flag object
+    whose ``fired`` says whether it had to."""
+    class Flag:
+        fired = False
+
+    flag = Flag()
+
+    def fire() -> None:
+        flag.fired = True
+        try:
+            conn.cancel_safe(timeout=2)
+        except Exception:
+            cut_socket(conn)
+
+    timer = threading.Timer(seconds, fire) if conn is not None else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        yield flag
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
 class Worker:
     """One worker of the check. Its database connection goes through its own Toxiproxy link."""
 
@@ -360,6 +393,7 @@ class KindCheck(RuleBasedStateMachine):
     dbname: ClassVar[str]
     last_trace: ClassVar[list[str]]
     failures: ClassVar[list[tuple[str, list[str]]]]
+    progress: ClassVar[Callable[[Stats], None] | None] = None
 
     # -- hooks for the kind ----------------------------------------------------------------
     @classmethod
@@ -417,6 +451,8 @@ class KindCheck(RuleBasedStateMachine):
         self._indeterminate_commit = False
         self.prev_views = self.views(self.observe_model(self.model)) if self.contract else {}
         self.stats.examples += 1
+        if type(self).progress is not None:
+            type(self).progress(self.stats)
 
     def teardown(self) -> None:
         for w in getattr(self, "workers", []):
@@ -458,8 +494,11 @@ class KindCheck(RuleBasedStateMachine):
         self.stats.steps += 1
         trial = self.model.copy()
         expected = model_op(trial)
+        flag = None
         try:
-            got = impl_op(worker.connection() if worker else self.env.admin(self.dbname))
+            conn = worker.connection() if worker else self.env.admin(self.dbname)
+            with watchdog(conn if worker else None) as flag:
+                got = impl_op(conn)
         except CommitIndeterminate:
             self.log(f"{label} -> indeterminate (the connection died during COMMIT)")
             self.event("indeterminate commit")
@@ -477,6 +516,9 @@ class KindCheck(RuleBasedStateMachine):
             return None
         except TransactionAborted as e:
             self._lost_connection(worker, on_error)
+            if flag is not None and flag.fired:
+                raise _record_mismatch(self, f"{label}: blocked for more than {WATCHDOG_SECONDS:.0f} s "
+                                             f"(waiting on another transaction's lock?) and was cancelled") from None
             raise _record_mismatch(self, f"{label}: the server refused a statement the model accepts: {e.detail}") from None
         self.log(f"{label} -> {fmt(got)}")
         if got != expected:
@@ -695,25 +737,43 @@ def missing_observations(machine: type[KindCheck], stats: Stats, env: Env) -> li
     return missing
 
 
-def build_machine(machine: type[KindCheck], env: Env, seed: int) -> type[KindCheck]:
+def build_machine(machine: type[KindCheck], env: Env, seed: int,
+                  progress: Callable[[Stats], None] | None = None) -> type[KindCheck]:
     dbname = f"ks_{machine.kind.replace('-', '_')}"
     env.database(dbname, machine.schema)
     cls = type(machine.__name__, (machine,), {"env": env, "stats": Stats(), "dbname": dbname, "last_trace": [],
-                                              "failures": []})
+                                              "failures": [], "progress": staticmethod(progress) if progress else None})
     return hyp_seed(seed)(cls)
 
 
+@contextlib.contextmanager
+def shrink_budget(seconds: float):
+    """Bound the time Hypothesis spends shrinking one failure (its own default is 300 s); the
+    counterexample reported is the smallest found within the budget."""
+    from hypothesis.internal.conjecture import engine
+
+    old = getattr(engine, "MAX_SHRINKING_SECONDS", None)
+    engine.MAX_SHRINKING_SECONDS = seconds
+    try:
+        yield
+    finally:
+        if old is not None:
+            engine.MAX_SHRINKING_SECONDS = old
+
+
 def run_check(machine: type[KindCheck], env: Env, *, examples: int, steps: int, seed: int,
-              require_all: bool = True) -> CheckResult:
+              require_all: bool = True, progress: Callable[[Stats], None] | None = None,
+              shrink_seconds: float = 60) -> CheckResult:
     """Run one kind's check against the real parts. Raises EnvironmentFault when a real part dies."""
-    cls = build_machine(machine, env, seed)
+    cls = build_machine(machine, env, seed, progress)
     conf = settings(max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
                     suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
                     phases=(Phase.explicit, Phase.generate, Phase.shrink), report_multiple_bugs=False)
     start = time.monotonic()
     failure = None
     try:
-        run_state_machine_as_test(cls, settings=conf)
+        with shrink_budget(shrink_seconds):
+            run_state_machine_as_test(cls, settings=conf)
     except EnvironmentFault:
         raise
     except Exception as e:  # the check failed: the last run is Hypothesis's shrunk replay

@@ -14,6 +14,7 @@ faults, no crash; the checks report those fault kinds unavailable instead of ski
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -34,6 +35,45 @@ class ClusterError(RuntimeError):
 
 class Unavailable(RuntimeError):
     """This fault cannot be injected on this database (it is not one the harness owns)."""
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _wait_gone(pids: list[int], deadline_s: float = 10.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and not _zombie(p)]
+        if not alive:
+            return
+        time.sleep(0.01)
+    raise ClusterError(f"PostgreSQL processes {alive} did not exit after SIGKILL")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
 
 
 class DbClock:
@@ -165,15 +205,18 @@ class PostgresCluster:
         _wait_ready(self.dsn(), self._proc, self._log)
 
     def crash(self) -> None:
-        """SIGKILL the postmaster and every backend: what a machine crash leaves is what recovery sees."""
+        """SIGKILL the postmaster and every backend at once: what a machine crash leaves is what
+        recovery sees. Backends call setsid(), so they are found by parentage, not process group."""
         if self._proc is None:
             return
-        try:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._proc.pid, signal.SIGSTOP)  # no new backend between listing and killing
+        victims = [self._proc.pid, *_descendants(self._proc.pid)]
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self._proc.wait()
-        self._wait_group_gone(self._proc.pid)
+        _wait_gone(victims)
         self._proc = None
         self.crashes += 1
 
@@ -201,25 +244,16 @@ class PostgresCluster:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            victims = [proc.pid, *_descendants(proc.pid)]
+            for pid in victims:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             proc.wait()
-            self._wait_group_gone(proc.pid)
+            _wait_gone(victims)
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
-    @staticmethod
-    def _wait_group_gone(pgid: int, deadline_s: float = 10.0) -> None:
-        deadline = time.monotonic() + deadline_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.02)
 
     def __enter__(self) -> "PostgresCluster":
         return self.start() if self._proc is None else self

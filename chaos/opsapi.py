@@ -14,7 +14,8 @@ HTTP (JSON bodies)::
 Control (Python, for the check, never over HTTP):
 
 - :meth:`OpsApi.finish` ``(op_id, ok)``: the operation succeeds or fails; the check decides when.
-- :meth:`OpsApi.fail_next` ``(n)``: the next ``n`` requests get 503, and the API does not act on them.
+- :meth:`OpsApi.fail_next` ``(n)``: the next ``n`` requests get 503, and the API does not act on them
+  (:attr:`OpsApi.pending_failures`: how many are still armed).
 - :meth:`OpsApi.creations`, :meth:`OpsApi.create_requests`, :meth:`OpsApi.polls`: what it counted.
 - :meth:`OpsApi.snapshot`: its state in the model's shape
   (:class:`knownstate.model.branch_reset.ExternalState`).
@@ -74,7 +75,7 @@ class OpsApi:
         if self._server is not None:
             return self
         self.port = self.port or tools.free_port()
-        self._server = ThreadingHTTPServer((self.host, self.port), _handler_for(self))
+        self._server = _QuietServer((self.host, self.port), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name=f"opsapi:{self.port}",
                                         kwargs={"poll_interval": 0.05}, daemon=True)
@@ -119,6 +120,12 @@ class OpsApi:
         """Answer the next ``n`` requests (any method) with 503, without acting on them."""
         with self._lock:
             self._fail_next = n
+
+    @property
+    def pending_failures(self) -> int:
+        """Requests still to be answered 503 (what ``fail_next`` armed and no request consumed yet)."""
+        with self._lock:
+            return self._fail_next
 
     def creations(self, run_id: str) -> int:
         """Operations created for the run (a deduplicated create is not one)."""
@@ -170,6 +177,14 @@ class OpsApi:
             if op is not None:
                 self._polls[op_id] = self._polls.get(op_id, 0) + 1
             return op
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client that went away mid-request (a reset or a cut link: the faults the checks inject)
+    is not the server's error: nothing is printed."""
+
+    def handle_error(self, request, client_address) -> None:
+        pass
 
 
 def _op_json(op: ExternalOp) -> dict:

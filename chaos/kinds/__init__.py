@@ -9,6 +9,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "outbox": ("outbox", "OutboxCheck"),
     "approved-plan": ("approved_plan", "ApprovedPlanCheck"),
     "branch-reset": ("branch_reset", "BranchResetCheck"),
+    "document-session": ("document_session", "DocumentSessionCheck"),
 }
 
 

@@ -271,7 +271,12 @@ class OutboxCheck(KindCheck):
         self.env.clock.jump(seconds)
         for m in self.candidates:
             m.advance(seconds)
-        self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease")
+        self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease; meanwhile:")
+        # The world goes on while it is frozen: the reaper runs, the other worker polls.
+        other = 1 - w
+        self.reclaim_stale(other)
+        if len(self.candidates) == 1:
+            self.claim(other, 3)
 
 
 # ---------------------------------------------------------------------------------------

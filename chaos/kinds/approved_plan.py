@@ -1,0 +1,613 @@
+"""The approved plan's model-versus-implementation check.
+
+Rules are the executor's life: a plan proposed, revised, approved, rejected or expired; the
+claim (``mark_executing``) by one of two workers; ``run_step`` and ``heartbeat`` by the worker
+holding the claim, with the claim token it holds in memory; a read that heals a stale run
+lazily; a repeated execute request on a terminal run; a compensating run. Faults are the
+generic ones of :class:`~knownstate.chaos.check.KindCheck` plus a COMMIT that meets a fault
+(the worker dies before it, its request or its reply is lost) and a worker that stalls past
+its heartbeat: the database clock moves by heartbeat + one quantum while the worker holds an
+executing run. If somebody reads the run before the worker resumes, the read heals it, and the
+worker's next step must be refused by the lockExecuting fence.
+
+A worker keeps its claims in memory and loses them with its connection (a restarted process
+knows nothing). A run whose worker died stays executing until a read finds it stale.
+
+Each fenced write (a step, a heartbeat) is judged twice: its outcome against the model's, and
+as a :class:`~knownstate.model.contract.Write` — was the writer still the owner, and did the
+database let it write? Each repeat request the model answers as terminal is recorded as a
+:class:`~knownstate.model.contract.Repeat`, re-executed when the run's receipts or ledger rows
+changed under it. A violation of either is reported as the invariant it breaks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, precondition, rule
+
+from knownstate.impl import approved_plan as impl
+from knownstate.impl.errors import boundary
+from knownstate.model import approved_plan as model
+from knownstate.model.approved_plan import Status
+from knownstate.model.contract import LostRace, Rejected, Repeat, Won, Write, check_invariants
+
+from ..check import QUANTUM, EnvironmentFault, KindCheck, Worker, WorkerDied, _record_mismatch, fmt, toxics
+from ..cluster import ClusterError
+from ..toxi import Toxic
+
+# The demo domain's steps a plan is drawn from: credits always succeed; a debit succeeds only when
+# the account holds enough; "fail" never does. Credits first, so a plan shrinks towards one that
+# runs, and twice as likely, so most plans run to the end.
+STEPS = (
+    {"op": "credit", "account": "a", "amount": 5},
+    {"op": "credit", "account": "b", "amount": 3},
+    {"op": "credit", "account": "a", "amount": 5},
+    {"op": "credit", "account": "b", "amount": 3},
+    {"op": "debit", "account": "a", "amount": 4},
+    {"op": "debit", "account": "b", "amount": 7},
+    {"op": "fail"},
+)
+
+
+def plans() -> st.SearchStrategy[tuple[dict, ...]]:
+    return st.lists(st.sampled_from(STEPS), min_size=1, max_size=4).map(tuple)
+
+
+def show(steps) -> str:
+    """A plan, compactly, for the trace: ``[credit a 5, fail]``."""
+    return "[" + ", ".join(" ".join(str(v) for v in s.values()) for s in steps) + "]"
+
+
+@dataclass
+class Claim:
+    """A claim a worker holds in memory: the run, its token, and the step it believes is next."""
+
+    pid: int
+    token: int
+    next: int = 0
+    stalled: bool = False  # the worker stalled past its heartbeat while holding it
+
+
+def _gone(pid: int) -> bool:
+    """The process exited (a zombie waiting for its new parent to reap it counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+
+
+FAULT_GAP = 3
+"""Operations between two faults of an example."""
+
+EXECUTABLE = {Status.EXECUTED, Status.FAILED}
+OPEN = {Status.PENDING, Status.APPROVED, Status.EXECUTING}
+
+
+class ApprovedPlanCheck(KindCheck):
+    kind = "approved-plan"
+    contract = model.CONTRACT
+    schema = impl.SCHEMA
+    tables = impl.TABLES
+    n_workers = 2
+    heartbeat_s = model.HEARTBEAT_S  # 2 * QUANTUM
+    store_class = impl.ApprovedPlanStore
+    queries: dict[str, str] | None = None  # the mutant catalogue replaces some
+    required_events = (
+        "lost race", "fence refusal", "lazy heal", "step answered from its receipt",
+        "repeat answered from receipts", "compensation run",
+        "worker died before commit", "connection lost", "indeterminate commit",
+        "indeterminate resolved: committed", "indeterminate resolved: not committed",
+    )
+
+    # -- hooks ----------------------------------------------------------------------------
+    def reset_example(self) -> None:
+        # One store per worker: a worker is a process with its own executor object.
+        self.stores = [self.new_store() for _ in self.workers]
+        self.held: list[dict[int, Claim]] = [{} for _ in self.workers]
+        self.ops = 0
+        self.seen: dict[int, tuple] = {}  # proposal -> what its last read saw
+        self.repeated: set[int] = set()
+        self.last_fault = -FAULT_GAP
+
+    def new_store(self) -> impl.ApprovedPlanStore:
+        return self.store_class(self.heartbeat_s, self.queries)
+
+    def new_model(self) -> model.ApprovedPlanModel:
+        return model.ApprovedPlanModel(self.heartbeat_s)
+
+    def observe_model(self, m: model.ApprovedPlanModel) -> model.PlanState:
+        return m.state()
+
+    def observe_impl(self) -> model.PlanState:
+        return impl.project(self.env.admin(self.dbname), self.to_model_time)
+
+    def views(self, observation: model.PlanState):
+        return model.views(observation)
+
+    def observed(self, m: model.ApprovedPlanModel) -> None:
+        for pid, _source, event, _target in m.transitions:
+            if event == "mark_interrupted_if_stale":
+                self.event("lazy heal")
+            elif event in ("step_ok", "last_step_ok", "step_failed") and m.proposal(pid).compensates is not None:
+                self.event("compensation run")
+
+    def clock_matters(self) -> bool:
+        """Only a run's heartbeat reads the clock. A jump matters while a run nobody holds (its
+        owner died) is executing and not yet stale: the jump lets the next read heal it. A held
+        run meets the clock through stall_past_heartbeat."""
+        held = {pid for h in self.held for pid in h}
+        return any(p.status is Status.EXECUTING and p.proposal_id not in held
+                   and self.model.now - p.heartbeat_at < self.heartbeat_s for p in self._proposals())
+
+    def lost(self, worker: Worker) -> None:
+        """An operation of ``worker`` failed on a fault (called inside apply's ``except``). A worker
+        that died forgets everything; one that only lost its connection reconnects and goes on with
+        the claims it holds, retrying the step it was running: it does not know whether that step
+        committed, and the step's identity (its position) makes the retry safe."""
+        if isinstance(sys.exc_info()[1], WorkerDied):
+            self.forget(worker)
+
+    def forget(self, worker: Worker) -> None:
+        """The worker died: its claims and its executor object are gone."""
+        self.held[worker.index].clear()
+        self.stores[worker.index] = self.new_store()
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _proposals(self) -> tuple[model.Proposal, ...]:
+        return self.model.state().proposals
+
+    def _with_status(self, statuses) -> list[int]:
+        return [p.proposal_id for p in self._proposals() if p.status in statuses]
+
+    def _pick(self, data, prefer) -> int:
+        """A proposal: two times in three one in a status where the operation can win, else any (so
+        lost races and refusals are drawn too). Shrinks towards the preferred ones."""
+        every = [p.proposal_id for p in self._proposals()]
+        preferred = self._with_status(prefer)
+        strategy = st.sampled_from(every)
+        if preferred:
+            strategy = st.one_of(st.sampled_from(preferred), st.sampled_from(preferred), strategy)
+        return data.draw(strategy, label="proposal")
+
+    def _claims(self, executing_only: bool = False) -> list[tuple[int, int]]:
+        executing = set(self._with_status({Status.EXECUTING}))
+        return [(w, pid) for w, held in enumerate(self.held) for pid in sorted(held)
+                if not executing_only or pid in executing]
+
+    def _op(self, w: int, name: str, *args, shown: str | None = None) -> Any:
+        """One operation by worker ``w`` on the model and on its own store."""
+        worker = self.workers[w]
+        label = f"{name}(w{w}, {shown if shown is not None else ', '.join(map(str, args))})"
+        return self.apply(worker, label, lambda m: getattr(m, name)(*args),
+                          lambda c: getattr(self.stores[w], name)(c, *args),
+                          on_error=lambda: self.lost(worker))
+
+    def _fenced(self, w: int, claim: Claim, label: str, model_op: Callable, impl_op: Callable) -> Any:
+        """A write by the claim's holder, judged as a Write: the model says whether the holder
+        still owns the run (executing under its token: lockExecuting's verdict), the database
+        says whether it let the write in. An accepted stale write is reported as the broken
+        lease-fence invariant, before the outcomes are compared."""
+        worker = self.workers[w]
+        p = self.model.proposal(claim.pid)
+        owner = model.fence("write", p.status, p.generation, claim.token) is None
+
+        def judged(conn):
+            got = impl_op(conn)
+            if not isinstance(got, Rejected):
+                write = Write(str(claim.pid), claim.token, accepted=isinstance(got, Won), owner_current=owner)
+                violations = check_invariants(self.contract, {}, {}, [write])
+                if violations:
+                    self.log(f"{label} -> {fmt(got)}")
+                    raise _record_mismatch(self, f"{label}: invariant violated: " + "; ".join(map(str, violations)))
+                self.writes.append(write)
+            return got
+
+        return self.apply(worker, label, model_op, judged, on_error=lambda: self.lost(worker))
+
+    def _record_of(self, pid: int) -> tuple:
+        """What a repeat request must not change: the run's receipts and its effects."""
+        receipts = self.env.query(self.dbname, "select step_index, ok, detail from agent_proposal_step "
+                                               "where proposal_id = %s order by step_index", (pid,))
+        effects = self.env.query(self.dbname, "select count(*) from demo_ledger where proposal_id = %s", (pid,))
+        return tuple(receipts), effects[0][0]
+
+    # -- seeding -------------------------------------------------------------------------------
+    @initialize(first=plans(), second=plans(), stage=st.sampled_from(("executing", "executing", "approved", "pending")))
+    def seed_work(self, first, second, stage: str) -> None:
+        """Every example starts with two plans, the first already approved or claimed by w0 (as
+        drawn), so execution starts from the first step. The invariants compare consecutive
+        states, so each operation here is checked on its own."""
+        for i, steps in enumerate((first, second)):
+            got = self._op(0, "propose", steps, shown=show(steps))
+            if i == 0 and stage != "pending":
+                self.model_agrees()
+                self._op(0, "approve", got.value)
+                if stage == "executing":
+                    self.model_agrees()
+                    self.mark_executing_(0, got.value)
+            if i == 0:
+                self.model_agrees()
+
+    # -- operations ----------------------------------------------------------------------------
+    # Few rules, each drawing which operation of its family to run: Hypothesis enables a random
+    # subset of rules per example and picks uniformly among the enabled ones, so a long chain
+    # (propose, approve, claim, steps, compensate, ...) is reached more often with fewer rules.
+    @precondition(lambda self: len(self._with_status(OPEN)) < 3)
+    @rule(w=st.integers(0, 1), steps=plans())
+    def propose(self, w: int, steps) -> None:
+        self._op(w, "propose", steps, shown=show(steps))
+
+    @precondition(lambda self: self._with_status({Status.PENDING, Status.APPROVED}))
+    @rule(w=st.integers(0, 1), data=st.data(), op=st.sampled_from(("approve", "approve", "revise", "reject", "expire")))
+    def review(self, w: int, data, op: str) -> None:
+        """A person decides on a plan: approve it (which freezes its payload), revise its steps
+        while it is pending, reject it, or let it expire (which races the claim)."""
+        if op == "revise":
+            pid = self._pick(data, {Status.PENDING})
+            steps = data.draw(plans(), label="steps")
+            self._op(w, "revise", pid, steps, shown=f"{pid}, {show(steps)}")
+        else:
+            self._op(w, op, self._pick(data, {Status.PENDING, Status.APPROVED} if op == "expire" else {Status.PENDING}))
+
+    @precondition(lambda self: self._with_status({Status.APPROVED}))
+    @rule(w=st.integers(0, 1), data=st.data())
+    def mark_executing(self, w: int, data) -> None:
+        """The claim. The winner holds the token in memory; the other worker loses the race."""
+        self.mark_executing_(w, self._pick(data, {Status.APPROVED}))
+
+    def mark_executing_(self, w: int, pid: int) -> None:
+        got = self._op(w, "mark_executing", pid)
+        if isinstance(got, Won):
+            self.held[w][pid] = Claim(pid, got.value)
+
+    @precondition(lambda self: self._claims())
+    @rule(data=st.data(), action=st.sampled_from(("next", "next", "again", "skip", "heartbeat")))
+    def execute(self, data, action: str) -> None:
+        """The claim's holder runs the step it believes is next (after a lost connection: the one it
+        was running, which may have committed), asks again for the one before (answered from its
+        receipt, never re-applied), asks for one too far (refused), or renews its heartbeat. A
+        holder refused by the fence lets go of the run."""
+        w, pid = data.draw(st.sampled_from(self._claims()), label="worker, proposal")
+        claim = self.held[w][pid]
+        if action == "heartbeat":
+            got = self._fenced(w, claim, f"heartbeat(w{w}, {pid}, token={claim.token})",
+                               lambda m: m.heartbeat(pid, claim.token),
+                               lambda c: self.stores[w].heartbeat(c, pid, claim.token))
+        else:
+            i = claim.next + {"next": 0, "again": -1, "skip": 1}[action]
+            done = len(self.model.proposal(pid).receipts)
+            got = self._fenced(w, claim, f"run_step(w{w}, {pid}, step={i}, token={claim.token})",
+                               lambda m: m.run_step(pid, i, claim.token),
+                               lambda c: self.stores[w].run_step(c, pid, i, claim.token))
+        if isinstance(got, LostRace):
+            self.event("fence refusal")
+            self.held[w].pop(pid, None)
+            return
+        if not isinstance(got, Won):
+            return
+        if action != "heartbeat":
+            if i < done:
+                self.event("step answered from its receipt")
+            claim.next = max(claim.next, i + 1)
+            if self.model.proposal(pid).status is not Status.EXECUTING:
+                self.held[w].pop(pid, None)  # the run ended: nothing left to hold
+        if claim.stalled:
+            self.event("stalled owner wrote before any read")
+            claim.stalled = False
+
+    # A read or a repeat is drawn only when it can see something new: a read of an executing run
+    # whose heartbeat, receipts or clock moved since it was last read; a repeat of a terminal run
+    # not repeated yet. Otherwise Hypothesis, which likes to repeat what it drew, fills examples
+    # with reads that observe nothing.
+    def _unread(self) -> list[int]:
+        return [p.proposal_id for p in self._proposals()
+                if p.status is Status.EXECUTING and self.seen.get(p.proposal_id) != self._seen_key(p)]
+
+    def _seen_key(self, p: model.Proposal) -> tuple:
+        return (self.model.now, p.heartbeat_at, len(p.receipts))
+
+    @precondition(lambda self: self._unread())
+    @rule(w=st.integers(0, 1), data=st.data())
+    def read(self, w: int, data) -> None:
+        """A reader of an executing run: it heals the run first if its heartbeat is stale
+        (markInterruptedIfStale), then reports it."""
+        pid = data.draw(st.sampled_from(self._unread()), label="proposal")
+        self.seen[pid] = self._seen_key(self.model.proposal(pid))
+        self._op(w, "read", pid)
+
+    def _unrepeated(self) -> list[int]:
+        return [pid for pid in self._with_status(model.TERMINAL) if pid not in self.repeated]
+
+    @precondition(lambda self: self._unrepeated())
+    @rule(w=st.integers(0, 1), data=st.data())
+    def repeat(self, w: int, data) -> None:
+        """The execute request arrives again. It heals a stale run too, and a terminal run answers
+        from its receipts. A repeat the model answers as terminal is recorded as a Repeat,
+        re-executed if the run's receipts or effects changed under it."""
+        pid = data.draw(st.sampled_from(self._unrepeated()), label="proposal")
+        self.repeated.add(pid)
+        worker = self.workers[w]
+        label = f"repeat(w{w}, {pid})"
+
+        def judged(conn):
+            before = self._record_of(pid)
+            got = self.stores[w].repeat(conn, pid)
+            if isinstance(got, Won):
+                r = Repeat(str(pid), reexecuted=self._record_of(pid) != before)
+                violations = check_invariants(self.contract, {}, {}, repeats=[r])
+                if violations:
+                    self.log(f"{label} -> {fmt(got)}")
+                    raise _record_mismatch(self, f"{label}: invariant violated: " + "; ".join(map(str, violations)))
+                self.repeats.append(r)
+            return got
+
+        got = self.apply(worker, label, lambda m: m.repeat(pid), judged, on_error=lambda: self.lost(worker))
+        if isinstance(got, Won) and got.value.receipts:
+            self.event("repeat answered from receipts")
+
+    def _compensable(self) -> list[int]:
+        """Finished runs with a committed step and no compensation yet."""
+        done = {p.compensates for p in self._proposals()}
+        return [p.proposal_id for p in self._proposals()
+                if p.status in EXECUTABLE and any(r.ok for r in p.receipts) and p.proposal_id not in done]
+
+    @precondition(lambda self: self._compensable())
+    @rule(w=st.integers(0, 1), data=st.data())
+    def compensate(self, w: int, data) -> None:
+        """Propose the run that undoes a finished run's committed steps: it is approved, claimed and
+        executed like any plan, with its own receipts. Drawn for a run that has none yet, or
+        any run (the existing compensation is found; a run with nothing to undo is refused)."""
+        compensable = self._compensable()
+        pid = data.draw(st.one_of(st.sampled_from(compensable), st.sampled_from(compensable),
+                                  st.sampled_from([p.proposal_id for p in self._proposals()])), label="proposal")
+        self._op(w, "compensate", pid)
+
+    # -- faults ------------------------------------------------------------------------------------
+    # Faults are spaced: a new one only after FAULT_GAP operations since the last, so each fault
+    # meets work in flight and the work goes on after it. The generic rules are re-declared here
+    # with that precondition added (their bodies are KindCheck's).
+    def apply(self, worker, *args, **kwargs):
+        """KindCheck.apply, counting operations; a faulted link is healed once it has cut one of
+        its worker's operations (the fault did its work; the worker's next operation reconnects)."""
+        self.ops += 1
+        got = super().apply(worker, *args, **kwargs)
+        if got is None and worker is not None:
+            for link in worker.links:
+                if link.toxics or not link.enabled:
+                    self._toxi(link.clear)
+                    self.log(f"heal {link.name}")
+        return got
+
+    def fault(self, kind: str, line: str) -> None:
+        self.last_fault = self.ops
+        super().fault(kind, line)
+
+    def _spaced(self) -> bool:
+        return self.ops - self.last_fault >= FAULT_GAP
+
+    @precondition(lambda self: self._spaced() and not self.faulted_links())
+    @rule(w=st.integers(0, 7), toxic=toxics())
+    def fault_toxic(self, w: int, toxic: Toxic) -> None:
+        KindCheck.fault_toxic(self, w, toxic)
+
+    @precondition(lambda self: self._spaced() and not self.faulted_links())
+    @rule(w=st.integers(0, 7))
+    def fault_link_down(self, w: int) -> None:
+        KindCheck.fault_link_down(self, w)
+
+    @precondition(lambda self: self._spaced() and self.env.clock is not None and self.clock_matters())
+    @rule(data=st.data())
+    def fault_clock_jump(self, data) -> None:
+        KindCheck.fault_clock_jump(self, data)
+
+    @precondition(lambda self: self._spaced() and self.env.can_crash and not self.crashed)
+    @rule()
+    def fault_db_crash(self) -> None:
+        """At most one crash per example. Overrides the generic rule to kill every backend, not only
+        the postmaster: PostgreSQL backends call setsid(), so the SIGKILL of the postmaster's process
+        group (PostgresCluster.crash) misses them. They exit on their own once they notice the
+        postmaster died, but a restart racing that exit fails ("pre-existing shared memory block is
+        still in use"). The backends are this cluster's own processes, listed by pid before the crash."""
+        self.crashed = True
+        self.fault("db-crash", "database crash (SIGKILL of the postmaster and every backend) and restart")
+        env = self.env
+        pids = [pid for (pid,) in env.query(self.dbname, "select pid from pg_stat_activity")]
+        try:
+            env.db.crash()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while not all(map(_gone, pids)):
+                if time.monotonic() > deadline:
+                    raise EnvironmentFault(f"backends {[p for p in pids if not _gone(p)]} outlived SIGKILL")
+                time.sleep(0.005)
+            for dbname in list(env._admin):  # the observer's connections died with the server
+                env._admin.pop(dbname).close()
+            env.db.restart()
+        except ClusterError as e:
+            raise EnvironmentFault(f"PostgreSQL did not come back after an injected crash: {e}") from None
+
+    @precondition(lambda self: self._spaced() and all(w.before_commit is None for w in self.workers))
+    @rule(w=st.integers(0, 1), kind=st.sampled_from(["commit-reply-lost", "commit-request-lost", "worker-death"]))
+    def fault_commit(self, w: int, kind: str) -> None:
+        """The worker's next COMMIT meets a fault (it dies first, or the request or reply is lost)."""
+        self.arm_commit_fault(self.workers[w], kind)
+        self.fault(kind, f"{kind} armed on w{w}'s next COMMIT")
+
+    @precondition(lambda self: self._spaced() and self.env.clock is not None and self._claims(executing_only=True))
+    @rule(data=st.data(), read_meanwhile=st.booleans())
+    def stall_past_heartbeat(self, data, read_meanwhile: bool) -> None:
+        """A worker holding an executing run stalls (GC pause, frozen VM) past its heartbeat: the
+        database clock moves by heartbeat + one quantum. The next read heals the run (drawn here:
+        the other worker reads it during the stall); after that, the stalled worker's next step
+        must be refused by the fence. Without a read, its next step simply lands."""
+        w, pid = data.draw(st.sampled_from(self._claims(executing_only=True)), label="worker, proposal")
+        self.held[w][pid].stalled = True
+        seconds = self.heartbeat_s + QUANTUM
+        self.env.clock.jump(seconds)
+        for m in self.candidates:
+            m.advance(seconds)
+        self.fault("worker-stall", f"w{w} stalls {seconds}s holding run {pid}, past its heartbeat")
+        if read_meanwhile:
+            self.seen[pid] = self._seen_key(self.model.proposal(pid))
+            self._op(1 - w, "read", pid)
+
+
+# ---------------------------------------------------------------------------------------
+# Mutants: realistic bugs, each caught by this check (see `knownstate mutants approved-plan`).
+# ---------------------------------------------------------------------------------------
+
+from ..mutants import Mutant, sql_edit, with_attrs  # noqa: E402
+
+_Q = impl.QUERIES
+
+
+def _edit(name: str, old: str, new: str, *more: tuple[str, str, str]):
+    queries = sql_edit(_Q, name, old, new)
+    for n, o, w in more:
+        queries = sql_edit(queries, n, o, w)
+    return with_attrs(queries=queries)
+
+
+class _ReceiptAfterEffect(impl.ApprovedPlanStore):
+    """The step's effect commits in its own transaction; the receipt, the heartbeat and the
+    transition follow in a second one. A worker that dies between them leaves an effect without
+    a receipt."""
+
+    def run_step(self, conn, proposal_id, step_index, token):
+        def effect():
+            row = conn.execute(self.q["lock_executing"], {"id": proposal_id}).fetchone()
+            if row is None:
+                return model.no_proposal(proposal_id), False
+            status, generation, steps_json = row
+            refused = model.fence("run_step", status, generation, token)
+            if refused:
+                return refused, False
+            (done,) = conn.execute(self.q["steps_done"], {"id": proposal_id}).fetchone()
+            steps = impl._steps(steps_json)
+            checked = model.check_step_index(steps, done, step_index)
+            if checked is True:
+                r = conn.execute(self.q["receipt"], {"id": proposal_id, "step_index": step_index}).fetchone()
+                return Won(model.Receipt(*r)), False
+            if checked is not None:
+                return checked, False
+            ok = self._apply(conn, proposal_id, step_index, steps[step_index])
+            return Won((ok, status, steps)), ok
+
+        first = self._transaction(conn, "run_step.effect", effect)
+        if not isinstance(first, Won) or isinstance(first.value, model.Receipt):
+            return first
+        ok, status, steps = first.value
+        step = steps[step_index]
+        receipt = model.Receipt(step_index, ok, model.describe(step, ok))
+
+        def record():
+            conn.execute(self.q["insert_receipt"], {"id": proposal_id, "step_index": step_index,
+                                                    "ok": ok, "detail": receipt.detail})
+            conn.execute(self.q["finish_step"], {
+                "id": proposal_id, "status": model.TABLE.next(status, model.step_event(ok, step_index, len(steps))),
+                "failure": None if ok else model.step_failure(step_index, receipt.detail)})
+            return Won(receipt), True
+
+        return self._transaction(conn, "run_step.receipt", record)
+
+
+class _CallCounter(impl.ApprovedPlanStore):
+    """The executor numbers steps by counting its own run_step calls for the proposal: a call
+    answered from a receipt, refused or lost still counts."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: dict[int, int] = {}
+
+    def run_step(self, conn, proposal_id, step_index, token):
+        counted = self.calls.get(proposal_id, 0)
+        self.calls[proposal_id] = counted + 1
+        return super().run_step(conn, proposal_id, counted, token)
+
+
+class _RepeatReexecutes(impl.ApprovedPlanStore):
+    """A repeated execute request on a finished plan replays its payload: every step's effect is
+    applied again (the receipts are there already, so none is written)."""
+
+    def repeat(self, conn, proposal_id):
+        def body():
+            healed = self._heal(conn, proposal_id)
+            seen = self._report(conn, proposal_id)
+            if seen is None:
+                return model.no_proposal(proposal_id), healed
+            if seen.status not in model.TERMINAL:
+                return model.not_terminal(seen.status), healed
+            if seen.status not in EXECUTABLE:
+                return Won(seen), healed
+            _status, steps_json = conn.execute(self.q["lock_run"], {"id": proposal_id}).fetchone()
+            for i, step in enumerate(impl._steps(steps_json)):
+                self._apply(conn, proposal_id, i, step)
+            return Won(seen), True
+
+        return self._transaction(conn, "repeat", body)
+
+
+class _HealAppClock(impl.ApprovedPlanStore):
+    """markInterruptedIfStale compares the heartbeat with the application's clock (the database's
+    clock stamped it)."""
+
+    def _heal(self, conn, proposal_id):
+        q = sql_edit(self.q, "mark_interrupted_if_stale", "heartbeat_at < now() -",
+                     "heartbeat_at < %(app_now)s::timestamptz -")["mark_interrupted_if_stale"]
+        with boundary("approved-plan.heal"):
+            row = conn.execute(q, {"id": proposal_id, "failure": model.INTERRUPTED, "heartbeat_s": self.heartbeat_s,
+                                   "app_now": datetime.now(timezone.utc)}).fetchone()
+        return row is not None
+
+
+MUTANTS = [
+    Mutant("receipt-after-effect", "approved-plan", "receipt-with-effect",
+           "the step's effect commits first and its receipt in a second transaction",
+           with_attrs(store_class=_ReceiptAfterEffect)),
+    Mutant("step-index-call-counter", "approved-plan", "stable-step-identity",
+           "the step index is a per-worker count of run_step calls, not the position in the frozen payload",
+           with_attrs(store_class=_CallCounter)),
+    Mutant("repeat-reexecutes", "approved-plan", "terminal-answers-from-receipts",
+           "a repeat request on a finished plan replays its steps' effects",
+           with_attrs(store_class=_RepeatReexecutes)),
+    Mutant("no-lock-executing-fence", "approved-plan", "lease-fence",
+           "a step neither locks the run nor checks that it is still executing under the caller's token",
+           _edit("lock_executing", "SELECT status, generation, steps FROM agent_proposal WHERE id = %(id)s FOR NO KEY UPDATE",
+                 "SELECT 'executing', generation, steps FROM agent_proposal WHERE id = %(id)s",
+                 ("finish_step", "WHERE id = %(id)s AND status = 'executing'", "WHERE id = %(id)s"))),
+    Mutant("heal-ignores-heartbeat", "approved-plan", "lease-fence",
+           "markInterruptedIfStale fails every executing run it reads, live heartbeat or not",
+           _edit("mark_interrupted_if_stale", "\n  AND heartbeat_at < now() - make_interval(secs => %(heartbeat_s)s)", "")),
+    Mutant("heal-app-clock", "approved-plan", "lease-fence",
+           "markInterruptedIfStale judges the heartbeat by the application clock, not the database's",
+           with_attrs(store_class=_HealAppClock)),
+    Mutant("unfenced-heartbeat", "approved-plan", "lease-fence",
+           "the heartbeat renews the lease without checking the run is still executing under the token",
+           _edit("heartbeat", "WHERE id = %(id)s AND status = 'executing' AND generation = %(token)s",
+                 "WHERE id = %(id)s")),
+    Mutant("unconditional-claim", "approved-plan", "conditional-transition",
+           "markExecuting is not conditional on status = 'approved'",
+           _edit("mark_executing", "WHERE id = %(id)s AND status = 'approved'", "WHERE id = %(id)s")),
+    Mutant("expire-executing", "approved-plan", "conditional-transition",
+           "expire also takes a run that already started executing",
+           _edit("expire", "status IN ('pending', 'approved')", "status IN ('pending', 'approved', 'executing')")),
+    Mutant("revise-after-approval", "approved-plan", "stable-step-identity",
+           "approval does not freeze the payload: an approved or executing plan's steps can be replaced",
+           _edit("revise", "AND status = 'pending'", "AND status IN ('pending', 'approved', 'executing')")),
+    Mutant("failed-step-continues", "approved-plan", "retry-policy",
+           "a step that is not ok leaves the run executing (to be retried) instead of failing it",
+           _edit("finish_step", "SET status = %(status)s,",
+                 "SET status = CASE WHEN %(failure)s::text IS NULL THEN %(status)s ELSE status END,")),
+]

@@ -1,0 +1,644 @@
+"""The branch reset's model-versus-implementation check.
+
+Rules are the operations of ``dbops/operations.ts`` — a request with an idempotency key (new, a
+repeat of the branch's last key, or a key another branch already used), ``start`` by a worker
+(claims the run and creates the external operation once), ``poll`` by a worker, ``cancel``, the
+reaper job run by a worker — plus the check deciding when an external operation succeeds or
+fails, time passing, a worker stalling past its lease, and faults: the generic ones of
+:class:`~knownstate.chaos.check.KindCheck` on each worker's two links (its database link and its
+own link to the operations-API stand-in), stand-in 503s, a fault armed on a worker's next
+COMMIT, and an **application clock skew** of one worker.
+
+The stand-in is part of the observation. The model predicts its operations and the create
+requests it acted on per run, so a second creation is seen at once; the create-once invariant
+(``external_creations <= 1``) is checked after every step.
+
+Clocks. Each worker's application clock is ``EPOCH + model.app_now(worker)``, fully controlled,
+so lease stamps (application time) are exact and need no rounding. The model's ``now`` is real
+time here: time passing moves every application clock, a skew moves one. No branch-reset guard
+reads the database clock, so a database clock jump (the generic fault) moves nothing in the
+model, and the check shows that it changes nothing in the implementation either.
+
+The skew bound. With lease ``L`` and poll margin ``M`` (a live run is polled at least every
+``M``), ``skew_bound(L, M) = L - M``: a reaper whose clock is less than that ahead of the last
+poller's never reaps a live run. The check tracks every run's last lease stamp (when, and by a
+clock skewed how far) and, on every reap and every poll refused for a lapsed lease, judges the
+runs it ended or refused that were still *live* (stamped at most ``M`` ago): below the bound
+that is a failure; at or past it, it is the recorded deviation of an application-clock lease,
+counted as "reaped live run under skew past bound (known deviation)", allowed, and labelled in
+the trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from datetime import datetime, timedelta, timezone
+
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, precondition, rule
+
+from knownstate.impl import branch_reset as impl
+from knownstate.impl.errors import boundary
+from knownstate.model import branch_reset as model
+from knownstate.model.branch_reset import ExternalOp, ExternalState, ExternalStatus, Status
+from knownstate.model.contract import LostRace, Rejected, Repeat, Won, Write, check_invariants
+
+from ..check import QUANTUM, KindCheck, _record_mismatch, fmt, toxics
+from ..opsapi import OpsApi
+from ..toxi import Toxic
+
+EPOCH = datetime(2030, 1, 1, tzinfo=timezone.utc)
+"""Application time zero: every worker's clock is EPOCH + model.app_now(worker)."""
+
+LEASE = 5 * QUANTUM
+"""The check's lease L (the reference default is 600 s): short, so a stall lapses it in one rule."""
+
+MARGIN = QUANTUM
+"""The poll margin M: a run stamped at most this long ago is *live* (its poller is on schedule)."""
+
+BOUND = model.skew_bound(LEASE, MARGIN)
+"""L - M = 240 s with the check's lease: a relative skew below it never ends a live run."""
+
+SKEWS = (-QUANTUM, 0, QUANTUM, BOUND - QUANTUM, BOUND, BOUND + QUANTUM, LEASE + QUANTUM)
+"""Targets of the app-clock skew rule: one worker's clock set this far from real time. Both sides
+of the bound, and its edge."""
+
+BRANCHES = ("a", "b")
+TERMINAL = model.TERMINAL
+
+
+class BranchResetCheck(KindCheck):
+    kind = "branch-reset"
+    contract = model.CONTRACT
+    schema = impl.SCHEMA
+    tables = impl.TABLES
+    n_workers = 2
+    lease = LEASE
+    margin = MARGIN
+    store_class = impl.BranchResetStore
+    queries: dict[str, str] | None = None  # the mutant catalogue replaces some
+    http_timeout = 1.0
+    required_events = (
+        "lost race", "fence refusal", "poll of an operation in flight", "reap", "idempotent repeat answered",
+        "skew within bound", "skew past bound (known deviation)", "worker died before commit",
+        "indeterminate commit", "indeterminate resolved: committed", "indeterminate resolved: not committed",
+        "connection lost", "external call failed", "create retried, one creation", "lease refusal",
+        "one in flight refused", "key reused refused", "reaped live run under skew past bound (known deviation)",
+    )
+
+    # -- hooks ----------------------------------------------------------------------------
+    def reset_example(self) -> None:
+        self.ops = self.env.stand_in("branch-reset-ops", OpsApi)
+        self.ops.reset()
+        self.stores = []
+        for w in self.workers:
+            w.ops_link = self.env.api.link(f"branch-reset-{w.name}-ops", self.ops.host, self.ops.port)
+            w.links = [w.link, w.ops_link]
+            self.stores.append(self.store_class(w.name, f"http://{w.ops_link.host}:{w.ops_link.port}",
+                                                self._app_clock(w.name), lease_seconds=self.lease,
+                                                http_timeout=self.http_timeout, queries_=self.queries))
+        self.last_key: dict[str, str] = {}
+        self.key_serial = itertools.count(1)
+        self.stamps: dict[str, tuple[int, int, int]] = {}  # run -> (lease_until, stamped at, stamper's skew)
+        self.retried_creates: set[str] = set()
+        self.skews = 0
+        self.db_jumped = False
+        self.calm = 0  # operations since the last fault
+        self.reply_lost: int | None = None  # the worker whose next operations-API answer is lost
+
+    # Faults are kept sparse so that work flows: every fault rule (the generic ones included,
+    # re-declared below with the extra precondition) waits for CALM operations since the last fault.
+    CALM = 3
+
+    def _calm(self) -> bool:
+        return self.calm >= self.CALM
+
+    def apply(self, *args, **kwargs):
+        self.calm += 1
+        return super().apply(*args, **kwargs)
+
+    def fault(self, kind: str, line: str, calm: bool = True) -> None:
+        """Count and log a fault; unless ``calm`` is False, the next fault waits for CALM operations."""
+        if calm:
+            self.calm = 0
+        super().fault(kind, line)
+
+    def _app_clock(self, worker: str):
+        return lambda: EPOCH + timedelta(seconds=self.model.app_now(worker))
+
+    def new_model(self) -> model.BranchResetModel:
+        return model.BranchResetModel(self.lease)
+
+    @staticmethod
+    def _external(state: ExternalState) -> tuple:
+        # The key an implementation sends is its own business; the contract is what the API did:
+        # which operations exist (for which run, in which status) and the create requests it acted on.
+        ops = tuple(sorted((op.op_id, op.run_id, op.branch, op.status.value) for op in state.ops.values()))
+        return ops, tuple(sorted(state.create_requests.items()))
+
+    def observe_model(self, m: model.BranchResetModel):
+        return tuple(sorted(m.rows().items())), self._external(m.external_state())
+
+    def observe_impl(self):
+        rows = impl.project(self.env.admin(self.dbname), self._app_seconds)
+        real = tuple(sorted(rows.items())), self._external(self.ops.snapshot())
+        # The invariants first, on the real state alone: a violation is named as one rather than
+        # shown as a difference from the model (check.py checks them only after the comparison).
+        violations = check_invariants(self.contract, self.prev_views, self.views(real))
+        if violations:
+            raise _record_mismatch(self, "invariant violated: " + "; ".join(map(str, violations)))
+        return real
+
+    @staticmethod
+    def _app_seconds(ts: datetime):
+        """An application-time stamp as model seconds: exact, the clocks are the check's."""
+        s = (ts - EPOCH).total_seconds()
+        return int(s) if s.is_integer() else s
+
+    def views(self, observation):
+        rows, (ops, requests) = observation
+        ext = ExternalState(ops={i: ExternalOp(i, run, branch, "", ExternalStatus(status))
+                                 for i, run, branch, status in ops},
+                            create_requests=dict(requests))
+        return model.views(dict(rows), ext)
+
+    def observed(self, m: model.BranchResetModel) -> None:
+        for run_id, n in m.create_requests.items():
+            if n > 1 and run_id not in self.retried_creates:
+                self.retried_creates.add(run_id)
+                self.event("create retried, one creation")
+        for run_id, r in m.runs.items():
+            if r.status is Status.RUNNING and self.stamps.get(run_id, (None,))[0] != r.lease_until:
+                self.stamps[run_id] = (r.lease_until, m.now, r.lease_until - self.lease - m.now)
+
+    def clock_matters(self) -> bool:
+        """Time passing matters while a lease is held (a running run)."""
+        return bool(self._runs(Status.RUNNING))
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _runs(self, *statuses: Status) -> list[str]:
+        return sorted(r for r, run in self.model.runs.items() if not statuses or run.status in statuses)
+
+    def _skew(self, worker: str) -> int:
+        return self.model.app_skew.get(worker, 0)
+
+    def _live(self, run_id: str) -> tuple[int, int] | None:
+        """(stamped at, stamper's skew) when the running run's last stamp is at most M old: its
+        poller is on schedule, so the run is live."""
+        run = self.model.runs.get(run_id)
+        stamp = self.stamps.get(run_id)
+        if run is None or run.status is not Status.RUNNING or stamp is None or stamp[0] != run.lease_until:
+            return None
+        _, at, skew = stamp
+        return (at, skew) if self.model.now - at <= self.margin else None
+
+    @contextlib.contextmanager
+    def _reply_lost(self, w: int):
+        """When armed for worker ``w``: the operations API acts on its next request, and the answer
+        never arrives (its link to the stand-in drops every byte coming back)."""
+        if self.reply_lost != w:
+            yield
+            return
+        self.reply_lost = None
+        link = self.workers[w].ops_link
+        toxic = Toxic("limit_data", "downstream", {"bytes": 0})
+        self._toxi(lambda: link.add(toxic))
+        try:
+            yield
+        finally:
+            self._toxi(lambda: link.remove(toxic))
+
+    def _judge(self, label: str, got, run_id: str | None = None, writes=(), repeats=()) -> None:
+        """Record a step's guarded writes and repeat requests (the after-step invariants read them)
+        and judge them at once, with the create-once count of the run, so a mutant fails naming
+        the invariant it broke rather than as a different outcome."""
+        self.writes.extend(writes)
+        self.repeats.extend(repeats)
+        violations = [str(v) for v in check_invariants(self.contract, {}, {}, writes, repeats)]
+        if run_id is not None and self.ops.creations(run_id) > 1:
+            violations.append(f"external-effect-semantics: run {run_id}: external operation created "
+                              f"{self.ops.creations(run_id)} times")
+        if violations:
+            self.log(f"{label} -> {fmt(got)}")
+            raise _record_mismatch(self, "invariant violated: " + "; ".join(violations))
+
+    def _judge_skew(self, run_id: str, worker: str, live: tuple[int, int], what: str) -> None:
+        """A live run was ended (reap) or refused (poll) by ``worker``'s clock: only a relative skew
+        at or past the bound may do that."""
+        at, poller_skew = live
+        rel = self._skew(worker) - poller_skew
+        if rel < BOUND:
+            raise _record_mismatch(self, f"skew bound broken: {what} {run_id}, live (stamped {self.model.now - at}s "
+                                         f"ago), by a clock {rel:+d}s from its poller's, below L - M = {BOUND}s")
+        self.log(f"  ({what} live run {run_id}: {worker}'s clock is {rel:+d}s from its last poller's, "
+                 f">= L - M = {BOUND}s: the known deviation of an application-clock lease)")
+
+    # -- operations -------------------------------------------------------------------------
+    @initialize()
+    def seed_work(self) -> None:
+        """Every example starts with a reset requested on each branch, so work flows from the first
+        step. (One rule is one step for the invariants: a run takes at most one transition in it.)"""
+        self.request(0, "a", "new")
+        self.request(1, "b", "new")
+
+    @precondition(lambda self: len(self.model.runs) < 8)
+    @rule(w=st.integers(0, 1), branch=st.sampled_from(BRANCHES),
+          key=st.sampled_from(["new", "repeat", "new", "other branch's"]))
+    def request(self, w: int, branch: str, key: str) -> None:
+        """A reset requested with an idempotency key: a new key, the branch's last key again (a
+        client retry), or the last key of the other branch (a client bug the API refuses)."""
+        other = BRANCHES[1 - BRANCHES.index(branch)]
+        k = {"repeat": self.last_key.get(branch), "other branch's": self.last_key.get(other)}.get(key)
+        if k is None:
+            k = f"{branch}-k{next(self.key_serial)}"
+            self.last_key[branch] = k
+        existing = next((r for r in self.model.runs.values() if r.idempotency_key == k), None)
+        label = f"request(w{w}, {branch}, key={k})"
+
+        def impl_op(conn):
+            got = self.stores[w].request(conn, branch, k)
+            if existing is not None and existing.status in TERMINAL and existing.branch == branch:
+                self._judge(label, got, repeats=[Repeat(existing.run_id, reexecuted=got != Won(existing.run_id))])
+            return got
+
+        got = self.apply(self.workers[w], label, lambda m: m.request(branch, k), impl_op)
+        if existing is not None and got == Won(existing.run_id):
+            self.event("idempotent repeat answered")
+            if existing.status in TERMINAL:
+                self.event("idempotent repeat answered from a terminal run")
+        elif got == Rejected(model.IN_FLIGHT_REASON):
+            self.event("one in flight refused")
+        elif got == Rejected(model.KEY_REUSED):
+            self.event("key reused refused")
+
+    def _pool(self, *preferred: Status) -> list[str]:
+        """Runs to act on: the preferred ones three times (so they are drawn more often), then every run."""
+        return self._runs(*preferred) * 3 + self._runs()
+
+    def _past_queued(self) -> list[str]:
+        """What a poll or a cancel acts on: running runs (four times as often), then terminal ones
+        (fence refusals), then queued ones (the guard on running refuses them too)."""
+        return (self._runs(Status.RUNNING) * 4 + self._runs(*TERMINAL) + self._runs(Status.QUEUED)
+                if self._runs(Status.RUNNING, *TERMINAL) else [])
+
+    def _next_work(self) -> list[tuple[str, str]]:
+        return ([("start", r) for r in self._runs(Status.QUEUED)]
+                + [("poll", r) for r in self._runs(Status.RUNNING)] * 2)
+
+    @precondition(lambda self: self._next_work())
+    @rule(w=st.integers(0, 1), data=st.data())
+    def worker_step(self, w: int, data) -> None:
+        """A worker's loop, one turn: start a queued run or poll a running one. (The start and poll
+        rules below act on any run, lost races included; this keeps work flowing in examples
+        where Hypothesis switched those off.)"""
+        op, run_id = data.draw(st.sampled_from(self._next_work()), label="work")
+        (self._start if op == "start" else self._poll)(w, run_id)
+
+    @precondition(lambda self: self.model.runs)
+    @rule(w=st.integers(0, 1), data=st.data())
+    def start(self, w: int, data) -> None:
+        self._start(w, data.draw(st.sampled_from(self._pool(Status.QUEUED)), label="run"))
+
+    def _start(self, w: int, run_id: str) -> None:
+        run = self.model.runs[run_id]
+        worker = self.workers[w]
+        label = f"start(w{w}, {run_id})"
+        expected = {}
+
+        def model_op(m):
+            expected["out"] = out = m.start(run_id, worker.name)
+            return out
+
+        def impl_op(conn):
+            got = self.stores[w].start(conn, run_id)
+            writes = [Write(run_id, model.GENERATION[run.status], isinstance(got, Won), isinstance(expected["out"], Won))]
+            repeats = [Repeat(run_id, isinstance(got, Won))] if run.status in TERMINAL else []
+            self._judge(label, got, run_id, writes, repeats)
+            return got
+
+        # Whatever failed, the API may have acted on the create before it (the POST precedes COMMIT).
+        with self._reply_lost(w):
+            self.apply(worker, label, model_op, impl_op,
+                       external_maybe=lambda m: m.external_create(run_id, run.branch))
+
+    @precondition(lambda self: self._past_queued())
+    @rule(w=st.integers(0, 1), data=st.data())
+    def poll(self, w: int, data) -> None:
+        self._poll(w, data.draw(st.sampled_from(self._past_queued()), label="run"))
+
+    def _poll(self, w: int, run_id: str) -> None:
+        run = self.model.runs[run_id]
+        worker = self.workers[w]
+        live = self._live(run_id)
+        label = f"poll(w{w}, {run_id})"
+        expected = {}
+
+        def model_op(m):
+            expected["out"] = out = m.poll(run_id, worker.name)
+            return out
+
+        def impl_op(conn):
+            got = self.stores[w].poll(conn, run_id)
+            writes = ([] if run.status is Status.QUEUED else
+                      [Write(run_id, 1, isinstance(got, Won), isinstance(expected["out"], Won))])
+            repeats = [Repeat(run_id, isinstance(got, Won))] if run.status in TERMINAL else []
+            self._judge(label, got, run_id, writes, repeats)
+            return got
+
+        with self._reply_lost(w):
+            got = self.apply(worker, label, model_op, impl_op)
+        if got == Won(Status.RUNNING.value):
+            self.event("poll of an operation in flight")
+        elif isinstance(got, Won):
+            self.event("poll saw the operation end")
+        elif got == LostRace(model.LEASE_LAPSED):
+            self.event("lease refusal")
+            if live is not None:
+                self._judge_skew(run_id, worker.name, live, "poll refused")
+                self.event("poll refused live run under skew past bound (known deviation)")
+        elif isinstance(got, LostRace) and run.status in TERMINAL:
+            self.event("fence refusal")
+
+    @precondition(lambda self: self._past_queued())
+    @rule(w=st.integers(0, 1), data=st.data())
+    def cancel(self, w: int, data) -> None:
+        run_id = data.draw(st.sampled_from(self._past_queued()), label="run")
+        run = self.model.runs[run_id]
+        label = f"cancel(w{w}, {run_id})"
+        expected = {}
+
+        def model_op(m):
+            expected["out"] = out = m.cancel(run_id)
+            return out
+
+        def impl_op(conn):
+            got = self.stores[w].cancel(conn, run_id)
+            writes = ([] if run.status is Status.QUEUED else
+                      [Write(run_id, 1, isinstance(got, Won), isinstance(expected["out"], Won))])
+            repeats = [Repeat(run_id, isinstance(got, Won))] if run.status in TERMINAL else []
+            self._judge(label, got, None, writes, repeats)
+            return got
+
+        got = self.apply(self.workers[w], label, model_op, impl_op)
+        if isinstance(got, LostRace) and run.status in TERMINAL:
+            self.event("fence refusal")
+
+    @precondition(lambda self: self._runs(Status.RUNNING))
+    @rule(w=st.integers(0, 1))
+    def reap(self, w: int) -> None:
+        """The dbops-reaper job, run by a worker: its application clock judges every lease."""
+        worker = self.workers[w]
+        live = {r: lv for r in self._runs(Status.RUNNING) if (lv := self._live(r)) is not None}
+        got = self.apply(worker, f"reap(w{w})", lambda m: m.reap(worker.name), lambda c: self.stores[w].reap(c))
+        if not isinstance(got, Won):
+            return
+        self.event("reap", len(got.value))
+        for run_id, lv in sorted(live.items()):
+            if run_id in got.value:
+                self._judge_skew(run_id, worker.name, lv, "reaped")
+                self.event("reaped live run under skew past bound (known deviation)")
+            elif 0 < self._skew(worker.name) - lv[1]:
+                self.event("live run spared by a reaper ahead within bound")
+
+    def _in_progress(self) -> list[str]:
+        ops = self.model.ops
+        running = {r.external_op_id for r in self.model.runs.values() if r.status is Status.RUNNING}
+        live = sorted(i for i, op in ops.items() if op.status is ExternalStatus.IN_PROGRESS)
+        return [i for i in live if i in running] * 2 + live
+
+    @precondition(lambda self: self._in_progress())
+    @rule(data=st.data(), ok=st.booleans())
+    def finish_operation(self, data, ok: bool) -> None:
+        """The check decides: the external operation succeeds or fails, at the API."""
+        op_id = data.draw(st.sampled_from(self._in_progress()), label="operation")
+        for m in self.candidates:
+            m.external_finish(op_id, ok)
+        self.ops.finish(op_id, ok)
+        self.log(f"operation {op_id} {'succeeds' if ok else 'fails'} at the API")
+
+    @precondition(lambda self: self.clock_matters())
+    @rule(seconds=st.sampled_from([QUANTUM, 2 * QUANTUM]))
+    def time_passes(self, seconds: int) -> None:
+        """Real time passes: every application clock moves."""
+        for m in self.candidates:
+            m.advance(seconds)
+        self.log(f"time passes {seconds}s")
+
+    @precondition(lambda self: self.clock_matters() and self._calm())
+    @rule()
+    def stall_past_lease(self) -> None:
+        """The workers stall (a GC pause, a frozen VM) until every lease held lapsed, then resume."""
+        seconds = self.lease + QUANTUM
+        for m in self.candidates:
+            m.advance(seconds)
+        self.fault("worker-stall", f"workers stall {seconds}s, past the lease")
+
+    # -- faults ---------------------------------------------------------------------------------
+    # The generic fault rules, with the calm precondition added (same names: these replace them).
+    @precondition(lambda self: not self.faulted_links() and self._calm())
+    @rule(w=st.integers(0, 7), toxic=toxics())
+    def fault_toxic(self, w, toxic) -> None:
+        KindCheck.fault_toxic(self, w, toxic)
+
+    @precondition(lambda self: not self.faulted_links() and self._calm())
+    @rule(w=st.integers(0, 7))
+    def fault_link_down(self, w: int) -> None:
+        KindCheck.fault_link_down(self, w)
+
+    @precondition(lambda self: self.env.can_crash and not self.crashed and self._calm())
+    @rule()
+    def fault_db_crash(self) -> None:
+        KindCheck.fault_db_crash(self)
+
+    @precondition(lambda self: self.skews < 4)
+    @rule(w=st.integers(0, 1), skew=st.sampled_from(SKEWS))
+    def fault_app_clock_skew(self, w: int, skew: int) -> None:
+        """One worker's application clock is set ``skew`` seconds from real time. The lease is
+        in application time (the recorded deviation): the spread between workers is judged
+        against the bound L - M."""
+        self.skews += 1
+        name = self.workers[w].name
+        delta = skew - self._skew(name)
+        for m in self.candidates:
+            m.skew(name, delta)
+        skews = [self._skew(x.name) for x in self.workers]
+        spread = max(skews) - min(skews)
+        if spread < BOUND:
+            what = "skew within bound"
+        else:
+            what = "skew past bound (known deviation)"
+        self.event(what)
+        self.fault("app-clock-skew", f"app clock of w{w} set {skew:+d}s from real time "
+                                     f"(spread {spread}s, L - M = {BOUND}s: {what})", calm=False)
+
+    @precondition(lambda self: self.env.clock is not None and not self.db_jumped and self._calm())
+    @rule(data=st.data())
+    def fault_clock_jump(self, data) -> None:
+        """The database clock jumps. No branch-reset guard reads now() (the lease is in application
+        time), so the model does not move, and the implementation must not either. Overrides the
+        generic rule, which moves the model's clock (for kinds whose leases are in database time);
+        once per example, since it can change nothing here."""
+        seconds = data.draw(st.sampled_from(self.clock_jumps), label="seconds")
+        self.db_jumped = True
+        self.env.clock.jump(seconds)
+        self.fault("db-clock-jump", f"db clock jump {seconds:+d}s (no branch-reset guard reads it: nothing moves)")
+
+    def _unarmed(self) -> list[int]:
+        return [w.index for w in self.workers if w.before_commit is None]
+
+    @precondition(lambda self: self._unarmed() and self._calm())
+    @rule(data=st.data())
+    def fault_worker_death(self, data) -> None:
+        """The worker dies just before its next COMMIT. A start's create has reached the API by then."""
+        self._arm(data, "worker-death")
+
+    @precondition(lambda self: self._unarmed() and self._calm())
+    @rule(data=st.data())
+    def fault_commit_reply_lost(self, data) -> None:
+        """The reply to the worker's next COMMIT is lost: the server committed, the worker cannot know."""
+        self._arm(data, "commit-reply-lost")
+
+    @precondition(lambda self: self._unarmed() and self._calm())
+    @rule(data=st.data())
+    def fault_commit_request_lost(self, data) -> None:
+        """The worker's next COMMIT never reaches the server: nothing committed, the worker cannot know."""
+        self._arm(data, "commit-request-lost")
+
+    def _arm(self, data, kind: str) -> None:
+        w = data.draw(st.sampled_from(self._unarmed()), label="worker")
+        self.arm_commit_fault(self.workers[w], kind)
+        self.fault(kind, f"{kind} armed on w{w}'s next COMMIT")
+
+    @precondition(lambda self: self.reply_lost is None and self._calm())
+    @rule(w=st.integers(0, 1))
+    def fault_opsapi_reply_lost(self, w: int) -> None:
+        """The operations API acts on this worker's next request (a create or a status read), and
+        its answer never reaches the worker."""
+        self.reply_lost = w
+        self.fault("stand-in-reply-lost", f"operations-API answer lost armed on w{w}'s next call")
+
+    @precondition(lambda self: self.ops.pending_failures == 0 and self._calm())
+    @rule(n=st.integers(1, 2))
+    def fault_opsapi_unavailable(self, n: int) -> None:
+        """The operations API answers the next ``n`` requests 503 and does not act on them."""
+        self.ops.fail_next(n)
+        self.fault("stand-in-503", f"operations API answers the next {n} request(s) 503")
+
+
+# ---------------------------------------------------------------------------------------
+# Mutants: realistic bugs, each caught by this check (see `knownstate mutants branch-reset`).
+# ---------------------------------------------------------------------------------------
+
+from knownstate.impl.errors import commit  # noqa: E402
+
+from ..mutants import CatalogueDrift, Mutant, sql_edit, with_attrs  # noqa: E402
+
+_Q = impl.queries.load(impl.QUERIES_FILE)
+
+
+def _edit(name: str, old: str, new: str):
+    return with_attrs(queries=sql_edit(_Q, name, old, new))
+
+
+def _schema_edit(old: str, new: str):
+    if old not in impl.SCHEMA:
+        raise CatalogueDrift(f"mutant edit of the branch-reset schema: {old!r} not found")
+    return with_attrs(schema=impl.SCHEMA.replace(old, new))
+
+
+class _FreshKeyClient(impl.OpsApiClient):
+    """Sends a fresh idempotency key with every create (a uuid per call, here a counter so a seed
+    replays): the API cannot tell a retry from a new operation."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._serial = itertools.count(1)
+
+    def create(self, run_id, branch, idempotency_key):
+        return super().create(run_id, branch, f"{idempotency_key}/{next(self._serial)}")
+
+
+class _StartFreshKey(impl.BranchResetStore):
+    """start's create carries no stable idempotency key, so a retried start re-issues the operation."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.api = _FreshKeyClient(self.api.base_url, timeout=self.api.timeout)
+
+
+class _PollReissues(impl.BranchResetStore):
+    """A poll of a running run re-submits the create (with a fresh key) before reading the status."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fresh = _FreshKeyClient(self.api.base_url, timeout=self.api.timeout)
+
+    def poll(self, conn, run_id):
+        with boundary("branch-reset.poll"):
+            row = conn.execute(self.q["poll_target"], {"run_id": run_id}).fetchone()
+        conn.rollback()
+        if row is not None and row[0] == Status.RUNNING:
+            self.fresh.create(run_id, run_id.rsplit("#", 1)[0], run_id)
+        return super().poll(conn, run_id)
+
+
+class _CreateOutsideClaim(impl.BranchResetStore):
+    """start commits the claim first, then creates the operation and records it in a second
+    transaction: a failure in between leaves a running run with no operation on its row."""
+
+    def start(self, conn, run_id):
+        where = "branch-reset.start"
+        try:
+            with boundary(where):
+                row = conn.execute(self.q["claim"], {"run_id": run_id, "worker": self.worker,
+                                                     "lease_until": self.app_clock() + self.lease}).fetchone()
+                if row is None:
+                    outcome = self._miss(conn, run_id)
+                    conn.rollback()
+                    return outcome
+            commit(conn, where)
+            with boundary(where):
+                op_id, op_status = self.api.create(run_id, row[0], idempotency_key=run_id)
+                conn.execute(self.q["record_operation"], {"run_id": run_id, "op_id": op_id,
+                                                          "op_status": op_status.value})
+            commit(conn, where)
+            return Won(op_id)
+        except BaseException:
+            impl._abort(conn)
+            raise
+
+
+_POLL_IGNORES_LEASE = {
+    **sql_edit(_Q, "poll_target", "SELECT status, lease_until, external_op_id",
+               "SELECT status, '9999-12-31'::timestamptz AS lease_until, external_op_id"),
+    "record_poll": sql_edit(_Q, "record_poll", "AND lease_until > %(app_now)s", "")["record_poll"],
+}
+
+MUTANTS = [
+    Mutant("poll-reissues-operation", "branch-reset", "external-effect-semantics",
+           "a poll re-submits the create without the idempotency key: a second operation at the API",
+           with_attrs(store_class=_PollReissues)),
+    Mutant("start-retry-fresh-key", "branch-reset", "external-effect-semantics",
+           "start sends a fresh idempotency key per attempt: a start retried after its create was "
+           "acted on creates a second operation", with_attrs(store_class=_StartFreshKey)),
+    Mutant("create-outside-claim", "branch-reset", "receipt-with-effect",
+           "start commits the claim, then creates the operation and records it in a second transaction",
+           with_attrs(store_class=_CreateOutsideClaim)),
+    Mutant("cancel-unguarded", "branch-reset", "conditional-transition",
+           "cancel is not guarded on status = 'running': it overwrites queued and terminal runs",
+           _edit("cancel", "WHERE id = %(run_id)s AND status = 'running'", "WHERE id = %(run_id)s")),
+    Mutant("idempotency-key-not-unique", "branch-reset", "terminal-answers-from-receipts",
+           "the idempotency key has an index but not a unique one: a repeated or reused key makes a new run",
+           _schema_edit("CREATE UNIQUE INDEX branch_reset_idempotency_key", "CREATE INDEX branch_reset_idempotency_key")),
+    Mutant("one-in-flight-missing", "branch-reset", "conditional-transition",
+           "no one-in-flight guard: a second run of a branch is queued while one is in flight",
+           _schema_edit("CREATE UNIQUE INDEX branch_reset_one_in_flight ON branch_reset (branch)\n"
+                        "    WHERE status IN ('queued', 'running');", "")),
+    Mutant("reaper-ignores-lease", "branch-reset", "lease-fence",
+           "the reaper fails every running run, live leases included",
+           _edit("reap", " AND lease_until <= %(app_now)s", "")),
+    Mutant("poll-ignores-lease", "branch-reset", "lease-fence",
+           "a poll does not check the lease: a poller that stalled past it extends it and goes on",
+           with_attrs(queries=_POLL_IGNORES_LEASE)),
+]

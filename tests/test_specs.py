@@ -1,0 +1,23 @@
+"""Drift: each fact that lives in specs/ and in model/ must agree (diagrams, the contract table)."""
+
+from knownstate.chaos import specs
+
+
+def test_specs_agree_with_models():
+    assert specs.drift() == []
+
+
+def test_each_diagram_is_the_models_table():
+    for (file, name), content in specs.blocks().items():
+        text = (specs.SPECS / file).read_text()
+        assert f"<!-- generated:{name} -->\n{content}\n<!-- /generated:{name} -->" in text, file
+
+
+def test_drift_is_detected(tmp_path, monkeypatch):
+    """The drift check itself can fail: a spec whose diagram lost a transition is reported."""
+    for f in specs.SPECS.glob("*.md"):
+        (tmp_path / f.name).write_text(f.read_text())
+    broken = tmp_path / "outbox.md"
+    broken.write_text(broken.read_text().replace("    processing --> dead: give_up\n", ""))
+    monkeypatch.setattr(specs, "SPECS", tmp_path)
+    assert any("outbox.md" in p for p in specs.drift())
