@@ -6,6 +6,11 @@ statements run inside :func:`~knownstate.impl.errors.boundary`, the COMMIT goes 
 :class:`LostRace` (rolled back), never an exception. Every lease stamp and comparison is
 Postgres ``now()``.
 
+Every operation is a single statement, so on a connection in autocommit it is the same
+transaction in one round trip instead of three (BEGIN, the statement, COMMIT). The worker loop
+runs that way. There a connection lost during the statement may have committed it, so it raises
+:class:`~knownstate.impl.errors.CommitIndeterminate`, never ``ConnectionLost``.
+
 The send to the sink is **at-least-once**: :class:`OutboxWorker` sends, then records the
 outcome with a fenced write; if its lease lapsed meanwhile and another worker re-claimed the
 row, the notification goes out twice. That is the documented trade: a duplicate notification
@@ -18,6 +23,7 @@ import json
 import threading
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,7 +34,7 @@ from knownstate.model.contract import LostRace, Outcome, Won
 from knownstate.model.outbox import Claim, Config, Delivery
 
 from . import queries
-from .errors import ConnectionLost, ExternalCallFailed, KnownstateError, boundary, commit
+from .errors import CommitIndeterminate, ConnectionLost, ExternalCallFailed, KnownstateError, boundary, commit
 
 SCHEMA = queries.schema("outbox_schema.sql")
 TABLES = ("outbox_delivery",)
@@ -44,7 +50,7 @@ class OutboxStore:
         self.q = dict(queries_ or queries.load("outbox.sql"))
 
     def _one_tx(self, conn: psycopg.Connection, op: str, sql: str, params: dict) -> list[tuple]:
-        with boundary(f"outbox.{op}"):
+        with _statement_commits(conn), boundary(f"outbox.{op}"):
             rows = conn.execute(sql, params).fetchall()
             if not rows:
                 conn.rollback()
@@ -59,13 +65,15 @@ class OutboxStore:
         return Won(rows[0][0])
 
     def begin_claim(self, conn: psycopg.Connection, batch: int) -> list[tuple[Claim, dict]]:
-        """The claim's statement, without COMMIT: the rows stay locked until the caller commits."""
+        """The claim's statement, without COMMIT: the rows stay locked until the caller commits
+        (on a connection not in autocommit; in autocommit the statement commits by itself)."""
         with boundary("outbox.claim"):
             rows = conn.execute(self.q["claim_due"], {"batch": batch, "lease": self.config.lease}).fetchall()
         return sorted(((Claim(r[0], r[1]), r[2]) for r in rows), key=lambda c: c[0].id)
 
     def claim_batch(self, conn: psycopg.Connection, batch: int) -> list[tuple[Claim, dict]]:
-        claimed = self.begin_claim(conn, batch)
+        with _statement_commits(conn):
+            claimed = self.begin_claim(conn, batch)
         commit(conn, "outbox.claim")
         return claimed
 
@@ -94,6 +102,18 @@ class OutboxStore:
         rows = self._one_tx(conn, "reclaim_stale", self.q["reclaim_stale"],
                             {"max_attempts": self.config.max_attempts})
         return Won(tuple(sorted(r[0] for r in rows)))
+
+
+@contextmanager
+def _statement_commits(conn: psycopg.Connection):
+    """In autocommit the statement is its own transaction and its COMMIT rides with it: a
+    connection lost during it is an indeterminate commit, not a transaction that never landed."""
+    try:
+        yield
+    except ConnectionLost as e:
+        if conn.autocommit:
+            raise CommitIndeterminate(e.detail) from e
+        raise
 
 
 def project(conn: psycopg.Connection, to_model_time: Callable) -> tuple[Delivery, ...]:
@@ -138,7 +158,10 @@ class LoopStats:
 
 
 class OutboxWorker:
-    """The reference worker loop: claim a batch, send each, record each outcome (fenced)."""
+    """The reference worker loop: claim a batch, send each, record each outcome (fenced).
+
+    Its connection runs in autocommit: the claim and each outcome are single statements, so
+    each is still its own transaction, in one round trip instead of three."""
 
     def __init__(self, connect: Callable[[], psycopg.Connection], store: OutboxStore,
                  send: Callable[[Claim, dict], str], batch: int = 10):
@@ -151,6 +174,7 @@ class OutboxWorker:
         try:
             if self.conn is None or self.conn.closed:
                 self.conn = self.connect()
+                self.conn.autocommit = True
             claimed = self.store.claim_batch(self.conn, self.batch)
             self.stats.claimed += len(claimed)
             for claim, payload in claimed:
