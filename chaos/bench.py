@@ -9,11 +9,17 @@ commit loop gets commits.
 ``bench outbox``
     The reference worker loop (:class:`knownstate.impl.outbox.OutboxWorker`: claim a batch, send
     each, record each outcome with a fenced write) over a queue kept full, with a no-op effect
-    and with the real HTTP notification sink on loopback.
+    and with the real HTTP notification sink (in a process of its own) on loopback.
 ``bench documents``
     The real document server (FastAPI under uvicorn, in a process of its own); each client saves
     its own document in a loop (GET, then PUT with the version it read); PUT throughput and
     latency percentiles.
+
+The loops under test (and the ceiling's) are threads of this process. psycopg releases the GIL
+while it waits on the server, the loops' own Python uses well under one core here, and a
+comparison with one OS process per worker gave the same CPU per delivery and the same ratio
+within the noise; threads let every loop be started, parked and stopped together. The servers
+they drive run in processes of their own, as they would be deployed.
 
 **Interleaved windows.** The machine may be shared, and other load comes and goes within
 seconds. So each figure's S seconds are cut into slices of about one second, and the slices of
@@ -22,9 +28,9 @@ figure sees the same background. Each loop keeps its connection across slices an
 between its own slices.
 
 **Where the time goes.** Each window also records the CPU spent in it by this process, the
-PostgreSQL server, the document server's process, and everything else on the machine, so the
-output can say what bounds the ratio: on a small machine it is CPU per unit of work, not the
-database's commit rate.
+PostgreSQL server, the server process under test (sink or document server), and everything
+else on the machine, so the output can say what bounds the ratio: on a small machine with
+fsync off it is CPU per unit of work, not the database's commit rate.
 
 Bounds: at most :data:`MAX_LOOPS` concurrent loops and :data:`MAX_SECONDS` per figure; every
 loop stops at the end of its slice; everything (threads, processes, servers, the cluster) is
@@ -111,9 +117,9 @@ class Cpu:
     """Seconds of wall time and of CPU, per consumer, accumulated over the windows of one figure."""
 
     wall: float = 0.0
-    bench: float = 0.0      # this process: the loops under test (threads), the sink
+    bench: float = 0.0      # this process: the loops (threads) and the bench itself
     postgres: float = 0.0   # the PostgreSQL server (postmaster and backends)
-    app: float = 0.0        # the document server's process, when there is one
+    app: float = 0.0        # the server process the loops drive (sink or document server), if any
     machine: float = 0.0    # every core of the machine, busy
 
     @property
@@ -221,7 +227,7 @@ class _Loops:
                   during: Callable[[], None] | None = None) -> None:
         """Run every loop for ``seconds``; add the work done, the window and its CPU to ``fig``.
         ``during`` runs in a helper thread halfway through the window, concurrently with the
-        loops (work they cause and must pay for, like the VACUUM a queue table needs)."""
+        loops (e.g. ANALYZE while deliveries are in flight); it is charged to the window."""
         before = sum(self._counts)
         self._stop = False
         helper: threading.Thread | None = None
@@ -438,9 +444,9 @@ class _Queue:
         """Statistics as on a busy queue: ANALYZE while the workers have deliveries in flight.
 
         Gathered while nothing is in flight, they tell the planner the partial lease index is
-        empty, and it then sends every fenced write through that index instead of the primary
-        key: each completion walks every in-flight row and every dead entry (measured here: about
-        ten times the server CPU per completion). :func:`completion_plan` prints the plan used."""
+        empty, and it then plans every fenced write through that index instead of the primary
+        key, so each completion scans every row in flight: harmless at 40 in flight, about four
+        times the server CPU per completion at 3000. :func:`completion_plan` reports the plan."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute("ANALYZE outbox_delivery")
 
@@ -719,9 +725,9 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 def bench_documents(clients: int = 8, seconds: float = 10, *, progress: Callable[[str], None] | None = None) -> dict:
     """PUT throughput and latency of the real document server, and the ceiling, in one run."""
+    _check_bounds(clients, seconds, "--clients")
     from knownstate.impl.documents import DocumentStore
 
-    _check_bounds(clients, seconds, "--clients")
     say = progress or (lambda _m: None)
     n_slices, slice_s = _slices(seconds)
     ceiling, saves = Figure("ceiling", clients), Figure("documents", clients)
