@@ -60,12 +60,13 @@ def _counts(counter: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) or "none"
 
 
-def replay_command(r: CheckResult, examples: int, steps: int, dsn: str | None) -> str:
+def replay_command(r: CheckResult, examples: int, steps: int, dsn: str | None, mutant: str | None = None) -> str:
     cmd = f"knownstate verify {r.kind} --seed {r.seed} --examples {examples} --steps {steps}"
-    return cmd + (" --dsn '<your DSN>'" if dsn else "")
+    return cmd + (f" --mutant {mutant}" if mutant else "") + (" --dsn '<your DSN>'" if dsn else "")
 
 
-def print_result(r: CheckResult, examples: int, steps: int, dsn: str | None, out=sys.stdout) -> None:
+def print_result(r: CheckResult, examples: int, steps: int, dsn: str | None, out=sys.stdout,
+                 mutant: str | None = None) -> None:
     status = "passed" if r.passed else ("FAILED" if r.failure else "VACUOUS")
     rate = r.steps / r.seconds if r.seconds else 0.0
     print(f"{r.kind}: {status} — {r.examples} examples, {r.steps} steps ({rate:.0f} steps/s), "
@@ -82,7 +83,7 @@ def print_result(r: CheckResult, examples: int, steps: int, dsn: str | None, out
         print(f"  counterexample ({r.counterexample_steps} steps, one operation or fault per line):", file=out)
         for line in r.counterexample:
             print(f"    {line}", file=out)
-        print(f"  replay: {replay_command(r, examples, steps, dsn)}", file=out)
+        print(f"  replay: {replay_command(r, examples, steps, dsn, mutant)}", file=out)
     elif r.vacuous:
         print("  vacuous: the run never observed " + "; ".join(r.vacuous), file=out)
         print(f"  (a gate that never reached these proves nothing about them: raise --examples/--steps, "
@@ -124,15 +125,26 @@ def cmd_verify(args) -> int:
     seed = args.seed if args.seed is not None else secrets.randbelow(2**32)
     print(f"knownstate verify: {', '.join(selected)} — profile {args.profile} ({examples} examples × up to "
           f"{steps} steps per kind), seed {seed}", flush=True)
+    check_for = kinds.check
+    if args.mutant:
+        if len(selected) != 1:
+            raise UsageError("--mutant needs exactly one KIND")
+        found = [m for m in kinds.mutants(selected[0]) if m.name == args.mutant]
+        if not found:
+            raise UsageError(f"{selected[0]} has no mutant {args.mutant!r}: choose from "
+                             + ", ".join(m.name for m in kinds.mutants(selected[0])))
+        check_for = lambda name: found[0].machine(kinds.check(name))  # noqa: E731
+        print(f"  against mutant {args.mutant}: {found[0].description}", flush=True)
     results = []
     start = time.monotonic()
     with Env.open(args.dsn) as env:
         print(f"  on {env.db.describe()}, Toxiproxy {env.toxiproxy.url}", flush=True)
         for name in selected:
             progress = Progress(name, examples)
-            r = run_check(kinds.check(name), env, examples=examples, steps=steps, seed=seed, progress=progress)
+            r = run_check(check_for(name), env, examples=examples, steps=steps, seed=seed, progress=progress,
+                          require_all=not args.mutant)
             progress.done()
-            print_result(r, examples, steps, args.dsn)
+            print_result(r, examples, steps, args.dsn, mutant=args.mutant)
             sys.stdout.flush()
             results.append(r)
     passed = all(r.passed for r in results)
@@ -178,6 +190,7 @@ def cmd_mutants(args) -> int:
                     print(f"      {r.failure.splitlines()[0]}")
                     for line in r.counterexample:
                         print(f"        {line}")
+                    print(f"      replay: {replay_command(r, examples, steps, args.dsn, m.name)}")
     missed = [r["mutant"] for r in rows if not r["caught"]]
     print(f"knownstate mutants: {'PASSED' if ok else 'FAILED'} — {sum(r['caught'] for r in rows)}/{len(rows)} caught"
           + (f"; not caught: {', '.join(missed)}" if missed else "") + f", seed {seed}")
@@ -219,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(v)
     v.add_argument("--profile", choices=sorted(PROFILES), default="ci", help="depth: ci (default) or deep (nightly)")
     v.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
+    v.add_argument("--mutant", metavar="NAME", help="check a named mutant instead of the reference (one KIND)")
     v.set_defaults(func=cmd_verify)
 
     m = sub.add_parser("mutants", help="run the gate against each named bug; every one must be caught")

@@ -123,8 +123,10 @@ class Link:
         self.toxics.append(toxic)
 
     def remove(self, toxic: Toxic) -> None:
-        self.api._call(lambda: self.api._proxy(self.name).destroy_toxic(toxic.name))
-        self.toxics.remove(toxic)
+        """Remove the toxic of this name, if it is still there (a heal may have removed it first)."""
+        if any(t.name == toxic.name for t in self.toxics):
+            self.api._call(lambda: self.api._proxy(self.name).destroy_toxic(toxic.name))
+            self.toxics = [t for t in self.toxics if t.name != toxic.name]
 
     def down(self) -> None:
         """Disable the proxy: open connections drop, new ones are refused."""

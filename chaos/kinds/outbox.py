@@ -85,7 +85,10 @@ class OutboxCheck(KindCheck):
         self._duplicates = dups
 
     def clock_matters(self) -> bool:
-        return any(d.status == model.R or (d.status == model.P and d.next_attempt_at > self.model.now)
+        """Time can change something: a backoff to wait out, or a lease nobody alive holds to lapse.
+        (A stall covers leases that a living worker holds.)"""
+        held = {i for _, i in self._holding()}
+        return any((d.status == model.R and d.id not in held) or (d.status == model.P and d.next_attempt_at > self.model.now)
                    for d in self.model.deliveries.values())
 
     def forget(self, worker) -> None:
@@ -126,7 +129,7 @@ class OutboxCheck(KindCheck):
                 self.held[w][c.id] = Held(c)
 
     @precondition(lambda self: self._holding(sent=False))
-    @rule(data=st.data(), answer=st.sampled_from([200, 200, 503, 422]))
+    @rule(data=st.data(), answer=st.sampled_from([200, 503, 422]))
     def send(self, data, answer: int) -> None:
         """The external effect: POST to the sink through this worker's own link. At-least-once."""
         w, h = self._pick(data, sent=False)
@@ -136,12 +139,12 @@ class OutboxCheck(KindCheck):
         trial.sink_received(h.claim.id)
         self.sink.plan(answer)
         label = f"send(w{w}, {h.claim.id}, attempt={h.claim.attempt}) sink answers {answer}"
+        reply_toxic = None
         if self.reply_lost == w:
             self.reply_lost = None
-            reply_toxic = Toxic("limit_data", "downstream", {"bytes": 0})
-            self._toxi(lambda: worker.sink_link.add(reply_toxic))
-        else:
-            reply_toxic = None
+            if not any(t.name == "limit_data_downstream" for t in worker.sink_link.toxics):
+                reply_toxic = Toxic("limit_data", "downstream", {"bytes": 0})
+                self._toxi(lambda: worker.sink_link.add(reply_toxic))
         try:
             h.result = impl.send_to_sink(f"http://127.0.0.1:{worker.sink_link.port}", h.claim, timeout=5)
         except ExternalCallFailed as e:
