@@ -142,7 +142,7 @@ def cmd_verify(args) -> int:
         for name in selected:
             progress = Progress(name, examples)
             r = run_check(check_for(name), env, examples=examples, steps=steps, seed=seed, progress=progress,
-                          require_all=not args.mutant)
+                          require_all=not args.mutant, shrink_seconds=args.shrink_seconds)
             progress.done()
             print_result(r, examples, steps, args.dsn, mutant=args.mutant)
             sys.stdout.flush()
@@ -169,7 +169,8 @@ def cmd_mutants(args) -> int:
     with Env.open(args.dsn) as env:
         for name in selected:
             check = kinds.check(name)
-            ref = run_check(check, env, examples=examples, steps=steps, seed=seed, require_all=False)
+            ref = run_check(check, env, examples=examples, steps=steps, seed=seed, require_all=False,
+                            shrink_seconds=args.shrink_seconds)
             print(f"{name}: reference {'passes' if ref.failure is None else 'FAILS'} ({ref.seconds:.1f} s)", flush=True)
             if ref.failure:
                 ok = False
@@ -177,7 +178,8 @@ def cmd_mutants(args) -> int:
                 continue
             print(f"  {'mutant':<30} {'invariant broken':<32} {'caught':<7} {'seconds':>8} {'steps':>6}")
             for m in kinds.mutants(name):
-                r = run_check(m.machine(check), env, examples=examples, steps=steps, seed=seed, require_all=False)
+                r = run_check(m.machine(check), env, examples=examples, steps=steps, seed=seed, require_all=False,
+                              shrink_seconds=args.shrink_seconds)
                 caught = r.failure is not None
                 ok &= caught
                 rows.append({"kind": name, "mutant": m.name, "invariant": m.invariant, "description": m.description,
@@ -227,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--dsn", default=os.environ.get("DATABASE_URL"),
                         help="an external PostgreSQL (default: $DATABASE_URL, else a throwaway cluster)")
         sp.add_argument("--json", metavar="FILE", help="write a JSON report")
+        sp.add_argument("--shrink-seconds", type=float, default=120,
+                        help="time to spend shrinking a failure to its shortest counterexample (default 120)")
 
     v = sub.add_parser("verify", help="run the gate: each kind's model against its implementation under faults")
     common(v)
