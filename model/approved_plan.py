@@ -346,6 +346,9 @@ class ApprovedPlanModel:
         self._runs: dict[int, Proposal] = {}
         self._balances: dict[str, int] = {}
         self._ledger: list[LedgerEntry] = []
+        self.transitions: list[tuple[int, str, str, str]] = []
+        """Every transition taken, ``(proposal_id, source, event, target)``, in order; the
+        stateful check drains it to count which rows of :data:`TABLE` were observed."""
 
     # -- clock, copies, observation ----------------------------------------------
     def advance(self, seconds: int) -> None:
@@ -354,6 +357,7 @@ class ApprovedPlanModel:
     def copy(self) -> "ApprovedPlanModel":
         m = ApprovedPlanModel(self.heartbeat_s, self.now)
         m._runs, m._balances, m._ledger = dict(self._runs), dict(self._balances), list(self._ledger)
+        m.transitions = list(self.transitions)
         return m
 
     def state(self) -> PlanState:
@@ -387,6 +391,7 @@ class ApprovedPlanModel:
         p = self._runs[proposal_id]
         target = Status(TABLE.next(p.status.value, event))
         self._runs[proposal_id] = replace(p, status=target)
+        self.transitions.append((proposal_id, p.status.value, event, target.value))
         return target
 
     @staticmethod
@@ -430,7 +435,9 @@ class ApprovedPlanModel:
     def _create(self, steps: tuple[Step, ...], compensates: int | None) -> int:
         pid = max(self._runs, default=0) + 1
         event = "propose" if compensates is None else "compensate"
-        self._runs[pid] = Proposal(pid, Status(TABLE.next(CREATED, event)), steps, compensates)
+        target = TABLE.next(CREATED, event)
+        self._runs[pid] = Proposal(pid, Status(target), steps, compensates)
+        self.transitions.append((pid, CREATED, event, target))
         return pid
 
     def revise(self, proposal_id: int, steps: Iterable) -> Outcome:

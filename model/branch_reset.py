@@ -307,6 +307,9 @@ class BranchResetModel:
         self.runs: dict[str, Run] = {}
         self.ops: dict[str, ExternalOp] = {}
         self.create_requests: dict[str, int] = {}
+        self.transitions: list[tuple[str, str, str, str]] = []
+        """(run_id, source, event, target) of every transition taken, in order; the stateful check
+        drains it after each step to count which rows of :data:`TABLE` it observed."""
 
     # -- clocks ---------------------------------------------------------------
     def advance(self, seconds: int) -> None:
@@ -329,13 +332,19 @@ class BranchResetModel:
         self.runs[run_id] = moved = self._moved(run, Event(event))
         return moved
 
-    def _moved(self, run: Run, event: Event, **changes) -> Run:
-        target = Status(TABLE.next(run.status.value, event.value))  # raises before any change
+    def _moved(self, run: Run | None, event: Event, **changes) -> Run:
+        """The one transition function: ``run`` (None: a new run, from ``(new)``) takes ``event``
+        per :data:`TABLE`, with ``changes`` applied, and the transition is logged. Raises
+        IllegalTransition before any change."""
+        source = CREATED if run is None else run.status.value
+        target = Status(TABLE.next(source, event.value))
         if target is not Status.RUNNING:
             changes.setdefault("lease_until", None)
         if event in ERROR:
             changes.setdefault("error", ERROR[event])
-        return replace(run, status=target, **changes)
+        moved = Run(status=target, **changes) if run is None else replace(run, status=target, **changes)
+        self.transitions.append((moved.run_id, source, event.value, target.value))
+        return moved
 
     # -- operations (the implementation's vocabulary) --------------------------
     def request(self, branch: str, idempotency_key: str) -> Outcome:
@@ -349,8 +358,8 @@ class BranchResetModel:
             return Rejected(IN_FLIGHT_REASON)
         n = 1 + sum(1 for r in self.runs.values() if r.branch == branch)
         run_id = f"{branch}#{n}"
-        status = Status(TABLE.next(CREATED, Event.REQUEST.value))
-        self.runs[run_id] = Run(run_id=run_id, branch=branch, idempotency_key=idempotency_key, status=status)
+        self.runs[run_id] = self._moved(None, Event.REQUEST, run_id=run_id, branch=branch,
+                                        idempotency_key=idempotency_key)
         return Won(run_id)
 
     def start(self, run_id: str, worker: str) -> Outcome:
@@ -453,6 +462,7 @@ class BranchResetModel:
         other.runs = dict(self.runs)
         other.ops = dict(self.ops)
         other.create_requests = dict(self.create_requests)
+        other.transitions = list(self.transitions)
         return other
 
     def _key(self):

@@ -22,17 +22,13 @@ changed under it. A violation of either is reported as the invariant it breaks.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import sys
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, precondition, rule
+from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from knownstate.impl import approved_plan as impl
 from knownstate.impl.errors import boundary
@@ -40,8 +36,7 @@ from knownstate.model import approved_plan as model
 from knownstate.model.approved_plan import Status
 from knownstate.model.contract import LostRace, Rejected, Repeat, Won, Write, check_invariants
 
-from ..check import QUANTUM, EnvironmentFault, KindCheck, Worker, WorkerDied, _record_mismatch, fmt, toxics
-from ..cluster import ClusterError
+from ..check import QUANTUM, KindCheck, Mismatch, Worker, WorkerDied, _record_mismatch, fmt, toxics
 from ..toxi import Toxic
 
 # The demo domain's steps a plan is drawn from: credits always succeed; a debit succeeds only when
@@ -75,15 +70,6 @@ class Claim:
     token: int
     next: int = 0
     stalled: bool = False  # the worker stalled past its heartbeat while holding it
-
-
-def _gone(pid: int) -> bool:
-    """The process exited (a zombie waiting for its new parent to reap it counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return True
 
 
 FAULT_GAP = 3
@@ -129,7 +115,24 @@ class ApprovedPlanCheck(KindCheck):
         return m.state()
 
     def observe_impl(self) -> model.PlanState:
-        return impl.project(self.env.admin(self.dbname), self.to_model_time)
+        self.last_real = impl.project(self.env.admin(self.dbname), self.to_model_time)
+        return self.last_real
+
+    @invariant()
+    def model_agrees(self) -> None:
+        """KindCheck.model_agrees; when the database matches no possible model state, the message
+        also names the invariants the database's own state breaks (an effect without its receipt,
+        a step applied twice, a transition the table does not have), when it breaks any."""
+        try:
+            super().model_agrees()
+        except Mismatch as e:
+            if not str(e).startswith("the database disagrees"):
+                raise
+            views = self.views(self.last_real)
+            broken = check_invariants(self.contract, self.prev_views, views, [], [])
+            if not broken:
+                raise
+            raise _record_mismatch(self, "invariant violated: " + "; ".join(map(str, broken)) + "\n" + str(e)) from None
 
     def views(self, observation: model.PlanState):
         return model.views(observation)
@@ -144,7 +147,7 @@ class ApprovedPlanCheck(KindCheck):
     def clock_matters(self) -> bool:
         """Only a run's heartbeat reads the clock. A jump matters while a run nobody holds (its
         owner died) is executing and not yet stale: the jump lets the next read heal it. A held
-        run meets the clock through stall_past_heartbeat."""
+        run meets the clock through fault_stall_past_heartbeat."""
         held = {pid for h in self.held for pid in h}
         return any(p.status is Status.EXECUTING and p.proposal_id not in held
                    and self.model.now - p.heartbeat_at < self.heartbeat_s for p in self._proposals())
@@ -222,27 +225,30 @@ class ApprovedPlanCheck(KindCheck):
         return tuple(receipts), effects[0][0]
 
     # -- seeding -------------------------------------------------------------------------------
-    @initialize(first=plans(), second=plans(), stage=st.sampled_from(("executing", "executing", "approved", "pending")))
-    def seed_work(self, first, second, stage: str) -> None:
-        """Every example starts with two plans, the first already approved or claimed by w0 (as
-        drawn), so execution starts from the first step. The invariants compare consecutive
-        states, so each operation here is checked on its own."""
-        for i, steps in enumerate((first, second)):
-            got = self._op(0, "propose", steps, shown=show(steps))
-            if i == 0 and stage != "pending":
-                self.model_agrees()
-                self._op(0, "approve", got.value)
-                if stage == "executing":
-                    self.model_agrees()
-                    self.mark_executing_(0, got.value)
-            if i == 0:
-                self.model_agrees()
+    @initialize(first=plans(), more=st.lists(plans(), max_size=1),
+                stage=st.sampled_from(("executing", "executing", "approved", "pending")))
+    def seed_work(self, first, more, stage: str) -> None:
+        """Every example starts with a plan already approved or claimed by w0 (as drawn), so
+        execution starts at once, and maybe a second one pending. The invariants compare
+        consecutive states, so each operation here is checked on its own."""
+        pid = self._op(0, "propose", first, shown=show(first)).value
+        for op in {"executing": ("approve", "mark_executing"), "approved": ("approve",), "pending": ()}[stage]:
+            self.model_agrees()
+            if op == "approve":
+                self._op(0, "approve", pid)
+            else:
+                self.mark_executing_(0, pid)
+        for steps in more:
+            self.model_agrees()
+            self._op(0, "propose", steps, shown=show(steps))
 
     # -- operations ----------------------------------------------------------------------------
-    # Few rules, each drawing which operation of its family to run: Hypothesis enables a random
-    # subset of rules per example and picks uniformly among the enabled ones, so a long chain
-    # (propose, approve, claim, steps, compensate, ...) is reached more often with fewer rules.
-    @precondition(lambda self: len(self._with_status(OPEN)) < 3)
+    # Few rules, each drawing which operation of its family to run: Hypothesis picks uniformly
+    # among the rules whose precondition holds, so a long chain (propose, approve, claim, steps,
+    # compensate, ...) is reached more often with fewer rules. Preconditions keep a rule off
+    # while it could only repeat itself. propose or review is always possible, so an example
+    # never runs out of rules.
+    @precondition(lambda self: len(self._with_status({Status.PENDING, Status.APPROVED})) < 3)
     @rule(w=st.integers(0, 1), steps=plans())
     def propose(self, w: int, steps) -> None:
         self._op(w, "propose", steps, shown=show(steps))
@@ -251,13 +257,14 @@ class ApprovedPlanCheck(KindCheck):
     @rule(w=st.integers(0, 1), data=st.data(), op=st.sampled_from(("approve", "approve", "revise", "reject", "expire")))
     def review(self, w: int, data, op: str) -> None:
         """A person decides on a plan: approve it (which freezes its payload), revise its steps
-        while it is pending, reject it, or let it expire (which races the claim)."""
+        while it is pending, or reject it; or the expiry sweeper expires it. The sweeper races the
+        claim, so it is drawn for any open plan, executing ones included (a lost race)."""
         if op == "revise":
             pid = self._pick(data, {Status.PENDING})
             steps = data.draw(plans(), label="steps")
             self._op(w, "revise", pid, steps, shown=f"{pid}, {show(steps)}")
         else:
-            self._op(w, op, self._pick(data, {Status.PENDING, Status.APPROVED} if op == "expire" else {Status.PENDING}))
+            self._op(w, op, self._pick(data, OPEN if op == "expire" else {Status.PENDING}))
 
     @precondition(lambda self: self._with_status({Status.APPROVED}))
     @rule(w=st.integers(0, 1), data=st.data())
@@ -278,6 +285,9 @@ class ApprovedPlanCheck(KindCheck):
         receipt, never re-applied), asks for one too far (refused), or renews its heartbeat. A
         holder refused by the fence lets go of the run."""
         w, pid = data.draw(st.sampled_from(self._claims()), label="worker, proposal")
+        self._execute(w, pid, action)
+
+    def _execute(self, w: int, pid: int, action: str) -> None:
         claim = self.held[w][pid]
         if action == "heartbeat":
             got = self._fenced(w, claim, f"heartbeat(w{w}, {pid}, token={claim.token})",
@@ -395,12 +405,12 @@ class ApprovedPlanCheck(KindCheck):
     def _spaced(self) -> bool:
         return self.ops - self.last_fault >= FAULT_GAP
 
-    @precondition(lambda self: self._spaced() and not self.faulted_links())
+    @precondition(lambda self: self._spaced() and self._may_fault_link())
     @rule(w=st.integers(0, 7), toxic=toxics())
     def fault_toxic(self, w: int, toxic: Toxic) -> None:
         KindCheck.fault_toxic(self, w, toxic)
 
-    @precondition(lambda self: self._spaced() and not self.faulted_links())
+    @precondition(lambda self: self._spaced() and self._may_fault_link())
     @rule(w=st.integers(0, 7))
     def fault_link_down(self, w: int) -> None:
         KindCheck.fault_link_down(self, w)
@@ -413,30 +423,7 @@ class ApprovedPlanCheck(KindCheck):
     @precondition(lambda self: self._spaced() and self.env.can_crash and not self.crashed)
     @rule()
     def fault_db_crash(self) -> None:
-        """At most one crash per example. Overrides the generic rule to kill every backend, not only
-        the postmaster: PostgreSQL backends call setsid(), so the SIGKILL of the postmaster's process
-        group (PostgresCluster.crash) misses them. They exit on their own once they notice the
-        postmaster died, but a restart racing that exit fails ("pre-existing shared memory block is
-        still in use"). The backends are this cluster's own processes, listed by pid before the crash."""
-        self.crashed = True
-        self.fault("db-crash", "database crash (SIGKILL of the postmaster and every backend) and restart")
-        env = self.env
-        pids = [pid for (pid,) in env.query(self.dbname, "select pid from pg_stat_activity")]
-        try:
-            env.db.crash()
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 10
-            while not all(map(_gone, pids)):
-                if time.monotonic() > deadline:
-                    raise EnvironmentFault(f"backends {[p for p in pids if not _gone(p)]} outlived SIGKILL")
-                time.sleep(0.005)
-            for dbname in list(env._admin):  # the observer's connections died with the server
-                env._admin.pop(dbname).close()
-            env.db.restart()
-        except ClusterError as e:
-            raise EnvironmentFault(f"PostgreSQL did not come back after an injected crash: {e}") from None
+        KindCheck.fault_db_crash(self)
 
     @precondition(lambda self: self._spaced() and all(w.before_commit is None for w in self.workers))
     @rule(w=st.integers(0, 1), kind=st.sampled_from(["commit-reply-lost", "commit-request-lost", "worker-death"]))
@@ -445,13 +432,27 @@ class ApprovedPlanCheck(KindCheck):
         self.arm_commit_fault(self.workers[w], kind)
         self.fault(kind, f"{kind} armed on w{w}'s next COMMIT")
 
+    @precondition(lambda self: self._spaced() and self._claims(executing_only=True))
+    @rule(data=st.data(), kind=st.sampled_from(["commit-reply-lost", "commit-request-lost", "worker-death"]))
+    def fault_step_commit(self, data, kind: str) -> None:
+        """A holder's next step meets a COMMIT fault: the worker dies before COMMIT (nothing of the
+        step committed, the run waits for a read to heal it), the request is lost (nothing
+        committed, the worker retries the step), or the reply is lost (the step committed, and
+        the worker's retry is answered from its receipt)."""
+        w, pid = data.draw(st.sampled_from(self._claims(executing_only=True)), label="worker, proposal")
+        self.arm_commit_fault(self.workers[w], kind)
+        self.fault(kind, f"{kind} armed on w{w}'s next COMMIT")
+        self._execute(w, pid, "next")
+        self.workers[w].before_commit = None  # a step that wrote nothing never reached COMMIT
+
     @precondition(lambda self: self._spaced() and self.env.clock is not None and self._claims(executing_only=True))
-    @rule(data=st.data(), read_meanwhile=st.booleans())
-    def stall_past_heartbeat(self, data, read_meanwhile: bool) -> None:
+    @rule(data=st.data(), read_meanwhile=st.booleans(), resume=st.sampled_from(("later", "next", "heartbeat")))
+    def fault_stall_past_heartbeat(self, data, read_meanwhile: bool, resume: str) -> None:
         """A worker holding an executing run stalls (GC pause, frozen VM) past its heartbeat: the
         database clock moves by heartbeat + one quantum. The next read heals the run (drawn here:
         the other worker reads it during the stall); after that, the stalled worker's next step
-        must be refused by the fence. Without a read, its next step simply lands."""
+        or heartbeat must be refused by the fence. Without a read, its next write simply lands.
+        The worker resumes with its next step or heartbeat at once, or later (another rule)."""
         w, pid = data.draw(st.sampled_from(self._claims(executing_only=True)), label="worker, proposal")
         self.held[w][pid].stalled = True
         seconds = self.heartbeat_s + QUANTUM
@@ -462,6 +463,9 @@ class ApprovedPlanCheck(KindCheck):
         if read_meanwhile:
             self.seen[pid] = self._seen_key(self.model.proposal(pid))
             self._op(1 - w, "read", pid)
+            self.model_agrees()  # the invariants compare consecutive states: check the read on its own
+        if resume != "later" and pid in self.held[w]:
+            self._execute(w, pid, resume)
 
 
 # ---------------------------------------------------------------------------------------

@@ -44,7 +44,8 @@ from knownstate.model import branch_reset as model
 from knownstate.model.branch_reset import ExternalOp, ExternalState, ExternalStatus, Status
 from knownstate.model.contract import LostRace, Rejected, Repeat, Won, Write, check_invariants
 
-from ..check import QUANTUM, KindCheck, _record_mismatch, fmt, toxics
+from ..check import QUANTUM, EnvironmentFault, KindCheck, _record_mismatch, fmt, toxics
+from ..cluster import ClusterError
 from ..opsapi import OpsApi
 from ..toxi import Toxic
 
@@ -60,9 +61,12 @@ MARGIN = QUANTUM
 BOUND = model.skew_bound(LEASE, MARGIN)
 """L - M = 240 s with the check's lease: a relative skew below it never ends a live run."""
 
-SKEWS = (-QUANTUM, 0, QUANTUM, BOUND - QUANTUM, BOUND, BOUND + QUANTUM, LEASE + QUANTUM)
-"""Targets of the app-clock skew rule: one worker's clock set this far from real time. Both sides
-of the bound, and its edge."""
+SKEWS = (-QUANTUM, 0, QUANTUM, BOUND - QUANTUM, BOUND, BOUND + QUANTUM, LEASE + QUANTUM, 2 * LEASE)
+"""Targets of the app-clock skew rule: one worker's clock set this far from real time. As many
+below the bound as at or past it, and its edge on both sides."""
+
+COMMIT_FAULTS = ("commit-reply-lost", "commit-request-lost", "db-crash")
+"""What ``fault_commit`` draws from (a worker's death before COMMIT has its own rule)."""
 
 BRANCHES = ("a", "b")
 TERMINAL = model.TERMINAL
@@ -105,17 +109,30 @@ class BranchResetCheck(KindCheck):
         self.skews = 0
         self.db_jumped = False
         self.calm = 0  # operations since the last fault
+        self.faulted_for = 0  # operations since a link was faulted
         self.reply_lost: int | None = None  # the worker whose next operations-API answer is lost
+        self._reply_link = None  # the link carrying that fault during the call
 
     # Faults are kept sparse so that work flows: every fault rule (the generic ones included,
     # re-declared below with the extra precondition) waits for CALM operations since the last fault.
-    CALM = 3
+    CALM = 2
 
     def _calm(self) -> bool:
         return self.calm >= self.CALM
 
+    HEAL_AFTER = 6
+    """A faulted link heals by itself after this many operations (faults are transient), so an
+    example where Hypothesis switched the heal rule off still gets work done."""
+
     def apply(self, *args, **kwargs):
         self.calm += 1
+        faulted = [link for link in self.faulted_links() if link is not self._reply_link]
+        self.faulted_for = self.faulted_for + 1 if faulted else 0
+        if self.faulted_for > self.HEAL_AFTER:
+            self.faulted_for = 0
+            for link in faulted:
+                self._toxi(link.clear)
+                self.log(f"heal {link.name} (transient: after {self.HEAL_AFTER} operations)")
         return super().apply(*args, **kwargs)
 
     def fault(self, kind: str, line: str, calm: bool = True) -> None:
@@ -201,12 +218,13 @@ class BranchResetCheck(KindCheck):
             yield
             return
         self.reply_lost = None
-        link = self.workers[w].ops_link
+        link = self._reply_link = self.workers[w].ops_link
         toxic = Toxic("limit_data", "downstream", {"bytes": 0})
         self._toxi(lambda: link.add(toxic))
         try:
             yield
         finally:
+            self._reply_link = None
             self._toxi(lambda: link.remove(toxic))
 
     def _judge(self, label: str, got, run_id: str | None = None, writes=(), repeats=()) -> None:
@@ -235,12 +253,22 @@ class BranchResetCheck(KindCheck):
                  f">= L - M = {BOUND}s: the known deviation of an application-clock lease)")
 
     # -- operations -------------------------------------------------------------------------
-    @initialize()
-    def seed_work(self) -> None:
+    @initialize(skew=st.sampled_from((0,) + tuple(s for s in SKEWS if s)))
+    def seed_work(self, skew: int) -> None:
         """Every example starts with a reset requested on each branch, so work flows from the first
-        step. (One rule is one step for the invariants: a run takes at most one transition in it.)"""
+        step, and often with w0's application clock already skewed (both sides of the bound).
+        (One rule is one step for the invariants: a run takes at most one transition in it.)"""
+        if skew:
+            self.fault_app_clock_skew(0, skew)
         self.request(0, "a", "new")
         self.request(1, "b", "new")
+
+    @rule()
+    def idle(self) -> None:
+        """A moment in which no worker acts. Hypothesis orders rules by their number of arguments,
+        then by name, and shrinking moves each step towards the first valid rule: with this one
+        there, a step the shrinker cannot delete becomes a silent no-op instead of an unrelated
+        fault in the counterexample."""
 
     @precondition(lambda self: len(self.model.runs) < 8)
     @rule(w=st.integers(0, 1), branch=st.sampled_from(BRANCHES),
@@ -276,28 +304,41 @@ class BranchResetCheck(KindCheck):
         """Runs to act on: the preferred ones three times (so they are drawn more often), then every run."""
         return self._runs(*preferred) * 3 + self._runs()
 
-    def _past_queued(self) -> list[str]:
-        """What a poll or a cancel acts on: running runs (four times as often), then terminal ones
-        (fence refusals), then queued ones (the guard on running refuses them too)."""
-        return (self._runs(Status.RUNNING) * 4 + self._runs(*TERMINAL) + self._runs(Status.QUEUED)
-                if self._runs(Status.RUNNING, *TERMINAL) else [])
+    def _past_queued(self, running: int = 1) -> list[str]:
+        """What a poll or a cancel acts on: running runs (``running`` times as often), then terminal
+        ones (fence refusals), then queued ones (the guard on running refuses them too)."""
+        if not self._runs(Status.RUNNING, *TERMINAL):
+            return []
+        return self._runs(Status.RUNNING) * running + self._runs(*TERMINAL) + self._runs(Status.QUEUED)
+
+    def _ended(self) -> list[str]:
+        """Running runs whose operation ended at the API: polling one is the poll that makes progress."""
+        m = self.model
+        return [r for r in self._runs(Status.RUNNING)
+                if m.ops[m.runs[r].external_op_id].status is not ExternalStatus.IN_PROGRESS]
+
+    def _to_poll(self) -> list[str]:
+        """A poll acts on any run past queued, a running one more often, one whose operation ended
+        most often."""
+        return self._ended() * 4 + self._past_queued(running=4)
 
     def _next_work(self) -> list[tuple[str, str]]:
-        return ([("start", r) for r in self._runs(Status.QUEUED)]
-                + [("poll", r) for r in self._runs(Status.RUNNING)] * 2)
+        """A worker loop's next turn: start a queued run, or poll a running one."""
+        return ([("start", r) for r in self._runs(Status.QUEUED)] + [("poll", r) for r in self._runs(Status.RUNNING)]
+                + [("poll", r) for r in self._ended()] * 2)
 
     @precondition(lambda self: self._next_work())
     @rule(w=st.integers(0, 1), data=st.data())
-    def worker_step(self, w: int, data) -> None:
-        """A worker's loop, one turn: start a queued run or poll a running one. (The start and poll
-        rules below act on any run, lost races included; this keeps work flowing in examples
-        where Hypothesis switched those off.)"""
+    def worker_loop(self, w: int, data) -> None:
+        """One turn of a worker's loop: start a queued run or poll a running one. (The start and
+        poll rules act on any run, lost races included; this rule keeps work flowing.)"""
         op, run_id = data.draw(st.sampled_from(self._next_work()), label="work")
         (self._start if op == "start" else self._poll)(w, run_id)
 
     @precondition(lambda self: self.model.runs)
     @rule(w=st.integers(0, 1), data=st.data())
     def start(self, w: int, data) -> None:
+        """A worker takes a queued run: claims it and creates its external operation, once."""
         self._start(w, data.draw(st.sampled_from(self._pool(Status.QUEUED)), label="run"))
 
     def _start(self, w: int, run_id: str) -> None:
@@ -325,7 +366,8 @@ class BranchResetCheck(KindCheck):
     @precondition(lambda self: self._past_queued())
     @rule(w=st.integers(0, 1), data=st.data())
     def poll(self, w: int, data) -> None:
-        self._poll(w, data.draw(st.sampled_from(self._past_queued()), label="run"))
+        """A worker polls a run's operation: records what it saw, ends the run or extends the lease."""
+        self._poll(w, data.draw(st.sampled_from(self._to_poll()), label="run"))
 
     def _poll(self, w: int, run_id: str) -> None:
         run = self.model.runs[run_id]
@@ -384,10 +426,34 @@ class BranchResetCheck(KindCheck):
         if isinstance(got, LostRace) and run.status in TERMINAL:
             self.event("fence refusal")
 
+    def _fastest(self) -> int:
+        """The worker whose application clock is furthest ahead (w0 when they agree)."""
+        skews = [self._skew(w.name) for w in self.workers]
+        return skews.index(max(skews))
+
     @precondition(lambda self: self._runs(Status.RUNNING))
-    @rule(w=st.integers(0, 1))
-    def reap(self, w: int) -> None:
-        """The dbops-reaper job, run by a worker: its application clock judges every lease."""
+    @rule(who=st.sampled_from(["w0", "w1", "the fastest clock"]))
+    def reap(self, who: str) -> None:
+        """The dbops-reaper job, run by a worker: its application clock judges every lease. Often
+        the worker whose clock is furthest ahead, the case the skew bound is about: within the
+        bound it must spare every live run; past it, it may reap one (the known deviation)."""
+        self._reap(self._fastest() if who == "the fastest clock" else int(who[1:]))
+
+    def _ahead_of_live(self) -> int | None:
+        """The worker whose clock is furthest ahead of a live run's last poller's, if any is: the
+        state the skew bound speaks about."""
+        ahead = [(self._skew(w.name) - live[1], -w.index) for w in self.workers for r in self._runs(Status.RUNNING)
+                 if (live := self._live(r)) is not None and self._skew(w.name) > live[1]]
+        return -max(ahead)[1] if ahead else None
+
+    @precondition(lambda self: self._ahead_of_live() is not None)
+    @rule()
+    def reap_ahead_of_a_live_run(self) -> None:
+        """The reaper job runs on a worker whose clock is ahead of a live run's poller. Within the
+        bound it must spare the run; past it, it may reap it (the known deviation)."""
+        self._reap(self._ahead_of_live())
+
+    def _reap(self, w: int) -> None:
         worker = self.workers[w]
         live = {r: lv for r in self._runs(Status.RUNNING) if (lv := self._live(r)) is not None}
         got = self.apply(worker, f"reap(w{w})", lambda m: m.reap(worker.name), lambda c: self.stores[w].reap(c))
@@ -405,12 +471,21 @@ class BranchResetCheck(KindCheck):
         ops = self.model.ops
         running = {r.external_op_id for r in self.model.runs.values() if r.status is Status.RUNNING}
         live = sorted(i for i, op in ops.items() if op.status is ExternalStatus.IN_PROGRESS)
-        return [i for i in live if i in running] * 2 + live
+        return [i for i in live if i in running] * 4 + live
 
     @precondition(lambda self: self._in_progress())
-    @rule(data=st.data(), ok=st.booleans())
-    def finish_operation(self, data, ok: bool) -> None:
-        """The check decides: the external operation succeeds or fails, at the API."""
+    @rule(data=st.data())
+    def operation_succeeds(self, data) -> None:
+        """The check decides: an external operation succeeds at the API."""
+        self._finish(data, ok=True)
+
+    @precondition(lambda self: self._in_progress())
+    @rule(data=st.data())
+    def operation_fails(self, data) -> None:
+        """The check decides: an external operation fails at the API."""
+        self._finish(data, ok=False)
+
+    def _finish(self, data, ok: bool) -> None:
         op_id = data.draw(st.sampled_from(self._in_progress()), label="operation")
         for m in self.candidates:
             m.external_finish(op_id, ok)
@@ -418,21 +493,16 @@ class BranchResetCheck(KindCheck):
         self.log(f"operation {op_id} {'succeeds' if ok else 'fails'} at the API")
 
     @precondition(lambda self: self.clock_matters())
-    @rule(seconds=st.sampled_from([QUANTUM, 2 * QUANTUM]))
+    @rule(seconds=st.sampled_from([QUANTUM, 2 * QUANTUM, LEASE + QUANTUM]))
     def time_passes(self, seconds: int) -> None:
-        """Real time passes: every application clock moves."""
+        """Real time passes: every application clock moves. Past the lease, it is a stall: the
+        workers froze (a GC pause, a suspended VM) until every lease held lapsed, then resume."""
         for m in self.candidates:
             m.advance(seconds)
-        self.log(f"time passes {seconds}s")
-
-    @precondition(lambda self: self.clock_matters() and self._calm())
-    @rule()
-    def stall_past_lease(self) -> None:
-        """The workers stall (a GC pause, a frozen VM) until every lease held lapsed, then resume."""
-        seconds = self.lease + QUANTUM
-        for m in self.candidates:
-            m.advance(seconds)
-        self.fault("worker-stall", f"workers stall {seconds}s, past the lease")
+        if seconds > self.lease:
+            self.fault("worker-stall", f"workers stall {seconds}s, past the lease", calm=False)
+        else:
+            self.log(f"time passes {seconds}s")
 
     # -- faults ---------------------------------------------------------------------------------
     # The generic fault rules, with the calm precondition added (same names: these replace them).
@@ -445,11 +515,6 @@ class BranchResetCheck(KindCheck):
     @rule(w=st.integers(0, 7))
     def fault_link_down(self, w: int) -> None:
         KindCheck.fault_link_down(self, w)
-
-    @precondition(lambda self: self.env.can_crash and not self.crashed and self._calm())
-    @rule()
-    def fault_db_crash(self) -> None:
-        KindCheck.fault_db_crash(self)
 
     @precondition(lambda self: self.skews < 4)
     @rule(w=st.integers(0, 1), skew=st.sampled_from(SKEWS))
@@ -484,46 +549,73 @@ class BranchResetCheck(KindCheck):
         self.env.clock.jump(seconds)
         self.fault("db-clock-jump", f"db clock jump {seconds:+d}s (no branch-reset guard reads it: nothing moves)")
 
-    def _unarmed(self) -> list[int]:
-        return [w.index for w in self.workers if w.before_commit is None]
+    # Faults that meet a worker's own work take the worker, the kind and the work as arguments,
+    # and the worker takes its turn at once. Hypothesis orders rules by their number of arguments
+    # and shrinks each step towards the first valid rule: with three arguments these come after
+    # every operation, so shrinking never turns a plain start or poll into a faulted one.
+    def fault_db_crash(self) -> None:
+        """Not a rule here: a database crash is a kind of ``fault_commit`` (while a worker's
+        transaction is open), not the generic crash between steps."""
 
-    @precondition(lambda self: self._unarmed() and self._calm())
-    @rule(data=st.data())
-    def fault_worker_death(self, data) -> None:
-        """The worker dies just before its next COMMIT. A start's create has reached the API by then."""
-        self._arm(data, "worker-death")
+    def _can_fault_work(self) -> bool:
+        return bool(self._calm() and self._next_work())
 
-    @precondition(lambda self: self._unarmed() and self._calm())
-    @rule(data=st.data())
-    def fault_commit_reply_lost(self, data) -> None:
-        """The reply to the worker's next COMMIT is lost: the server committed, the worker cannot know."""
-        self._arm(data, "commit-reply-lost")
+    def _turn(self, data, w: int, op: str | None = None) -> None:
+        """The faulted worker takes its next turn at once, so the fault meets real work: ``op`` on a
+        run it applies to, when there is one, else whatever its loop does next."""
+        work = [(o, r) for o, r in self._next_work() if o == op] or self._next_work()
+        op, run_id = data.draw(st.sampled_from(work), label="work")
+        (self._start if op == "start" else self._poll)(w, run_id)
 
-    @precondition(lambda self: self._unarmed() and self._calm())
-    @rule(data=st.data())
-    def fault_commit_request_lost(self, data) -> None:
-        """The worker's next COMMIT never reaches the server: nothing committed, the worker cannot know."""
-        self._arm(data, "commit-request-lost")
+    @precondition(lambda self: all(w.before_commit is None for w in self.workers) and self._can_fault_work())
+    @rule(w=st.integers(0, 1), op=st.sampled_from(["start", "poll"]), data=st.data())
+    def fault_worker_death(self, w: int, op: str, data) -> None:
+        """A worker dies just before the COMMIT of its very next start (the create has reached the
+        API by then) or poll (the status read has). Its connection goes without a goodbye."""
+        self.arm_commit_fault(self.workers[w], "worker-death")
+        self.fault("worker-death", f"worker-death armed on w{w}'s next COMMIT")
+        self._turn(data, w, op)
 
-    def _arm(self, data, kind: str) -> None:
-        w = data.draw(st.sampled_from(self._unarmed()), label="worker")
-        self.arm_commit_fault(self.workers[w], kind)
-        self.fault(kind, f"{kind} armed on w{w}'s next COMMIT")
+    @precondition(lambda self: all(w.before_commit is None for w in self.workers) and self._can_fault_work())
+    @rule(w=st.integers(0, 1), kind=st.sampled_from(COMMIT_FAULTS), data=st.data())
+    def fault_commit(self, w: int, kind: str, data) -> None:
+        """A worker's COMMIT meets a fault, in its very next turn: its reply is lost (the server
+        committed), its request is lost (the server did not), or the database server crashes
+        (SIGKILL of the postmaster) with the transaction open and restarts on the same data. The
+        worker cannot know whether it committed. One crash per example (a restart costs a tenth
+        of a second): after it, that kind is a lost COMMIT request, the same thing to the worker."""
+        if kind == "db-crash" and (self.crashed or not self.env.can_crash):
+            kind = "commit-request-lost"
+        if kind == "db-crash":
+            self.crashed = True
 
-    @precondition(lambda self: self.reply_lost is None and self._calm())
-    @rule(w=st.integers(0, 1))
-    def fault_opsapi_reply_lost(self, w: int) -> None:
-        """The operations API acts on this worker's next request (a create or a status read), and
-        its answer never reaches the worker."""
-        self.reply_lost = w
-        self.fault("stand-in-reply-lost", f"operations-API answer lost armed on w{w}'s next call")
+            def crash(conn) -> None:
+                try:
+                    self.env.crash_and_restart()
+                except ClusterError as e:
+                    raise EnvironmentFault(f"PostgreSQL did not come back after an injected crash: {e}") from None
 
-    @precondition(lambda self: self.ops.pending_failures == 0 and self._calm())
-    @rule(n=st.integers(1, 2))
-    def fault_opsapi_unavailable(self, n: int) -> None:
-        """The operations API answers the next ``n`` requests 503 and does not act on them."""
-        self.ops.fail_next(n)
-        self.fault("stand-in-503", f"operations API answers the next {n} request(s) 503")
+            self.workers[w].arm(crash)
+            self.fault("db-crash", f"database crash (SIGKILL of the postmaster) and restart at w{w}'s next COMMIT")
+        else:
+            self.arm_commit_fault(self.workers[w], kind)
+            self.fault(kind, f"{kind} armed on w{w}'s next COMMIT")
+        self._turn(data, w)
+
+    @precondition(lambda self: self.reply_lost is None and self.ops.pending_failures == 0 and self._can_fault_work())
+    @rule(w=st.integers(0, 1), kind=st.sampled_from(["reply lost", "503", "503 twice"]), data=st.data())
+    def fault_opsapi(self, w: int, kind: str, data) -> None:
+        """The operations API misbehaves in the worker's very next turn: it acts on the request and
+        the answer never reaches the worker (reply lost), or it answers 503 without acting, to
+        the next request or the next two (whoever makes them)."""
+        if kind == "reply lost":
+            self.reply_lost = w
+            self.fault("stand-in-reply-lost", f"operations-API answer lost armed on w{w}'s next call")
+        else:
+            n = 2 if kind == "503 twice" else 1
+            self.ops.fail_next(n)
+            self.fault("stand-in-503", f"operations API answers the next {n} request(s) 503")
+        self._turn(data, w)
 
 
 # ---------------------------------------------------------------------------------------

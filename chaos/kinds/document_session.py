@@ -30,9 +30,11 @@ the server to give the same answers. A request whose answer never arrived may or
 been applied by the server: the model then keeps both possible worlds and the next observation
 decides (the check logs which). After every step the real world — rows, draft files, sessions —
 is projected and must equal the model's, and the seven invariants of the model
-(:func:`knownstate.model.document.check_invariants`) are evaluated on the *real* world, plus the
-HTTP contract's idempotent-retry rule. When the implementation disagrees with the model the
-invariants are evaluated first, so a failure names the invariant it broke when it broke one.
+(:func:`knownstate.model.document.check_invariants`) are evaluated on the *real* world, plus two
+the check states itself (:data:`CHECK_INVARIANTS`: a retry is answered from its receipt, an
+applied read never goes back to an older version). When the implementation disagrees with the
+model the invariants are evaluated first, so a failure names the invariant it broke when it broke
+one; otherwise it shows the difference.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import enum
 import itertools
+import json
+import os
 import shutil
 import tempfile
 from collections import Counter
@@ -50,7 +53,7 @@ from typing import Any, Callable
 
 import psycopg
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 from knownstate.impl.documents import server as server_impl
 from knownstate.impl.documents.drafts import DraftStore
@@ -61,6 +64,7 @@ from knownstate.model.document import (
     TABLE,
     CloseResult,
     CopyRequest,
+    INVARIANTS as SESSION_INVARIANTS,
     Created,
     DocumentModel,
     DraftView,
@@ -75,8 +79,8 @@ from knownstate.model.document import (
     UnsavedWork,
     VersionConflict,
     Violation,
+    TabModel,
     World,
-    canonical,
     check_invariants,
     prefer_local,
     prefer_stored,
@@ -91,13 +95,19 @@ SCHEMA = {"attributes": {"title": "text", "qty": "number", "done": "bool"}}
 INITIAL = {"title": "first", "qty": 0}
 SLOTS = {"a1": "alice", "a2": "alice", "b1": "bob"}  # tab slot -> user; every tab edits DOC
 DEBOUNCE = 1.0
-NETS = ("ok",) * 6 + ("offline", "answer lost")
+NETS = ("ok",) * 6 + ("offline", "answer lost")                      # for a step that reads
+NETS_WRITE = ("ok",) * 3 + ("offline", "answer lost", "answer lost")  # for a step that may write
+NETS_COPY = ("ok", "ok", "offline", "answer lost")                    # for a conflict's resolution
 FAULT_STEPS = 4  # a link fault heals by itself after this many operations (faults stay sparse, work flows)
 SERVER_APP = "ks-document-server"
 
-INVARIANT_NAMES = ("save-carries-base-version", "unsaved-work-in-one-place", "conflict-resolved-by-user",
-                   "close-flushes-never-drops", "no-edit-lost-silently", "no-stale-save-accepted",
-                   "no-last-write-wins", "retry-answered-from-receipt")
+CHECK_INVARIANTS = {
+    "retry-answered-from-receipt": "A save that is its writer's last applied one (same seq, same request) is "
+                                   "answered with its original success, never a conflict against itself.",
+    "no-stale-read-applied": "A read a tab applies never takes its copy back to a version older than its base.",
+}
+"""Judged on the real world besides the model's seven invariants (``SESSION_INVARIANTS``): the HTTP
+contract's idempotent retry, and the stale-read guard. Each is what a mutant of the catalogue breaks."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -122,24 +132,18 @@ def outcome(fn: Callable[[], Any]) -> Any:
         return Raised(type(e).__name__)
 
 
-def canon(x: Any) -> Any:
-    """A strict, hashable form: ``True`` is not ``1``, ``1`` is not ``1.0``, dict order does not count."""
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return (type(x).__name__,) + tuple(canon(getattr(x, f.name)) for f in dataclasses.fields(x))
-    if isinstance(x, dict):
-        return ("{}",) + tuple(sorted((str(k), canon(v)) for k, v in x.items()))
-    if isinstance(x, (list, tuple, set, frozenset)):
-        items = [canon(v) for v in x]
-        return ("[]",) + tuple(sorted(items, key=repr) if isinstance(x, (set, frozenset)) else items)
-    if isinstance(x, enum.Enum):
-        return x.value
-    if isinstance(x, bool):
-        return ("bool", x)
-    if isinstance(x, int):
-        return ("int", x)
-    if isinstance(x, float):
-        return ("float", x)
-    return x
+def _encode(o: Any) -> Any:
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return [type(o).__name__, *(getattr(o, f.name) for f in dataclasses.fields(o))]
+    if isinstance(o, (set, frozenset)):
+        return sorted(o, key=repr)
+    raise TypeError(f"cannot compare a {type(o).__name__}")
+
+
+def canon(x: Any) -> str:
+    """A strict canonical form (JSON): ``true`` is not ``1``, ``1`` is not ``1.0``, and dict order
+    does not count."""
+    return json.dumps(x, sort_keys=True, separators=(",", ":"), default=_encode)
 
 
 def show(x: Any) -> str:
@@ -204,6 +208,7 @@ class CheckedModel(DocumentModel):
         self.retired_counters: Counter = Counter()
         self.lost_landed = 0
         self.lost_not_landed = 0
+        self.fates: list[str] = []  # what became of each lost request in the last step, in this world
 
     def _retire(self, tab: str) -> None:
         t = self.tabs.get(tab)
@@ -339,15 +344,28 @@ class RealSide:
 # ---------------------------------------------------------------------------------------
 
 
+class _Observer(DocumentStore):
+    """The reference store on the check's own kept-open, unfaulted connection: seeds each example,
+    plays the server-side writer, and reads the rows for the projection."""
+
+    def __init__(self, env, dbname: str):
+        super().__init__(env.db.dsn(dbname))
+        self.env, self.dbname = env, dbname
+
+    def _connect(self):
+        return contextlib.nullcontext(self.env.admin(self.dbname))
+
+
 class Wire:
     """A tab's transport: real HTTP through the tab's own Toxiproxy link, every exchange recorded."""
 
-    def __init__(self, plant: "Plant", http: HttpTransport):
-        self.plant, self.http = plant, http
+    def __init__(self, plant: "Plant", slot: str, http: HttpTransport):
+        self.plant, self.slot, self.http = plant, slot, http
 
     def send(self, request):
         answer = self.http.send(request)
         self.plant.exchanges.append((request, answer))
+        self.plant.slots.append(self.slot)
         return answer
 
 
@@ -357,7 +375,8 @@ class Plant:
 
     def __init__(self, env, dbname: str):
         self.env, self.dbname = env, dbname
-        self.exchanges: list[tuple[Any, Any]] = []
+        self.exchanges: list[tuple[Any, Any]] = []  # (request, answer) in the order they happened
+        self.slots: list[str] = []                   # the tab slot that made each exchange
 
     def start(self) -> "Plant":
         env = self.env
@@ -368,8 +387,10 @@ class Plant:
         self.links = {slot: env.api.link(f"document-session-{slot}", "127.0.0.1", self.server.port) for slot in SLOTS}
         self.http = {slot: HttpTransport(f"http://127.0.0.1:{link.port}", timeout=5)
                      for slot, link in self.links.items()}
-        self.wires = {slot: Wire(self, h) for slot, h in self.http.items()}
-        self.draft_dir = tempfile.mkdtemp(prefix="knownstate-drafts-")
+        self.wires = {slot: Wire(self, slot, h) for slot, h in self.http.items()}
+        # on tmpfs when there is one: the store fsyncs every write, and the check writes many
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        self.draft_dir = tempfile.mkdtemp(prefix="knownstate-drafts-", dir=shm)
         return self
 
     def stop(self) -> None:
@@ -395,7 +416,7 @@ def tab_inner(t) -> dict:
             "unconfirmed": t.unconfirmed, "unconfirmed_copy": t.unconfirmed_copy, "next_seq": t.next_seq,
             "draft_generation": t.draft_generation, "saved_generation": t.saved_generation,
             "due_at": t.due_at, "read_seq": t.read_seq, "applied_read_seq": t.applied_read_seq,
-            "pending_deletes": sorted(getattr(t, "pending_deletes", None) or getattr(t, "_pending_deletes", set()))}
+            "pending_deletes": sorted(t.pending_deletes if isinstance(t, TabModel) else t._pending_deletes)}
 
 
 @dataclass(eq=False)
@@ -474,7 +495,7 @@ class DocumentSessionCheck(KindCheck):
         plant = self.env.stand_in("document-session", lambda: Plant(self.env, self.dbname))
         self.plant = plant
         plant.server.app.state.store = self.store_class(plant.server_dsn, connect_timeout=2, queries=self.queries)
-        self.observer = DocumentStore(self.env.db.dsn(self.dbname))
+        self.observer = _Observer(self.env, self.dbname)
         self.observer.seed(DOC, "record", SCHEMA, INITIAL, "alice", {"bob": True})
         self.links = plant.links
         self.wires = plant.wires
@@ -505,7 +526,7 @@ class DocumentSessionCheck(KindCheck):
         if self.plant.db_link.toxics or not self.plant.db_link.enabled:
             # a statement the server sent before its connection was cut may still be running
             self.env.settle(self.dbname, SERVER_APP)
-        docs = self.observer.documents(self.env.admin(self.dbname))
+        docs = self.observer.documents()
         drafts = {k: self.drafts.read(k) for k in self.drafts.keys()}
         drafts = {k: r for k, r in drafts.items() if r is not None}
         views = {k: DraftView.from_record(k, r) for k, r in drafts.items()}
@@ -538,12 +559,12 @@ class DocumentSessionCheck(KindCheck):
             self.fault_age = 0
 
     # The base's link faults, with one more condition: a few operations of calm between two faults.
-    @precondition(lambda self: not self.faulted_links() and self.calm())
+    @precondition(lambda self: self._may_fault_link() and self.calm())
     @rule(w=st.integers(0, 7), toxic=toxics())
     def fault_toxic(self, w: int, toxic: Toxic) -> None:
         KindCheck.fault_toxic(self, w, toxic)
 
-    @precondition(lambda self: not self.faulted_links() and self.calm())
+    @precondition(lambda self: self._may_fault_link() and self.calm())
     @rule(w=st.integers(0, 7))
     def fault_link_down(self, w: int) -> None:
         KindCheck.fault_link_down(self, w)
@@ -569,12 +590,14 @@ class DocumentSessionCheck(KindCheck):
         self.stats.steps += 1
         plant = self.plant
         plant.exchanges.clear()
+        plant.slots.clear()
         with self._net(*net) if net else contextlib.nullcontext("") as tag:
             real = outcome(lambda: script(RealSide(self)))
         exchanges = list(plant.exchanges)
-        plant.exchanges.clear()
         self.sent += [r for r, _ in exchanges if isinstance(r, SaveRequest)]
-        self.answered += exchanges
+        self.answered += [(slot, r, a) for slot, (r, a) in zip(plant.slots, exchanges)]
+        plant.exchanges.clear()
+        plant.slots.clear()
         wire = "; ".join(f"{show_request(r)} -> {show(a)}" for r, a in exchanges)
         self.log(f"{label}{tag}{': ' + wire if wire else ''} => {show(real)}")
         self._age_faults()
@@ -583,6 +606,7 @@ class DocumentSessionCheck(KindCheck):
         for base in self.candidates:
             for fates in itertools.product((False, True), repeat=len(unknown)):
                 m = copy.deepcopy(base)
+                m.fates = []
                 try:
                     got = self._replay(m, script, exchanges, dict(zip(unknown, fates)))
                 except Redundant:
@@ -633,6 +657,7 @@ class DocumentSessionCheck(KindCheck):
                     m.lost_landed += 1
                 else:
                     m.lost_not_landed += 1
+                m.fates.append(f"{show_request(req)} {'landed' if landed.get(i) else 'left nothing stored'}")
                 return rans
             exp = m.deliver(req)
             if not follow and canon(exp) != canon(rans):
@@ -688,10 +713,8 @@ class DocumentSessionCheck(KindCheck):
                                        + "\n(" + why + ")")
             raise _record_mismatch(self, why)
         chosen = matching[0]
-        if len(self.candidates) > 1 and all(x.lost_landed == chosen.lost_landed for x in matching):
-            before = self.model.lost_landed if hasattr(self, "model") else 0
-            self.log("  (observed: the request whose answer was lost "
-                     + ("landed)" if chosen.lost_landed > before else "did not land)"))
+        if len(self.candidates) > 1 and all(x.fates == chosen.fates for x in matching):
+            self.log(f"  (observed: {'; '.join(chosen.fates)})")
         self.candidates = [chosen]
         self.model = chosen
         for t in chosen.drain():
@@ -707,8 +730,30 @@ class DocumentSessionCheck(KindCheck):
     def _violations(self, real: Seen, m: CheckedModel) -> list[Violation]:
         out = check_invariants(real.world, m.ledger(), expected=m.world(), sent=self.sent)
         out += self._retry_against_itself(real)
+        out += self._read_went_back(real)
         self.sent, self.answered = [], []
-        self.stats.invariants_checked += len(INVARIANT_NAMES)
+        self.stats.invariants_checked += len(SESSION_INVARIANTS) + len(CHECK_INVARIANTS)
+        return out
+
+    def _read_went_back(self, real: Seen) -> list[Violation]:
+        """A tab that applied a read in this step (and adopted nothing) ends it with a base no older
+        than it had before, and no older than any copy of the document it was sent in the step."""
+        out, before = [], getattr(self, "bases", {})
+        self.bases = {slot: (t.writer_id, len(t.transitions), t.base_version) for slot, t in real.world.tabs.items()}
+        for slot, t in real.world.tabs.items():
+            prev = before.get(slot)
+            if prev is None or prev[0] != t.writer_id or len(t.transitions) < prev[1]:
+                continue
+            events = {e for _, e, _ in t.transitions[prev[1]:]}
+            if not events & {"reloaded", "discard_reloaded"} or "adopt" in events:
+                continue
+            seen = [a.value.version for s, r, a in self.answered
+                    if s == slot and isinstance(r, ReadRequest) and r.purpose != "load"
+                    and isinstance(a, Won) and isinstance(a.value, Snapshot)]
+            newest = max([prev[2], *seen])
+            if t.base_version < newest:
+                out.append(Violation("no-stale-read-applied", f"tab {slot} applied a read of v{t.base_version} "
+                                                              f"after it had v{newest}"))
         return out
 
     def _retry_against_itself(self, real: Seen) -> list[Violation]:
@@ -716,7 +761,7 @@ class DocumentSessionCheck(KindCheck):
         writer, seq and request fingerprint as the server's receipt) is answered with that success,
         never with a conflict against itself."""
         out = []
-        for req, answer in self.answered:
+        for _, req, answer in self.answered:
             if not (isinstance(req, SaveRequest) and isinstance(answer, VersionConflict)):
                 continue
             rows = self.env.query(self.dbname, "SELECT save_seq, fingerprint, version FROM document_saves "
@@ -765,12 +810,6 @@ class DocumentSessionCheck(KindCheck):
 
         self._run(f"open {slot} ({user}, writer {writer}{'' if fresh else ', again'})", script, (slot, net))
 
-    @initialize()
-    def open_two_tabs(self) -> None:
-        """Every example starts with alice and bob each looking at the document, so work flows."""
-        self._open("a1", True)
-        self._open("b1", True)
-
     @precondition(lambda self: self._free_slots())
     @rule(data=st.data(), fresh=st.booleans(), net=st.sampled_from(NETS))
     def open(self, data, fresh: bool, net: str) -> None:
@@ -779,9 +818,13 @@ class DocumentSessionCheck(KindCheck):
         self._open(self._pick(data, self._free_slots()), fresh, net)
 
     @precondition(lambda self: self._slots(State.LOADING))
-    @rule(data=st.data(), net=st.sampled_from(NETS))
-    def load(self, data, net: str) -> None:
+    @rule(data=st.data(), give_up=st.sampled_from([False, False, True]), net=st.sampled_from(NETS))
+    def load(self, data, give_up: bool, net: str) -> None:
+        """A tab whose first read failed tries again, or the user closes it while it is still loading."""
         slot = self._pick(data, self._slots(State.LOADING))
+        if give_up:
+            self._run(f"close {slot} while it is still loading", lambda side: side.tab(slot).close())
+            return
 
         def script(side):
             t = side.tab(slot)
@@ -796,7 +839,7 @@ class DocumentSessionCheck(KindCheck):
 
     @precondition(lambda self: self._slots(*self.EDITABLE))
     @rule(data=st.data(), attr=st.sampled_from(["title", "qty", "done", "clear"]),
-          then=st.sampled_from(["", "", "tick"]), net=st.sampled_from(NETS))
+          then=st.sampled_from(["", "", "tick"]), net=st.sampled_from(NETS_WRITE))
     def edit(self, data, attr: str, then: str, net: str) -> None:
         """The user types (and, with ``then=tick``, waits: the debounce fires and the tab saves)."""
         slot = self._pick(data, self._slots(*self.EDITABLE))
@@ -815,7 +858,7 @@ class DocumentSessionCheck(KindCheck):
                   (slot, net) if then else None)
 
     @precondition(lambda self: self._slots(*self.PENDING))
-    @rule(data=st.data(), advance=st.sampled_from([1.0, 1.0, 0.5]), net=st.sampled_from(NETS))
+    @rule(data=st.data(), advance=st.sampled_from([1.0, 1.0, 0.5]), net=st.sampled_from(NETS_WRITE))
     def tick(self, data, advance: float, net: str) -> None:
         """Time passes; the tab saves when its debounce is due (or at once, to retry a failed save)."""
         slot = self._pick(data, self._slots(*self.PENDING))
@@ -824,7 +867,7 @@ class DocumentSessionCheck(KindCheck):
         self._run(f"tick {slot} +{advance}s", lambda side: side.tab(slot).tick(now), (slot, net))
 
     @precondition(lambda self: self._slots(*self.PENDING))
-    @rule(data=st.data(), attr=st.sampled_from(["title", "qty", "done"]), net=st.sampled_from(NETS))
+    @rule(data=st.data(), attr=st.sampled_from(["title", "qty", "done"]), net=st.sampled_from(NETS_WRITE))
     def edit_during_save(self, data, attr: str, net: str) -> None:
         """The user types while a save is in flight: the edit stays pending, whatever the answer."""
         slot = self._pick(data, self._slots(*self.PENDING))
@@ -840,7 +883,7 @@ class DocumentSessionCheck(KindCheck):
         self._run(f"save {slot}, and edit {_fmt_patch(patch)} while it is in flight", script, (slot, net))
 
     @precondition(lambda self: self._slots(*self.PENDING))
-    @rule(data=st.data(), reload=st.booleans(), net=st.sampled_from(("ok", "ok", "offline", "answer lost")))
+    @rule(data=st.data(), reload=st.booleans(), net=st.sampled_from(NETS))
     def discard(self, data, reload: bool, net: str) -> None:
         """The user throws the local edits away: ``discard()``, or ``discard_and_reload()``, which
         fetches first and replaces the local state only once the fetch succeeded."""
@@ -861,8 +904,9 @@ class DocumentSessionCheck(KindCheck):
 
     # -- reads ---------------------------------------------------------------------------------------------
     @precondition(lambda self: self._slots(*self.EDITABLE))
-    @rule(data=st.data(), race=st.sampled_from(["none", "newer read first", "local edit", "save"]))
-    def read(self, data, race: str) -> None:
+    @rule(data=st.data(), race=st.sampled_from(["none", "newer read first", "local edit", "save"]),
+          replace=st.booleans())
+    def read(self, data, race: str, replace: bool) -> None:
         """A read (reload when clean, discard-and-reload otherwise), possibly answered late: after a
         newer read was applied, after a local edit, or after a save moved the base. The guard drops
         a late answer."""
@@ -873,7 +917,7 @@ class DocumentSessionCheck(KindCheck):
         slots = {"none": self._slots(State.CLEAN), "newer read first": self._slots(State.CLEAN),
                  "save": self._slots(*self.PENDING)}.get(race, self._slots(*self.EDITABLE))
         slot = self._pick(data, slots)
-        purpose = "refresh" if self._state(slot) is State.CLEAN else "replace"
+        purpose = "refresh" if self._state(slot) is State.CLEAN and not (replace and race == "none") else "replace"
         patch = self._patch(slot, "title") if race == "local edit" else None
         server_patch = {"done": self.edits % 2 == 1}
         now = self.clock
@@ -902,7 +946,7 @@ class DocumentSessionCheck(KindCheck):
     @rule(data=st.data(), how=st.sampled_from(["rebase, a clash keeps the local value",
                                                "rebase, a clash keeps the stored value", "keep a copy",
                                                "keep a copy", "discard", "discard and reload"]),
-          net=st.sampled_from(NETS))
+          net=st.sampled_from(NETS_COPY))
     def resolve(self, data, how: str, net: str) -> None:
         """The user resolves the conflict: rebase (records merge by attribute id), keep the local copy
         as a new document (this one takes the stored copy), discard, or discard and reload."""
@@ -944,7 +988,7 @@ class DocumentSessionCheck(KindCheck):
     @precondition(lambda self: self._slots(*self.CLOSABLE))
     @rule(data=st.data(), how=st.sampled_from(["close", "close", "killed", "killed mid-save, before the request",
                                                "killed mid-save, after the request"]),
-          net=st.sampled_from(NETS))
+          net=st.sampled_from(NETS_WRITE))
     def close(self, data, how: str, net: str) -> None:
         """The tab is closed (it flushes; work the server did not take is parked in the writer's
         draft), or it dies — possibly mid-save: its memory is gone, the draft store stays."""
@@ -966,6 +1010,13 @@ class DocumentSessionCheck(KindCheck):
             return None
 
         self._run(f"tab {slot} {how}", script, (slot, net) if how.endswith("after the request") else None)
+
+    # Drawn twice as often as the other rules (Hypothesis draws a rule uniformly among the enabled
+    # ones; a rule listed under two names counts twice): they keep work flowing towards saves,
+    # conflicts and their resolutions, which the vacuity rule requires.
+    edit_more = edit
+    tick_more = tick
+    resolve_more = resolve
 
     # -- the rest of the world ----------------------------------------------------------------------------------
     @precondition(lambda self: self._slots(State.DIRTY, State.OFFLINE, State.CONFLICT))
@@ -994,3 +1045,141 @@ class DocumentSessionCheck(KindCheck):
 
 def _fmt_patch(patch: dict) -> str:
     return ", ".join(f"{k}={'(cleared)' if v is None else repr(v)}" for k, v in patch.items())
+
+
+# ---------------------------------------------------------------------------------------
+# Mutants: realistic bugs, each caught by this check (see `knownstate mutants document-session`).
+# Each is applied by subclassing the check with a replaced session, draft store or SQL; the
+# reference implementation is never changed.
+# ---------------------------------------------------------------------------------------
+
+from ..mutants import Mutant, sql_edit, with_attrs  # noqa: E402
+
+_Q = server_impl.Q
+
+
+class _SuccessWipesPendingEdit(Session):
+    """The save's answer handler takes the saved snapshot as the local copy: an edit typed while
+    the save was in flight is wiped (the autosave bug of the seed)."""
+
+    def finish_save(self, req, answer):
+        if isinstance(answer, Won) and req == self.inflight:
+            self.local = dict(req.content)
+        return super().finish_save(req, answer)
+
+
+class _DraftSlotWithoutWriter(DraftStore):
+    """The draft key leaves out the writer id: every tab of a user shares one slot per document."""
+
+    def key(self, kind, user, file_id, writer_id):
+        return f"knownstate:{kind}-draft:{user}:{file_id}"
+
+
+class _ReadGuard(Session):
+    """The reference's stale-read guard with some of its checks left out (see the subclasses)."""
+
+    check_order = True       # the read sequence, and "the base moved since the read started"
+    check_generation = True  # "a local edit happened since the read started"
+
+    def finish_read(self, req, answer):
+        if req.purpose == "load" or not (isinstance(answer, Won) and isinstance(answer.value, Snapshot)):
+            return super().finish_read(req, answer)
+        snap, reason = answer.value, None
+        event = "reloaded" if req.purpose == "refresh" else "discard_reloaded"
+        if self.check_order and req.read_seq <= self.applied_read_seq:
+            reason = "out_of_order"
+        elif self.check_generation and req.generation != self.generation:
+            reason = "raced_local_edit"
+        elif self.inflight is not None or (self.check_order and req.base_version != self.base_version):
+            reason = "raced_save"
+        elif self.check_order and snap.version < self.base_version:
+            reason = "older_than_base"
+        elif (self.state.value, event) not in {(t.source, t.event) for t in TABLE.transitions}:
+            reason = f"state_changed_to_{self.state.value}"
+        if reason is not None:
+            self._count("stale_reads_dropped")
+            return Dropped(reason)
+        self.applied_read_seq = max(self.applied_read_seq, req.read_seq)
+        self.local, self.base_content, self.base_version = dict(snap.content), dict(snap.content), snap.version
+        if req.purpose == "replace":
+            self.unconfirmed = self.conflict = self.due_at = None
+            self._delete_draft()
+            self._count("discarded")
+        self._go(event)
+        return Won(self.state.value)
+
+
+class _ReadGuardWithoutOrder(_ReadGuard):
+    """The guard checks only the edit generation: a read answered late, after a newer one, is applied."""
+
+    check_order = False
+
+
+class _ReadGuardWithoutGeneration(_ReadGuard):
+    """The guard has no edit generation: a discard-and-reload answered after an edit wipes the edit."""
+
+    check_generation = False
+
+
+class _ReloadClearsFirst(Session):
+    """discard_and_reload() clears the local copy and its draft first, then fetches."""
+
+    def begin_read(self, purpose="refresh"):
+        req = super().begin_read(purpose)
+        if purpose == "replace":
+            self.local, self.unconfirmed = dict(self.base_content), None
+            self._delete_draft()
+        return req
+
+
+class _AutoRebase(Session):
+    """A conflict is resolved on the spot by merging, local values winning: no user involved."""
+
+    def finish_save(self, req, answer):
+        out = super().finish_save(req, answer)
+        if isinstance(answer, VersionConflict) and self.k.can_merge:
+            self.rebase(prefer_local)
+        return out
+
+
+class _CloseDropsPending(Session):
+    """close() cancels the debounce timer: an edit not sent yet is dropped instead of flushed."""
+
+    def close(self, max_failures: int = 2):
+        if self.state is State.DIRTY:
+            self.local, self.due_at = dict(self.base_content), None
+            self._delete_draft()
+            self._go("discard")
+        return super().close(max_failures)
+
+
+MUTANTS = [
+    Mutant("server-ignores-base-version", "document-session", "no-stale-save-accepted",
+           "the save's UPDATE does not match the base version: a stale save overwrites",
+           with_attrs(queries=sql_edit(_Q, "save", "AND d.version = %(expected)s\n      AND EXISTS", "AND EXISTS"))),
+    Mutant("success-wipes-pending-edit", "document-session", "no-edit-lost-silently",
+           "a successful save's answer replaces the local copy: an edit typed during the save is gone",
+           with_attrs(session_class=_SuccessWipesPendingEdit)),
+    Mutant("draft-key-without-writer", "document-session", "unsaved-work-in-one-place",
+           "the draft slot is keyed by user and document only: tabs overwrite each other's drafts",
+           with_attrs(drafts_class=_DraftSlotWithoutWriter)),
+    Mutant("stale-read-applied", "document-session", "no-stale-read-applied",
+           "the read guard has no read sequence: a read answered after a newer one is applied",
+           with_attrs(session_class=_ReadGuardWithoutOrder)),
+    Mutant("read-that-raced-an-edit-applied", "document-session", "no-edit-lost-silently",
+           "the read guard has no edit generation: a reload answered after an edit wipes the edit",
+           with_attrs(session_class=_ReadGuardWithoutGeneration)),
+    Mutant("reload-clears-before-fetch", "document-session", "no-edit-lost-silently",
+           "discard_and_reload() drops the local copy and draft before the fetch succeeded",
+           with_attrs(session_class=_ReloadClearsFirst)),
+    Mutant("automatic-rebase-on-conflict", "document-session", "no-last-write-wins",
+           "a version conflict is merged and resaved at once, local values winning",
+           with_attrs(session_class=_AutoRebase)),
+    Mutant("close-drops-pending-edit", "document-session", "close-flushes-never-drops",
+           "close() cancels the pending debounced save instead of flushing it",
+           with_attrs(session_class=_CloseDropsPending)),
+    Mutant("retry-conflicts-with-itself", "document-session", "retry-answered-from-receipt",
+           "the server keeps no save receipts: a retry whose first answer was lost gets a 409",
+           with_attrs(queries=sql_edit(_Q, "receipt", "WHERE document_id = %(id)s AND writer_id = %(writer)s",
+                                       "WHERE false"))),
+]

@@ -28,6 +28,7 @@ layer only maps outcomes to status codes.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -84,9 +85,12 @@ def schema_sql() -> str:
 
 
 class DocumentStore:
-    def __init__(self, dsn: str, *, connect_timeout: float = 3.0):
+    """``queries`` replaces the named SQL (the mutant catalogue swaps single queries)."""
+
+    def __init__(self, dsn: str, *, connect_timeout: float = 3.0, queries: Mapping[str, str] | None = None):
         self.dsn = dsn
         self.connect_timeout = connect_timeout
+        self.q = dict(queries) if queries is not None else Q
 
     def _connect(self) -> psycopg.Connection:
         return psycopg.connect(self.dsn, autocommit=True, connect_timeout=max(1, round(self.connect_timeout)))
@@ -102,38 +106,39 @@ class DocumentStore:
         schema = k.validate_schema(schema)
         k.validate_content(schema, content)
         with boundary("seed document"), self._connect() as conn, conn.transaction():
-            conn.execute(Q["seed"], {"id": doc_id, "kind": kind, "schema": Jsonb(schema),
+            conn.execute(self.q["seed"], {"id": doc_id, "kind": kind, "schema": Jsonb(schema),
                                      "content": Jsonb(dict(content)), "owner": owner})
             for user, can_write in {owner: True, **dict(share or {})}.items():
-                conn.execute(Q["grant"], {"id": doc_id, "user": user, "can_write": can_write})
+                conn.execute(self.q["grant"], {"id": doc_id, "user": user, "can_write": can_write})
 
     def grant(self, doc_id: str, user: str, can_write: bool) -> None:
         with boundary("grant"), self._connect() as conn:
-            conn.execute(Q["grant"], {"id": doc_id, "user": user, "can_write": can_write})
+            conn.execute(self.q["grant"], {"id": doc_id, "user": user, "can_write": can_write})
 
     def revoke(self, doc_id: str, user: str) -> None:
         with boundary("revoke"), self._connect() as conn:
-            conn.execute(Q["revoke"], {"id": doc_id, "user": user})
+            conn.execute(self.q["revoke"], {"id": doc_id, "user": user})
 
     def server_write(self, doc_id: str, patch: Mapping) -> Won | Rejected:
         """The server-side writer (the seed's "AI write"): patch a document at any time; ``None``
         clears an id. One statement; the version goes up like for any write."""
         with boundary("server write"), self._connect() as conn:
-            row = conn.execute(Q["kind_schema"], {"id": doc_id}).fetchone()
+            row = conn.execute(self.q["kind_schema"], {"id": doc_id}).fetchone()
             if row is None:
                 return NOT_FOUND
             try:
                 kind_of(row[0]).validate_patch(row[1], patch)
             except KindError as e:
                 return Rejected(f"invalid: {e}")
-            out = conn.execute(Q["server_write"], {"id": doc_id, "patch": Jsonb(dict(patch))}).fetchone()
+            out = conn.execute(self.q["server_write"], {"id": doc_id, "patch": Jsonb(dict(patch))}).fetchone()
         return Won(Saved(out[0])) if out else NOT_FOUND
 
-    def documents(self) -> dict[str, DocView]:
-        """Every document with its history, in the model's view shape (for projections)."""
-        with boundary("read documents"), self._connect() as conn:
-            docs = conn.execute(Q["all_documents"]).fetchall()
-            hist = conn.execute(Q["all_history"]).fetchall()
+    def documents(self, conn: psycopg.Connection | None = None) -> dict[str, DocView]:
+        """Every document with its history, in the model's view shape (for projections). A check
+        passes its own (unfaulted, kept-open) connection as ``conn``."""
+        with boundary("read documents"), (contextlib.nullcontext(conn) if conn is not None else self._connect()) as c:
+            docs = c.execute(self.q["all_documents"]).fetchall()
+            hist = c.execute(self.q["all_history"]).fetchall()
         by_doc: dict[str, list[HistoryEntry]] = {}
         for doc_id, version, base, author, writer, seq in hist:
             by_doc.setdefault(doc_id, []).append(HistoryEntry(version, base, author, writer, seq))
@@ -147,18 +152,18 @@ class DocumentStore:
         else:
             doc_id = created_id(request.user, request.writer_id, request.seq)
         with boundary("read history"), self._connect() as conn:
-            row = conn.execute(Q["applied"], {"id": doc_id, "writer": request.writer_id,
+            row = conn.execute(self.q["applied"], {"id": doc_id, "writer": request.writer_id,
                                               "seq": request.seq}).fetchone()
         return row[0] if row else None
 
     def reset(self) -> None:
         with boundary("reset documents"), self._connect() as conn:
-            conn.execute(Q["reset"])
+            conn.execute(self.q["reset"])
 
     # -- the operations the HTTP API serves --------------------------------------------------------
     def get(self, user: str, doc_id: str) -> Won | Rejected:
         with boundary("read document"), self._connect() as conn:
-            row = conn.execute(Q["access"], {"id": doc_id, "user": user}).fetchone()
+            row = conn.execute(self.q["access"], {"id": doc_id, "user": user}).fetchone()
         if row is None:
             return NOT_FOUND
         kind, schema, content, version, _ = row
@@ -168,7 +173,7 @@ class DocumentStore:
             seq: int) -> Won | VersionConflict | Rejected:
         args = {"id": doc_id, "user": user}
         with boundary("save document"), self._connect() as conn:
-            row = conn.execute(Q["access"], args).fetchone()
+            row = conn.execute(self.q["access"], args).fetchone()
             if row is None:
                 return NOT_FOUND
             kind, schema, _, _, can_write = row
@@ -181,28 +186,28 @@ class DocumentStore:
             except KindError as e:
                 return Rejected(f"invalid: {e}")
             fp = save_fingerprint(user, expected, content)
-            saved = conn.execute(Q["save"], {**args, "expected": expected, "content": Jsonb(dict(content)),
+            saved = conn.execute(self.q["save"], {**args, "expected": expected, "content": Jsonb(dict(content)),
                                              "writer": writer_id, "seq": seq, "fingerprint": fp}).fetchone()
             if saved is not None:
                 return Won(Saved(saved[0]))
             # The CAS missed. Tell apart: access lost meanwhile, a retry of a save already applied
             # (answered from its receipt), and a stale base (409 with the stored copy).
-            row = conn.execute(Q["access"], args).fetchone()
+            row = conn.execute(self.q["access"], args).fetchone()
             if row is None:
                 return NOT_FOUND
             if not row[4]:
                 return FORBIDDEN
-            receipt = conn.execute(Q["receipt"], {"id": doc_id, "writer": writer_id}).fetchone()
+            receipt = conn.execute(self.q["receipt"], {"id": doc_id, "writer": writer_id}).fetchone()
             if receipt is not None and receipt[0] == seq and receipt[1] == fp:
                 return Won(Saved(receipt[2], replayed=True))
-            version, stored = conn.execute(Q["current"], {"id": doc_id}).fetchone()
+            version, stored = conn.execute(self.q["current"], {"id": doc_id}).fetchone()
         return VersionConflict("version_conflict", version, stored)
 
     def create(self, user: str, writer_id: str, seq: int, content: Mapping, *, copy_of: str | None = None,
                kind: str | None = None, schema: Mapping | None = None) -> Won | Rejected:
         with boundary("create document"), self._connect() as conn:
             if copy_of is not None:
-                row = conn.execute(Q["access"], {"id": copy_of, "user": user}).fetchone()
+                row = conn.execute(self.q["access"], {"id": copy_of, "user": user}).fetchone()
                 if row is None:
                     return NOT_FOUND
                 kind, schema = row[0], row[1]
@@ -214,12 +219,12 @@ class DocumentStore:
                 return Rejected(f"invalid: {e}")
             new_id = created_id(user, writer_id, seq)
             fp = create_fingerprint(user, kind, schema, content)
-            row = conn.execute(Q["create"], {"id": new_id, "kind": kind, "schema": Jsonb(schema),
+            row = conn.execute(self.q["create"], {"id": new_id, "kind": kind, "schema": Jsonb(schema),
                                              "content": Jsonb(dict(content)), "user": user, "fingerprint": fp,
                                              "writer": writer_id, "seq": seq}).fetchone()
             if row is not None:
                 return Won(Created(new_id, 1))
-            existing = conn.execute(Q["created"], {"id": new_id}).fetchone()
+            existing = conn.execute(self.q["created"], {"id": new_id}).fetchone()
         if existing is not None and existing[0] == fp:
             return Won(Created(new_id, 1, replayed=True))
         return Rejected("create_conflict")
@@ -374,7 +379,8 @@ class BodyLimit:
 
 def create_app(dsn: str, *, max_body_bytes: int = MAX_BODY_BYTES, connect_timeout: float = 3.0) -> FastAPI:
     """The ASGI app serving the document API over the database at ``dsn`` (which may be a
-    Toxiproxy link). The schema must be installed (:meth:`DocumentStore.install`)."""
+    Toxiproxy link). The schema must be installed (:meth:`DocumentStore.install`). The routes
+    use ``app.state.store`` per request, so a check may swap in another store between requests."""
     store = DocumentStore(dsn, connect_timeout=connect_timeout)
     app = FastAPI(title="knownstate documents", version="1",
                   description="Versioned documents: compare-and-swap saves, explicit conflicts.")
@@ -404,7 +410,7 @@ def create_app(dsn: str, *, max_body_bytes: int = MAX_BODY_BYTES, connect_timeou
         user = _user(x_user)
         if user is None:
             return _unauthenticated()
-        out = store.get(user, id)
+        out = app.state.store.get(user, id)
         if isinstance(out, Rejected):
             return _rejected(out)
         snap: Snapshot = out.value
@@ -428,7 +434,7 @@ def create_app(dsn: str, *, max_body_bytes: int = MAX_BODY_BYTES, connect_timeou
             if expected is not None and expected != int(m.group(1)):
                 return _error(422, "invalid_request", "If-Match and expectedVersion name different versions")
             expected = int(m.group(1))
-        out = store.put(user, id, expected, body.content, body.writerId, body.saveSeq)
+        out = app.state.store.put(user, id, expected, body.content, body.writerId, body.saveSeq)
         if isinstance(out, VersionConflict):
             return _error(409, "version_conflict", "the document changed since your base version",
                           version=out.version, content=out.content)
@@ -450,7 +456,7 @@ def create_app(dsn: str, *, max_body_bytes: int = MAX_BODY_BYTES, connect_timeou
         if body.copyOf is not None and (body.kind is not None or body.schema_ is not None):
             return _error(422, "invalid_request", '"copyOf" takes the kind and schema of the original: '
                                                   'do not send "kind" or "schema" with it')
-        out = store.create(user, body.writerId, body.saveSeq, body.content, copy_of=body.copyOf,
+        out = app.state.store.create(user, body.writerId, body.saveSeq, body.content, copy_of=body.copyOf,
                            kind=body.kind, schema=body.schema_)
         if isinstance(out, Rejected):
             return _rejected(out)
