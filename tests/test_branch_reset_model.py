@@ -223,6 +223,35 @@ def test_poll_with_a_lapsed_lease_writes_nothing():
     assert m == frozen  # not extended, nothing observed
 
 
+def test_every_transition_is_logged_once_and_a_refused_one_not_at_all():
+    """The stateful check counts which rows of TABLE it observed from this log."""
+    m = BranchResetModel(lease=600)
+    m.request("a", "k1")
+    m.start("a#1", "w1")
+    m.poll("a#1", "w1")
+    m.external_finish("op-1", ok=True)
+    m.poll("a#1", "w1")
+    m.request("b", "k2")
+    m.start("b#1", "w1")
+    m.cancel("b#1")
+    m.request("c", "k3")
+    m.start("c#1", "w1")
+    m.external_finish("op-3", ok=False)
+    m.poll("c#1", "w1")
+    m.request("d", "k4")
+    m.start("d#1", "w1")
+    m.advance(600)
+    m.reap("r")
+    assert {(s, e, t) for _, s, e, t in m.transitions} == {(t.source, t.event, t.target) for t in TABLE.transitions}
+    assert len(m.transitions) == 13
+    logged = list(m.transitions)
+    assert m.cancel("a#1") == LostRace(not_in("succeeded")) and m.start("zz#1", "w1") == Rejected(br.NO_SUCH_RUN)
+    with pytest.raises(IllegalTransition):
+        m.fire("a#1", "cancel")
+    assert m.transitions == logged
+    assert m.copy().transitions == logged
+
+
 # -- illegal transitions ---------------------------------------------------------------------
 
 

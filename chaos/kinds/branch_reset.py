@@ -1,32 +1,37 @@
 """The branch reset's model-versus-implementation check.
 
-Rules are the operations of ``dbops/operations.ts`` — a request with an idempotency key (new, a
-repeat of the branch's last key, or a key another branch already used), ``start`` by a worker
-(claims the run and creates the external operation once), ``poll`` by a worker, ``cancel``, the
-reaper job run by a worker — plus the check deciding when an external operation succeeds or
-fails, time passing, a worker stalling past its lease, and faults: the generic ones of
-:class:`~knownstate.chaos.check.KindCheck` on each worker's two links (its database link and its
-own link to the operations-API stand-in), stand-in 503s, a fault armed on a worker's next
-COMMIT, and an **application clock skew** of one worker.
+Who acts. Two *pollers* (``w0``, ``w1``) run the worker loop: ``start`` a queued run (claim it
+and create its external operation, once) and ``poll`` running ones. The *reaper* (``w2``) is the
+dbops-reaper job, a process of its own with its own application clock: it only runs ``reap``.
+Anyone may ``request`` a reset (with an idempotency key: a new one, the branch's last one again,
+or a key another branch already used) and ``cancel`` one. The check itself decides when an
+external operation succeeds or fails at the operations API, and when time passes.
 
-The stand-in is part of the observation. The model predicts its operations and the create
-requests it acted on per run, so a second creation is seen at once; the create-once invariant
-(``external_creations <= 1``) is checked after every step.
+Faults are rules too: the generic ones of :class:`~knownstate.chaos.check.KindCheck` (a toxic or
+a cut on any one link: every process has its own link to PostgreSQL, and each poller its own
+link to the operations-API stand-in), a fault at a poller's COMMIT (it dies just before; the
+reply or the request is lost; the database server crashes with the transaction open), the
+stand-in answering 503 or losing its answer, the workers stalling past the lease, a database
+clock jump, and an **application clock skew** of one process.
 
-Clocks. Each worker's application clock is ``EPOCH + model.app_now(worker)``, fully controlled,
-so lease stamps (application time) are exact and need no rounding. The model's ``now`` is real
-time here: time passing moves every application clock, a skew moves one. No branch-reset guard
-reads the database clock, so a database clock jump (the generic fault) moves nothing in the
-model, and the check shows that it changes nothing in the implementation either.
+The stand-in is part of the observation: the model predicts its operations and the create
+requests it acted on per run, so a second creation is seen at once, and the create-once
+invariant (``external_creations <= 1``) is checked after every step.
+
+Clocks. Every process's application clock is ``EPOCH + model.app_now(process)``, fully
+controlled, so lease stamps (application time) are exact and need no rounding. The model's
+``now`` is real time here: time passing moves every application clock; a skew moves one. No
+branch-reset guard reads the database clock, so a database clock jump moves nothing in the model,
+and the check shows that it moves nothing in the implementation either.
 
 The skew bound. With lease ``L`` and poll margin ``M`` (a live run is polled at least every
 ``M``), ``skew_bound(L, M) = L - M``: a reaper whose clock is less than that ahead of the last
-poller's never reaps a live run. The check tracks every run's last lease stamp (when, and by a
-clock skewed how far) and, on every reap and every poll refused for a lapsed lease, judges the
-runs it ended or refused that were still *live* (stamped at most ``M`` ago): below the bound
-that is a failure; at or past it, it is the recorded deviation of an application-clock lease,
-counted as "reaped live run under skew past bound (known deviation)", allowed, and labelled in
-the trace.
+poller's never reaps a live run. The check keeps every running run's last lease stamp (when, and
+by a clock skewed how far), and judges every live run (stamped at most ``M`` ago) that a reap
+ended or a poll refused as lapsed: below the bound that fails the check; at or past it, it is the
+recorded deviation of an application-clock lease, allowed, counted as "reaped live run under skew
+past bound (known deviation)" and labelled in the trace. A reaper ahead within the bound that
+spares a live run is counted too ("live run spared by a reaper ahead within bound").
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from ..opsapi import OpsApi
 from ..toxi import Toxic
 
 EPOCH = datetime(2030, 1, 1, tzinfo=timezone.utc)
-"""Application time zero: every worker's clock is EPOCH + model.app_now(worker)."""
+"""Application time zero: every process's clock is EPOCH + model.app_now(process)."""
 
 LEASE = 5 * QUANTUM
 """The check's lease L (the reference default is 600 s): short, so a stall lapses it in one rule."""
@@ -59,17 +64,21 @@ MARGIN = QUANTUM
 """The poll margin M: a run stamped at most this long ago is *live* (its poller is on schedule)."""
 
 BOUND = model.skew_bound(LEASE, MARGIN)
-"""L - M = 240 s with the check's lease: a relative skew below it never ends a live run."""
+"""L - M = 240 s with the check's lease: a reaper less than this ahead never ends a live run."""
 
-SKEWS = (-QUANTUM, 0, QUANTUM, BOUND - QUANTUM, BOUND, BOUND + QUANTUM, LEASE + QUANTUM, 2 * LEASE)
-"""Targets of the app-clock skew rule: one worker's clock set this far from real time. As many
-below the bound as at or past it, and its edge on both sides."""
+SKEWS = (-QUANTUM, 0, QUANTUM, 2 * QUANTUM, BOUND - QUANTUM, BOUND, BOUND + QUANTUM, LEASE + QUANTUM, 2 * LEASE)
+"""What the app-clock skew rule sets one process's clock to, from real time: behind, on time,
+ahead within the bound, and ahead at or past it, the bound's edge on both sides."""
 
-COMMIT_FAULTS = ("commit-reply-lost", "commit-request-lost", "db-crash")
-"""What ``fault_commit`` draws from (a worker's death before COMMIT has its own rule)."""
-
+POLLERS = (0, 1)
+REAPER = 2
 BRANCHES = ("a", "b")
 TERMINAL = model.TERMINAL
+
+COMMIT_FAULTS = ("commit-reply-lost", "commit-request-lost", "commit-reply-lost", "db-crash")
+"""What ``fault_commit`` draws from (a poller's death before COMMIT has its own rule). A lost
+reply is there twice: the crash, after its one time, is a lost request, so the two outcomes an
+indeterminate COMMIT can resolve to come up about equally often."""
 
 
 class BranchResetCheck(KindCheck):
@@ -77,7 +86,7 @@ class BranchResetCheck(KindCheck):
     contract = model.CONTRACT
     schema = impl.SCHEMA
     tables = impl.TABLES
-    n_workers = 2
+    n_workers = 3  # w0, w1: pollers; w2: the reaper job
     lease = LEASE
     margin = MARGIN
     store_class = impl.BranchResetStore
@@ -89,7 +98,16 @@ class BranchResetCheck(KindCheck):
         "indeterminate commit", "indeterminate resolved: committed", "indeterminate resolved: not committed",
         "connection lost", "external call failed", "create retried, one creation", "lease refusal",
         "one in flight refused", "key reused refused", "reaped live run under skew past bound (known deviation)",
+        "live run spared by a reaper ahead within bound",
     )
+
+    CALM = 2
+    """Faults are kept sparse so that work flows: a fault rule (the generic ones included,
+    re-declared below) waits for CALM operations since the last fault."""
+
+    HEAL_AFTER = 6
+    """A faulted link heals by itself after this many operations (faults are transient), so an
+    example where Hypothesis switched the heal rule off still gets work done."""
 
     # -- hooks ----------------------------------------------------------------------------
     def reset_example(self) -> None:
@@ -97,10 +115,12 @@ class BranchResetCheck(KindCheck):
         self.ops.reset()
         self.stores = []
         for w in self.workers:
-            w.ops_link = self.env.api.link(f"branch-reset-{w.name}-ops", self.ops.host, self.ops.port)
-            w.links = [w.link, w.ops_link]
-            self.stores.append(self.store_class(w.name, f"http://{w.ops_link.host}:{w.ops_link.port}",
-                                                self._app_clock(w.name), lease_seconds=self.lease,
+            url = ""
+            if w.index in POLLERS:
+                w.ops_link = self.env.api.link(f"branch-reset-{w.name}-ops", self.ops.host, self.ops.port)
+                w.links = [w.link, w.ops_link]
+                url = f"http://{w.ops_link.host}:{w.ops_link.port}"
+            self.stores.append(self.store_class(w.name, url, self._app_clock(w.name), lease_seconds=self.lease,
                                                 http_timeout=self.http_timeout, queries_=self.queries))
         self.last_key: dict[str, str] = {}
         self.key_serial = itertools.count(1)
@@ -110,36 +130,8 @@ class BranchResetCheck(KindCheck):
         self.db_jumped = False
         self.calm = 0  # operations since the last fault
         self.faulted_for = 0  # operations since a link was faulted
-        self.reply_lost: int | None = None  # the worker whose next operations-API answer is lost
+        self.reply_lost: int | None = None  # the poller whose next operations-API answer is lost
         self._reply_link = None  # the link carrying that fault during the call
-
-    # Faults are kept sparse so that work flows: every fault rule (the generic ones included,
-    # re-declared below with the extra precondition) waits for CALM operations since the last fault.
-    CALM = 2
-
-    def _calm(self) -> bool:
-        return self.calm >= self.CALM
-
-    HEAL_AFTER = 6
-    """A faulted link heals by itself after this many operations (faults are transient), so an
-    example where Hypothesis switched the heal rule off still gets work done."""
-
-    def apply(self, *args, **kwargs):
-        self.calm += 1
-        faulted = [link for link in self.faulted_links() if link is not self._reply_link]
-        self.faulted_for = self.faulted_for + 1 if faulted else 0
-        if self.faulted_for > self.HEAL_AFTER:
-            self.faulted_for = 0
-            for link in faulted:
-                self._toxi(link.clear)
-                self.log(f"heal {link.name} (transient: after {self.HEAL_AFTER} operations)")
-        return super().apply(*args, **kwargs)
-
-    def fault(self, kind: str, line: str, calm: bool = True) -> None:
-        """Count and log a fault; unless ``calm`` is False, the next fault waits for CALM operations."""
-        if calm:
-            self.calm = 0
-        super().fault(kind, line)
 
     def _app_clock(self, worker: str):
         return lambda: EPOCH + timedelta(seconds=self.model.app_now(worker))
@@ -160,8 +152,8 @@ class BranchResetCheck(KindCheck):
     def observe_impl(self):
         rows = impl.project(self.env.admin(self.dbname), self._app_seconds)
         real = tuple(sorted(rows.items())), self._external(self.ops.snapshot())
-        # The invariants first, on the real state alone: a violation is named as one rather than
-        # shown as a difference from the model (check.py checks them only after the comparison).
+        # The invariants first, on the real state alone, so a violation is named as one rather than
+        # shown as a difference from the model (KindCheck checks them after the comparison).
         violations = check_invariants(self.contract, self.prev_views, self.views(real))
         if violations:
             raise _record_mismatch(self, "invariant violated: " + "; ".join(map(str, violations)))
@@ -193,6 +185,27 @@ class BranchResetCheck(KindCheck):
         """Time passing matters while a lease is held (a running run)."""
         return bool(self._runs(Status.RUNNING))
 
+    # -- the step: faults sparse, links healing -----------------------------------------------
+    def _calm(self) -> bool:
+        return self.calm >= self.CALM
+
+    def apply(self, *args, **kwargs):
+        self.calm += 1
+        faulted = [link for link in self.faulted_links() if link is not self._reply_link]
+        self.faulted_for = self.faulted_for + 1 if faulted else 0
+        if self.faulted_for > self.HEAL_AFTER:
+            self.faulted_for = 0
+            for link in faulted:
+                self._toxi(link.clear)
+                self.log(f"heal {link.name} (transient: after {self.HEAL_AFTER} operations)")
+        return super().apply(*args, **kwargs)
+
+    def fault(self, kind: str, line: str, calm: bool = True) -> None:
+        """Count and log a fault; unless ``calm`` is False, the next fault waits for CALM operations."""
+        if calm:
+            self.calm = 0
+        super().fault(kind, line)
+
     # -- helpers ----------------------------------------------------------------------------
     def _runs(self, *statuses: Status) -> list[str]:
         return sorted(r for r, run in self.model.runs.items() if not statuses or run.status in statuses)
@@ -212,13 +225,16 @@ class BranchResetCheck(KindCheck):
 
     @contextlib.contextmanager
     def _reply_lost(self, w: int):
-        """When armed for worker ``w``: the operations API acts on its next request, and the answer
+        """When armed for poller ``w``: the operations API acts on its next request, and the answer
         never arrives (its link to the stand-in drops every byte coming back)."""
         if self.reply_lost != w:
             yield
             return
         self.reply_lost = None
         link = self._reply_link = self.workers[w].ops_link
+        if link.toxics or not link.enabled:  # the one fault on this link for this call
+            self._toxi(link.clear)
+            self.log(f"heal {link.name}")
         toxic = Toxic("limit_data", "downstream", {"bytes": 0})
         self._toxi(lambda: link.add(toxic))
         try:
@@ -242,8 +258,8 @@ class BranchResetCheck(KindCheck):
             raise _record_mismatch(self, "invariant violated: " + "; ".join(violations))
 
     def _judge_skew(self, run_id: str, worker: str, live: tuple[int, int], what: str) -> None:
-        """A live run was ended (reap) or refused (poll) by ``worker``'s clock: only a relative skew
-        at or past the bound may do that."""
+        """A live run was ended (reap) or refused (poll) by ``worker``'s clock: only a clock at or
+        past the bound ahead of its last poller's may do that."""
         at, poller_skew = live
         rel = self._skew(worker) - poller_skew
         if rel < BOUND:
@@ -256,22 +272,22 @@ class BranchResetCheck(KindCheck):
     @initialize(skew=st.sampled_from((0,) + tuple(s for s in SKEWS if s)))
     def seed_work(self, skew: int) -> None:
         """Every example starts with a reset requested on each branch, so work flows from the first
-        step, and often with w0's application clock already skewed (both sides of the bound).
-        (One rule is one step for the invariants: a run takes at most one transition in it.)"""
+        step, and often with the reaper's clock already skewed (either side of the bound). (One
+        rule is one step for the invariants: a run takes at most one transition in it.)"""
         if skew:
-            self.fault_app_clock_skew(0, skew)
+            self.fault_app_clock_skew(REAPER, skew)
         self.request(0, "a", "new")
         self.request(1, "b", "new")
 
     @rule()
     def idle(self) -> None:
-        """A moment in which no worker acts. Hypothesis orders rules by their number of arguments,
+        """A moment in which nobody acts. Hypothesis orders rules by their number of arguments,
         then by name, and shrinking moves each step towards the first valid rule: with this one
         there, a step the shrinker cannot delete becomes a silent no-op instead of an unrelated
         fault in the counterexample."""
 
     @precondition(lambda self: len(self.model.runs) < 8)
-    @rule(w=st.integers(0, 1), branch=st.sampled_from(BRANCHES),
+    @rule(w=st.sampled_from(POLLERS), branch=st.sampled_from(BRANCHES),
           key=st.sampled_from(["new", "repeat", "new", "other branch's"]))
     def request(self, w: int, branch: str, key: str) -> None:
         """A reset requested with an idempotency key: a new key, the branch's last key again (a
@@ -300,10 +316,6 @@ class BranchResetCheck(KindCheck):
         elif got == Rejected(model.KEY_REUSED):
             self.event("key reused refused")
 
-    def _pool(self, *preferred: Status) -> list[str]:
-        """Runs to act on: the preferred ones three times (so they are drawn more often), then every run."""
-        return self._runs(*preferred) * 3 + self._runs()
-
     def _past_queued(self, running: int = 1) -> list[str]:
         """What a poll or a cancel acts on: running runs (``running`` times as often), then terminal
         ones (fence refusals), then queued ones (the guard on running refuses them too)."""
@@ -317,29 +329,24 @@ class BranchResetCheck(KindCheck):
         return [r for r in self._runs(Status.RUNNING)
                 if m.ops[m.runs[r].external_op_id].status is not ExternalStatus.IN_PROGRESS]
 
-    def _to_poll(self) -> list[str]:
-        """A poll acts on any run past queued, a running one more often, one whose operation ended
-        most often."""
-        return self._ended() * 4 + self._past_queued(running=4)
-
     def _next_work(self) -> list[tuple[str, str]]:
         """A worker loop's next turn: start a queued run, or poll a running one."""
         return ([("start", r) for r in self._runs(Status.QUEUED)] + [("poll", r) for r in self._runs(Status.RUNNING)]
                 + [("poll", r) for r in self._ended()] * 2)
 
     @precondition(lambda self: self._next_work())
-    @rule(w=st.integers(0, 1), data=st.data())
+    @rule(w=st.sampled_from(POLLERS), data=st.data())
     def worker_loop(self, w: int, data) -> None:
-        """One turn of a worker's loop: start a queued run or poll a running one. (The start and
+        """One turn of a poller's loop: start a queued run or poll a running one. (The start and
         poll rules act on any run, lost races included; this rule keeps work flowing.)"""
         op, run_id = data.draw(st.sampled_from(self._next_work()), label="work")
         (self._start if op == "start" else self._poll)(w, run_id)
 
     @precondition(lambda self: self.model.runs)
-    @rule(w=st.integers(0, 1), data=st.data())
+    @rule(w=st.sampled_from(POLLERS), data=st.data())
     def start(self, w: int, data) -> None:
-        """A worker takes a queued run: claims it and creates its external operation, once."""
-        self._start(w, data.draw(st.sampled_from(self._pool(Status.QUEUED)), label="run"))
+        """A poller takes a run: claims it and creates its external operation, once."""
+        self._start(w, data.draw(st.sampled_from(self._runs(Status.QUEUED) * 3 + self._runs()), label="run"))
 
     def _start(self, w: int, run_id: str) -> None:
         run = self.model.runs[run_id]
@@ -364,10 +371,10 @@ class BranchResetCheck(KindCheck):
                        external_maybe=lambda m: m.external_create(run_id, run.branch))
 
     @precondition(lambda self: self._past_queued())
-    @rule(w=st.integers(0, 1), data=st.data())
+    @rule(w=st.sampled_from(POLLERS), data=st.data())
     def poll(self, w: int, data) -> None:
-        """A worker polls a run's operation: records what it saw, ends the run or extends the lease."""
-        self._poll(w, data.draw(st.sampled_from(self._to_poll()), label="run"))
+        """A poller polls a run's operation: records what it saw, ends the run or extends the lease."""
+        self._poll(w, data.draw(st.sampled_from(self._ended() * 4 + self._past_queued(running=4)), label="run"))
 
     def _poll(self, w: int, run_id: str) -> None:
         run = self.model.runs[run_id]
@@ -403,8 +410,9 @@ class BranchResetCheck(KindCheck):
             self.event("fence refusal")
 
     @precondition(lambda self: self._past_queued())
-    @rule(w=st.integers(0, 1), data=st.data())
+    @rule(w=st.sampled_from(POLLERS), data=st.data())
     def cancel(self, w: int, data) -> None:
+        """Someone cancels a run (through a poller's connection). The operation is left alone."""
         run_id = data.draw(st.sampled_from(self._past_queued()), label="run")
         run = self.model.runs[run_id]
         label = f"cancel(w{w}, {run_id})"
@@ -426,37 +434,15 @@ class BranchResetCheck(KindCheck):
         if isinstance(got, LostRace) and run.status in TERMINAL:
             self.event("fence refusal")
 
-    def _fastest(self) -> int:
-        """The worker whose application clock is furthest ahead (w0 when they agree)."""
-        skews = [self._skew(w.name) for w in self.workers]
-        return skews.index(max(skews))
-
     @precondition(lambda self: self._runs(Status.RUNNING))
-    @rule(who=st.sampled_from(["w0", "w1", "the fastest clock"]))
-    def reap(self, who: str) -> None:
-        """The dbops-reaper job, run by a worker: its application clock judges every lease. Often
-        the worker whose clock is furthest ahead, the case the skew bound is about: within the
-        bound it must spare every live run; past it, it may reap one (the known deviation)."""
-        self._reap(self._fastest() if who == "the fastest clock" else int(who[1:]))
-
-    def _ahead_of_live(self) -> int | None:
-        """The worker whose clock is furthest ahead of a live run's last poller's, if any is: the
-        state the skew bound speaks about."""
-        ahead = [(self._skew(w.name) - live[1], -w.index) for w in self.workers for r in self._runs(Status.RUNNING)
-                 if (live := self._live(r)) is not None and self._skew(w.name) > live[1]]
-        return -max(ahead)[1] if ahead else None
-
-    @precondition(lambda self: self._ahead_of_live() is not None)
     @rule()
-    def reap_ahead_of_a_live_run(self) -> None:
-        """The reaper job runs on a worker whose clock is ahead of a live run's poller. Within the
-        bound it must spare the run; past it, it may reap it (the known deviation)."""
-        self._reap(self._ahead_of_live())
-
-    def _reap(self, w: int) -> None:
-        worker = self.workers[w]
+    def reap(self) -> None:
+        """The dbops-reaper job: its application clock judges every running run's lease. Every
+        live run it ends or spares is judged against the skew bound."""
+        worker = self.workers[REAPER]
         live = {r: lv for r in self._runs(Status.RUNNING) if (lv := self._live(r)) is not None}
-        got = self.apply(worker, f"reap(w{w})", lambda m: m.reap(worker.name), lambda c: self.stores[w].reap(c))
+        got = self.apply(worker, f"reap({worker.name}, the reaper)", lambda m: m.reap(worker.name),
+                         lambda c: self.stores[REAPER].reap(c))
         if not isinstance(got, Won):
             return
         self.event("reap", len(got.value))
@@ -464,7 +450,7 @@ class BranchResetCheck(KindCheck):
             if run_id in got.value:
                 self._judge_skew(run_id, worker.name, lv, "reaped")
                 self.event("reaped live run under skew past bound (known deviation)")
-            elif 0 < self._skew(worker.name) - lv[1]:
+            elif self._skew(worker.name) > lv[1]:
                 self.event("live run spared by a reaper ahead within bound")
 
     def _in_progress(self) -> list[str]:
@@ -496,7 +482,7 @@ class BranchResetCheck(KindCheck):
     @rule(seconds=st.sampled_from([QUANTUM, 2 * QUANTUM, LEASE + QUANTUM]))
     def time_passes(self, seconds: int) -> None:
         """Real time passes: every application clock moves. Past the lease, it is a stall: the
-        workers froze (a GC pause, a suspended VM) until every lease held lapsed, then resume."""
+        pollers froze (a GC pause, a suspended VM) until every lease held lapsed, then resume."""
         for m in self.candidates:
             m.advance(seconds)
         if seconds > self.lease:
@@ -505,23 +491,23 @@ class BranchResetCheck(KindCheck):
             self.log(f"time passes {seconds}s")
 
     # -- faults ---------------------------------------------------------------------------------
-    # The generic fault rules, with the calm precondition added (same names: these replace them).
-    @precondition(lambda self: not self.faulted_links() and self._calm())
+    # The generic link faults, with the calm precondition added (same names: these replace them).
+    @precondition(lambda self: self._may_fault_link() and self._calm())
     @rule(w=st.integers(0, 7), toxic=toxics())
     def fault_toxic(self, w, toxic) -> None:
         KindCheck.fault_toxic(self, w, toxic)
 
-    @precondition(lambda self: not self.faulted_links() and self._calm())
+    @precondition(lambda self: self._may_fault_link() and self._calm())
     @rule(w=st.integers(0, 7))
     def fault_link_down(self, w: int) -> None:
         KindCheck.fault_link_down(self, w)
 
     @precondition(lambda self: self.skews < 4)
-    @rule(w=st.integers(0, 1), skew=st.sampled_from(SKEWS))
+    @rule(w=st.sampled_from([REAPER, *POLLERS]), skew=st.sampled_from(SKEWS))
     def fault_app_clock_skew(self, w: int, skew: int) -> None:
-        """One worker's application clock is set ``skew`` seconds from real time. The lease is
-        in application time (the recorded deviation): the spread between workers is judged
-        against the bound L - M."""
+        """One process's application clock is set ``skew`` seconds from real time. The lease is in
+        application time (the recorded deviation): the spread of the clocks is judged against
+        the bound L - M. Not held back by CALM (it disturbs no connection); four per example."""
         self.skews += 1
         name = self.workers[w].name
         delta = skew - self._skew(name)
@@ -529,61 +515,62 @@ class BranchResetCheck(KindCheck):
             m.skew(name, delta)
         skews = [self._skew(x.name) for x in self.workers]
         spread = max(skews) - min(skews)
-        if spread < BOUND:
-            what = "skew within bound"
-        else:
-            what = "skew past bound (known deviation)"
+        what = "skew within bound" if spread < BOUND else "skew past bound (known deviation)"
         self.event(what)
-        self.fault("app-clock-skew", f"app clock of w{w} set {skew:+d}s from real time "
+        who = "the reaper" if w == REAPER else "poller"
+        self.fault("app-clock-skew", f"app clock of {who} {name} set {skew:+d}s from real time "
                                      f"(spread {spread}s, L - M = {BOUND}s: {what})", calm=False)
 
     @precondition(lambda self: self.env.clock is not None and not self.db_jumped and self._calm())
     @rule(data=st.data())
     def fault_clock_jump(self, data) -> None:
         """The database clock jumps. No branch-reset guard reads now() (the lease is in application
-        time), so the model does not move, and the implementation must not either. Overrides the
-        generic rule, which moves the model's clock (for kinds whose leases are in database time);
-        once per example, since it can change nothing here."""
+        time), so the model does not move, and the implementation must not either. Replaces the
+        generic rule, which moves the model's clock (for kinds whose leases are in database time).
+        Once per example, since it can change nothing here."""
         seconds = data.draw(st.sampled_from(self.clock_jumps), label="seconds")
         self.db_jumped = True
         self.env.clock.jump(seconds)
         self.fault("db-clock-jump", f"db clock jump {seconds:+d}s (no branch-reset guard reads it: nothing moves)")
 
-    # Faults that meet a worker's own work take the worker, the kind and the work as arguments,
-    # and the worker takes its turn at once. Hypothesis orders rules by their number of arguments
+    # Faults that meet a poller's own work take the poller, the kind and the work as arguments,
+    # and the poller takes its turn at once. Hypothesis orders rules by their number of arguments
     # and shrinks each step towards the first valid rule: with three arguments these come after
     # every operation, so shrinking never turns a plain start or poll into a faulted one.
     def fault_db_crash(self) -> None:
-        """Not a rule here: a database crash is a kind of ``fault_commit`` (while a worker's
-        transaction is open), not the generic crash between steps."""
+        """Not a rule here: a database crash is a kind of ``fault_commit`` (with a poller's
+        transaction open), not the generic crash between steps."""
 
     def _can_fault_work(self) -> bool:
-        return bool(self._calm() and self._next_work())
+        """One-shot faults that meet a poller's next turn disturb nothing after it: they are not
+        held back by CALM, and do not hold back the others."""
+        return bool(self._next_work())
 
     def _turn(self, data, w: int, op: str | None = None) -> None:
-        """The faulted worker takes its next turn at once, so the fault meets real work: ``op`` on a
+        """The faulted poller takes its next turn at once, so the fault meets real work: ``op`` on a
         run it applies to, when there is one, else whatever its loop does next."""
         work = [(o, r) for o, r in self._next_work() if o == op] or self._next_work()
         op, run_id = data.draw(st.sampled_from(work), label="work")
         (self._start if op == "start" else self._poll)(w, run_id)
 
     @precondition(lambda self: all(w.before_commit is None for w in self.workers) and self._can_fault_work())
-    @rule(w=st.integers(0, 1), op=st.sampled_from(["start", "poll"]), data=st.data())
+    @rule(w=st.sampled_from(POLLERS), op=st.sampled_from(["start", "poll"]), data=st.data())
     def fault_worker_death(self, w: int, op: str, data) -> None:
-        """A worker dies just before the COMMIT of its very next start (the create has reached the
+        """A poller dies just before the COMMIT of its very next start (the create has reached the
         API by then) or poll (the status read has). Its connection goes without a goodbye."""
         self.arm_commit_fault(self.workers[w], "worker-death")
-        self.fault("worker-death", f"worker-death armed on w{w}'s next COMMIT")
+        self.fault("worker-death", f"worker-death armed on w{w}'s next COMMIT", calm=False)
         self._turn(data, w, op)
 
     @precondition(lambda self: all(w.before_commit is None for w in self.workers) and self._can_fault_work())
-    @rule(w=st.integers(0, 1), kind=st.sampled_from(COMMIT_FAULTS), data=st.data())
+    @rule(w=st.sampled_from(POLLERS), kind=st.sampled_from(COMMIT_FAULTS), data=st.data())
     def fault_commit(self, w: int, kind: str, data) -> None:
-        """A worker's COMMIT meets a fault, in its very next turn: its reply is lost (the server
-        committed), its request is lost (the server did not), or the database server crashes
-        (SIGKILL of the postmaster) with the transaction open and restarts on the same data. The
-        worker cannot know whether it committed. One crash per example (a restart costs a tenth
-        of a second): after it, that kind is a lost COMMIT request, the same thing to the worker."""
+        """A poller's COMMIT meets a fault, in its very next turn (a start when there is one: its
+        outcome is always observable): the reply is lost (the server committed), the request is
+        lost (it did not), or the database server crashes (SIGKILL of the postmaster) with the
+        transaction open and restarts on the same data. The poller cannot know whether it
+        committed. One crash per example (a restart costs a tenth of a second): after it, that
+        kind is a lost COMMIT request, the same thing to the poller."""
         if kind == "db-crash" and (self.crashed or not self.env.can_crash):
             kind = "commit-request-lost"
         if kind == "db-crash":
@@ -596,25 +583,26 @@ class BranchResetCheck(KindCheck):
                     raise EnvironmentFault(f"PostgreSQL did not come back after an injected crash: {e}") from None
 
             self.workers[w].arm(crash)
-            self.fault("db-crash", f"database crash (SIGKILL of the postmaster) and restart at w{w}'s next COMMIT")
+            self.fault("db-crash", f"database crash (SIGKILL of the postmaster) and restart at w{w}'s next COMMIT",
+                       calm=False)
         else:
             self.arm_commit_fault(self.workers[w], kind)
-            self.fault(kind, f"{kind} armed on w{w}'s next COMMIT")
-        self._turn(data, w)
+            self.fault(kind, f"{kind} armed on w{w}'s next COMMIT", calm=False)
+        self._turn(data, w, "start")
 
     @precondition(lambda self: self.reply_lost is None and self.ops.pending_failures == 0 and self._can_fault_work())
-    @rule(w=st.integers(0, 1), kind=st.sampled_from(["reply lost", "503", "503 twice"]), data=st.data())
+    @rule(w=st.sampled_from(POLLERS), kind=st.sampled_from(["reply lost", "503", "503 twice"]), data=st.data())
     def fault_opsapi(self, w: int, kind: str, data) -> None:
-        """The operations API misbehaves in the worker's very next turn: it acts on the request and
-        the answer never reaches the worker (reply lost), or it answers 503 without acting, to
+        """The operations API misbehaves in the poller's very next turn: it acts on the request and
+        the answer never reaches the poller (reply lost), or it answers 503 without acting, to
         the next request or the next two (whoever makes them)."""
         if kind == "reply lost":
             self.reply_lost = w
-            self.fault("stand-in-reply-lost", f"operations-API answer lost armed on w{w}'s next call")
+            self.fault("stand-in-reply-lost", f"operations-API answer lost armed on w{w}'s next call", calm=False)
         else:
             n = 2 if kind == "503 twice" else 1
             self.ops.fail_next(n)
-            self.fault("stand-in-503", f"operations API answers the next {n} request(s) 503")
+            self.fault("stand-in-503", f"operations API answers the next {n} request(s) 503", calm=False)
         self._turn(data, w)
 
 
