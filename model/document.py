@@ -1493,14 +1493,16 @@ def conflict_resolved_by_user(world: World) -> list[Violation]:
 
 
 def no_last_write_wins(world: World, expected: World) -> list[Violation]:
-    """Where the model holds a tab in conflict, the real tab is in conflict too and no save of
-    its writer has landed since: nothing overwrote the stored copy behind the user's back."""
+    """Where the model holds a tab in conflict (or closed it straight from conflict, its work
+    parked in its draft), the real tab is in conflict too (or closed) and no save of its writer has
+    landed since: nothing overwrote the stored copy behind the user's back."""
     out = []
     for tab, m in expected.tabs.items():
-        if m.state != X:
+        parked = m.state == Z and bool(m.transitions) and m.transitions[-1][0] == X
+        if m.state != X and not parked:
             continue
         real = world.tabs.get(tab)
-        if real is None or real.state != X:
+        if real is None or real.state != (Z if parked else X):
             out.append(Violation("no-last-write-wins",
                                  f"tab {tab} should be in conflict, is {real.state if real else 'gone'}"))
         md, rd = expected.docs.get(m.doc_id), world.docs.get(m.doc_id)

@@ -390,6 +390,21 @@ def test_last_write_wins_is_caught():
     assert _names(check_invariants(real, Ledger({}), expected=expected)) == {"no-last-write-wins"}
 
 
+def test_last_write_wins_by_a_close_from_conflict_is_caught():
+    """The model's tab closed straight from conflict (its work parked in the draft); the real one
+    resaved over the stored copy on its way out."""
+    parked = (("saving", "version_conflict", "conflict"), ("conflict", "close", "closed"))
+    expected = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b")], content={"title": "B"}), {},
+                     {"t": TabView("t", "alice", "r1", "w1", "record", "closed", {"title": "A"}, 1, 1, "ok", parked)})
+    real = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b"), HistoryEntry(3, 2, "alice", "w1", 2)],
+                      content={"title": "A"}), {},
+                 {"t": TabView("t", "alice", "r1", "w1", "record", "closed", {"title": "A"}, 3, 2, "ok",
+                               (("saving", "version_conflict", "conflict"), ("conflict", "rebase", "dirty"),
+                                ("dirty", "save", "saving"), ("saving", "saved", "clean"), ("clean", "close", "closed")))})
+    assert _names(check_invariants(real, Ledger({}), expected=expected)) == {"no-last-write-wins"}
+    assert check_invariants(expected, Ledger({}), expected=expected) == []
+
+
 def test_save_without_base_is_caught():
     from knownstate.model.document import SaveRequest
     w = World(_doc([HistoryEntry(1, 0, "a")]), {}, {})

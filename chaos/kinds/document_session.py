@@ -35,6 +35,17 @@ the check states itself (:data:`CHECK_INVARIANTS`: a retry is answered from its 
 applied read never goes back to an older version). When the implementation disagrees with the
 model the invariants are evaluated first, so a failure names the invariant it broke when it broke
 one; otherwise it shows the difference.
+
+What this check overrides of :class:`~knownstate.chaos.check.KindCheck`
+-----------------------------------------------------------------------
+
+The session is not a durable run kind: ``contract`` is None, :meth:`table` is the session's
+:data:`~knownstate.model.document.TABLE` (vacuity counts its every row), and ``model_agrees`` is
+replaced (judge before reporting, count the transitions of every tab, including tabs that died).
+There are no workers: the generic link faults act on the tabs' links and the server's database
+link (``_link``, ``faulted_links``), with a few operations of calm between two faults and a heal
+after ``FAULT_STEPS`` operations; a database crash is drawn only while a tab waits to retry a
+save; the database clock plays no role (``clock_matters``).
 """
 
 from __future__ import annotations
@@ -97,7 +108,7 @@ SLOTS = {"a1": "alice", "a2": "alice", "b1": "bob"}  # tab slot -> user; every t
 DEBOUNCE = 1.0
 NETS = ("ok",) * 6 + ("offline", "answer lost")                      # for a step that reads
 NETS_WRITE = ("ok",) * 3 + ("offline", "answer lost", "answer lost")  # for a step that may write
-NETS_COPY = ("ok", "ok", "offline", "answer lost")                    # for a conflict's resolution
+NETS_COPY = ("ok", "offline", "answer lost")                          # for keeping a copy
 FAULT_STEPS = 4  # a link fault heals by itself after this many operations (faults stay sparse, work flows)
 SERVER_APP = "ks-document-server"
 
@@ -601,7 +612,8 @@ class DocumentSessionCheck(KindCheck):
         wire = "; ".join(f"{show_request(r)} -> {show(a)}" for r, a in exchanges)
         self.log(f"{label}{tag}{': ' + wire if wire else ''} => {show(real)}")
         self._age_faults()
-        unknown = [i for i, (r, a) in enumerate(exchanges) if isinstance(a, NoAnswer) and not isinstance(r, ReadRequest)]
+        unknown = [i for i, (r, a) in enumerate(exchanges)
+                   if isinstance(a, NoAnswer) and not isinstance(r, ReadRequest)]  # may have landed
         kept, problems = [], []
         for base in self.candidates:
             for fates in itertools.product((False, True), repeat=len(unknown)):
@@ -943,40 +955,49 @@ class DocumentSessionCheck(KindCheck):
 
     # -- conflicts -------------------------------------------------------------------------------------------
     @precondition(lambda self: self._slots(State.CONFLICT))
-    @rule(data=st.data(), how=st.sampled_from(["rebase, a clash keeps the local value",
-                                               "rebase, a clash keeps the stored value", "keep a copy",
-                                               "keep a copy", "discard", "discard and reload"]),
-          net=st.sampled_from(NETS_COPY))
+    @rule(data=st.data(), how=st.sampled_from(["discard", "rebase, a clash keeps the local value",
+                                               "rebase, a clash keeps the stored value", "discard and reload",
+                                               "rebase, a clash keeps the local value"]),
+          net=st.sampled_from(NETS))
     def resolve(self, data, how: str, net: str) -> None:
-        """The user resolves the conflict: rebase (records merge by attribute id), keep the local copy
-        as a new document (this one takes the stored copy), discard, or discard and reload."""
+        """The user resolves the conflict: rebase (records merge by attribute id), discard (take the
+        stored copy), or discard and reload."""
         slot = self._pick(data, self._slots(State.CONFLICT))
         if how.startswith("discard"):
             self._discard(slot, how.endswith("reload"), net)
-        elif how.startswith("rebase"):
+        else:
             resolve = prefer_local if how.endswith("local value") else prefer_stored
             self._run(f"resolve {slot}: {how}", lambda side: side.tab(slot).rebase(resolve))
-        else:
-            def script(side):
-                t = side.tab(slot)
-                req = t.begin_copy()
-                return t.finish_copy(req, side.send(slot, req))
 
-            self._run(f"resolve {slot}: keep the local copy as a new document", script, (slot, net))
+    @precondition(lambda self: self._slots(State.CONFLICT))
+    @rule(data=st.data(), net=st.sampled_from(NETS_COPY))
+    def keep_copy(self, data, net: str) -> None:
+        """The user resolves the conflict by keeping the local copy as a new document (every kind
+        can); this document takes the stored copy."""
+        slot = self._pick(data, self._slots(State.CONFLICT))
+
+        def script(side):
+            t = side.tab(slot)
+            req = t.begin_copy()
+            return t.finish_copy(req, side.send(slot, req))
+
+        self._run(f"resolve {slot}: keep the local copy as a new document", script, (slot, net))
 
     # -- sibling drafts ------------------------------------------------------------------------------------------
     def _with_siblings(self) -> list[str]:
         return [slot for slot, s in self.sessions.items() if s.siblings and s.state is not State.CLOSED]
 
     @precondition(lambda self: self._with_siblings())
-    @rule(data=st.data(), adopt=st.booleans())
+    @rule(data=st.data(), adopt=st.sampled_from([True, True, False]))
     def sibling(self, data, adopt: bool) -> None:
         """A draft another writer of the same user left is offered on load: adopt it (only a clean
         tab can) or discard it. Never applied silently."""
-        slot = self._pick(data, self._with_siblings())
+        clean = [slot for slot in self._with_siblings() if self._state(slot) is State.CLEAN]
+        adopt = adopt and bool(clean)
+        slot = self._pick(data, clean if adopt else self._with_siblings())
         s = self.sessions[slot]
         writer = data.draw(st.sampled_from([d["writerId"] for d in s.siblings]), label="sibling")
-        if adopt and s.state is State.CLEAN:
+        if adopt:
             self._run(f"{slot} adopts the draft of writer {writer}", lambda side: side.tab(slot).adopt(writer))
         else:
             self._run(f"{slot} discards the draft of writer {writer}",
@@ -986,7 +1007,8 @@ class DocumentSessionCheck(KindCheck):
     CLOSABLE = (State.LOADING, State.CLEAN, State.DIRTY, State.OFFLINE, State.CONFLICT)
 
     @precondition(lambda self: self._slots(*self.CLOSABLE))
-    @rule(data=st.data(), how=st.sampled_from(["close", "close", "killed", "killed mid-save, before the request",
+    @rule(data=st.data(), how=st.sampled_from(["close", "close", "close", "killed",
+                                               "killed mid-save, before the request",
                                                "killed mid-save, after the request"]),
           net=st.sampled_from(NETS_WRITE))
     def close(self, data, how: str, net: str) -> None:
@@ -1017,6 +1039,7 @@ class DocumentSessionCheck(KindCheck):
     edit_more = edit
     tick_more = tick
     resolve_more = resolve
+    keep_copy_more = keep_copy
 
     # -- the rest of the world ----------------------------------------------------------------------------------
     @precondition(lambda self: self._slots(State.DIRTY, State.OFFLINE, State.CONFLICT))
@@ -1079,7 +1102,7 @@ class _ReadGuard(Session):
     """The reference's stale-read guard with some of its checks left out (see the subclasses)."""
 
     check_order = True       # the read sequence, and "the base moved since the read started"
-    check_generation = True  # "a local edit happened since the read started"
+    check_generation = True  # "a local edit happened since the read started" (for a discard-and-reload)
 
     def finish_read(self, req, answer):
         if req.purpose == "load" or not (isinstance(answer, Won) and isinstance(answer.value, Snapshot)):
@@ -1088,7 +1111,7 @@ class _ReadGuard(Session):
         event = "reloaded" if req.purpose == "refresh" else "discard_reloaded"
         if self.check_order and req.read_seq <= self.applied_read_seq:
             reason = "out_of_order"
-        elif self.check_generation and req.generation != self.generation:
+        elif req.generation != self.generation and (self.check_generation or req.purpose == "refresh"):
             reason = "raced_local_edit"
         elif self.inflight is not None or (self.check_order and req.base_version != self.base_version):
             reason = "raced_save"
@@ -1116,7 +1139,8 @@ class _ReadGuardWithoutOrder(_ReadGuard):
 
 
 class _ReadGuardWithoutGeneration(_ReadGuard):
-    """The guard has no edit generation: a discard-and-reload answered after an edit wipes the edit."""
+    """A discard-and-reload skips the generation check ("the user discards anyway"): its answer,
+    arriving after the user typed again, wipes the new edit."""
 
     check_generation = False
 
@@ -1167,7 +1191,7 @@ MUTANTS = [
            "the read guard has no read sequence: a read answered after a newer one is applied",
            with_attrs(session_class=_ReadGuardWithoutOrder)),
     Mutant("read-that-raced-an-edit-applied", "document-session", "no-edit-lost-silently",
-           "the read guard has no edit generation: a reload answered after an edit wipes the edit",
+           "a discard-and-reload ignores the edit generation: its late answer wipes an edit typed meanwhile",
            with_attrs(session_class=_ReadGuardWithoutGeneration)),
     Mutant("reload-clears-before-fetch", "document-session", "no-edit-lost-silently",
            "discard_and_reload() drops the local copy and draft before the fetch succeeded",
