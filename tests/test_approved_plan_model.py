@@ -451,3 +451,23 @@ def test_copy_is_independent_and_equality_is_the_observable_state():
     assert d != m  # the clock is part of what the model will do next
     other, _ = model_at(Status.EXECUTING)
     assert other == m
+
+
+def test_every_transition_is_logged_for_the_check_to_count():
+    m = ApprovedPlanModel()
+    pid = m.propose([CREDIT_A5, FAIL]).value
+    m.approve(pid)
+    m.mark_executing(pid)
+    m.heartbeat(pid, 1)
+    m.run_step(pid, 0, 1)
+    m.run_step(pid, 1, 1)
+    assert m.approve(pid) == ap.lost("approve")  # a lost race takes no transition
+    assert m.transitions == [(pid, CREATED, "propose", "pending"), (pid, "pending", "approve", "approved"),
+                             (pid, "approved", "mark_executing", "executing"),
+                             (pid, "executing", "heartbeat", "executing"), (pid, "executing", "step_ok", "executing"),
+                             (pid, "executing", "step_failed", "failed")]
+    comp = m.compensate(pid).value
+    assert m.transitions[-1] == (comp, CREATED, "compensate", "pending")
+    c = m.copy()
+    c.transitions.clear()
+    assert len(m.transitions) == 7  # a copy logs on its own

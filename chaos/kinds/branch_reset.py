@@ -76,7 +76,7 @@ BRANCHES = ("a", "b")
 TERMINAL = model.TERMINAL
 
 COMMIT_FAULTS = ("commit-reply-lost", "commit-request-lost", "commit-reply-lost", "db-crash")
-"""What ``fault_commit`` draws from (a poller's death before COMMIT has its own rule). A lost
+"""What ``turn_meets_commit_fault`` draws from (a death before COMMIT has its own rule). A lost
 reply is there twice: the crash, after its one time, is a lost request, so the two outcomes an
 indeterminate COMMIT can resolve to come up about equally often."""
 
@@ -435,6 +435,15 @@ class BranchResetCheck(KindCheck):
             self.event("fence refusal")
 
     @precondition(lambda self: self._runs(Status.RUNNING))
+    @rule(skew=st.sampled_from([s for s in SKEWS if s > 0]))
+    def reap_on_a_clock_ahead(self, skew: int) -> None:
+        """The reaper job runs on a host whose clock is ``skew`` ahead of real time (and stays so):
+        the case the skew bound is about, both sides of it. An operation with an app-clock skew,
+        so swarm testing never switches it off."""
+        self.fault_app_clock_skew(REAPER, skew)
+        self.reap()
+
+    @precondition(lambda self: self._runs(Status.RUNNING))
     @rule()
     def reap(self) -> None:
         """The dbops-reaper job: its application clock judges every running run's lease. Every
@@ -479,16 +488,25 @@ class BranchResetCheck(KindCheck):
         self.log(f"operation {op_id} {'succeeds' if ok else 'fails'} at the API")
 
     @precondition(lambda self: self.clock_matters())
-    @rule(seconds=st.sampled_from([QUANTUM, 2 * QUANTUM, LEASE + QUANTUM]))
+    @rule(seconds=st.sampled_from([QUANTUM, 2 * QUANTUM]))
     def time_passes(self, seconds: int) -> None:
-        """Real time passes: every application clock moves. Past the lease, it is a stall: the
-        pollers froze (a GC pause, a suspended VM) until every lease held lapsed, then resume."""
+        """Real time passes, within the lease: every application clock moves."""
         for m in self.candidates:
             m.advance(seconds)
-        if seconds > self.lease:
-            self.fault("worker-stall", f"workers stall {seconds}s, past the lease", calm=False)
-        else:
-            self.log(f"time passes {seconds}s")
+        self.log(f"time passes {seconds}s")
+
+    @precondition(lambda self: self._runs(Status.RUNNING))
+    @rule(w=st.sampled_from(POLLERS), data=st.data())
+    def stall_past_lease(self, w: int, data) -> None:
+        """A poller stalls (a GC pause, a frozen VM) until the lease of a run it polls lapsed, and
+        resumes with that poll: the lease check must refuse it. An operation with a stall in it,
+        so swarm testing never switches it off."""
+        run_id = data.draw(st.sampled_from(self._runs(Status.RUNNING)), label="run")
+        seconds = self.lease + QUANTUM
+        for m in self.candidates:
+            m.advance(seconds)
+        self.fault("worker-stall", f"w{w} stalls {seconds}s, past the lease of {run_id}, then resumes", calm=False)
+        self._poll(w, run_id)
 
     # -- faults ---------------------------------------------------------------------------------
     # The generic link faults, with the calm precondition added (same names: these replace them).
@@ -533,13 +551,16 @@ class BranchResetCheck(KindCheck):
         self.env.clock.jump(seconds)
         self.fault("db-clock-jump", f"db clock jump {seconds:+d}s (no branch-reset guard reads it: nothing moves)")
 
-    # Faults that meet a poller's own work take the poller, the kind and the work as arguments,
-    # and the poller takes its turn at once. Hypothesis orders rules by their number of arguments
-    # and shrinks each step towards the first valid rule: with three arguments these come after
-    # every operation, so shrinking never turns a plain start or poll into a faulted one.
+    # A poller's turn that meets a fault at its COMMIT or at the operations API. These are
+    # operations (a start or a poll) with a one-shot fault, so they are named as operations and
+    # swarm testing never switches them off: every CI run needs indeterminate COMMITs and deaths,
+    # and a fault that meets the work at once leaves nothing behind to disturb what follows. They
+    # take the poller, the kind and the work as arguments: Hypothesis orders rules by their number
+    # of arguments and shrinks each step towards the first valid rule, and with three these come
+    # after every plain operation, so shrinking never turns a plain start or poll into a faulted one.
     def fault_db_crash(self) -> None:
-        """Not a rule here: a database crash is a kind of ``fault_commit`` (with a poller's
-        transaction open), not the generic crash between steps."""
+        """Not a rule here: a database crash is a kind of ``turn_meets_commit_fault`` (with a
+        poller's transaction open), not the generic crash between steps."""
 
     def _can_fault_work(self) -> bool:
         """One-shot faults that meet a poller's next turn disturb nothing after it: they are not
@@ -555,7 +576,7 @@ class BranchResetCheck(KindCheck):
 
     @precondition(lambda self: all(w.before_commit is None for w in self.workers) and self._can_fault_work())
     @rule(w=st.sampled_from(POLLERS), op=st.sampled_from(["start", "poll"]), data=st.data())
-    def fault_worker_death(self, w: int, op: str, data) -> None:
+    def turn_dies_before_commit(self, w: int, op: str, data) -> None:
         """A poller dies just before the COMMIT of its very next start (the create has reached the
         API by then) or poll (the status read has). Its connection goes without a goodbye."""
         self.arm_commit_fault(self.workers[w], "worker-death")
@@ -564,7 +585,7 @@ class BranchResetCheck(KindCheck):
 
     @precondition(lambda self: all(w.before_commit is None for w in self.workers) and self._can_fault_work())
     @rule(w=st.sampled_from(POLLERS), kind=st.sampled_from(COMMIT_FAULTS), data=st.data())
-    def fault_commit(self, w: int, kind: str, data) -> None:
+    def turn_meets_commit_fault(self, w: int, kind: str, data) -> None:
         """A poller's COMMIT meets a fault, in its very next turn (a start when there is one: its
         outcome is always observable): the reply is lost (the server committed), the request is
         lost (it did not), or the database server crashes (SIGKILL of the postmaster) with the
@@ -592,7 +613,7 @@ class BranchResetCheck(KindCheck):
 
     @precondition(lambda self: self.reply_lost is None and self.ops.pending_failures == 0 and self._can_fault_work())
     @rule(w=st.sampled_from(POLLERS), kind=st.sampled_from(["reply lost", "503", "503 twice"]), data=st.data())
-    def fault_opsapi(self, w: int, kind: str, data) -> None:
+    def turn_meets_api_fault(self, w: int, kind: str, data) -> None:
         """The operations API misbehaves in the poller's very next turn: it acts on the request and
         the answer never reaches the poller (reply lost), or it answers 503 without acting, to
         the next request or the next two (whoever makes them)."""
