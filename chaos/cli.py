@@ -41,13 +41,14 @@ class Progress:
         self.live = stream.isatty() and not os.environ.get("CI")
         self._last = 0.0
 
-    def __call__(self, stats: Stats) -> None:
+    def __call__(self, run) -> None:
         if not self.live or time.monotonic() - self._last < 0.2:
             return
         self._last = time.monotonic()
-        done = min(stats.examples, self.total)
-        self.stream.write(f"\r  {self.kind}: example {done}/{self.total}, {stats.steps} steps, "
-                          f"{sum(stats.faults.values())} faults ")
+        stats = run.stats
+        todo = len(run.missing(run.profile.times_each))
+        self.stream.write(f"\r  {self.kind}: example {stats.examples}, {stats.steps} steps, "
+                          f"{sum(stats.faults.values())} faults, {todo} requirements to go ")
         self.stream.flush()
 
     def done(self) -> None:
@@ -60,8 +61,11 @@ def _counts(counter: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) or "none"
 
 
-def replay_command(r: CheckResult, examples: int, steps: int, dsn: str | None, mutant: str | None = None) -> str:
-    cmd = f"knownstate verify {r.kind} --seed {r.seed} --examples {examples} --steps {steps}"
+def replay_command(r: CheckResult, examples: int | None, steps: int | None, dsn: str | None,
+                   mutant: str | None = None) -> str:
+    cmd = f"knownstate verify {r.kind} --seed {r.seed} --profile {r.profile}"
+    cmd += f" --batch {r.batch}" if r.batch else ""
+    cmd += (f" --examples {examples}" if examples else "") + (f" --steps {steps}" if steps else "")
     return cmd + (f" --mutant {mutant}" if mutant else "") + (" --dsn '<your DSN>'" if dsn else "")
 
 
@@ -78,6 +82,9 @@ def print_result(r: CheckResult, examples: int, steps: int, dsn: str | None, out
     seen = sum(1 for n in r.stats.transitions.values() if n)
     print(f"  transitions observed: {seen} distinct, {sum(r.stats.transitions.values())} taken", file=out)
     print(f"  invariants checked: {r.stats.invariants_checked}", file=out)
+    print(f"  stopped: {r.stopped}", file=out)
+    for n in r.not_covered:
+        print(f"  not covered on this database: {n}", file=out)
     if r.failure:
         print(f"  failure: {r.failure}", file=out)
         print(f"  counterexample ({r.counterexample_steps} steps, one operation or fault per line):", file=out)
@@ -120,11 +127,10 @@ def write_junit(path: str, results: list[CheckResult], examples: int, steps: int
 def cmd_verify(args) -> int:
     selected = _kinds(args.kinds)
     profile = PROFILES[args.profile]
-    examples = args.examples or profile["examples"]
-    steps = args.steps or profile["steps"]
+    examples, steps = args.examples, args.steps
     seed = args.seed if args.seed is not None else secrets.randbelow(2**32)
-    print(f"knownstate verify: {', '.join(selected)} — profile {args.profile} ({examples} examples × up to "
-          f"{steps} steps per kind), seed {seed}", flush=True)
+    print(f"knownstate verify: {', '.join(selected)} — profile {args.profile} ({profile.description}), "
+          f"seed {seed}", flush=True)
     check_for = kinds.check
     if args.mutant:
         if len(selected) != 1:
@@ -142,7 +148,8 @@ def cmd_verify(args) -> int:
         for name in selected:
             progress = Progress(name, examples)
             r = run_check(check_for(name), env, examples=examples, steps=steps, seed=seed, progress=progress,
-                          require_all=not args.mutant, shrink_seconds=args.shrink_seconds)
+                          profile=args.profile, require_all=not args.mutant,
+                          shrinks=args.shrinks, start_batch=args.batch)
             progress.done()
             print_result(r, examples, steps, args.dsn, mutant=args.mutant)
             sys.stdout.flush()
@@ -159,18 +166,15 @@ def cmd_verify(args) -> int:
 
 def cmd_mutants(args) -> int:
     selected = _kinds(args.kinds)
-    profile = PROFILES["ci"]
-    examples = args.examples or profile["examples"]
-    steps = args.steps or profile["steps"]
+    examples, steps = args.examples, args.steps
     seed = args.seed if args.seed is not None else secrets.randbelow(2**32)
-    print(f"knownstate mutants: {', '.join(selected)} — {examples} examples × up to {steps} steps each, seed {seed}",
-          flush=True)
+    print(f"knownstate mutants: {', '.join(selected)}, seed {seed}", flush=True)
     rows, ok = [], True
     with Env.open(args.dsn) as env:
         for name in selected:
             check = kinds.check(name)
             ref = run_check(check, env, examples=examples, steps=steps, seed=seed, require_all=False,
-                            shrink_seconds=args.shrink_seconds)
+                            shrinks=args.shrinks)
             print(f"{name}: reference {'passes' if ref.failure is None else 'FAILS'} ({ref.seconds:.1f} s)", flush=True)
             if ref.failure:
                 ok = False
@@ -179,8 +183,8 @@ def cmd_mutants(args) -> int:
             print(f"  {'mutant':<30} {'invariant broken':<32} {'caught':<7} {'seconds':>8} {'steps':>6}")
             for m in kinds.mutants(name):
                 r = run_check(m.machine(check), env, examples=examples, steps=steps, seed=seed, require_all=False,
-                              shrink_seconds=args.shrink_seconds)
-                caught = r.failure is not None
+                              shrinks=args.shrinks)
+                caught = r.failure is not None and m.invariant in r.invariants
                 ok &= caught
                 rows.append({"kind": name, "mutant": m.name, "invariant": m.invariant, "description": m.description,
                              "caught": caught, "seconds": round(r.seconds, 2),
@@ -229,8 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--dsn", default=os.environ.get("DATABASE_URL"),
                         help="an external PostgreSQL (default: $DATABASE_URL, else a throwaway cluster)")
         sp.add_argument("--json", metavar="FILE", help="write a JSON report")
-        sp.add_argument("--shrink-seconds", type=float, default=120,
-                        help="time to spend shrinking a failure to its shortest counterexample (default 120)")
+        sp.add_argument("--shrinks", type=int, default=200,
+                        help="successful shrinks at most, shrinking a failure to its shortest "
+                             "counterexample (default 200; a count, never a time)")
+        sp.add_argument("--batch", type=int, default=0,
+                        help="start at this batch of examples (a failure's replay command gives it)")
 
     v = sub.add_parser("verify", help="run the gate: each kind's model against its implementation under faults")
     common(v)

@@ -17,14 +17,30 @@ from .check import KindCheck
 
 @dataclass(frozen=True)
 class Mutant:
+    """A named bug. It counts as caught only when the check fails naming ``invariant``."""
+
     name: str
     kind: str
-    invariant: str  # the invariant it breaks (a key of contract.INVARIANTS, or the kind's own name)
+    invariant: str  # the invariant it breaks: one the kind's check can name (named_invariants)
     description: str
     apply: Callable[[type[KindCheck]], type[KindCheck]]
 
     def machine(self, check: type[KindCheck]) -> type[KindCheck]:
         return self.apply(check)
+
+
+def catalogue_problems(check: type[KindCheck], mutants: list[Mutant]) -> list[str]:
+    """What is wrong with a kind's catalogue: a mutant declaring an invariant its check cannot
+    name (it could never be caught), a mutant of another kind, two mutants with one name."""
+    known = check.named_invariants()
+    out = [f"mutant {m.name} declares invariant {m.invariant!r}, which the {check.kind} check "
+           f"never names: choose from {', '.join(sorted(known))}"
+           for m in mutants if m.invariant not in known]
+    out += [f"mutant {m.name} is listed under {check.kind} but says it is of {m.kind}"
+            for m in mutants if m.kind != check.kind]
+    names = [m.name for m in mutants]
+    out += [f"two mutants are named {n}" for n in sorted({n for n in names if names.count(n) > 1})]
+    return out
 
 
 class CatalogueDrift(RuntimeError):

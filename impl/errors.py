@@ -34,6 +34,10 @@ class TransactionAborted(KnownstateError):
     """The server refused a statement and rolled the transaction back: nothing of it committed."""
 
 
+class ClientError(KnownstateError):
+    """The driver refused the call before the server saw it (a wrong parameter, a closed cursor): a bug in the calling code, not a lost connection."""
+
+
 class ExternalCallFailed(KnownstateError):
     """The external service did not confirm the call: it may or may not have acted on it."""
 
@@ -47,6 +51,8 @@ def boundary(where: str):
     except psycopg.Error as e:
         if is_connection_error(e):
             raise ConnectionLost(f"{where}: {_first_line(e)}") from e
+        if not e.sqlstate:
+            raise ClientError(f"{where}: {type(e).__name__}: {_first_line(e)}") from e
         raise TransactionAborted(f"{where}: {e.sqlstate} {_first_line(e)}") from e
 
 
@@ -59,10 +65,13 @@ def commit(conn: psycopg.Connection, where: str) -> None:
 
 
 def is_connection_error(e: psycopg.Error) -> bool:
-    """A dead link or server (no SQLSTATE, class 08, or a server shutting down), as opposed to a
-    statement the live server refused."""
+    """A dead link or server (class 08, a server shutting down, or libpq's own report of a lost
+    connection: an OperationalError without SQLSTATE), as opposed to a statement the live server
+    refused or a call the driver refused before sending it (a ProgrammingError, no SQLSTATE)."""
     state = e.sqlstate or ""
-    return state == "" or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+    if state:
+        return state.startswith("08") or state in ("57P01", "57P02", "57P03")
+    return isinstance(e, psycopg.OperationalError)
 
 
 def _first_line(e: BaseException) -> str:

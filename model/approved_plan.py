@@ -125,6 +125,8 @@ CONTRACT = Contract(
     retry_policy="none: a failed step is a receipt and a new plan is a new proposal; undoing committed "
                  "steps is a separate compensating proposal with its own receipts",
     external_effect=ExternalEffect.NONE,
+    retries=False,
+    owned=frozenset({Status.EXECUTING.value}),
 )
 
 INTERRUPTED = "interrupted: no heartbeat within the lease"
@@ -320,12 +322,14 @@ def views(state: PlanState) -> dict[str, RunView]:
     out: dict[str, RunView] = {}
     for p in state.proposals:
         ok = {r.step_index for r in p.receipts if r.ok}
-        ids = ok | {i for (pid, i) in effects if pid == p.proposal_id}
+        failed = {r.step_index for r in p.receipts if not r.ok}
+        ids = ok | failed | {i for (pid, i) in effects if pid == p.proposal_id}
         out[str(p.proposal_id)] = RunView(
             run_id=str(p.proposal_id),
             status=p.status.value,
             fence_token=p.generation,
-            steps={str(i): StepView(receipts=int(i in ok), effects=effects.get((p.proposal_id, i), 0))
+            steps={str(i): StepView(receipts=int(i in ok), effects=effects.get((p.proposal_id, i), 0),
+                                    failed=int(i in failed))
                    for i in sorted(ids)},
             valid_step_ids=frozenset(str(i) for i in range(len(p.steps))),
         )

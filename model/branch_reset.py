@@ -216,6 +216,7 @@ CONTRACT = Contract(
              "neonOpStatuses) on the run row, written with the transition they cause",
     retry_policy="none: the external operation is polled, never re-issued",
     external_effect=ExternalEffect.CREATE_ONCE_THEN_POLL,
+    retries=False,
     deviations=(
         "lease in application time, not database now(): each worker's clock judges the lease, so an "
         f"app-clock skew of L - M or more (reaper ahead of the last poller; {skew_bound()} s with the "
@@ -224,6 +225,7 @@ CONTRACT = Contract(
         "the POST that creates the operation is at least once; the creation is exactly once because "
         "the operations API takes an idempotency key (the run id).",
     ),
+    owned=frozenset({Status.RUNNING.value}),
 )
 
 

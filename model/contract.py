@@ -155,6 +155,8 @@ class Contract:
     retry_policy: str
     external_effect: ExternalEffect
     deviations: tuple[str, ...] = ()
+    retries: bool = True  # False: no retry at all; a failed step ends the run
+    owned: frozenset[str] = frozenset()  # statuses in which a worker owns the run (claimed)
 
     @property
     def statuses(self) -> tuple[str, ...]:
@@ -176,6 +178,19 @@ class StepView:
     receipts: int = 0  # receipt rows recorded for this step
     effects: int = 0  # database effects of this step, counted in the domain data
     external_calls: int = 0  # calls an external stand-in received for this step
+    failed: int = 0  # receipts recorded for this step as not ok (a failed step)
+
+
+@dataclass(frozen=True)
+class RetryView:
+    """Where a retried run stands against its retry policy, read from its row."""
+
+    attempts: int  # attempts made so far
+    max_attempts: int  # the policy's bound
+    waiting: bool  # the run waits to be tried again (pending after an attempt)
+    due_in: int = 0  # seconds until it is due again, when waiting
+    owed: int = 0  # the wait its policy owes it now: the backoff after a failed attempt, 0
+    #                after a lease that lapsed (the reaper's reclaim is due at once)
 
 
 @dataclass(frozen=True)
@@ -186,6 +201,7 @@ class RunView:
     steps: Mapping[str, StepView] = field(default_factory=dict)
     valid_step_ids: frozenset[str] | None = None  # None: any id is valid (row-id identity)
     external_creations: int = 0  # for create-once kinds: how many times the external op was created
+    retry: RetryView | None = None  # for kinds with a retry policy
 
 
 @dataclass(frozen=True)
@@ -227,7 +243,15 @@ INVARIANTS: dict[str, str] = {
     "and never re-executes.",
     "external-effect-semantics": "External effects are at-least-once unless the external API takes an "
     "idempotency key, and each implementation says which it is.",
+    # Three guarantees of the contract table's elements, judged like the six:
+    "claim": "Exactly one worker owns a run: a claim takes what nobody holds, and skips, never waits "
+    "on, a run another worker is claiming.",
+    "lease": "A dead owner is detected, never waited on forever: once its lease lapsed, by the clock "
+    "that stamped it, its run is taken back, and never while the lease is live.",
+    "retry-policy": "Retries are bounded and spaced: a retry waits its backoff, a run is never tried "
+    "again past its maximum attempts, and without retries a failed step ends the run.",
 }
+"""The six invariants of the source document, and three guarantees of its contract table."""
 
 
 def check_invariants(
@@ -247,6 +271,11 @@ def check_invariants(
         if src != now.status and not table.allows(src, now.status):
             out.append(Violation("conditional-transition",
                                  f"run {run_id} moved {src} -> {now.status}, which the table does not allow"))
+        if (prev is not None and prev.status not in contract.owned and now.status in contract.owned
+                and table.allows(src, now.status) and now.fence_token <= prev.fence_token):
+            out.append(Violation("lease-fence",
+                                 f"run {run_id} was claimed ({prev.status} -> {now.status}) keeping fence token "
+                                 f"{now.fence_token}: an owner that lost it is not fenced off"))
         for step_id, s in now.steps.items():
             if s.receipts != s.effects:
                 out.append(Violation("receipt-with-effect",
@@ -268,6 +297,7 @@ def check_invariants(
             if record(now) != record(prev):
                 out.append(Violation("terminal-answers-from-receipts",
                                      f"run {run_id} changed after it was terminal ({prev.status})"))
+        out += _retry_policy(contract, run_id, prev, now)
         if contract.external_effect is ExternalEffect.CREATE_ONCE_THEN_POLL and now.external_creations > 1:
             out.append(Violation("external-effect-semantics",
                                  f"run {run_id}: external operation created {now.external_creations} times"))
@@ -290,4 +320,23 @@ def check_invariants(
         if r.reexecuted:
             out.append(Violation("terminal-answers-from-receipts",
                                  f"run {r.run_id}: a repeat request on a terminal run re-executed"))
+    return out
+
+
+def _retry_policy(contract: Contract, run_id: str, prev: RunView | None, now: RunView) -> list[Violation]:
+    out = []
+    if not contract.retries and not contract.is_terminal(now.status):
+        failed = [k for k, s in now.steps.items() if s.failed]
+        if failed:
+            out.append(Violation("retry-policy", f"run {run_id} recorded step {failed[0]} as failed and is "
+                                                 f"still {now.status}: without retries a failed step ends the run"))
+    r = now.retry
+    if r is None or not r.waiting or (prev is not None and prev.status == now.status):
+        return out
+    if r.attempts >= r.max_attempts > 0:
+        out.append(Violation("retry-policy", f"run {run_id} waits to be tried again after its last attempt "
+                                             f"({r.attempts} of {r.max_attempts})"))
+    if r.due_in < r.owed:
+        out.append(Violation("retry-policy", f"run {run_id} is due again in {r.due_in}s, before the "
+                                             f"{r.owed}s its backoff owes"))
     return out

@@ -85,6 +85,7 @@ CONTRACT = Contract(
     receipts="the delivery row itself",
     retry_policy="exponential backoff on next_attempt_at with a cap; dead after max attempts",
     external_effect=ExternalEffect.AT_LEAST_ONCE,
+    owned=frozenset({R}),
 )
 
 STEP = "deliver"  # the outbox's single step; its identity is the row id

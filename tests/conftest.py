@@ -4,6 +4,8 @@ session, reset between tests, nothing left running afterwards.
 - ``pg``: a throwaway PostgreSQL cluster (under libfaketime) for the whole session.
 - ``toxiproxy``: the real Toxiproxy server and its wrapped client; reset after each test.
 - ``fresh_db``: a factory ``fresh_db(schema_sql) -> dsn`` giving an empty database of its own.
+- ``check_env``: the real parts of a verify run (``knownstate.chaos.check.Env``), started once for
+  every stateful check in the session.
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ _db_names = itertools.count()
 def pg():
     with PostgresCluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def check_env():
+    from knownstate.chaos.check import Env
+
+    with Env.open() as env:
+        yield env
 
 
 @pytest.fixture(scope="session")

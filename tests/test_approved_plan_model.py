@@ -425,7 +425,8 @@ def test_the_invariants_hold_along_a_whole_story():
     v = m.views()
     assert v["1"].status == "failed" and v["1"].fence_token == 1
     assert v["1"].valid_step_ids == {"0", "1", "2"}
-    assert {k: (s.receipts, s.effects) for k, s in v["1"].steps.items()} == {"0": (1, 1), "1": (1, 1)}
+    assert {k: (s.receipts, s.effects, s.failed) for k, s in v["1"].steps.items()} == {
+        "0": (1, 1, 0), "1": (1, 1, 0), "2": (0, 0, 1)}  # the failed step: a receipt, no effect
     assert {k: (s.receipts, s.effects) for k, s in v["2"].steps.items()} == {"0": (1, 1)}
 
 

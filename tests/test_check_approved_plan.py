@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from knownstate.chaos.check import Env, run_check
+from knownstate.chaos.check import run_check
 from knownstate.chaos.kinds.approved_plan import MUTANTS, ApprovedPlanCheck
 from knownstate.model.contract import INVARIANTS
 
 MUTANT = {m.name: m for m in MUTANTS}
+MUTANT_INVARIANT = {m.name: m.invariant for m in MUTANTS}
 
-
-@pytest.fixture(scope="session")
-def approved_plan_env():
-    with Env.open() as env:
-        yield env
 
 
 def test_the_catalogue_covers_the_issue_and_names_real_invariants():
@@ -26,13 +22,13 @@ def test_the_catalogue_covers_the_issue_and_names_real_invariants():
         assert name in MUTANT
     for m in MUTANTS:
         assert m.kind == "approved-plan" and m.description
-        assert m.invariant in INVARIANTS or m.invariant == "retry-policy", m.name
+        assert m.invariant in ApprovedPlanCheck.named_invariants(), m.name
         assert issubclass(m.machine(ApprovedPlanCheck), ApprovedPlanCheck)
 
 
 @pytest.mark.slow
-def test_reference_passes_and_observes_faults(approved_plan_env):
-    r = run_check(ApprovedPlanCheck, approved_plan_env, examples=15, steps=30, seed=1, require_all=False)
+def test_reference_passes_and_observes_faults(check_env):
+    r = run_check(ApprovedPlanCheck, check_env, examples=15, steps=30, seed=1, require_all=False)
     assert r.failure is None, "\n".join([r.failure or "", *r.counterexample])
     assert r.stats.invariants_checked > 0
     assert r.stats.faults and r.stats.events["indeterminate commit"] > 0
@@ -41,19 +37,18 @@ def test_reference_passes_and_observes_faults(approved_plan_env):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["failed-step-continues", "step-index-call-counter"])
-def test_mutant_is_caught_with_a_short_counterexample(approved_plan_env, name):
-    r = run_check(MUTANT[name].machine(ApprovedPlanCheck), approved_plan_env, examples=15, steps=30, seed=1,
-                  require_all=False, shrink_seconds=15)
+def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
+    r = run_check(MUTANT[name].machine(ApprovedPlanCheck), check_env, examples=15, steps=30, seed=1,
+                  require_all=False, shrinks=60)
     assert r.failure is not None, f"mutant {name} was not caught"
+    assert MUTANT_INVARIANT[name] in r.invariants, r.failure
     assert r.counterexample_steps <= 15, "\n".join(r.counterexample)
 
 
 @pytest.mark.slow
-def test_a_seed_replays_the_same_run(approved_plan_env):
-    traces = []
-    for _ in range(2):
-        ApprovedPlanCheck.all_traces = []
-        run_check(ApprovedPlanCheck, approved_plan_env, examples=6, steps=30, seed=21, require_all=False)
-        traces.append(ApprovedPlanCheck.all_traces)
-    del ApprovedPlanCheck.all_traces
+def test_a_seed_replays_the_same_run(check_env):
+    traces: list[list[list[str]]] = [[], []]
+    for kept in traces:
+        run_check(ApprovedPlanCheck, check_env, examples=6, steps=30, seed=21, require_all=False,
+                  traces=kept)
     assert traces[0] and traces[0] == traces[1]

@@ -6,31 +6,26 @@ from __future__ import annotations
 
 import pytest
 
-from knownstate.chaos.check import Env, run_check
+from knownstate.chaos.check import run_check
 from knownstate.chaos.kinds.branch_reset import BOUND, LEASE, MARGIN, MUTANTS, BranchResetCheck
 from knownstate.model.branch_reset import skew_bound
 
 pytestmark = pytest.mark.slow
 
+MUTANT_INVARIANT = {m.name: m.invariant for m in MUTANTS}
+
 MUTANT = {m.name: m for m in MUTANTS}
 DEVIATION = "reaped live run under skew past bound (known deviation)"
 
 
-@pytest.fixture(scope="session")
-def branch_reset_env():
-    with Env.open() as env:
-        yield env
-
 
 @pytest.fixture(scope="session")
-def reference_run(branch_reset_env):
+def reference_run(check_env):
     """One small run of the reference, every example's trace kept."""
-    BranchResetCheck.all_traces = []
-    try:
-        result = run_check(BranchResetCheck, branch_reset_env, examples=15, steps=30, seed=3, require_all=False)
-        return result, BranchResetCheck.all_traces
-    finally:
-        del BranchResetCheck.all_traces
+    traces: list[list[str]] = []
+    result = run_check(BranchResetCheck, check_env, examples=15, steps=30, seed=3, require_all=False,
+                       traces=traces)
+    return result, traces
 
 
 def test_reference_passes_and_observes_work_and_faults(reference_run):
@@ -54,20 +49,17 @@ def test_skew_past_the_bound_is_observed_and_labelled(reference_run):
 
 
 @pytest.mark.parametrize("name", ["one-in-flight-missing", "reaper-ignores-lease", "start-retry-fresh-key"])
-def test_mutant_is_caught_with_a_short_counterexample(branch_reset_env, name):
-    r = run_check(MUTANT[name].machine(BranchResetCheck), branch_reset_env, examples=30, steps=30, seed=2,
-                  require_all=False, shrink_seconds=15)
+def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
+    r = run_check(MUTANT[name].machine(BranchResetCheck), check_env, examples=30, steps=30, seed=2,
+                  require_all=False, shrinks=60)
     assert r.failure is not None, f"mutant {name} was not caught"
+    assert MUTANT_INVARIANT[name] in r.invariants, r.failure
     assert r.counterexample_steps <= 15, "\n".join(r.counterexample)
 
 
-def test_a_seed_replays_the_same_run(branch_reset_env):
-    traces = []
-    for _ in range(2):
-        BranchResetCheck.all_traces = []
-        try:
-            run_check(BranchResetCheck, branch_reset_env, examples=6, steps=30, seed=11, require_all=False)
-            traces.append(BranchResetCheck.all_traces)
-        finally:
-            del BranchResetCheck.all_traces
-    assert traces[0] == traces[1]
+def test_a_seed_replays_the_same_run(check_env):
+    traces: list[list[list[str]]] = [[], []]
+    for kept in traces:
+        run_check(BranchResetCheck, check_env, examples=6, steps=30, seed=11, require_all=False,
+                  traces=kept)
+    assert traces[0] and traces[0] == traces[1]

@@ -77,7 +77,8 @@ def test_a_seeded_bug_shrinks_to_a_short_readable_replayable_counterexample():
     assert first.returncode == 1, first.stdout + first.stderr
     m = re.search(r"counterexample \((\d+) steps", first.stdout)
     assert m and int(m.group(1)) <= 15, first.stdout
-    assert "replay: knownstate verify outbox --seed 3 --examples 30 --steps 30 --mutant claim-without-bump" in first.stdout
+    assert ("replay: knownstate verify outbox --seed 3 --profile ci --examples 30 --steps 30 "
+            "--mutant claim-without-bump") in first.stdout
     again = run(*args)
     trace = lambda out: out[out.index("counterexample"):out.index("replay:")]  # noqa: E731
     assert trace(again.stdout) == trace(first.stdout), "the same seed must replay the same counterexample"

@@ -4,13 +4,11 @@ Rules are the executor's life: a plan proposed, revised, approved, rejected or e
 claim (``mark_executing``) by one of two workers; ``run_step`` and ``heartbeat`` by the worker
 holding the claim, with the claim token it holds in memory; a read that heals a stale run
 lazily; a repeated execute request on a terminal run; a compensating run. Faults are the
-generic ones of :class:`~knownstate.chaos.check.KindCheck` (spaced: a new fault only a few
-operations after the last, and a faulted link healed once it has cut one operation), plus a
-step whose COMMIT meets a fault (the worker dies before it, its request or its reply is lost)
-and a worker that stalls past its heartbeat: the database clock moves by heartbeat + one
-quantum while the worker holds an executing run. If somebody reads the run before the worker
-resumes, the read heals it, and the worker's next step must be refused by the lockExecuting
-fence.
+base's (:mod:`knownstate.chaos.faults`), paced by the kind's :class:`FaultPolicy`: a holder's
+next step meets a COMMIT fault (the worker dies before it, its request or its reply is lost),
+and a holder stalls past its heartbeat: the database clock moves by heartbeat + one quantum
+while the worker holds an executing run. If somebody reads the run meanwhile, the read heals
+it, and the worker's next step must be refused by the lockExecuting fence.
 
 A worker keeps its claims in memory. When only its connection is lost it reconnects and
 retries the step it was running, not knowing whether that step committed: the step's identity
@@ -29,22 +27,20 @@ effect without its receipt).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, precondition, rule
 
 from knownstate.impl import approved_plan as impl
 from knownstate.impl.errors import boundary
 from knownstate.model import approved_plan as model
 from knownstate.model.approved_plan import Status
-from knownstate.model.contract import LostRace, Rejected, Repeat, Won, Write, check_invariants
+from knownstate.model.contract import LostRace, Repeat, Won
 
-from ..check import QUANTUM, KindCheck, Mismatch, Worker, WorkerDied, _record_mismatch, fmt, toxics
-from ..toxi import Toxic
+from ..check import QUANTUM, FaultPolicy, KindCheck, Worker, WorkerDied
 
 # The demo domain's steps a plan is drawn from: credits always succeed; the debit only when the
 # account holds enough (not before a credit); "fail" never does. Credits first, so a plan shrinks
@@ -79,9 +75,6 @@ class Claim:
     stalled: bool = False  # the worker stalled past its heartbeat while holding it
 
 
-FAULT_GAP = 3
-"""Operations between two faults of an example."""
-
 assert model.HEARTBEAT_S % QUANTUM == 0, "every duration the check uses is a multiple of QUANTUM"
 
 FINISHED = {Status.EXECUTED, Status.FAILED}  # the runs that can have committed steps to compensate
@@ -92,9 +85,9 @@ class ApprovedPlanCheck(KindCheck):
     kind = "approved-plan"
     contract = model.CONTRACT
     schema = impl.SCHEMA
-    tables = impl.TABLES
     n_workers = 2
     heartbeat_s = model.HEARTBEAT_S  # 2 * QUANTUM
+    policy = FaultPolicy(gap=3, heal_after=2, stall=model.HEARTBEAT_S + QUANTUM)
     store_class = impl.ApprovedPlanStore
     queries: dict[str, str] | None = None  # the mutant catalogue replaces some
     required_events = (
@@ -109,10 +102,8 @@ class ApprovedPlanCheck(KindCheck):
         # One store per worker: a worker is a process with its own executor object.
         self.stores = [self.new_store() for _ in self.workers]
         self.held: list[dict[int, Claim]] = [{} for _ in self.workers]
-        self.ops = 0
         self.seen: dict[int, tuple] = {}  # proposal -> what its last read saw
         self.repeated: set[int] = set()
-        self.last_fault = -FAULT_GAP
 
     def new_store(self) -> impl.ApprovedPlanStore:
         return self.store_class(self.heartbeat_s, self.queries)
@@ -124,24 +115,7 @@ class ApprovedPlanCheck(KindCheck):
         return m.state()
 
     def observe_impl(self) -> model.PlanState:
-        self.last_real = impl.project(self.env.admin(self.dbname), self.to_model_time)
-        return self.last_real
-
-    @invariant()
-    def model_agrees(self) -> None:
-        """KindCheck.model_agrees; when the database matches no possible model state, the message
-        also names the invariants the database's own state breaks (an effect without its receipt,
-        a step applied twice, a transition the table does not have), when it breaks any."""
-        try:
-            super().model_agrees()
-        except Mismatch as e:
-            if not str(e).startswith("the database disagrees"):
-                raise
-            views = self.views(self.last_real)
-            broken = check_invariants(self.contract, self.prev_views, views, [], [])
-            if not broken:
-                raise
-            raise _record_mismatch(self, "invariant violated: " + "; ".join(map(str, broken)) + "\n" + str(e)) from None
+        return impl.project(self.ws.admin(), self.to_model_time)
 
     def views(self, observation: model.PlanState):
         return model.views(observation)
@@ -156,17 +130,16 @@ class ApprovedPlanCheck(KindCheck):
     def clock_matters(self) -> bool:
         """Only a run's heartbeat reads the clock. A jump matters while a run nobody holds (its
         owner died) is executing and not yet stale: the jump lets the next read heal it. A held
-        run meets the clock through stall_past_heartbeat."""
+        run meets the clock through a stall."""
         held = {pid for h in self.held for pid in h}
         return any(p.status is Status.EXECUTING and p.proposal_id not in held
                    and self.model.now - p.heartbeat_at < self.heartbeat_s for p in self._proposals())
 
-    def lost(self, worker: Worker) -> None:
-        """An operation of ``worker`` failed on a fault (called inside apply's ``except``). A worker
-        that died forgets everything; one that only lost its connection reconnects and goes on with
-        the claims it holds, retrying the step it was running: it does not know whether that step
-        committed, and the step's identity (its position) makes the retry safe."""
-        if isinstance(sys.exc_info()[1], WorkerDied):
+    def lost(self, worker: Worker, error: BaseException) -> None:
+        """A worker that died forgets everything; one that only lost its connection reconnects and
+        goes on with the claims it holds, retrying the step it was running: it does not know
+        whether that step committed, and the step's identity (its position) makes the retry safe."""
+        if isinstance(error, WorkerDied):
             self.forget(worker)
 
     def forget(self, worker: Worker) -> None:
@@ -194,41 +167,35 @@ class ApprovedPlanCheck(KindCheck):
         return [(w, pid) for w, held in enumerate(self.held) for pid in sorted(held)
                 if not executing_only or pid in executing]
 
+    GUARANTEE = {"mark_executing": "claim", "read": "lease"}
+    """What an operation's outcome is, of the contract: the claim (who executes), the lease (a
+    read heals a run whose heartbeat is stale, and only such a run)."""
+
     def _op(self, w: int, name: str, *args, shown: str | None = None) -> Any:
         """One operation by worker ``w`` on the model and on its own store."""
         worker = self.workers[w]
         label = f"{name}(w{w}, {shown if shown is not None else ', '.join(map(str, args))})"
         return self.apply(worker, label, lambda m: getattr(m, name)(*args),
                           lambda c: getattr(self.stores[w], name)(c, *args),
-                          on_error=lambda: self.lost(worker))
+                          guarantee=self.GUARANTEE.get(name))
 
     def _fenced(self, w: int, claim: Claim, label: str, model_op: Callable, impl_op: Callable) -> Any:
         """A write by the claim's holder, judged as a Write: the model says whether the holder
         still owns the run (executing under its token: lockExecuting's verdict), the database
-        says whether it let the write in. An accepted stale write is reported as the broken
-        lease-fence invariant, before the outcomes are compared."""
-        worker = self.workers[w]
-        p = self.model.proposal(claim.pid)
-        owner = model.fence("write", p.status, p.generation, claim.token) is None
+        says whether it let the write in."""
 
-        def judged(conn):
-            got = impl_op(conn)
-            if not isinstance(got, Rejected):
-                write = Write(str(claim.pid), claim.token, accepted=isinstance(got, Won), owner_current=owner)
-                violations = check_invariants(self.contract, {}, {}, [write])
-                if violations:
-                    self.log(f"{label} -> {fmt(got)}")
-                    raise _record_mismatch(self, f"{label}: invariant violated: " + "; ".join(map(str, violations)))
-                self.writes.append(write)
-            return got
+        def owner() -> tuple[int, int, bool]:
+            p = self.model.proposal(claim.pid)
+            return claim.pid, claim.token, model.fence("write", p.status, p.generation,
+                                                       claim.token) is None
 
-        return self.apply(worker, label, model_op, judged, on_error=lambda: self.lost(worker))
+        return self.apply(self.workers[w], label, model_op, impl_op, fenced=owner)
 
     def _record_of(self, pid: int) -> tuple:
         """What a repeat request must not change: the run's receipts and its effects."""
-        receipts = self.env.query(self.dbname, "select step_index, ok, detail from agent_proposal_step "
-                                               "where proposal_id = %s order by step_index", (pid,))
-        effects = self.env.query(self.dbname, "select count(*) from demo_ledger where proposal_id = %s", (pid,))
+        receipts = self.ws.query("select step_index, ok, detail from agent_proposal_step "
+                                 "where proposal_id = %s order by step_index", (pid,))
+        effects = self.ws.query("select count(*) from demo_ledger where proposal_id = %s", (pid,))
         return tuple(receipts), effects[0][0]
 
     # -- seeding -------------------------------------------------------------------------------
@@ -240,13 +207,11 @@ class ApprovedPlanCheck(KindCheck):
         consecutive states, so each operation here is checked on its own."""
         pid = self._op(0, "propose", first, shown=show(first)).value
         for op in {"executing": ("approve", "mark_executing"), "approved": ("approve",), "pending": ()}[stage]:
-            self.model_agrees()
             if op == "approve":
                 self._op(0, "approve", pid)
             else:
                 self.mark_executing_(0, pid)
         for steps in more:
-            self.model_agrees()
             self._op(0, "propose", steps, shown=show(steps))
 
     # -- operations ----------------------------------------------------------------------------
@@ -353,22 +318,16 @@ class ApprovedPlanCheck(KindCheck):
         re-executed if the run's receipts or effects changed under it."""
         pid = data.draw(st.sampled_from(self._unrepeated()), label="proposal")
         self.repeated.add(pid)
-        worker = self.workers[w]
         label = f"repeat(w{w}, {pid})"
 
         def judged(conn):
             before = self._record_of(pid)
             got = self.stores[w].repeat(conn, pid)
             if isinstance(got, Won):
-                r = Repeat(str(pid), reexecuted=self._record_of(pid) != before)
-                violations = check_invariants(self.contract, {}, {}, repeats=[r])
-                if violations:
-                    self.log(f"{label} -> {fmt(got)}")
-                    raise _record_mismatch(self, f"{label}: invariant violated: " + "; ".join(map(str, violations)))
-                self.repeats.append(r)
+                self.repeats.append(Repeat(str(pid), reexecuted=self._record_of(pid) != before))
             return got
 
-        got = self.apply(worker, label, lambda m: m.repeat(pid), judged, on_error=lambda: self.lost(worker))
+        got = self.apply(self.workers[w], label, lambda m: m.repeat(pid), judged)
         if isinstance(got, Won) and got.value.receipts:
             self.event("repeat answered from receipts")
 
@@ -389,95 +348,28 @@ class ApprovedPlanCheck(KindCheck):
                                   st.sampled_from([p.proposal_id for p in self._proposals()])), label="proposal")
         self._op(w, "compensate", pid)
 
-    # -- faults ------------------------------------------------------------------------------------
-    # Faults are spaced: a new one only after FAULT_GAP operations since the last, so each fault
-    # meets work in flight and the work goes on after it. The generic rules are re-declared here
-    # with that precondition added (their bodies are KindCheck's).
-    def apply(self, worker, *args, **kwargs):
-        """KindCheck.apply, counting operations; a faulted link is healed once it has cut one of
-        its worker's operations (the fault did its work; the worker's next operation reconnects)."""
-        self.ops += 1
-        got = super().apply(worker, *args, **kwargs)
-        if got is None and worker is not None:
-            for link in worker.links:
-                if link.toxics or not link.enabled:
-                    self._toxi(link.clear)
-                    self.log(f"heal {link.name}")
-        return got
+    # -- the fault policy's questions -----------------------------------------------------------
+    def turns(self, w: int) -> list[int]:
+        """A holder's next turn: a step (or a heartbeat) of a run it holds that is executing."""
+        return [pid for x, pid in self._claims(executing_only=True) if x == w]
 
-    def fault(self, kind: str, line: str) -> None:
-        self.last_fault = self.ops
-        super().fault(kind, line)
+    def turn(self, w: int, data) -> None:
+        pid = data.draw(st.sampled_from(self.turns(w)), label="proposal")
+        self._execute(w, pid, data.draw(st.sampled_from(("next", "heartbeat")), label="action"))
 
-    def _spaced(self) -> bool:
-        return self.ops - self.last_fault >= FAULT_GAP
+    def leases(self) -> list[int]:
+        return sorted({w for w, _ in self._claims(executing_only=True)})
 
-    @precondition(lambda self: self._spaced() and self._may_fault_link())
-    @rule(w=st.integers(0, 7), toxic=toxics())
-    def fault_toxic(self, w: int, toxic: Toxic) -> None:
-        KindCheck.fault_toxic(self, w, toxic)
-
-    @precondition(lambda self: self._spaced() and self._may_fault_link())
-    @rule(w=st.integers(0, 7))
-    def fault_link_down(self, w: int) -> None:
-        KindCheck.fault_link_down(self, w)
-
-    @precondition(lambda self: self._spaced() and self.env.clock is not None and self.clock_matters())
-    @rule(data=st.data())
-    def fault_clock_jump(self, data) -> None:
-        KindCheck.fault_clock_jump(self, data)
-
-    @precondition(lambda self: self._spaced() and self.env.can_crash and not self.crashed)
-    @rule()
-    def fault_db_crash(self) -> None:
-        KindCheck.fault_db_crash(self)
-
-    @precondition(lambda self: self._spaced() and all(w.before_commit is None for w in self.workers))
-    @rule(w=st.integers(0, 1), kind=st.sampled_from(["commit-reply-lost", "commit-request-lost", "worker-death"]))
-    def fault_commit(self, w: int, kind: str) -> None:
-        """The worker's next COMMIT meets a fault (it dies first, or the request or reply is lost)."""
-        self.arm_commit_fault(self.workers[w], kind)
-        self.fault(kind, f"{kind} armed on w{w}'s next COMMIT")
-
-    # The two faults this kind is about, each with the operations around it, as one rule. They are
-    # not named fault_*, so swarm testing never switches them off; they are drawn only while a
-    # worker holds an executing run, spaced like the other faults.
-    @precondition(lambda self: self._spaced() and self._claims(executing_only=True)
-                  and all(w.before_commit is None for w in self.workers))
-    @rule(data=st.data(), kind=st.sampled_from(["commit-reply-lost", "commit-request-lost", "worker-death"]))
-    def step_meets_commit_fault(self, data, kind: str) -> None:
-        """A holder's next step meets a COMMIT fault: the worker dies before COMMIT (nothing of the
-        step committed, the run waits for a read to heal it), the request is lost (nothing
-        committed, the worker retries the step), or the reply is lost (the step committed, and
-        the worker's retry is answered from its receipt)."""
-        w, pid = data.draw(st.sampled_from(self._claims(executing_only=True)), label="worker, proposal")
-        self.arm_commit_fault(self.workers[w], kind)
-        self.fault(kind, f"{kind} armed on w{w}'s next COMMIT")
-        self._execute(w, pid, "next")
-        self.workers[w].before_commit = None  # a step that wrote nothing never reached COMMIT
-
-    @precondition(lambda self: self._spaced() and self.env.clock is not None and self._claims(executing_only=True))
-    @rule(data=st.data(), read_meanwhile=st.sampled_from((True, False)),
-          resume=st.sampled_from(("next", "heartbeat", "later")))
-    def stall_past_heartbeat(self, data, read_meanwhile: bool, resume: str) -> None:
-        """A worker holding an executing run stalls (GC pause, frozen VM) past its heartbeat: the
-        database clock moves by heartbeat + one quantum. The next read heals the run (drawn here:
-        the other worker reads it during the stall); after that, the stalled worker's next step
-        or heartbeat must be refused by the fence. Without a read, its next write simply lands.
-        The worker resumes with its next step or heartbeat at once, or later (another rule)."""
-        w, pid = data.draw(st.sampled_from(self._claims(executing_only=True)), label="worker, proposal")
-        self.held[w][pid].stalled = True
-        seconds = self.heartbeat_s + QUANTUM
-        self.env.clock.jump(seconds)
-        for m in self.candidates:
-            m.advance(seconds)
-        self.fault("worker-stall", f"w{w} stalls {seconds}s holding run {pid}, past its heartbeat")
-        if read_meanwhile:
+    def meanwhile(self, w: int, data) -> None:
+        """The stalled worker's runs are marked stalled; the other worker may read one of them,
+        which heals it (its heartbeat is stale): the stalled worker's next write must then be
+        refused by the fence. Without a read, its next write simply lands."""
+        for pid in self.turns(w):
+            self.held[w][pid].stalled = True
+        if data.draw(st.booleans(), label="read meanwhile"):
+            pid = data.draw(st.sampled_from(self.turns(w)), label="proposal read")
             self.seen[pid] = self._seen_key(self.model.proposal(pid))
             self._op(1 - w, "read", pid)
-            self.model_agrees()  # the invariants compare consecutive states: check the read on its own
-        if resume != "later" and pid in self.held[w]:
-            self._execute(w, pid, resume)
 
 
 # ---------------------------------------------------------------------------------------
@@ -603,10 +495,10 @@ MUTANTS = [
            _edit("lock_executing", "SELECT status, generation, steps FROM agent_proposal WHERE id = %(id)s FOR NO KEY UPDATE",
                  "SELECT 'executing', generation, steps FROM agent_proposal WHERE id = %(id)s",
                  ("finish_step", "WHERE id = %(id)s AND status = 'executing'", "WHERE id = %(id)s"))),
-    Mutant("heal-ignores-heartbeat", "approved-plan", "lease-fence",
+    Mutant("heal-ignores-heartbeat", "approved-plan", "lease",
            "markInterruptedIfStale fails every executing run it reads, live heartbeat or not",
            _edit("mark_interrupted_if_stale", "\n  AND heartbeat_at < now() - make_interval(secs => %(heartbeat_s)s)", "")),
-    Mutant("heal-app-clock", "approved-plan", "lease-fence",
+    Mutant("heal-app-clock", "approved-plan", "lease",
            "markInterruptedIfStale judges the heartbeat by the application clock, not the database's",
            with_attrs(store_class=_HealAppClock)),
     Mutant("unfenced-heartbeat", "approved-plan", "lease-fence",

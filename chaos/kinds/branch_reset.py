@@ -7,12 +7,13 @@ Anyone may ``request`` a reset (with an idempotency key: a new one, the branch's
 or a key another branch already used) and ``cancel`` one. The check itself decides when an
 external operation succeeds or fails at the operations API, and when time passes.
 
-Faults are rules too: the generic ones of :class:`~knownstate.chaos.check.KindCheck` (a toxic or
-a cut on any one link: every process has its own link to PostgreSQL, and each poller its own
-link to the operations-API stand-in), a fault at a poller's COMMIT (it dies just before; the
-reply or the request is lost; the database server crashes with the transaction open), the
-stand-in answering 503 or losing its answer, the workers stalling past the lease, a database
-clock jump, and an **application clock skew** of one process.
+Faults are rules too: the base's (:mod:`knownstate.chaos.faults`), paced by this kind's
+:class:`FaultPolicy` — a toxic or a cut on any one link (every process has its own link to
+PostgreSQL, and each poller its own link to the operations-API stand-in), a fault at a poller's
+COMMIT in its very next turn (it dies just before; the reply or the request is lost; the
+database server crashes with the transaction open), the stand-in losing its answer, a poller
+stalling past the lease, a database clock jump that must move nothing — and two of this kind's
+own: the stand-in answering 503, and an **application clock skew** of one process.
 
 The stand-in is part of the observation: the model predicts its operations and the create
 requests it acted on per run, so a second creation is seen at once, and the create-once
@@ -36,7 +37,6 @@ spares a live run is counted too ("live run spared by a reaper ahead within boun
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from datetime import datetime, timedelta, timezone
 
@@ -47,12 +47,10 @@ from knownstate.impl import branch_reset as impl
 from knownstate.impl.errors import boundary
 from knownstate.model import branch_reset as model
 from knownstate.model.branch_reset import ExternalOp, ExternalState, ExternalStatus, Status
-from knownstate.model.contract import LostRace, Rejected, Repeat, Won, Write, check_invariants
+from knownstate.model.contract import LostRace, Rejected, Repeat, Violation, Won, Write
 
-from ..check import QUANTUM, EnvironmentFault, KindCheck, _record_mismatch, fmt, toxics
-from ..cluster import ClusterError
+from ..check import QUANTUM, FaultPolicy, KindCheck
 from ..opsapi import OpsApi
-from ..toxi import Toxic
 
 EPOCH = datetime(2030, 1, 1, tzinfo=timezone.utc)
 """Application time zero: every process's clock is EPOCH + model.app_now(process)."""
@@ -75,18 +73,20 @@ REAPER = 2
 BRANCHES = ("a", "b")
 TERMINAL = model.TERMINAL
 
-COMMIT_FAULTS = ("commit-reply-lost", "commit-request-lost", "commit-reply-lost", "db-crash")
-"""What ``turn_meets_commit_fault`` draws from (a death before COMMIT has its own rule). A lost
-reply is there twice: the crash, after its one time, is a lost request, so the two outcomes an
-indeterminate COMMIT can resolve to come up about equally often."""
+SKEW_BOUND = ("A live run (stamped at most M ago) is reaped or refused as lapsed only by a "
+              "clock at least L - M ahead of its last poller's: the bound of an app-clock lease.")
 
 
 class BranchResetCheck(KindCheck):
     kind = "branch-reset"
     contract = model.CONTRACT
     schema = impl.SCHEMA
-    tables = impl.TABLES
     n_workers = 3  # w0, w1: pollers; w2: the reaper job
+    policy = FaultPolicy(gap=2, heal_after=6, crash_between_steps=False, db_clock_moves_model=False,
+                         commit_faults=("commit-reply-lost", "commit-request-lost", "worker-death",
+                                        "db-crash"),
+                         stall=LEASE + QUANTUM, stall_clock="app", reply_lost=True)
+    own_invariants = {"skew-bound": SKEW_BOUND}
     lease = LEASE
     margin = MARGIN
     store_class = impl.BranchResetStore
@@ -100,14 +100,6 @@ class BranchResetCheck(KindCheck):
         "one in flight refused", "key reused refused", "reaped live run under skew past bound (known deviation)",
         "live run spared by a reaper ahead within bound",
     )
-
-    CALM = 2
-    """Faults are kept sparse so that work flows: a fault rule (the generic ones included,
-    re-declared below) waits for CALM operations since the last fault."""
-
-    HEAL_AFTER = 6
-    """A faulted link heals by itself after this many operations (faults are transient), so an
-    example where Hypothesis switched the heal rule off still gets work done."""
 
     # -- hooks ----------------------------------------------------------------------------
     def reset_example(self) -> None:
@@ -127,11 +119,6 @@ class BranchResetCheck(KindCheck):
         self.stamps: dict[str, tuple[int, int, int]] = {}  # run -> (lease_until, stamped at, stamper's skew)
         self.retried_creates: set[str] = set()
         self.skews = 0
-        self.db_jumped = False
-        self.calm = 0  # operations since the last fault
-        self.faulted_for = 0  # operations since a link was faulted
-        self.reply_lost: int | None = None  # the poller whose next operations-API answer is lost
-        self._reply_link = None  # the link carrying that fault during the call
 
     def _app_clock(self, worker: str):
         return lambda: EPOCH + timedelta(seconds=self.model.app_now(worker))
@@ -150,14 +137,8 @@ class BranchResetCheck(KindCheck):
         return tuple(sorted(m.rows().items())), self._external(m.external_state())
 
     def observe_impl(self):
-        rows = impl.project(self.env.admin(self.dbname), self._app_seconds)
-        real = tuple(sorted(rows.items())), self._external(self.ops.snapshot())
-        # The invariants first, on the real state alone, so a violation is named as one rather than
-        # shown as a difference from the model (KindCheck checks them after the comparison).
-        violations = check_invariants(self.contract, self.prev_views, self.views(real))
-        if violations:
-            raise _record_mismatch(self, "invariant violated: " + "; ".join(map(str, violations)))
-        return real
+        rows = impl.project(self.ws.admin(), self._app_seconds)
+        return tuple(sorted(rows.items())), self._external(self.ops.snapshot())
 
     @staticmethod
     def _app_seconds(ts: datetime):
@@ -185,27 +166,6 @@ class BranchResetCheck(KindCheck):
         """Time passing matters while a lease is held (a running run)."""
         return bool(self._runs(Status.RUNNING))
 
-    # -- the step: faults sparse, links healing -----------------------------------------------
-    def _calm(self) -> bool:
-        return self.calm >= self.CALM
-
-    def apply(self, *args, **kwargs):
-        self.calm += 1
-        faulted = [link for link in self.faulted_links() if link is not self._reply_link]
-        self.faulted_for = self.faulted_for + 1 if faulted else 0
-        if self.faulted_for > self.HEAL_AFTER:
-            self.faulted_for = 0
-            for link in faulted:
-                self._toxi(link.clear)
-                self.log(f"heal {link.name} (transient: after {self.HEAL_AFTER} operations)")
-        return super().apply(*args, **kwargs)
-
-    def fault(self, kind: str, line: str, calm: bool = True) -> None:
-        """Count and log a fault; unless ``calm`` is False, the next fault waits for CALM operations."""
-        if calm:
-            self.calm = 0
-        super().fault(kind, line)
-
     # -- helpers ----------------------------------------------------------------------------
     def _runs(self, *statuses: Status) -> list[str]:
         return sorted(r for r, run in self.model.runs.items() if not statuses or run.status in statuses)
@@ -223,39 +183,10 @@ class BranchResetCheck(KindCheck):
         _, at, skew = stamp
         return (at, skew) if self.model.now - at <= self.margin else None
 
-    @contextlib.contextmanager
-    def _reply_lost(self, w: int):
-        """When armed for poller ``w``: the operations API acts on its next request, and the answer
-        never arrives (its link to the stand-in drops every byte coming back)."""
-        if self.reply_lost != w:
-            yield
-            return
-        self.reply_lost = None
-        link = self._reply_link = self.workers[w].ops_link
-        if link.toxics or not link.enabled:  # the one fault on this link for this call
-            self._toxi(link.clear)
-            self.log(f"heal {link.name}")
-        toxic = Toxic("limit_data", "downstream", {"bytes": 0})
-        self._toxi(lambda: link.add(toxic))
-        try:
-            yield
-        finally:
-            self._reply_link = None
-            self._toxi(lambda: link.remove(toxic))
-
-    def _judge(self, label: str, got, run_id: str | None = None, writes=(), repeats=()) -> None:
-        """Record a step's guarded writes and repeat requests (the after-step invariants read them)
-        and judge them at once, with the create-once count of the run, so a mutant fails naming
-        the invariant it broke rather than as a different outcome."""
+    def _record(self, writes=(), repeats=()) -> None:
+        """Record a step's guarded writes and repeat requests: the invariants judge them."""
         self.writes.extend(writes)
         self.repeats.extend(repeats)
-        violations = [str(v) for v in check_invariants(self.contract, {}, {}, writes, repeats)]
-        if run_id is not None and self.ops.creations(run_id) > 1:
-            violations.append(f"external-effect-semantics: run {run_id}: external operation created "
-                              f"{self.ops.creations(run_id)} times")
-        if violations:
-            self.log(f"{label} -> {fmt(got)}")
-            raise _record_mismatch(self, "invariant violated: " + "; ".join(violations))
 
     def _judge_skew(self, run_id: str, worker: str, live: tuple[int, int], what: str) -> None:
         """A live run was ended (reap) or refused (poll) by ``worker``'s clock: only a clock at or
@@ -263,8 +194,9 @@ class BranchResetCheck(KindCheck):
         at, poller_skew = live
         rel = self._skew(worker) - poller_skew
         if rel < BOUND:
-            raise _record_mismatch(self, f"skew bound broken: {what} {run_id}, live (stamped {self.model.now - at}s "
-                                         f"ago), by a clock {rel:+d}s from its poller's, below L - M = {BOUND}s")
+            problem = (f"{what} {run_id}, live (stamped {self.model.now - at}s ago), by a clock "
+                       f"{rel:+d}s from its poller's, below L - M = {BOUND}s")
+            self.fail(problem, [Violation("skew-bound", problem)])
         self.log(f"  ({what} live run {run_id}: {worker}'s clock is {rel:+d}s from its last poller's, "
                  f">= L - M = {BOUND}s: the known deviation of an application-clock lease)")
 
@@ -303,7 +235,7 @@ class BranchResetCheck(KindCheck):
         def impl_op(conn):
             got = self.stores[w].request(conn, branch, k)
             if existing is not None and existing.status in TERMINAL and existing.branch == branch:
-                self._judge(label, got, repeats=[Repeat(existing.run_id, reexecuted=got != Won(existing.run_id))])
+                self._record(repeats=[Repeat(existing.run_id, reexecuted=got != Won(existing.run_id))])
             return got
 
         got = self.apply(self.workers[w], label, lambda m: m.request(branch, k), impl_op)
@@ -362,11 +294,11 @@ class BranchResetCheck(KindCheck):
             got = self.stores[w].start(conn, run_id)
             writes = [Write(run_id, model.GENERATION[run.status], isinstance(got, Won), isinstance(expected["out"], Won))]
             repeats = [Repeat(run_id, isinstance(got, Won))] if run.status in TERMINAL else []
-            self._judge(label, got, run_id, writes, repeats)
+            self._record(writes, repeats)
             return got
 
         # Whatever failed, the API may have acted on the create before it (the POST precedes COMMIT).
-        with self._reply_lost(w):
+        with self.external_call(worker):
             self.apply(worker, label, model_op, impl_op,
                        external_maybe=lambda m: m.external_create(run_id, run.branch))
 
@@ -392,10 +324,10 @@ class BranchResetCheck(KindCheck):
             writes = ([] if run.status is Status.QUEUED else
                       [Write(run_id, 1, isinstance(got, Won), isinstance(expected["out"], Won))])
             repeats = [Repeat(run_id, isinstance(got, Won))] if run.status in TERMINAL else []
-            self._judge(label, got, run_id, writes, repeats)
+            self._record(writes, repeats)
             return got
 
-        with self._reply_lost(w):
+        with self.external_call(worker):
             got = self.apply(worker, label, model_op, impl_op)
         if got == Won(Status.RUNNING.value):
             self.event("poll of an operation in flight")
@@ -427,7 +359,7 @@ class BranchResetCheck(KindCheck):
             writes = ([] if run.status is Status.QUEUED else
                       [Write(run_id, 1, isinstance(got, Won), isinstance(expected["out"], Won))])
             repeats = [Repeat(run_id, isinstance(got, Won))] if run.status in TERMINAL else []
-            self._judge(label, got, None, writes, repeats)
+            self._record(writes, repeats)
             return got
 
         got = self.apply(self.workers[w], label, model_op, impl_op)
@@ -451,7 +383,7 @@ class BranchResetCheck(KindCheck):
         worker = self.workers[REAPER]
         live = {r: lv for r in self._runs(Status.RUNNING) if (lv := self._live(r)) is not None}
         got = self.apply(worker, f"reap({worker.name}, the reaper)", lambda m: m.reap(worker.name),
-                         lambda c: self.stores[REAPER].reap(c))
+                         lambda c: self.stores[REAPER].reap(c), guarantee="lease")
         if not isinstance(got, Won):
             return
         self.event("reap", len(got.value))
@@ -482,8 +414,8 @@ class BranchResetCheck(KindCheck):
 
     def _finish(self, data, ok: bool) -> None:
         op_id = data.draw(st.sampled_from(self._in_progress()), label="operation")
-        for m in self.candidates:
-            m.external_finish(op_id, ok)
+        for c in self.candidates:
+            c.model.external_finish(op_id, ok)
         self.ops.finish(op_id, ok)
         self.log(f"operation {op_id} {'succeeds' if ok else 'fails'} at the API")
 
@@ -491,140 +423,57 @@ class BranchResetCheck(KindCheck):
     @rule(seconds=st.sampled_from([QUANTUM, 2 * QUANTUM]))
     def time_passes(self, seconds: int) -> None:
         """Real time passes, within the lease: every application clock moves."""
-        for m in self.candidates:
-            m.advance(seconds)
+        self.advance(seconds)
         self.log(f"time passes {seconds}s")
 
-    @precondition(lambda self: self._runs(Status.RUNNING))
-    @rule(w=st.sampled_from(POLLERS), data=st.data())
-    def stall_past_lease(self, w: int, data) -> None:
-        """A poller stalls (a GC pause, a frozen VM) until the lease of a run it polls lapsed, and
-        resumes with that poll: the lease check must refuse it. An operation with a stall in it,
-        so swarm testing never switches it off."""
-        run_id = data.draw(st.sampled_from(self._runs(Status.RUNNING)), label="run")
-        seconds = self.lease + QUANTUM
-        for m in self.candidates:
-            m.advance(seconds)
-        self.fault("worker-stall", f"w{w} stalls {seconds}s, past the lease of {run_id}, then resumes", calm=False)
-        self._poll(w, run_id)
+    # -- the fault policy's questions, and this kind's own faults --------------------------------
+    def turns(self, w: int) -> list[tuple[str, str]]:
+        """A poller's next turn: start a queued run, or poll a running one (the reaper has none)."""
+        return self._next_work() if w in POLLERS else []
 
-    # -- faults ---------------------------------------------------------------------------------
-    # The generic link faults, with the calm precondition added (same names: these replace them).
-    @precondition(lambda self: self._may_fault_link() and self._calm())
-    @rule(w=st.integers(0, 7), toxic=toxics())
-    def fault_toxic(self, w, toxic) -> None:
-        KindCheck.fault_toxic(self, w, toxic)
+    def turn(self, w: int, data) -> None:
+        work = self.turns(w)
+        starts = [x for x in work if x[0] == "start"]  # a start's outcome is always observable
+        op, run_id = data.draw(st.sampled_from(starts or work), label="work")
+        (self._start if op == "start" else self._poll)(w, run_id)
 
-    @precondition(lambda self: self._may_fault_link() and self._calm())
-    @rule(w=st.integers(0, 7))
-    def fault_link_down(self, w: int) -> None:
-        KindCheck.fault_link_down(self, w)
+    def leases(self) -> list[int]:
+        """Any poller may poll any running run: each of them can stall past its lease."""
+        return list(POLLERS) if self._runs(Status.RUNNING) else []
+
+    def meanwhile(self, w: int, data) -> None:
+        """While the poller is frozen the reaper job may run on its own clock."""
+        if data.draw(st.booleans(), label="reaper runs meanwhile"):
+            self.reap()
 
     @precondition(lambda self: self.skews < 4)
     @rule(w=st.sampled_from([REAPER, *POLLERS]), skew=st.sampled_from(SKEWS))
     def fault_app_clock_skew(self, w: int, skew: int) -> None:
         """One process's application clock is set ``skew`` seconds from real time. The lease is in
         application time (the recorded deviation): the spread of the clocks is judged against
-        the bound L - M. Not held back by CALM (it disturbs no connection); four per example."""
+        the bound L - M. Not paced (it disturbs no connection); four per example."""
         self.skews += 1
         name = self.workers[w].name
         delta = skew - self._skew(name)
-        for m in self.candidates:
-            m.skew(name, delta)
+        for c in self.candidates:
+            c.model.skew(name, delta)
         skews = [self._skew(x.name) for x in self.workers]
         spread = max(skews) - min(skews)
         what = "skew within bound" if spread < BOUND else "skew past bound (known deviation)"
         self.event(what)
         who = "the reaper" if w == REAPER else "poller"
         self.fault("app-clock-skew", f"app clock of {who} {name} set {skew:+d}s from real time "
-                                     f"(spread {spread}s, L - M = {BOUND}s: {what})", calm=False)
+                                     f"(spread {spread}s, L - M = {BOUND}s: {what})", pace=False)
 
-    @precondition(lambda self: self.env.clock is not None and not self.db_jumped and self._calm())
-    @rule(data=st.data())
-    def fault_clock_jump(self, data) -> None:
-        """The database clock jumps. No branch-reset guard reads now() (the lease is in application
-        time), so the model does not move, and the implementation must not either. Replaces the
-        generic rule, which moves the model's clock (for kinds whose leases are in database time).
-        Once per example, since it can change nothing here."""
-        seconds = data.draw(st.sampled_from(self.clock_jumps), label="seconds")
-        self.db_jumped = True
-        self.env.clock.jump(seconds)
-        self.fault("db-clock-jump", f"db clock jump {seconds:+d}s (no branch-reset guard reads it: nothing moves)")
-
-    # A poller's turn that meets a fault at its COMMIT or at the operations API. These are
-    # operations (a start or a poll) with a one-shot fault, so they are named as operations and
-    # swarm testing never switches them off: every CI run needs indeterminate COMMITs and deaths,
-    # and a fault that meets the work at once leaves nothing behind to disturb what follows. They
-    # take the poller, the kind and the work as arguments: Hypothesis orders rules by their number
-    # of arguments and shrinks each step towards the first valid rule, and with three these come
-    # after every plain operation, so shrinking never turns a plain start or poll into a faulted one.
-    def fault_db_crash(self) -> None:
-        """Not a rule here: a database crash is a kind of ``turn_meets_commit_fault`` (with a
-        poller's transaction open), not the generic crash between steps."""
-
-    def _can_fault_work(self) -> bool:
-        """One-shot faults that meet a poller's next turn disturb nothing after it: they are not
-        held back by CALM, and do not hold back the others."""
-        return bool(self._next_work())
-
-    def _turn(self, data, w: int, op: str | None = None) -> None:
-        """The faulted poller takes its next turn at once, so the fault meets real work: ``op`` on a
-        run it applies to, when there is one, else whatever its loop does next."""
-        work = [(o, r) for o, r in self._next_work() if o == op] or self._next_work()
-        op, run_id = data.draw(st.sampled_from(work), label="work")
-        (self._start if op == "start" else self._poll)(w, run_id)
-
-    @precondition(lambda self: all(w.before_commit is None for w in self.workers) and self._can_fault_work())
-    @rule(w=st.sampled_from(POLLERS), op=st.sampled_from(["start", "poll"]), data=st.data())
-    def turn_dies_before_commit(self, w: int, op: str, data) -> None:
-        """A poller dies just before the COMMIT of its very next start (the create has reached the
-        API by then) or poll (the status read has). Its connection goes without a goodbye."""
-        self.arm_commit_fault(self.workers[w], "worker-death")
-        self.fault("worker-death", f"worker-death armed on w{w}'s next COMMIT", calm=False)
-        self._turn(data, w, op)
-
-    @precondition(lambda self: all(w.before_commit is None for w in self.workers) and self._can_fault_work())
-    @rule(w=st.sampled_from(POLLERS), kind=st.sampled_from(COMMIT_FAULTS), data=st.data())
-    def turn_meets_commit_fault(self, w: int, kind: str, data) -> None:
-        """A poller's COMMIT meets a fault, in its very next turn (a start when there is one: its
-        outcome is always observable): the reply is lost (the server committed), the request is
-        lost (it did not), or the database server crashes (SIGKILL of the postmaster) with the
-        transaction open and restarts on the same data. The poller cannot know whether it
-        committed. One crash per example (a restart costs a tenth of a second): after it, that
-        kind is a lost COMMIT request, the same thing to the poller."""
-        if kind == "db-crash" and (self.crashed or not self.env.can_crash):
-            kind = "commit-request-lost"
-        if kind == "db-crash":
-            self.crashed = True
-
-            def crash(conn) -> None:
-                try:
-                    self.env.crash_and_restart()
-                except ClusterError as e:
-                    raise EnvironmentFault(f"PostgreSQL did not come back after an injected crash: {e}") from None
-
-            self.workers[w].arm(crash)
-            self.fault("db-crash", f"database crash (SIGKILL of the postmaster) and restart at w{w}'s next COMMIT",
-                       calm=False)
-        else:
-            self.arm_commit_fault(self.workers[w], kind)
-            self.fault(kind, f"{kind} armed on w{w}'s next COMMIT", calm=False)
-        self._turn(data, w, "start")
-
-    @precondition(lambda self: self.reply_lost is None and self.ops.pending_failures == 0 and self._can_fault_work())
-    @rule(w=st.sampled_from(POLLERS), kind=st.sampled_from(["reply lost", "503", "503 twice"]), data=st.data())
-    def turn_meets_api_fault(self, w: int, kind: str, data) -> None:
-        """The operations API misbehaves in the poller's very next turn: it acts on the request and
-        the answer never reaches the poller (reply lost), or it answers 503 without acting, to
-        the next request or the next two (whoever makes them)."""
-        if kind == "reply lost":
-            self.reply_lost = w
-            self.fault("stand-in-reply-lost", f"operations-API answer lost armed on w{w}'s next call", calm=False)
-        else:
-            n = 2 if kind == "503 twice" else 1
-            self.ops.fail_next(n)
-            self.fault("stand-in-503", f"operations API answers the next {n} request(s) 503", calm=False)
-        self._turn(data, w)
+    @precondition(lambda self: self.ops.pending_failures == 0 and self._next_work())
+    @rule(data=st.data(), twice=st.booleans())
+    def fault_stand_in_503(self, data, twice: bool) -> None:
+        """The operations API answers 503 without acting, to the next request or the next two
+        (whoever makes them); a poller takes its turn at once."""
+        n = 2 if twice else 1
+        self.ops.fail_next(n)
+        self.fault("stand-in-503", f"operations API answers the next {n} request(s) 503", pace=False)
+        self.turn(data.draw(st.sampled_from(POLLERS), label="poller"), data)
 
 
 # ---------------------------------------------------------------------------------------
@@ -736,7 +585,7 @@ MUTANTS = [
            "no one-in-flight guard: a second run of a branch is queued while one is in flight",
            _schema_edit("CREATE UNIQUE INDEX branch_reset_one_in_flight ON branch_reset (branch)\n"
                         "    WHERE status IN ('queued', 'running');", "")),
-    Mutant("reaper-ignores-lease", "branch-reset", "lease-fence",
+    Mutant("reaper-ignores-lease", "branch-reset", "lease",
            "the reaper fails every running run, live leases included",
            _edit("reap", " AND lease_until <= %(app_now)s", "")),
     Mutant("poll-ignores-lease", "branch-reset", "lease-fence",

@@ -42,10 +42,10 @@ What this check overrides of :class:`~knownstate.chaos.check.KindCheck`
 The session is not a durable run kind: ``contract`` is None, :meth:`table` is the session's
 :data:`~knownstate.model.document.TABLE` (vacuity counts its every row), and ``model_agrees`` is
 replaced (judge before reporting, count the transitions of every tab, including tabs that died).
-There are no workers: the generic link faults act on the tabs' links and the server's database
-link (``_link``, ``faulted_links``), with a few operations of calm between two faults and a heal
-after ``FAULT_STEPS`` operations; a database crash is drawn only while a tab waits to retry a
-save; the database clock plays no role (``clock_matters``).
+There are no workers: the base's link faults act on the tabs' links and the server's database
+link (``all_links``), paced by the kind's :class:`FaultPolicy` (a few operations of calm between
+two faults, a heal after ``FAULT_STEPS`` operations); a database crash is drawn only while a tab
+waits to retry a save (``crash_matters``); the database clock plays no role (``clock_matters``).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ from knownstate.model.document import (
     save_fingerprint,
 )
 
-from ..check import KindCheck, _record_mismatch, toxics
+from ..check import Candidate, FaultPolicy, KindCheck
 from ..toxi import Toxic
 
 DOC = "r1"
@@ -110,7 +110,6 @@ NETS = ("ok",) * 6 + ("offline", "answer lost")                      # for a ste
 NETS_WRITE = ("ok",) * 3 + ("offline", "answer lost", "answer lost")  # for a step that may write
 NETS_COPY = ("ok", "offline", "answer lost")                          # for keeping a copy
 FAULT_STEPS = 4  # a link fault heals by itself after this many operations (faults stay sparse, work flows)
-SERVER_APP = "ks-document-server"
 
 CHECK_INVARIANTS = {
     "retry-answered-from-receipt": "A save that is its writer's last applied one (same seq, same request) is "
@@ -359,12 +358,12 @@ class _Observer(DocumentStore):
     """The reference store on the check's own kept-open, unfaulted connection: seeds each example,
     plays the server-side writer, and reads the rows for the projection."""
 
-    def __init__(self, env, dbname: str):
-        super().__init__(env.db.dsn(dbname))
-        self.env, self.dbname = env, dbname
+    def __init__(self, ws):
+        super().__init__(ws.conninfo())
+        self.ws = ws
 
     def _connect(self):
-        return contextlib.nullcontext(self.env.admin(self.dbname))
+        return contextlib.nullcontext(self.ws.admin())
 
 
 class Wire:
@@ -384,8 +383,9 @@ class Plant:
     """Started once per run (``Env.stand_in``): the document server, whose database connections go
     through their own link, one link and transport per tab slot, and the draft directory."""
 
-    def __init__(self, env, dbname: str):
-        self.env, self.dbname = env, dbname
+    def __init__(self, env, ws):
+        self.env, self.ws = env, ws
+        self.server_app = f"ks-{env.run_id}-document-server"
         self.exchanges: list[tuple[Any, Any]] = []  # (request, answer) in the order they happened
         self.slots: list[str] = []                   # the tab slot that made each exchange
 
@@ -393,7 +393,8 @@ class Plant:
         env = self.env
         self.db_link = env.api.link("document-session-server-pg", env.db.host, env.db.port)
         self.server_dsn = psycopg.conninfo.make_conninfo(
-            env.db.dsn(self.dbname, host=self.db_link.host, port=self.db_link.port), application_name=SERVER_APP)
+            self.ws.conninfo(host=self.db_link.host, port=self.db_link.port),
+            application_name=self.server_app)
         self.server = DocumentServer(self.server_dsn, connect_timeout=2).start()
         self.links = {slot: env.api.link(f"document-session-{slot}", "127.0.0.1", self.server.port) for slot in SLOTS}
         self.http = {slot: HttpTransport(f"http://127.0.0.1:{link.port}", timeout=5)
@@ -477,8 +478,9 @@ class DocumentSessionCheck(KindCheck):
     kind = "document-session"
     contract = None
     schema = server_impl.schema_sql()
-    tables = ("documents", "document_acl", "document_saves", "document_history")
     n_workers = 0
+    policy = FaultPolicy(gap=2, heal_after=FAULT_STEPS, commit_faults=())
+    own_invariants = {**SESSION_INVARIANTS, **CHECK_INVARIANTS}
     # The mutant catalogue replaces these (never the reference's behaviour).
     session_class: type[Session] = Session
     store_class: type[DocumentStore] = DocumentStore
@@ -503,10 +505,10 @@ class DocumentSessionCheck(KindCheck):
 
     # -- hooks ------------------------------------------------------------------------------
     def reset_example(self) -> None:
-        plant = self.env.stand_in("document-session", lambda: Plant(self.env, self.dbname))
+        plant = self.env.stand_in("document-session", lambda: Plant(self.env, self.ws))
         self.plant = plant
         plant.server.app.state.store = self.store_class(plant.server_dsn, connect_timeout=2, queries=self.queries)
-        self.observer = _Observer(self.env, self.dbname)
+        self.observer = _Observer(self.ws)
         self.observer.seed(DOC, "record", SCHEMA, INITIAL, "alice", {"bob": True})
         self.links = plant.links
         self.wires = plant.wires
@@ -521,7 +523,6 @@ class DocumentSessionCheck(KindCheck):
         self.divergence: str | None = None
         self.seen_totals: Counter = Counter()
         self.drafts_failing = False
-        self.fault_age = 0
         plant.exchanges.clear()
 
     def new_model(self) -> CheckedModel:
@@ -536,7 +537,7 @@ class DocumentSessionCheck(KindCheck):
     def observe_impl(self) -> Seen:
         if self.plant.db_link.toxics or not self.plant.db_link.enabled:
             # a statement the server sent before its connection was cut may still be running
-            self.env.settle(self.dbname, SERVER_APP)
+            self.env.settle(self.plant.server_app)
         docs = self.observer.documents()
         drafts = {k: self.drafts.read(k) for k in self.drafts.keys()}
         drafts = {k: r for k, r in drafts.items() if r is not None}
@@ -547,52 +548,14 @@ class DocumentSessionCheck(KindCheck):
     def clock_matters(self) -> bool:
         return False  # session time is a number the check passes; the database clock plays no role
 
-    # -- generic fault rules act on the tabs' links and the server's database link -------------
-    def _all_links(self):
+    # -- the base's faults act on the tabs' links and the server's database link ---------------
+    def all_links(self):
         return [*self.links.values(), self.plant.db_link]
 
-    def faulted_links(self):
-        return [l for l in self._all_links() if l.toxics or not l.enabled]
-
-    def _link(self, w: int):
-        links = self._all_links()
-        return links[w % len(links)]
-
-    def _age_faults(self) -> None:
-        if not self.faulted_links():
-            self.fault_age = 0
-            return
-        self.fault_age += 1
-        if self.fault_age >= FAULT_STEPS:
-            for link in self.faulted_links():
-                self._toxi(link.clear)
-                self.log(f"heal {link.name} (after {FAULT_STEPS} operations)")
-            self.fault_age = 0
-
-    # The base's link faults, with one more condition: a few operations of calm between two faults.
-    @precondition(lambda self: self._may_fault_link() and self.calm())
-    @rule(w=st.integers(0, 7), toxic=toxics())
-    def fault_toxic(self, w: int, toxic: Toxic) -> None:
-        KindCheck.fault_toxic(self, w, toxic)
-
-    @precondition(lambda self: self._may_fault_link() and self.calm())
-    @rule(w=st.integers(0, 7))
-    def fault_link_down(self, w: int) -> None:
-        KindCheck.fault_link_down(self, w)
-
-    def fault(self, kind: str, line: str) -> None:
-        self.last_fault_step = self.stats.steps
-        super().fault(kind, line)
-
-    def calm(self) -> bool:
-        return self.stats.steps - getattr(self, "last_fault_step", -99) >= 2
-
-    @precondition(lambda self: self.env.can_crash and not self.crashed and self._slots(State.OFFLINE))
-    @rule()
-    def fault_db_crash(self) -> None:
+    def crash_matters(self) -> bool:
         """A database crash and restart while a tab waits to retry a save: the receipt that answers
-        the retry must have survived. (The base's rule, drawn only when it can matter.)"""
-        KindCheck.fault_db_crash(self)
+        the retry must have survived."""
+        return bool(self._slots(State.OFFLINE))
 
     # -- the step ------------------------------------------------------------------------------
     def _run(self, label: str, script: Callable[[Any], Any], net: tuple[str, str] | None = None) -> Any:
@@ -615,7 +578,7 @@ class DocumentSessionCheck(KindCheck):
         unknown = [i for i, (r, a) in enumerate(exchanges)
                    if isinstance(a, NoAnswer) and not isinstance(r, ReadRequest)]  # may have landed
         kept, problems = [], []
-        for base in self.candidates:
+        for base in [c.model for c in self.candidates]:
             for fates in itertools.product((False, True), repeat=len(unknown)):
                 m = copy.deepcopy(base)
                 m.fates = []
@@ -632,15 +595,15 @@ class DocumentSessionCheck(KindCheck):
                     continue
                 kept.append(m)
         if kept:
-            self.candidates = kept
+            self.candidates = [Candidate(m) for m in kept]
             return real
         # The model cannot follow. Keep the world in which the model's tabs got the answers the real
         # ones got (requests never sent reach nothing), so the invariants can judge the real world.
         self.divergence = problems[0]
-        follow = copy.deepcopy(self.candidates[0])
+        follow = copy.deepcopy(self.candidates[0].model)
         with contextlib.suppress(Exception):
             self._replay(follow, script, exchanges, {}, follow=True)
-        self.candidates = [follow]
+        self.candidates = [Candidate(follow)]
         return real
 
     def _replay(self, m: CheckedModel, script, exchanges, landed: dict[int, bool], follow: bool = False):
@@ -712,22 +675,18 @@ class DocumentSessionCheck(KindCheck):
         if not hasattr(self, "candidates"):
             return
         real = self.observe_impl()
-        matching = [m for m in self.candidates if self.observe_model(m) == real]
+        matching = [c.model for c in self.candidates if self.observe_model(c.model) == real]
         if self.divergence is not None or not matching:
-            m = self.candidates[0]
+            m = self.candidates[0].model
             why = self.divergence or ("the implementation disagrees with the model after this step:\n"
                                       + describe_difference(self.observe_model(m), real)
                                       + ("" if len(self.candidates) == 1 else
                                          f"\n  (none of the {len(self.candidates)} possible worlds matched)"))
-            violations = self._violations(real, m)
-            if violations:
-                raise _record_mismatch(self, "invariant violated: " + "; ".join(map(str, violations))
-                                       + "\n(" + why + ")")
-            raise _record_mismatch(self, why)
+            self.fail(why, self._violations(real, m))
         chosen = matching[0]
         if len(self.candidates) > 1 and all(x.fates == chosen.fates for x in matching):
             self.log(f"  (observed: {'; '.join(chosen.fates)})")
-        self.candidates = [chosen]
+        self.candidates = [Candidate(chosen)]
         self.model = chosen
         for t in chosen.drain():
             self.stats.transitions[t] += 1
@@ -737,7 +696,7 @@ class DocumentSessionCheck(KindCheck):
         self.seen_totals = totals
         violations = self._violations(real, chosen)
         if violations:
-            raise _record_mismatch(self, "invariant violated: " + "; ".join(map(str, violations)))
+            self.fail("", violations)
 
     def _violations(self, real: Seen, m: CheckedModel) -> list[Violation]:
         out = check_invariants(real.world, m.ledger(), expected=m.world(), sent=self.sent)
@@ -776,8 +735,8 @@ class DocumentSessionCheck(KindCheck):
         for _, req, answer in self.answered:
             if not (isinstance(req, SaveRequest) and isinstance(answer, VersionConflict)):
                 continue
-            rows = self.env.query(self.dbname, "SELECT save_seq, fingerprint, version FROM document_saves "
-                                  "WHERE document_id = %s AND writer_id = %s", (req.doc_id, req.writer_id))
+            rows = self.ws.query("SELECT save_seq, fingerprint, version FROM document_saves "
+                                 "WHERE document_id = %s AND writer_id = %s", (req.doc_id, req.writer_id))
             if rows and rows[0][0] == req.seq and rows[0][1] == save_fingerprint(req.user, req.base_version,
                                                                                  req.content):
                 out.append(Violation("retry-answered-from-receipt",
@@ -1052,14 +1011,14 @@ class DocumentSessionCheck(KindCheck):
         patch = {attr: {"title": f"ai.{k}", "qty": 1000 + k, "done": k % 2 == 0}[attr]}
         self._run(f"server-side write {_fmt_patch(patch)}", lambda side: side.server_write(patch))
 
-    @precondition(lambda self: self.drafts_failing or (self.calm() and self._slots(*self.EDITABLE)))
+    @precondition(lambda self: self.drafts_failing or (self._calm() and self._slots(*self.EDITABLE)))
     @rule()
     def fault_drafts(self) -> None:
         """The draft store starts refusing writes and deletes (quota, full disk, private mode), or
         works again."""
         self.drafts_failing = self.drafts.fail_writes = not self.drafts_failing
-        for m in self.candidates:
-            m.set_drafts_failing(self.drafts_failing)
+        for c in self.candidates:
+            c.model.set_drafts_failing(self.drafts_failing)
         if self.drafts_failing:
             self.fault("draft-store", "the draft store starts failing")
         else:

@@ -9,20 +9,19 @@ predicts what it recorded, so a duplicate is seen, counted, and allowed (at-leas
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from knownstate.impl import errors
 from knownstate.impl import outbox as impl
-from knownstate.impl.errors import ConnectionLost, ExternalCallFailed
+from knownstate.impl.errors import ExternalCallFailed
 from knownstate.model import outbox as model
-from knownstate.model.contract import LostRace, Won
+from knownstate.model.contract import LostRace, RetryView, Won
 
-from ..check import QUANTUM, KindCheck, _record_mismatch, fmt
+from ..check import QUANTUM, Candidate, FaultPolicy, KindCheck, fmt
 from ..sink import NotificationSink
-from ..toxi import Toxic
 
 
 @dataclass
@@ -34,16 +33,19 @@ class Held:
 
 
 SINK_ANSWERS = {200: impl.OK, 503: impl.RETRYABLE, 422: impl.PERMANENT}
+RECLAIMED = "lease expired"  # what the reaper writes as last_error: a reclaim is due at once
 
 
 class OutboxCheck(KindCheck):
     kind = "outbox"
     contract = model.CONTRACT
     schema = impl.SCHEMA
-    tables = impl.TABLES
     n_workers = 2
     # max_attempts 2 keeps "dead" within reach of a short program; the reference default is 3.
-    config = model.Config(lease=5 * QUANTUM, backoff_base=QUANTUM, backoff_cap=60 * QUANTUM, max_attempts=2)
+    config = model.Config(lease=5 * QUANTUM, backoff_base=QUANTUM, backoff_cap=60 * QUANTUM,
+                          max_attempts=2)
+    policy = FaultPolicy(gap=1, heal_after=6, stall=config.lease + QUANTUM, reply_lost=True)
+    lock_wait_breaks = "claim"
     store_class = impl.OutboxStore
     queries: dict[str, str] | None = None  # the mutant catalogue replaces some
     required_events = (
@@ -63,7 +65,7 @@ class OutboxCheck(KindCheck):
             w.sink_link = self.env.api.link(f"outbox-{w.name}-sink", self.sink.host, self.sink.port)
             w.links = [w.link, w.sink_link]
         self._duplicates = 0
-        self.reply_lost: int | None = None
+        self._reclaimed: set[int] = set()
 
     def new_model(self) -> model.OutboxModel:
         return model.OutboxModel(self.config)
@@ -72,12 +74,24 @@ class OutboxCheck(KindCheck):
         return m.state(), tuple(sorted(m.received.items()))
 
     def observe_impl(self):
-        rows = impl.project(self.env.admin(self.dbname), self.to_model_time)
+        conn = self.ws.admin()
+        rows = impl.project(conn, self.to_model_time)
+        self._reclaimed = {r[0] for r in conn.execute(
+            "SELECT id FROM outbox_delivery WHERE last_error = %s", (RECLAIMED,)).fetchall()}
         return rows, tuple(sorted(self.sink.received().items()))
 
     def views(self, observation):
+        """The contract's views, with where each delivery stands against the retry policy."""
         rows, received = observation
-        return model.views(rows, dict(received))
+        out = model.views(rows, dict(received))
+        now = self.model.now
+        for d in rows:
+            waiting = d.status == model.P and d.attempts > 0
+            owed = 0 if d.id in self._reclaimed else self.config.backoff(d.attempts)
+            out[str(d.id)] = replace(out[str(d.id)], retry=RetryView(
+                d.attempts, self.config.max_attempts, waiting,
+                due_in=max(0, d.next_attempt_at - now), owed=owed if waiting else 0))
+        return out
 
     def observed(self, m: model.OutboxModel) -> None:
         dups = sum(n - 1 for n in m.received.values())
@@ -85,23 +99,65 @@ class OutboxCheck(KindCheck):
         self._duplicates = dups
 
     def clock_matters(self) -> bool:
-        """Time can change something: a backoff to wait out, or a lease nobody alive holds to lapse.
-        (A stall covers leases that a living worker holds.)"""
+        """Time can change something: a backoff to wait out, or a lease nobody alive holds to
+        lapse. (A stall covers leases that a living worker holds.)"""
         held = {i for _, i in self._holding()}
-        return any((d.status == model.R and d.id not in held) or (d.status == model.P and d.next_attempt_at > self.model.now)
+        return any((d.status == model.R and d.id not in held)
+                   or (d.status == model.P and d.next_attempt_at > self.model.now)
                    for d in self.model.deliveries.values())
 
     def forget(self, worker) -> None:
         self.held[worker.index].clear()
+
+    # -- the fault policy's questions -------------------------------------------------------------
+    def turns(self, w: int) -> list[str]:
+        """A worker's next step of its loop: record what it sent, send what it holds, or claim."""
+        held = self.held[w].values()
+        if any(h.result is not None for h in held):
+            return ["record"]
+        if held:
+            return ["send"]
+        due = any(d.status == model.P and d.next_attempt_at <= self.model.now
+                  for d in self.model.deliveries.values())
+        return ["claim"] if due else []
+
+    def turn(self, w: int, data) -> None:
+        step = self.turns(w)[0]
+        if step == "record":
+            self._record(w, data.draw(st.sampled_from(self._mine(w, sent=True)), label="delivery"))
+        elif step == "send":
+            d = data.draw(st.sampled_from(self._mine(w, sent=False)), label="delivery")
+            self._send(w, d, data.draw(st.sampled_from([200, 503, 422]), label="sink answers"))
+        else:
+            self.claim(w, 3)
+
+    def leases(self) -> list[int]:
+        live = {d.id for d in self.model.deliveries.values()
+                if d.status == model.R and d.lease_until > self.model.now}
+        return sorted({w for w, i in self._holding() if i in live})
+
+    def meanwhile(self, w: int, data) -> None:
+        """While ``w`` is frozen the reaper runs and the other worker polls for work."""
+        other = 1 - w
+        self.reclaim_stale(other)
+        if len(self.candidates) == 1:
+            self.claim(other, 3)
 
     # -- helpers ----------------------------------------------------------------------------
     def _holding(self, sent: bool | None = None) -> list[tuple[int, int]]:
         return [(w, i) for w, held in enumerate(self.held) for i, h in sorted(held.items())
                 if sent is None or (h.result is not None) == sent]
 
-    def _pick(self, data, sent: bool | None = None) -> tuple[int, Held]:
-        w, i = data.draw(st.sampled_from(self._holding(sent)), label="worker, delivery")
-        return w, self.held[w][i]
+    def _mine(self, w: int, sent: bool) -> list[int]:
+        return [i for x, i in self._holding(sent) if x == w]
+
+    def _fence(self, c: model.Claim) -> tuple[int, int, bool]:
+        """A write by the holder of claim ``c``: does it still own the row (attempt unchanged)?"""
+        d = self.model.deliveries.get(c.id)
+        return c.id, c.attempt, d is not None and d.status == model.R and d.attempts == c.attempt
+
+    def _pick(self, data, sent: bool | None = None) -> tuple[int, int]:
+        return data.draw(st.sampled_from(self._holding(sent)), label="worker, delivery")
 
     # -- operations -------------------------------------------------------------------------
     @initialize(n=st.integers(1, 4))
@@ -117,13 +173,15 @@ class OutboxCheck(KindCheck):
     @rule(w=st.integers(0, 1))
     def enqueue(self, w: int) -> None:
         i = self.model.next_id()
-        self.apply(self.workers[w], f"enqueue(w{w}, id={i})", lambda m: m.enqueue(i), lambda c: self.store.enqueue(c, i))
+        self.apply(self.workers[w], f"enqueue(w{w}, id={i})", lambda m: m.enqueue(i),
+                   lambda c: self.store.enqueue(c, i))
 
     @rule(w=st.integers(0, 1), batch=st.integers(1, 3))
     def claim(self, w: int, batch: int) -> None:
         worker = self.workers[w]
         got = self.apply(worker, f"claim(w{w}, batch={batch})", lambda m: m.claim(batch),
-                         lambda c: self.store.claim(c, batch), on_error=lambda: self.forget(worker))
+                         lambda c: self.store.claim(c, batch), on_error=lambda: self.forget(worker),
+                         guarantee="claim")
         if isinstance(got, Won):
             for c in got.value:
                 self.held[w][c.id] = Held(c)
@@ -132,55 +190,56 @@ class OutboxCheck(KindCheck):
     @rule(data=st.data(), answer=st.sampled_from([200, 503, 422]))
     def send(self, data, answer: int) -> None:
         """The external effect: POST to the sink through this worker's own link. At-least-once."""
-        w, h = self._pick(data, sent=False)
+        self._send(*self._pick(data, sent=False), answer)
+
+    def _send(self, w: int, delivery: int, answer: int) -> None:
+        h = self.held[w][delivery]
         worker = self.workers[w]
+        self._age_faults()
         self.stats.steps += 1
         trial = self.model.copy()
         trial.sink_received(h.claim.id)
         self.sink.plan(answer)
         label = f"send(w{w}, {h.claim.id}, attempt={h.claim.attempt}) sink answers {answer}"
-        reply_toxic = None
-        if self.reply_lost == w:
-            self.reply_lost = None
-            if not any(t.name == "limit_data_downstream" for t in worker.sink_link.toxics):
-                reply_toxic = Toxic("limit_data", "downstream", {"bytes": 0})
-                self._toxi(lambda: worker.sink_link.add(reply_toxic))
         try:
-            h.result = impl.send_to_sink(f"http://127.0.0.1:{worker.sink_link.port}", h.claim, timeout=5)
-        except ExternalCallFailed as e:
+            with self.external_call(worker):
+                h.result = impl.send_to_sink(f"http://127.0.0.1:{worker.sink_link.port}", h.claim,
+                                             timeout=5)
+        except ExternalCallFailed:
             # No answer: the sink may or may not have recorded it. The worker treats it as retryable.
             h.result = impl.RETRYABLE
             self.log(f"{label} -> no answer; it may have arrived")
             self.event("sink reply lost")
-            self.candidates = [self.model, trial]
+            self.maybe(Candidate(self.model, external=False), Candidate(trial, external=True))
         else:
             self.log(f"{label} -> {h.result}")
             if h.result != SINK_ANSWERS[answer]:
-                raise _record_mismatch(self, f"{label}: the worker read the answer as {h.result}")
+                self.fail(f"{label}: the worker read the answer as {h.result}")
             self.model = trial
-            self.candidates = [trial]
+            self.candidates = [Candidate(trial)]
         finally:
             self.sink.reset_plan()
-            if reply_toxic is not None:
-                self._toxi(lambda: worker.sink_link.remove(reply_toxic))
 
     @precondition(lambda self: self._holding(sent=True))
     @rule(data=st.data())
     def record(self, data) -> None:
         """The fenced write after the send: complete, or fail (retry with backoff / dead / failed)."""
-        w, h = self._pick(data, sent=True)
+        self._record(*self._pick(data, sent=True))
+
+    def _record(self, w: int, delivery: int) -> None:
         worker = self.workers[w]
-        del self.held[w][h.claim.id]
+        h = self.held[w].pop(delivery)
         c = h.claim
         if h.result == impl.OK:
             got = self.apply(worker, f"complete(w{w}, {c.id}, attempt={c.attempt})",
                              lambda m: m.complete(c), lambda conn: self.store.complete(conn, c),
-                             on_error=lambda: self.forget(worker))
+                             on_error=lambda: self.forget(worker), fenced=lambda: self._fence(c))
         else:
             permanent = h.result == impl.PERMANENT
             got = self.apply(worker, f"fail(w{w}, {c.id}, attempt={c.attempt}, permanent={permanent})",
-                             lambda m: m.fail(c, permanent), lambda conn: self.store.fail(conn, c, permanent, h.result),
-                             on_error=lambda: self.forget(worker))
+                             lambda m: m.fail(c, permanent),
+                             lambda conn: self.store.fail(conn, c, permanent, h.result),
+                             on_error=lambda: self.forget(worker), fenced=lambda: self._fence(c))
         if isinstance(got, LostRace):
             self.event("fence rejection")
         elif got == Won(model.P):
@@ -189,11 +248,11 @@ class OutboxCheck(KindCheck):
     @precondition(lambda self: self._holding())
     @rule(data=st.data())
     def extend_lease(self, data) -> None:
-        w, h = self._pick(data)
-        worker = self.workers[w]
+        w, i = self._pick(data)
+        worker, h = self.workers[w], self.held[w][i]
         got = self.apply(worker, f"extend_lease(w{w}, {h.claim.id}, attempt={h.claim.attempt})",
                          lambda m: m.extend_lease(h.claim), lambda c: self.store.extend_lease(c, h.claim),
-                         on_error=lambda: self.forget(worker))
+                         on_error=lambda: self.forget(worker), fenced=lambda: self._fence(h.claim))
         if isinstance(got, LostRace):
             self.event("fence rejection")
             self.held[w].pop(h.claim.id, None)
@@ -201,7 +260,7 @@ class OutboxCheck(KindCheck):
     @rule(w=st.integers(0, 1))
     def reclaim_stale(self, w: int) -> None:
         got = self.apply(self.workers[w], f"reclaim_stale(w{w})", lambda m: m.reclaim_stale(),
-                         lambda c: self.store.reclaim_stale(c))
+                         lambda c: self.store.reclaim_stale(c), guarantee="lease")
         if isinstance(got, Won) and got.value:
             self.event("reclaim", len(got.value))
 
@@ -218,23 +277,25 @@ class OutboxCheck(KindCheck):
         try:
             conn_a = wa.connection()
             got_a = Won(tuple(c for c, _ in self.store.begin_claim(conn_a, ba)))
-        except ConnectionLost:
+        except errors.ConnectionLost:
             self.log(f"{label} -> ConnectionLost")
             wa.abandon()
             return
         self.log(f"{label} -> {fmt(got_a)}")
         if got_a != exp_a:
             wa.abandon()
-            raise _record_mismatch(self, f"{label}: implementation answered {fmt(got_a)}, the model expects {fmt(exp_a)}")
-        before, self.model = self.model, trial
+            self.fail(f"{label}: implementation answered {fmt(got_a)}, the model expects {fmt(exp_a)}",
+                      otherwise="claim")
+        self.model = trial
+        self.candidates = [Candidate(trial)]
         got_b = self.apply(wb, f"claim_race: w1 claim(batch={bb}) while w0's claim is open",
                            lambda m: m.claim(bb), lambda c: self.store.claim(c, bb),
-                           on_error=lambda: self.forget(wb))
+                           on_error=lambda: self.forget(wb), guarantee="claim")
         try:
             errors.commit(conn_a, "outbox.claim")
         except errors.CommitIndeterminate as e:
             wa.abandon()
-            raise _record_mismatch(self, f"claim_race: w0's COMMIT failed on a clean link: {e.detail}") from None
+            self.fail(f"claim_race: w0's COMMIT failed on a clean link: {e.detail}")
         self.log("claim_race: w0 commits")
         for c in got_a.value:
             self.held[0][c.id] = Held(c)
@@ -243,43 +304,6 @@ class OutboxCheck(KindCheck):
                 self.held[1][c.id] = Held(c)
             if got_a.value and got_b.value:
                 self.event("skip locked")
-        del before
-
-    # -- faults specific to a worker ----------------------------------------------------------
-    @precondition(lambda self: all(w.before_commit is None for w in self.workers))
-    @rule(w=st.integers(0, 1), kind=st.sampled_from(["commit-reply-lost", "commit-request-lost", "worker-death"]))
-    def fault_commit(self, w: int, kind: str) -> None:
-        """The worker's next COMMIT meets a fault (the worker dies, or the reply or request is lost)."""
-        self.arm_commit_fault(self.workers[w], kind)
-        self.fault(kind, f"{kind} armed on w{w}'s next COMMIT")
-
-    @precondition(lambda self: self.reply_lost is None)
-    @rule(w=st.integers(0, 1))
-    def fault_sink_reply_lost(self, w: int) -> None:
-        """The sink records this worker's next delivery, and the reply never reaches the worker."""
-        self.reply_lost = w
-        self.fault("sink-reply-lost", f"sink reply lost armed on w{w}'s next send")
-
-    def _live_leases(self) -> list[tuple[int, int]]:
-        live = {d.id for d in self.model.deliveries.values() if d.status == model.R and d.lease_until > self.model.now}
-        return [(w, i) for w, i in self._holding() if i in live]
-
-    @precondition(lambda self: self.env.clock is not None and self._live_leases())
-    @rule(data=st.data())
-    def stall_past_lease(self, data) -> None:
-        """A worker holding a live lease stalls (GC pause, frozen VM) until the lease lapsed: the
-        database clock moves past it. When it resumes, its writes must be fenced."""
-        w, _ = data.draw(st.sampled_from(self._live_leases()), label="worker, delivery")
-        seconds = self.config.lease + QUANTUM
-        self.env.clock.jump(seconds)
-        for m in self.candidates:
-            m.advance(seconds)
-        self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease; meanwhile:")
-        # The world goes on while it is frozen: the reaper runs, the other worker polls.
-        other = 1 - w
-        self.reclaim_stale(other)
-        if len(self.candidates) == 1:
-            self.claim(other, 3)
 
 
 # ---------------------------------------------------------------------------------------
@@ -331,16 +355,16 @@ MUTANTS = [
     Mutant("claim-without-bump", "outbox", "lease-fence",
            "the claim does not bump attempts, so the fence token never changes",
            _edit("claim_due", "attempts = d.attempts + 1", "attempts = d.attempts")),
-    Mutant("claim-without-skip-locked", "outbox", "conditional-transition",
+    Mutant("claim-without-skip-locked", "outbox", "claim",
            "the claim waits on rows another worker is claiming (FOR UPDATE without SKIP LOCKED)",
            _edit("claim_due", "FOR UPDATE SKIP LOCKED", "FOR UPDATE")),
-    Mutant("reaper-app-clock", "outbox", "lease-fence",
+    Mutant("reaper-app-clock", "outbox", "lease",
            "the reaper compares leases with the application clock (the database clock stamped them)",
            with_attrs(store_class=_AppClockReaper)),
-    Mutant("lease-app-clock", "outbox", "lease-fence",
+    Mutant("lease-app-clock", "outbox", "lease",
            "the claim stamps its lease with the application clock (the reaper reads the database clock)",
            with_attrs(store_class=_AppClockLease)),
-    Mutant("reaper-ignores-lease", "outbox", "lease-fence",
+    Mutant("reaper-ignores-lease", "outbox", "lease",
            "the reaper takes back every processing row, live leases included",
            _edit("reclaim_stale", "AND lease_until <= now()", "")),
     Mutant("reaper-touches-terminal", "outbox", "terminal-answers-from-receipts",
