@@ -246,6 +246,27 @@ class GateDatabase(ExampleDatabase):
         pass
 
 
+class SaveOnly(ExampleDatabase):
+    """An example database that keeps new failures but hands none out for replay: for the
+    batches after the first (the stored examples were replayed there) and for measurements."""
+
+    def __init__(self, inner: ExampleDatabase):
+        super().__init__()
+        self.inner = inner
+
+    def fetch(self, key: bytes):
+        return iter(())
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.inner.save(key, value)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.inner.delete(key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.inner.move(src, dest, value)
+
+
 # ---------------------------------------------------------------------------------------
 # The generic state machine.
 # ---------------------------------------------------------------------------------------
@@ -748,7 +769,9 @@ def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | P
     with shrink_budget(shrinks):
         while True:
             cls = build_machine(machine, env, batch_seed(seed, run.batch), run, ws)
-            db = GateDatabase(database, run) if database is not None and run.batch == start_batch else None
+            db = None  # stored examples are replayed in the first batch; all batches save
+            if database is not None:
+                db = GateDatabase(database if run.batch == start_batch else SaveOnly(database), run)
             conf = settings(max_examples=examples or BATCH, stateful_step_count=steps or prof.steps,
                             deadline=None, database=db, suppress_health_check=list(HealthCheck),
                             verbosity=Verbosity.quiet, report_multiple_bugs=False,
