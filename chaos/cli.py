@@ -460,11 +460,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--mutant", metavar="NAME",
                    help="check a named mutant instead of the reference (one KIND): CAUGHT exits "
                         "0, NOT CAUGHT exits 1")
-    v.add_argument("--example-db", metavar="DIR",
-                   help=f"keep failing examples here and replay them first (default "
-                        f"{memory.DEFAULT_DIR}, git-ignored)")
-    v.add_argument("--no-example-db", action="store_true",
-                   help="neither replay nor keep failing examples")
+    db = v.add_mutually_exclusive_group()
+    db.add_argument("--example-db", metavar="DIR",
+                    help=f"keep failing examples here and replay them first (default "
+                         f"{memory.DEFAULT_DIR}, git-ignored)")
+    db.add_argument("--no-example-db", action="store_true",
+                    help="neither replay nor keep failing examples")
     v.add_argument("--example-db-github", metavar="OWNER/REPO[:ARTIFACT]",
                    help="also replay the failing examples in this GitHub Actions artifact "
                         f"(read-only; artifact name default {memory.ARTIFACT}; needs "
