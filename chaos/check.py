@@ -335,10 +335,10 @@ class KindCheck(FaultRules, RuleBasedStateMachine):
         env = self.env
         env.ensure_alive()
         env.reset_faults()
+        self.workers = self._workers()
         self.ws.truncate()
         self.t0 = self.ws.now()
         self.started = time.monotonic()
-        self.workers = [Worker(env, self.ws, self.kind, i) for i in range(self.n_workers)]
         self._reset_faults()
         self.reset_example()
         self.model = self.new_model()
@@ -354,9 +354,20 @@ class KindCheck(FaultRules, RuleBasedStateMachine):
         if run.progress is not None:
             run.progress(run)
 
+    def _workers(self) -> list[Worker]:
+        """The run's workers, kept from one example to the next with their connections when
+        those still answer (each example resets their links; see ``Worker.ready``)."""
+        kept = self.ws.workers
+        if len(kept) != self.n_workers:
+            for w in kept:
+                w.close()
+            kept[:] = [Worker(self.env, self.ws, self.kind, i) for i in range(self.n_workers)]
+        for w in kept:
+            w.links = [w.link]
+            w.ready()
+        return kept
+
     def teardown(self) -> None:
-        for w in getattr(self, "workers", []):
-            w.close()
         if hasattr(self, "_seen_at_start"):
             target(self._rarity_score(), label="rare observations")
 
