@@ -727,22 +727,35 @@ def batch_seed(seed: int, batch: int) -> int:
 
 
 @contextlib.contextmanager
-def shrink_budget(shrinks: int):
-    """Bound shrinking by a count of successful shrinks (Hypothesis's own bound is 500 and five
-    minutes): deterministic, whatever the machine's load. Time never stops a shrink here."""
+def shrink_budget(replays: int):
+    """Bound shrinking by a count of replays (Hypothesis's own bounds are 500 successful shrinks
+    and five minutes): deterministic, whatever the machine's load. Time never stops a shrink
+    here. Past the budget the smallest failing example found so far is the counterexample."""
     from hypothesis.internal.conjecture import engine
 
-    old = engine.MAX_SHRINKS, engine.MAX_SHRINKING_SECONDS
-    engine.MAX_SHRINKS, engine.MAX_SHRINKING_SECONDS = shrinks, 10**9
+    runner = engine.ConjectureRunner
+    original = runner.test_function
+
+    def counted(self, data):
+        try:
+            return original(self, data)
+        finally:
+            if self.finish_shrinking_deadline is not None:
+                self._knownstate_replays = getattr(self, "_knownstate_replays", 0) + 1
+                if self._knownstate_replays >= replays:
+                    self.exit_with(engine.ExitReason.max_shrinks)
+
+    old = engine.MAX_SHRINKING_SECONDS
+    runner.test_function, engine.MAX_SHRINKING_SECONDS = counted, 10**9
     try:
         yield
     finally:
-        engine.MAX_SHRINKS, engine.MAX_SHRINKING_SECONDS = old
+        runner.test_function, engine.MAX_SHRINKING_SECONDS = original, old
 
 
 def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | Profile = "ci",
               examples: int | None = None, steps: int | None = None, require_all: bool = True,
-              progress: Callable[[RunState], None] | None = None, shrinks: int = 200,
+              progress: Callable[[RunState], None] | None = None, shrinks: int = 400,
               database: ExampleDatabase | None = None, database_key: str | None = None,
               traces: list[list[str]] | None = None, start_batch: int = 0) -> CheckResult:
     """Run one kind's check against the real parts. ``examples`` fixes the number of examples
