@@ -356,10 +356,10 @@ class KindCheck(FaultRules, RuleBasedStateMachine):
         env = self.env
         env.ensure_alive()
         env.reset_faults()
+        self.workers = self._workers()
         self.ws.truncate()
         self.t0 = self.ws.now()
         self.started = time.monotonic()
-        self.workers = [Worker(env, self.ws, self.kind, i) for i in range(self.n_workers)]
         self._reset_faults()
         self.reset_example()
         self.model = self.new_model()
@@ -375,9 +375,20 @@ class KindCheck(FaultRules, RuleBasedStateMachine):
         if run.progress is not None:
             run.progress(run)
 
+    def _workers(self) -> list[Worker]:
+        """The run's workers, kept from one example to the next with their connections when
+        those still answer (each example resets their links; see ``Worker.ready``)."""
+        kept = self.ws.workers
+        if len(kept) != self.n_workers:
+            for w in kept:
+                w.close()
+            kept[:] = [Worker(self.env, self.ws, self.kind, i) for i in range(self.n_workers)]
+        for w in kept:
+            w.links = [w.link]
+            w.ready()
+        return kept
+
     def teardown(self) -> None:
-        for w in getattr(self, "workers", []):
-            w.close()
         if hasattr(self, "_seen_at_start"):
             target(self._rarity_score(), label="rare observations")
 
@@ -737,22 +748,35 @@ def batch_seed(seed: int, batch: int) -> int:
 
 
 @contextlib.contextmanager
-def shrink_budget(shrinks: int):
-    """Bound shrinking by a count of successful shrinks (Hypothesis's own bound is 500 and five
-    minutes): deterministic, whatever the machine's load. Time never stops a shrink here."""
+def shrink_budget(replays: int):
+    """Bound shrinking by a count of replays (Hypothesis's own bounds are 500 successful shrinks
+    and five minutes): deterministic, whatever the machine's load. Time never stops a shrink
+    here. Past the budget the smallest failing example found so far is the counterexample."""
     from hypothesis.internal.conjecture import engine
 
-    old = engine.MAX_SHRINKS, engine.MAX_SHRINKING_SECONDS
-    engine.MAX_SHRINKS, engine.MAX_SHRINKING_SECONDS = shrinks, 10**9
+    runner = engine.ConjectureRunner
+    original = runner.test_function
+
+    def counted(self, data):
+        try:
+            return original(self, data)
+        finally:
+            if self.finish_shrinking_deadline is not None:
+                self._knownstate_replays = getattr(self, "_knownstate_replays", 0) + 1
+                if self._knownstate_replays >= replays:
+                    self.exit_with(engine.ExitReason.max_shrinks)
+
+    old = engine.MAX_SHRINKING_SECONDS
+    runner.test_function, engine.MAX_SHRINKING_SECONDS = counted, 10**9
     try:
         yield
     finally:
-        engine.MAX_SHRINKS, engine.MAX_SHRINKING_SECONDS = old
+        runner.test_function, engine.MAX_SHRINKING_SECONDS = original, old
 
 
 def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | Profile = "ci",
               examples: int | None = None, steps: int | None = None, require_all: bool = True,
-              progress: Callable[[RunState], None] | None = None, shrinks: int = 200,
+              progress: Callable[[RunState], None] | None = None, shrinks: int = 400,
               database: ExampleDatabase | None = None, database_key: str | None = None,
               traces: list[list[str]] | None = None, start_batch: int = 0) -> CheckResult:
     """Run one kind's check against the real parts. ``examples`` fixes the number of examples

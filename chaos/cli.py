@@ -437,9 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--dsn", default=os.environ.get("DATABASE_URL"),
                         help="an external PostgreSQL (default: $DATABASE_URL, else a throwaway cluster)")
         sp.add_argument("--json", metavar="FILE", help="write a JSON report")
-        sp.add_argument("--shrinks", type=int, default=200,
-                        help="successful shrinks at most, shrinking a failure to its shortest "
-                             "counterexample (default 200; a count, never a time)")
+        sp.add_argument("--shrinks", type=int, default=400,
+                        help="replays at most, shrinking a failure to its shortest "
+                             "counterexample (default 400; a count, never a time)")
         sp.add_argument("--batch", type=int, default=0,
                         help="start at this batch of examples (a failure's replay command gives it)")
         sp.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")

@@ -98,8 +98,9 @@ class DbClock:
         self._write()
 
     def reset(self) -> None:
-        self._offset = 0.0
-        self._write()
+        if self._offset:
+            self._offset = 0.0
+            self._write()
 
     def _write(self) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -121,7 +122,7 @@ def _wait_ready(dsn: str, proc: subprocess.Popen | None, log: Path | None, deadl
             return
         except psycopg.OperationalError as e:
             last = e
-            time.sleep(0.05)
+            time.sleep(0.01)
     raise ClusterError(f"postgres did not accept connections within {deadline_s:.0f}s: {last}")
 
 

@@ -62,6 +62,7 @@ class Workspace:
     def __init__(self, env: "Env", name: str, schema_sql: str):
         self.env, self.name, self.schema_sql = env, name, schema_sql
         self.tables: tuple[str, ...] = ()
+        self.workers: list[Worker] = []  # kept from one example to the next (KindCheck)
 
     def create(self) -> "Workspace":
         admin = self.env.admin()
@@ -83,6 +84,8 @@ class Workspace:
         return self
 
     def drop(self) -> None:
+        for w in self.workers:
+            w.close()
         self.env.admin().execute(f'drop schema if exists "{self.name}" cascade')
 
     def conninfo(self, *, host: str | None = None, port: int | None = None,
@@ -354,7 +357,9 @@ def watch(env: Env, worker: "Worker", others: list["Worker"]):
     record who held the lock. The wait is seen by the server, never guessed from a timeout."""
     seen = Watch()
     conn = worker.conn
-    if conn is None or conn.closed or conn.broken or not others:
+    holders = [w for w in others if w.in_transaction()]
+    if conn is None or conn.closed or conn.broken or not holders:
+        # Nobody else holds a transaction open: there is no lock to wait on.
         yield seen
         return
     pid = conn.info.backend_pid
@@ -404,6 +409,13 @@ class Worker:
         self.links: list[Link] = [self.link]
         self.before_commit: Callable[[HookedConnection], None] | None = None
 
+    def in_transaction(self) -> bool:
+        """Whether this worker's connection holds a transaction open (so it may hold locks)."""
+        conn = self.conn
+        if conn is None or conn.closed or conn.broken:
+            return False
+        return conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
     @property
     def backend_pid(self) -> int | None:
         conn = self.conn
@@ -439,6 +451,28 @@ class Worker:
             with contextlib.suppress(Exception):
                 self.conn.close()
             self.conn = None
+
+    def ready(self) -> None:
+        """At the start of an example: a healthy, idle connection on a clean link, kept from the
+        example before when it still answers (a new one costs a backend fork). Every example thus
+        starts with every worker connected, so what a fault does to a connection depends on the
+        example alone, never on the examples before it."""
+        from knownstate.impl.errors import ConnectionLost
+
+        self.before_commit = None
+        conn = self.conn
+        if conn is not None:
+            try:
+                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    raise psycopg.OperationalError("not idle")
+                conn.execute("select 1")
+                conn.rollback()  # never leave a transaction open: now() would stay at its start
+            except psycopg.Error:
+                self.abandon()
+        try:
+            self.connection()
+        except ConnectionLost as e:
+            raise EnvironmentFault(f"{self.name} could not connect through its clean link: {e}") from None
 
     def faulted(self) -> bool:
         """A toxic on one of its links, a link down, or a COMMIT fault armed."""

@@ -51,7 +51,7 @@ def test_skew_past_the_bound_is_observed_and_labelled(reference_run):
 @pytest.mark.parametrize("name", ["one-in-flight-missing", "reaper-ignores-lease", "start-retry-fresh-key"])
 def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
     r = run_check(MUTANT[name].machine(BranchResetCheck), check_env, examples=30, steps=30, seed=2,
-                  require_all=False, shrinks=60)
+                  require_all=False, shrinks=300)
     assert r.failure is not None, f"mutant {name} was not caught"
     assert MUTANT_INVARIANT[name] in r.invariants, r.failure
     assert r.counterexample_steps <= 15, "\n".join(r.counterexample)

@@ -137,11 +137,13 @@ class OutboxCheck(KindCheck):
         return sorted({w for w, i in self._holding() if i in live})
 
     def meanwhile(self, w: int, data) -> None:
-        """While ``w`` is frozen the reaper runs and the other worker polls for work."""
+        """While ``w`` is frozen the reaper runs, or not, and the other worker claims again, or
+        not: a stale owner resumes on a row still pending, re-claimed, or never reclaimed."""
         other = 1 - w
-        self.reclaim_stale(other)
-        if len(self.candidates) == 1:
-            self.claim(other, 3)
+        if data.draw(st.booleans(), label="reaper runs"):
+            self.reclaim_stale(other)
+            if data.draw(st.booleans(), label="the other worker claims"):
+                self.claim(other, 3)
 
     # -- helpers ----------------------------------------------------------------------------
     def _holding(self, sent: bool | None = None) -> list[tuple[int, int]]:
