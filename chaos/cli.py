@@ -22,6 +22,7 @@ from .check import PROFILES, EnvironmentFault, Env, run_check
 from .cluster import Unavailable
 from .mutants import catalogue_problems
 from .report import (
+    DEFAULT_SHRINKS,
     Replay,
     Report,
     ReportError,
@@ -437,9 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--dsn", default=os.environ.get("DATABASE_URL"),
                         help="an external PostgreSQL (default: $DATABASE_URL, else a throwaway cluster)")
         sp.add_argument("--json", metavar="FILE", help="write a JSON report")
-        sp.add_argument("--shrinks", type=int, default=400,
+        sp.add_argument("--shrinks", type=int, default=DEFAULT_SHRINKS,
                         help="replays at most, shrinking a failure to its shortest "
-                             "counterexample (default 400; a count, never a time)")
+                             f"counterexample (default {DEFAULT_SHRINKS}; a count, never a time)")
         sp.add_argument("--batch", type=int, default=0,
                         help="start at this batch of examples (a failure's replay command gives it)")
         sp.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")

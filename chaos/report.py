@@ -31,7 +31,7 @@ STATUSES = ("passed", "failed", "vacuous", "interrupted", "environment", "not ru
 OUTCOMES = ("passed", "failed", "vacuous", "interrupted", "environment")
 EXIT_CODES = {"passed": 0, "failed": 1, "vacuous": 1, "environment": 3}
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
-DEFAULT_SHRINKS = 200
+DEFAULT_SHRINKS = 400  # run_check's and --shrinks's default (a drift test keeps them equal)
 
 
 def schema() -> dict:

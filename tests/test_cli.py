@@ -10,6 +10,7 @@ and Toxiproxy, as a CI job would.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import re
@@ -535,3 +536,11 @@ def test_the_readme_states_the_profiles_as_they_are():
     for name, p in PROFILES.items():
         assert (f"every requirement {p.times_each} times, at least {p.min_examples:,} examples, "
                 f"at most {p.budget_s:.0f} s per kind") in readme, name
+
+
+def test_the_default_shrink_budget_is_one_number():
+    from knownstate.chaos.check import run_check
+    from knownstate.chaos.report import DEFAULT_SHRINKS
+
+    assert inspect.signature(run_check).parameters["shrinks"].default == DEFAULT_SHRINKS
+    assert cli.build_parser().parse_args(["verify"]).shrinks == DEFAULT_SHRINKS
