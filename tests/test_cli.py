@@ -544,3 +544,59 @@ def test_the_default_shrink_budget_is_one_number():
 
     assert inspect.signature(run_check).parameters["shrinks"].default == DEFAULT_SHRINKS
     assert cli.build_parser().parse_args(["verify"]).shrinks == DEFAULT_SHRINKS
+
+
+def test_a_github_artifact_is_replayed_read_only_beside_the_local_database(tmp_path):
+    from hypothesis.database import (
+        DirectoryBasedExampleDatabase,
+        GitHubArtifactDatabase,
+        MultiplexedDatabase,
+        ReadOnlyDatabase,
+    )
+
+    mem = memory.Memory(str(tmp_path / "db"), memory.parse_github("acme/shop"))
+    both = mem.database(replay=True).inner
+    assert isinstance(both, MultiplexedDatabase)
+    local, shared = both._wrapped
+    assert isinstance(local, DirectoryBasedExampleDatabase)
+    assert isinstance(shared, ReadOnlyDatabase)
+    github = shared._wrapped
+    assert isinstance(github, GitHubArtifactDatabase)
+    assert (github.owner, github.repo, github.artifact_name) == ("acme", "shop", memory.ARTIFACT)
+    keeping = mem.database(replay=False).inner
+    assert isinstance(keeping, SaveOnly) and isinstance(keeping.inner,
+                                                        DirectoryBasedExampleDatabase)
+    assert memory.parse_github("acme/shop:nightly") == ("acme", "shop", "nightly")
+    for bad in ("acme", "/shop", "acme/shop/x"):
+        with pytest.raises(ValueError, match="OWNER/REPO"):
+            memory.parse_github(bad)
+
+
+@pytest.mark.parametrize("tty,ci", [(True, None), (True, "true"), (False, None)])
+def test_progress_is_a_live_line_on_a_terminal_and_plain_lines_elsewhere(monkeypatch, tty, ci):
+    import io
+
+    from gate_fakes import run_state
+
+    class Stream(io.StringIO):
+        def isatty(self):
+            return tty
+
+    if ci:
+        monkeypatch.setenv("CI", ci)
+    else:
+        monkeypatch.delenv("CI", raising=False)
+    stream = Stream()
+    report = cli.Report("verify", [], "ci", [1], [], 0)
+    state = run_state("outbox", examples=3)
+    progress = cli.Progress("outbox seed 1", report, stream)
+    progress(state)
+    progress.done()
+    text = stream.getvalue()
+    assert report.state is state, "the run in progress is known to the report"
+    assert "outbox seed 1: 3 examples, 21 steps, 3 faults" in text
+    if tty and not ci:
+        assert text.startswith("\r\033[K") and "\n" not in text
+    else:
+        assert text.endswith("requirements still to observe\n") or "observe: " in text
+        assert "\r" not in text and "\033" not in text
