@@ -157,7 +157,7 @@ class Profile:
 
 
 PROFILES = {
-    "ci": Profile("ci", 25, 3000, 50, 3, 240.0,
+    "ci": Profile("ci", 25, 3000, 30, 3, 240.0,
                   "until every required transition and event was seen 3 times (25 examples at "
                   "least, 4 minutes at most per kind)"),
     "deep": Profile("deep", 1000, 100000, 80, 20, 3600.0,
@@ -735,6 +735,10 @@ def build_machine(machine: type[KindCheck], env: Env, seed: int, run: RunState,
     return hyp_seed(seed)(cls)
 
 
+SHRINKS = 500
+"""Replays at most to shrink a failure (``--shrinks``): a count, so the same seed gives the same
+counterexample on any machine, whatever its load."""
+
 BATCH = 20
 """Examples per batch. Hypothesis runs a batch; between batches the run checks its goal. Batch
 ``i`` of seed ``s`` always runs the same examples, so a failure replays from its batch alone."""
@@ -776,7 +780,7 @@ def shrink_budget(replays: int):
 
 def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | Profile = "ci",
               examples: int | None = None, steps: int | None = None, require_all: bool = True,
-              progress: Callable[[RunState], None] | None = None, shrinks: int = 400,
+              progress: Callable[[RunState], None] | None = None, shrinks: int = SHRINKS,
               database: ExampleDatabase | None = None, database_key: str | None = None,
               traces: list[list[str]] | None = None, start_batch: int = 0) -> CheckResult:
     """Run one kind's check against the real parts. ``examples`` fixes the number of examples

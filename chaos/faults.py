@@ -191,7 +191,7 @@ class FaultRules:
             if self.op_count - since >= self.policy.heal_after:
                 self._toxi(link.clear)
                 del self.faulted_since[name]
-                self.log(f"heal {link.name} (after {self.policy.heal_after} operations)")
+                self.log(f"  (heal {link.name} after {self.policy.heal_after} operations)")
 
     def _may_fault_link(self: "KindCheck") -> bool:
         return (self._calm() and not self.faulted_links()
@@ -354,7 +354,7 @@ class FaultRules:
                    pace=False)
         self.meanwhile(w, data)
         if resume == "at once" and self.turns(w):
-            self.log(f"w{w} resumes")
+            self.log(f"  (w{w} resumes)")
             self.turn(w, data)
 
 

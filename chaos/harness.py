@@ -152,7 +152,7 @@ class Env:
 
     def close(self) -> None:
         for ws in reversed(self.workspaces):
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception, EnvironmentFault):
                 ws.drop()
         self.workspaces.clear()
         for conn in self._admin.values():

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, Iterable
+
+from .check import SHRINKS as DEFAULT_SHRINKS  # run_check's and --shrinks's default
 from xml.etree import ElementTree as ET
 
 SCHEMA_VERSION = 1
@@ -31,7 +33,6 @@ STATUSES = ("passed", "failed", "vacuous", "interrupted", "environment", "not ru
 OUTCOMES = ("passed", "failed", "vacuous", "interrupted", "environment")
 EXIT_CODES = {"passed": 0, "failed": 1, "vacuous": 1, "environment": 3}
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
-DEFAULT_SHRINKS = 400  # run_check's and --shrinks's default (a drift test keeps them equal)
 
 
 def schema() -> dict:

@@ -538,14 +538,6 @@ def test_the_readme_states_the_profiles_as_they_are():
                 f"at most {p.budget_s:.0f} s per kind") in readme, name
 
 
-def test_the_default_shrink_budget_is_one_number():
-    from knownstate.chaos.check import run_check
-    from knownstate.chaos.report import DEFAULT_SHRINKS
-
-    assert inspect.signature(run_check).parameters["shrinks"].default == DEFAULT_SHRINKS
-    assert cli.build_parser().parse_args(["verify"]).shrinks == DEFAULT_SHRINKS
-
-
 def test_a_github_artifact_is_replayed_read_only_beside_the_local_database(tmp_path):
     from hypothesis.database import (
         DirectoryBasedExampleDatabase,
