@@ -794,7 +794,7 @@ def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | P
     invariants: tuple[str, ...] = ()
     trace: list[str] = []
     run.batch = start_batch
-    with shrink_budget(shrinks):
+    with shrink_budget(shrinks), contextlib.closing(ws):
         while True:
             cls = build_machine(machine, env, batch_seed(seed, run.batch), run, ws)
             db = None  # stored examples are replayed in the first batch; all batches save

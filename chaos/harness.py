@@ -83,9 +83,19 @@ class Workspace:
             conn.close()
         return self
 
-    def drop(self) -> None:
+    def close(self) -> None:
+        """Close every connection to the workspace (a worker may have been left in a transaction
+        by a failure that ended its run)."""
         for w in self.workers:
             w.close()
+        self.workers.clear()
+        conn = self.env._admin.pop(self.name, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def drop(self) -> None:
+        self.close()
         self.env.admin().execute(f'drop schema if exists "{self.name}" cascade')
 
     def conninfo(self, *, host: str | None = None, port: int | None = None,
@@ -204,7 +214,7 @@ class Env:
         name = f"ks_{self.run_id}_{kind.replace('-', '_')}"
         for ws in [w for w in self.workspaces if w.name == name]:
             self.workspaces.remove(ws)
-            self._admin.pop(ws.name, None)
+            ws.close()
         ws = Workspace(self, name, schema_sql)
         self.workspaces.append(ws)
         return ws.create()
