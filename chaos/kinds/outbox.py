@@ -81,16 +81,20 @@ class OutboxCheck(KindCheck):
         return rows, tuple(sorted(self.sink.received().items()))
 
     def views(self, observation):
-        """The contract's views, with where each delivery stands against the retry policy."""
+        """The contract's views, with where each delivery stands against the retry policy and
+        what its lease has left by the database clock (a claim grants the whole lease)."""
         rows, received = observation
         out = model.views(rows, dict(received))
         now = self.model.now
         for d in rows:
             waiting = d.status == model.P and d.attempts > 0
             owed = 0 if d.id in self._reclaimed else self.config.backoff(d.attempts)
+            owned = d.status == model.R and d.lease_until is not None
             out[str(d.id)] = replace(out[str(d.id)], retry=RetryView(
                 d.attempts, self.config.max_attempts, waiting,
-                due_in=max(0, d.next_attempt_at - now), owed=owed if waiting else 0))
+                due_in=max(0, d.next_attempt_at - now), owed=owed if waiting else 0),
+                lease_left=d.lease_until - now if owned else None,
+                lease_granted=self.config.lease if owned else None)
         return out
 
     def observed(self, m: model.OutboxModel) -> None:
