@@ -595,6 +595,8 @@ class KindCheck(FaultRules, RuleBasedStateMachine):
             run_id, token, owner = fenced() if callable(fenced) else fenced
             self.writes.append(Write(str(run_id), token, accepted=isinstance(got, Won),
                                      owner_current=owner))
+            if not owner and got == expected:
+                self._count_refusal(label, str(run_id))
         if got != expected:
             self.fail(f"{label}: implementation answered {fmt(got)}, the model expects "
                       f"{fmt(expected)}", otherwise=guarantee)
@@ -603,6 +605,17 @@ class KindCheck(FaultRules, RuleBasedStateMachine):
         self.model = trial
         self.candidates = [Candidate(trial)]
         return got
+
+    def _count_refusal(self, label: str, run_id: str) -> None:
+        """A stale owner's write refused, counted by operation and by why the writer is stale:
+        another owner holds the run now, or nobody does (it was reclaimed, or it ended). A kind
+        can require each (``fence refusal: complete (re-claimed)``, ...), so a run reaches every
+        fenced write in both situations, where a write without its fence, or without its
+        status guard, shows."""
+        view = self.prev_views.get(run_id)
+        owned = view is not None and self.contract is not None and view.status in self.contract.owned
+        self.event(f"fence refusal: {label.split('(')[0]} "
+                   f"({'re-claimed' if owned else 'no longer claimed'})")
 
     def maybe(self, *candidates: Candidate) -> None:
         """After a step whose outcome nobody knows (an answer lost), the possible states."""

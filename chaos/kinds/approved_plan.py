@@ -95,6 +95,7 @@ class ApprovedPlanCheck(KindCheck):
         "repeat answered from receipts", "compensation run",
         "worker died before commit", "connection lost", "indeterminate commit",
         "indeterminate resolved: committed", "indeterminate resolved: not committed",
+        "fence refusal: run_step (no longer claimed)", "fence refusal: heartbeat (no longer claimed)",
     )
 
     # -- hooks ----------------------------------------------------------------------------

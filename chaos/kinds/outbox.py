@@ -53,6 +53,8 @@ class OutboxCheck(KindCheck):
         "worker died before commit", "connection lost", "indeterminate commit",
         "indeterminate resolved: committed", "indeterminate resolved: not committed",
         "duplicate delivery", "sink reply lost",
+        *(f"fence refusal: {op} ({why})" for op in ("complete", "fail", "extend_lease")
+          for why in ("re-claimed", "no longer claimed")),
     )
 
     # -- hooks ----------------------------------------------------------------------------
