@@ -35,8 +35,9 @@ injected. A profile runs until every required transition and event was observed 
 and a minimum number of examples ran (:class:`Profile`); only when its budget runs out first is
 the run vacuous, naming what is missing. Requirements that need what this database cannot do
 (a crash of a server the harness does not own) are *not covered on this database*, never
-vacuous. Each example reports a score to Hypothesis's ``target()`` (rare observations count
-most), and failing examples are kept in an example database, replayed first on later runs.
+vacuous. (Hypothesis's ``target()`` was tried for steering and left out: its optimisation pass
+and pareto front took more than half of a run's time and reached nothing coverage did not.)
+Failing examples are kept in an example database and replayed first on later runs.
 
 A kind plugs in by subclassing :class:`KindCheck`: ``new_model()``, ``observe_model()``,
 ``observe_impl()``, ``views()``, its operation rules (which call :meth:`KindCheck.apply`), the
@@ -55,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, NoReturn
 
 import psycopg
-from hypothesis import HealthCheck, Phase, Verbosity, settings, target
+from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis import seed as hyp_seed
 from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, invariant
@@ -370,7 +371,6 @@ class KindCheck(FaultRules, RuleBasedStateMachine):
         self._unobserved = False
         self._struck = False
         self.prev_views = self.views(self.observe_model(self.model)) if self.contract else {}
-        self._seen_at_start = (Counter(run.stats.events), Counter(run.stats.transitions))
         run.stats.examples += 1
         if run.progress is not None:
             run.progress(run)
@@ -388,21 +388,6 @@ class KindCheck(FaultRules, RuleBasedStateMachine):
             w.ready()
         return kept
 
-    def teardown(self) -> None:
-        if hasattr(self, "_seen_at_start"):
-            target(self._rarity_score(), label="rare observations")
-
-    def _rarity_score(self) -> float:
-        """How much this example observed of what the run has seen least (for ``target``)."""
-        events0, transitions0 = self._seen_at_start
-        stats, score = self.run.stats, 0.0
-        for name, n in stats.events.items():
-            if n > events0[name]:
-                score += 1 / (1 + events0[name])
-        for key, n in stats.transitions.items():
-            if n > transitions0[key]:
-                score += 1 / (1 + transitions0[key])
-        return score
 
     def _swarm_faults_only(self) -> None:
         """Hypothesis's swarm testing switches a random subset of rules off for each example. Let
@@ -816,8 +801,7 @@ def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | P
             conf = settings(max_examples=examples or BATCH, stateful_step_count=steps or prof.steps,
                             deadline=None, database=db, suppress_health_check=list(HealthCheck),
                             verbosity=Verbosity.quiet, report_multiple_bugs=False,
-                            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target,
-                                    Phase.shrink))
+                            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink))
             test = get_state_machine_test(cls, settings=conf)
             key = database_key or f"knownstate:{machine.kind}"
             test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()

@@ -24,7 +24,7 @@ SQL lives in ``sql/approved_plan_schema.sql`` and ``sql/approved_plan.sql``.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Callable, Iterable
 
 import psycopg
@@ -259,20 +259,22 @@ class ApprovedPlanStore:
 
 
 def project(conn: psycopg.Connection, to_model_time: Callable[[datetime], int]) -> m.PlanState:
-    """Every row of this kind, in the model's state shape, read in one snapshot.
+    """Every row of this kind, in the model's state shape, read by one statement (one snapshot).
     ``to_model_time`` turns a database timestamp into model seconds (the check owns that mapping)."""
     with boundary(f"{m.KIND}.project"):
         try:
-            conn.execute(QUERIES["snapshot"])
-            receipts: dict[int, list[m.Receipt]] = {}
-            for pid, step_index, ok, detail in conn.execute(QUERIES["all_receipts"]):
-                receipts.setdefault(pid, []).append(m.Receipt(step_index, ok, detail))
-            proposals = tuple(
-                m.Proposal(pid, m.Status(status), _steps(steps), compensates, generation,
-                           None if hb is None else to_model_time(hb), failure, tuple(receipts.get(pid, ())))
-                for pid, status, steps, compensates, generation, hb, failure in conn.execute(QUERIES["all_proposals"]))
-            balances = tuple((a, b) for a, b in conn.execute(QUERIES["all_balances"]))
-            ledger = tuple(sorted(m.LedgerEntry(*r) for r in conn.execute(QUERIES["all_ledger"])))
+            runs, receipt_rows, balance_rows, ledger_rows = conn.execute(QUERIES["project"]).fetchone()
         finally:
-            _rollback_quietly(conn)
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                _rollback_quietly(conn)
+    receipts: dict[int, list[m.Receipt]] = {}
+    for pid, step_index, ok, detail in receipt_rows:
+        receipts.setdefault(pid, []).append(m.Receipt(step_index, ok, detail))
+    proposals = tuple(
+        m.Proposal(pid, m.Status(status), _steps(steps), compensates, generation,
+                   None if hb is None else to_model_time(datetime.fromtimestamp(hb, timezone.utc)),
+                   failure, tuple(receipts.get(pid, ())))
+        for pid, status, steps, compensates, generation, hb, failure in runs)
+    balances = tuple((a, b) for a, b in balance_rows)
+    ledger = tuple(sorted(m.LedgerEntry(*r) for r in ledger_rows))
     return m.PlanState(proposals, balances, ledger)
