@@ -868,6 +868,8 @@ class Block:
                 return
             seen = self.scheduler.observe([w.pid for w in flying] + ghosts)
             active = self._active(flying, seen)
+            if active is None:
+                continue  # a worker parked or ended meanwhile: what the server said is stale
             if not active:
                 return
             if self.scheduler.pause:
@@ -881,15 +883,18 @@ class Block:
             if time.monotonic() > deadline:
                 raise WorkerStuck(self._stuck_message(seen))
 
-    def _active(self, flying: list[_Worker], seen: dict[int, _Activity]) -> list[tuple[str, int]]:
-        """The backends not at rest, workers in order then ghosts: (name, pid)."""
+    def _active(self, flying: list[_Worker],
+                seen: dict[int, _Activity]) -> list[tuple[str, int]] | None:
+        """The backends not at rest, workers in order then ghosts: (name, pid). None when a
+        worker parked or ended since ``flying`` was taken: its statement may have released
+        locks after the server was asked, so the answer is stale."""
         active = []
         names = {w.pid: w.name for w in self._workers}
         with self._cv:
+            if any(w.state != RUNNING for w in flying):
+                return None
             for w in flying:
                 act = seen.get(w.pid)
-                if w.state != RUNNING:
-                    continue  # it parked or ended since: at rest
                 checked = (act is not None and act.blocking and w.notice is not None
                            and w.notice[0] == "still waiting" and w.notice[1] == act.mode
                            and (act.lock is None or w.notice[2] == act.lock))
