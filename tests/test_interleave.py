@@ -288,6 +288,42 @@ def test_a_deadlock_is_an_outcome_the_model_expects_and_the_closer_is_its_victim
     assert victims == [closer] * 3
 
 
+def test_a_serialization_failure_is_the_callers_outcome_and_the_other_commits(
+        scheduler, connect, admin):
+    """Write skew under SERIALIZABLE: each reads both balances and moves money out of one
+    if the sum allows. Both reads before either write: the second COMMIT fails (40001), as an
+    outcome of that operation; the block is linearizable without it."""
+    def withdraw(account: int):
+        def run(conn):
+            try:
+                with errors.boundary("withdraw"):
+                    conn.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+                    (total,) = conn.execute("SELECT sum(balance) FROM account "
+                                            "WHERE id IN (1, 2)").fetchone()
+                    if total >= 150:
+                        conn.execute("UPDATE account SET balance = balance - 150 WHERE id = %s",
+                                     (account,))
+                errors.commit(conn, "withdraw")
+            except errors.TransactionAborted:
+                conn.rollback()
+                raise
+            return Won()
+        return run
+
+    ops = [Op("w0", "withdraw(1)", connect("w0"), withdraw(1)),
+           Op("w1", "withdraw(2)", connect("w1"), withdraw(2))]
+    result = scheduler.run(ops, script("w0", "w1", "w0", "w1", "w0", "w0", "w1", "w1"))
+    r0, r1 = result.ops
+    assert r0.value == Won()
+    assert r1.sqlstate == "40001" and r1.transient and isinstance(r1.error, errors.TransactionAborted)
+    verdict = linearize.check(history(result, {"w0": lambda m: m.add(1, -150),
+                                               "w1": lambda m: m.add(2, -150)}), Accounts(),
+                              final=linearize.FinalState(tuple(admin.execute(
+                                  "SELECT id, balance FROM account ORDER BY id").fetchall()),
+                                  Accounts.rows))
+    assert verdict.ok and [o.client for o in verdict.order] == ["w0"]
+
+
 def test_the_same_choices_replay_the_same_schedule_trace_outcomes_and_rows(
         scheduler, connect, admin):
     """Three workers moving money among three accounts in random directions: lock waits,
@@ -304,7 +340,8 @@ def test_the_same_choices_replay_the_same_schedule_trace_outcomes_and_rows(
                    for w, d in zip(conns, directions)]
             result = scheduler.run(ops, lambda options: options[rng.randrange(len(options))])
             rows = admin.execute("SELECT id, balance FROM account ORDER BY id").fetchall()
-            runs.append((result.schedule, result.trace, [r.describe() for r in result.ops], rows))
+            outcomes = [r.describe() for r in result.ops]
+            runs.append((result.schedule, result.trace, outcomes, rows))
         assert runs[0] == runs[1], "\n".join(["replayed differently:", *runs[0][1], "--",
                                                *runs[1][1]])
         text = "\n".join(runs[0][1])
