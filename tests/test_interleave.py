@@ -315,7 +315,8 @@ def test_a_serialization_failure_is_the_callers_outcome_and_the_other_commits(
     result = scheduler.run(ops, script("w0", "w1", "w0", "w1", "w0", "w0", "w1", "w1"))
     r0, r1 = result.ops
     assert r0.value == Won()
-    assert r1.sqlstate == "40001" and r1.transient and isinstance(r1.error, errors.TransactionAborted)
+    assert r1.sqlstate == "40001" and r1.transient
+    assert isinstance(r1.error, errors.TransactionAborted)
     verdict = linearize.check(history(result, {"w0": lambda m: m.add(1, -150),
                                                "w1": lambda m: m.add(2, -150)}), Accounts(),
                               final=linearize.FinalState(tuple(admin.execute(
