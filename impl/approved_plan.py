@@ -180,11 +180,11 @@ class ApprovedPlanStore:
             row = conn.execute(self.q["lock_executing"], {"id": proposal_id}).fetchone()
             if row is None:
                 return m.no_proposal(proposal_id), False
-            status, generation, steps_json = row
+            status, generation, steps_json = row[:3]
             refused = m.fence("run_step", status, generation, token)
             if refused:
                 return refused, False
-            (done,) = conn.execute(self.q["steps_done"], {"id": proposal_id}).fetchone()
+            done = self._steps_done(conn, proposal_id, row)
             steps = _steps(steps_json)
             checked = m.check_step_index(steps, done, step_index)
             if checked is True:  # already ran: answer from its receipt
@@ -205,6 +205,12 @@ class ApprovedPlanStore:
             return Won(receipt), True
 
         return self._transaction(conn, "run_step", body)
+
+    def _steps_done(self, conn: psycopg.Connection, proposal_id: int, locked: tuple) -> int:
+        """How many steps have a receipt: a statement of its own, after ``lock_executing`` (whose
+        row is ``locked``), so it reads a snapshot taken after any wait for the run lock."""
+        (done,) = conn.execute(self.q["steps_done"], {"id": proposal_id}).fetchone()
+        return done
 
     def _apply(self, conn: psycopg.Connection, proposal_id: int, step_index: int, step: m.Step) -> bool:
         """The step's effect on the demo tables; False (and no effect) when the step is not ok."""
