@@ -441,20 +441,18 @@ class _Blocks:
 
         history = interleave.history(res, {w.name: model_op(w) for w in chosen},
                                      no_effect=(ConnectionLost, WorkerDied))
+        self._after_block = True  # a run may have moved twice: the linearization judges moves
         real = self.observe_impl()
         verdict = linearize.check(history, [c.model for c in self.candidates],
                                   fingerprint=self.fingerprint,
                                   final=linearize.FinalState(real, self.observe_model))
         if not verdict.ok:
-            refused = [offers[op.client].guarantee for op, _ in verdict.next_refused]
-            named = next((g for g in refused if g), "conditional-transition")
+            named = tuple(g for op, _ in verdict.next_refused
+                          if (g := offers[op.client].guarantee)) or ("conditional-transition",)
             self.fail("\n".join(verdict.explain()), real=real, otherwise=named)
         self.candidates = [Candidate(m) for m in verdict.final_states]
-        self._indeterminate = any(op.ret is None for op in history)
-        if self._indeterminate:
-            for c in self.candidates:  # which of them committed is for the next observation
-                c.committed = None
-        self._after_block = True
+        if any(op.ret is None for op in history):
+            self.event("indeterminate commit in a block")
         for w in chosen:
             r = results[w.name]
             if r.error is None:
@@ -636,7 +634,7 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
 
     # -- the door -------------------------------------------------------------------------------
     def fail(self, problem: str, violations: list[Violation] | None = None,
-             real: Any = None, otherwise: str | None = None) -> NoReturn:
+             real: Any = None, otherwise: str | tuple[str, ...] | None = None) -> NoReturn:
         """The one door every failure goes through. It judges first: the invariants on the real
         state (unless ``violations`` are given); a failure names those it finds, and shows
         ``problem`` (the difference from the model) after them. When none is broken and the
@@ -646,7 +644,8 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         if violations is None:
             violations = self._judge_safely(real)
             if not violations and otherwise:
-                violations = [Violation(otherwise, problem)]
+                names = (otherwise,) if isinstance(otherwise, str) else otherwise
+                violations = [Violation(name, problem) for name in dict.fromkeys(names)]
                 problem = ""
         names = tuple(sorted({v.invariant for v in violations}))
         unknown = set(names) - set(self.named_invariants())

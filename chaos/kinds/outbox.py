@@ -437,3 +437,8 @@ MUTANTS = [
            "a failed send is retried forever: never dead at max attempts",
            _edit("fail", "WHEN attempts >= %(max_attempts)s THEN 'dead'", "WHEN false THEN 'dead'")),
 ]
+
+# The read-then-write races only a concurrent block reaches (``knownstate.chaos.race_mutants``).
+from .. import race_mutants  # noqa: E402
+
+MUTANTS += race_mutants.MUTANTS["outbox"]
