@@ -169,9 +169,10 @@ class ApprovedPlanCheck(KindCheck):
         return [(w, pid) for w, held in enumerate(self.held) for pid in sorted(held)
                 if not executing_only or pid in executing]
 
-    GUARANTEE = {"mark_executing": "claim", "read": "lease"}
+    GUARANTEE = {"mark_executing": "claim", "read": "lease", "revise": "stable-step-identity"}
     """What an operation's outcome is, of the contract: the claim (who executes), the lease (a
-    read heals a run whose heartbeat is stale, and only such a run)."""
+    read heals a run whose heartbeat is stale, and only such a run), the frozen payload whose
+    positions are the steps' identities (a revision is refused once the plan is approved)."""
 
     def _op(self, w: int, name: str, *args, shown: str | None = None) -> Any:
         """One operation by worker ``w`` on the model and on its own store."""
