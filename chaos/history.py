@@ -160,6 +160,25 @@ class History:
     def by_ref(self) -> dict[str, Op]:
         return {o.ref: o for o in self.ops}
 
+    def on(self, run: str) -> list[Op]:
+        """The operations that named ``run``, in order (indexed once)."""
+        index = self.__dict__.get("_on")
+        if index is None or self.__dict__.get("_on_size") != len(self.ops):
+            index = defaultdict(list)
+            for o in self.ops:
+                for r in o.runs:
+                    index[str(r)].append(o)
+            self.__dict__["_on"], self.__dict__["_on_size"] = index, len(self.ops)
+        return index.get(run, [])
+
+    def until(self, op: Op) -> float:
+        """When the operation ended: its end, or for one cut by a kill its process's end."""
+        if op.t1 is not None:
+            return op.t1
+        name, inc = op.inc.split(".")
+        ends = [p.end for p in self.procs if p.name == name and str(p.inc) == inc and p.end]
+        return ends[0] if ends else float("inf")
+
     def rel(self, t: float | None) -> str:
         return "?" if t is None else f"+{t - self.t0:.1f} s"
 
@@ -295,9 +314,8 @@ def _held_since(h: History, op: Op, run: str) -> float | None:
     """When the operation's process claimed the run it writes under (its claim's start)."""
     claims = [
         o
-        for o in h.ops
+        for o in h.on(run)
         if o.proc == op.proc
-        and run in o.runs
         and o.t0 <= op.t0
         and o.name in ("claim_batch", "claim", "mark_executing", "start")
         and o.out == "won"
@@ -560,11 +578,11 @@ def _attribute_delivery(
     )
     by = ops.get(ended.ref or "") if ended else None
     who = owner.inc if owner else "?"
-    send = next((o for o in h.ops if o.name == "send" and o.token(run) == attempt), None)
+    send = next((o for o in h.on(run) if o.name == "send" and o.token(run) == attempt), None)
     outcome = next(
         (
             o
-            for o in h.ops
+            for o in h.on(run)
             if o.name in ("complete", "fail")
             and o.token(run) == attempt
             and o.proc == (owner.proc if owner else None)
@@ -896,14 +914,9 @@ def _reset_external(h: History, v: Verdict, runs: dict[str, list[Audit]]) -> Non
 
 
 def _during(h: History, run: str, t: float, names: tuple[str, ...]) -> Op | None:
-    for o in h.ops:
-        if (
-            o.name in names
-            and run in o.runs
-            and o.t0 <= t <= (o.t1 if o.t1 is not None else float("inf"))
-        ):
-            return o
-    return None
+    """The operation on ``run`` that was running at ``t`` (the latest begun, if several)."""
+    found = [o for o in h.on(run) if o.name in names and o.t0 <= t <= h.until(o)]
+    return max(found, key=lambda o: o.t0) if found else None
 
 
 def _attribute_create(h: History, v: Verdict, run: str, t: float, previous: float) -> None:
