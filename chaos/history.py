@@ -293,6 +293,14 @@ def _per_run(audit: Iterable[Audit], table: str, key: str = "id") -> dict[str, l
     return out
 
 
+def _at(op: Op | None) -> float | None:
+    """When an operation's write took effect: by its end (it began before, perhaps long before
+    a stall)."""
+    if op is None:
+        return None
+    return op.t1 if op.t1 is not None else op.t0
+
+
 def _who(op: Op | None) -> str:
     return op.inc if op is not None else "an unlogged writer"
 
@@ -303,7 +311,7 @@ def _stale(h: History, v: Verdict, run: str, op: Op, a: Audit, said: str, why: s
             "lease-fence",
             f"{_who(op)} {op.name}({run}) carried {said} and landed, {why}",
             run,
-            op.t0,
+            _at(op),
             op.ref,
             near(h, op.proc, _held_since(h, op, run), op.t1 or op.t0),
         )
@@ -376,7 +384,7 @@ def _creations_committed(h: History, v: Verdict, names: tuple[str, ...], runs: s
                         "receipt-with-effect",
                         f"{o.inc} {o.name}({run}) answered won, but the run never committed",
                         run,
-                        o.t0,
+                        _at(o),
                         o.ref,
                     )
                 )
@@ -397,7 +405,7 @@ def _transition(h: History, v: Verdict, table, a: Audit, op: Op | None, run: str
             f"{_who(op)} {op.name if op else 'write'}({run}) "
             f"moved it {src} -> {dst}, which the table does not allow",
             run,
-            op.t0 if op else None,
+            _at(op),
             a.ref,
             near(h, op.proc if op else None, op.t0 if op else None, op.t1 if op else None),
         )
@@ -430,7 +438,7 @@ def _outbox(h: History, v: Verdict) -> None:
                         f"{_who(op)} {op.name if op else 'write'}({run}) changed it after it was "
                         f"{old['status']} ({old['status']} -> {new['status']})",
                         run,
-                        op.t0 if op else None,
+                        _at(op),
                         a.ref,
                     )
                 )
@@ -444,7 +452,7 @@ def _outbox(h: History, v: Verdict) -> None:
                             f"{op.inc} claimed {run} without changing its "
                             f"fence token (attempts stayed {old['attempts']})",
                             run,
-                            op.t0,
+                            _at(op),
                             op.ref,
                         )
                     )
@@ -461,7 +469,7 @@ def _outbox(h: History, v: Verdict) -> None:
                             if lease
                             else f"{op.inc} reclaimed {run}, which held no lease",
                             run,
-                            op.t0,
+                            _at(op),
                             op.ref,
                         )
                     )
@@ -519,7 +527,7 @@ def _outbox_sink(h: History, v: Verdict, runs: dict[str, list[Audit]], ops: dict
                     f"{run} recorded as sent under attempt "
                     f"{last['attempts']}, but the sink never accepted that attempt",
                     run,
-                    op.t0 if op else None,
+                    _at(op),
                     sent[-1].ref if sent else None,
                 )
             )
@@ -673,7 +681,7 @@ def _plan_update(
                 f"{_who(op)} {op.name if op else 'write'}({run}) changed it after it was "
                 f"{old['status']} ({old['status']} -> {new['status']})",
                 run,
-                op.t0 if op else None,
+                _at(op),
                 a.ref,
                 near(h, op.proc if op else None, op.t0 if op else None, op.t1 if op else None),
             )
@@ -698,7 +706,7 @@ def _plan_update(
         if new["generation"] == old["generation"]:
             v.findings.append(
                 Finding(
-                    "lease-fence", f"{op.inc} claimed {run} without a new token", run, op.t0, a.ref
+                    "lease-fence", f"{op.inc} claimed {run} without a new token", run, _at(op), a.ref
                 )
             )
             return
@@ -712,7 +720,7 @@ def _plan_update(
                     f"{op.inc} {op.name}({run}) healed a live run "
                     f"(heartbeat {a.at - beat:.0f} s old, lease {heartbeat_s} s)",
                     run,
-                    op.t0,
+                    _at(op),
                     a.ref,
                 )
             )
@@ -734,7 +742,7 @@ def _plan_effect(
                 "terminal-answers-from-receipts",
                 f"{op.inc} {op.name}({run}) applied the {what} of step {step} again",
                 run,
-                op.t0,
+                _at(op),
                 a.ref,
                 near(h, op.proc, op.t0, op.t1),
             )
@@ -822,7 +830,7 @@ def _reset_update(h: History, v: Verdict, a: Audit, op: Op | None, run: str) -> 
                 f"{_who(op)} {op.name if op else 'write'}({run}) changed it after it was "
                 f"{old['status']}",
                 run,
-                op.t0 if op else None,
+                _at(op),
                 a.ref,
             )
         )
@@ -850,7 +858,7 @@ def _reset_update(h: History, v: Verdict, a: Audit, op: Op | None, run: str) -> 
                     f"{op.inc} reaped {run} while its lease was live "
                     f"({lease - op.app_now:.1f} s left by the reaper's clock)",
                     run,
-                    op.t0,
+                    _at(op),
                     a.ref,
                 )
             )
