@@ -147,6 +147,13 @@ KIND_SPECS = {
     ),
 }
 
+EXPECTED = {
+    "outbox": ("reclaim of a lapsed lease", "lost race or fence refusal", "duplicate delivery"),
+    "approved-plan": ("lazy heal", "lost race or fence refusal"),
+    "branch-reset": ("reap", "lost race or fence refusal", "create retried, one creation"),
+}
+"""What a soak of each kind should see happen, printed when it did not (it does not fail)."""
+
 PROCESSES = (
     ("w0", "worker"),
     ("w1", "worker"),
@@ -382,11 +389,12 @@ class Processes:
             r.proc.wait(timeout=30)
         self._record_end(r, "stopped")
 
-    def stop_all(self) -> None:
+    def stop_all(self, grace: float = 15.0) -> None:
+        """SIGCONT and SIGTERM to every process, SIGKILL to one still there after ``grace``."""
         with self._lock:
             for r in self.running.values():
                 if r.proc.poll() is None:
-                    self._end(r)
+                    self._end(r, grace)
                 else:
                     self._record_end(r, "killed" if r.expected_exit else "died")
 
@@ -590,7 +598,7 @@ class Soak:
                 "soak", host=link.host, port=link.port
             )
             self.procs.spawner = spawner
-            stack.callback(self.procs.stop_all)
+            stack.callback(self.procs.stop_all, 2.0)  # after an error or Ctrl-C: quickly
             self.parts = SoakParts(self.cluster, self.procs, links, stand_in)
             self.parts.postmasters.append(self.cluster._proc.pid)
             self._database()
@@ -856,6 +864,12 @@ def summary_lines(r: SoakResult, timeline: str | None) -> list[str]:
         f"  events observed: {_counts(v.observed)}",
         f"  quiet period: {r.quiet_end}",
     ]
+    missing = [e for e in EXPECTED[r.kind] if not v.observed.get(e)]
+    if missing:
+        lines.append(
+            f"  not observed (the nemesis never caused it; a longer soak or another seed "
+            f"may): {', '.join(missing)}"
+        )
     causes = Counter(d.why for d in v.duplicates)
     lines.append(
         f"  duplicate external effects: {len(v.duplicates)}"
