@@ -541,6 +541,15 @@ def _outbox_sink(h: History, v: Verdict, runs: dict[str, list[Audit]], ops: dict
             _attribute_delivery(h, v, run, changes, ops, t, attempt, again)
 
 
+SAID = {
+    "lost": "was refused (the fence)",
+    "indeterminate": "lost its COMMIT's answer (indeterminate)",
+    "conn-lost": "lost its connection",
+    "aborted": "was aborted by the server",
+    None: "was cut by a kill",
+}
+
+
 def _attribute_delivery(
     h: History,
     v: Verdict,
@@ -598,7 +607,7 @@ def _attribute_delivery(
         None,
     )
     if outcome is not None and outcome.out != "won":
-        did = f"its {outcome.name} ended {outcome.out or 'with the process killed'}"
+        did = f"its {outcome.name} {SAID.get(outcome.out, 'ended ' + str(outcome.out))}"
     elif send is not None and send.out not in ("ok", None):
         did = f"its send got no answer ({send.out})"
     elif outcome is None:
@@ -647,7 +656,7 @@ def _plan(h: History, v: Verdict) -> None:
     row: dict[str, dict] = {}  # the run row as of the audit so far (commit order)
     by: dict[str, Op | None] = {}  # the operation that wrote it so
     approved: set[str] = set()
-    for a in sorted(h.audit, key=lambda a: a.id):
+    for a in commit_order(h.audit):
         op = ops.get(a.ref or "")
         if a.table == "agent_proposal":
             run = str(a.row["id"])
@@ -663,6 +672,21 @@ def _plan(h: History, v: Verdict) -> None:
     _lost_and_held(h, v, runs, approved, PLAN_TERMINAL, {"executing"})
     _creations_committed(h, v, ("propose",), set(runs))
     _plan_final(h, v)
+
+
+def commit_order(audit: Iterable[Audit]) -> list[Audit]:
+    """The audit rows transaction by transaction, in the order the transactions committed.
+
+    A row's audit id is drawn when the change is made, not when it commits: a transaction that
+    wrote an effect, stalled, and committed after another transaction's change to the same run
+    (possible exactly when the run row was not locked) has the smaller ids. A transaction's last
+    change is made just before its COMMIT, so transactions are ordered by their last audit id;
+    within one, by id. (Rows without a transaction id count as a transaction each.)"""
+    groups: dict[object, list[Audit]] = defaultdict(list)
+    for a in audit:
+        groups[a.xid or ("row", a.id)].append(a)
+    ordered = sorted(groups.values(), key=lambda g: max(a.id for a in g))
+    return [a for g in ordered for a in sorted(g, key=lambda a: a.id)]
 
 
 def _made(h: History, status: str, op: Op | None) -> str:
@@ -706,7 +730,11 @@ def _plan_update(
         if new["generation"] == old["generation"]:
             v.findings.append(
                 Finding(
-                    "lease-fence", f"{op.inc} claimed {run} without a new token", run, _at(op), a.ref
+                    "lease-fence",
+                    f"{op.inc} claimed {run} without a new token",
+                    run,
+                    _at(op),
+                    a.ref,
                 )
             )
             return
@@ -876,13 +904,13 @@ def _reset_external(h: History, v: Verdict, runs: dict[str, list[Audit]]) -> Non
         creates[run].append((t, key, op_id, created))
     for run, requests in creates.items():
         made = [r for r in requests if r[3]]
-        for t, _key, op_id, _ in made[1:]:
+        for n, (t, _key, op_id, _) in enumerate(made[1:], 2):
             by = _during(h, run, t, ("start", "poll"))
             v.findings.append(
                 Finding(
                     "external-effect-semantics",
-                    f"{run}: a second operation {op_id} was "
-                    f"created" + (f", during {by.inc} {by.name}({run})" if by else ""),
+                    f"{run}: operation {op_id} is creation {n} of the run (one is allowed)"
+                    + (f", created during {by.inc} {by.name}({run})" if by else ""),
                     run,
                     t,
                     by.ref if by else None,

@@ -19,8 +19,8 @@ global track
     while, then settles back), ``db-crash`` (SIGKILL of PostgreSQL, a restart on the same data
     after the fault's duration), ``refuse`` (the stand-in answers the next few calls with an
     error: 503 or 422 at the sink, 503 at the operations API), ``slow`` (every worker's link
-    to the stand-in gets a latency for a while, a fraction of the lease per call: a batch or a
-    poll then outlasts the lease while its worker is alive and working).
+    to the stand-in gets a latency for a while, a quarter to a half of the lease per call: a
+    batch of calls outlasts the lease, or a call its timeout, while its worker is alive).
 
 :class:`Nemesis` is the executor: a thread that starts and ends each fault at its time through
 a :class:`Parts` object (the soak's real parts), and records each as a
@@ -100,7 +100,7 @@ def schedule(
     while t < seconds - 1:
         kind = rng.choices(GLOBAL_FAULTS, (3, 2, 2, 2, 2) if stand_in else (3, 2, 2, 0, 0))[0]
         if kind == "clock-bump":
-            jump = rng.choice((lease + 1, 2 * lease, 1, 2, -1, -2, -lease))
+            jump = rng.choice((lease + 1, lease + 1, 2 * lease, 1, -1, -lease))
             f = Fault(t, kind, "*", 0.0, (("seconds", int(round(jump))),))
         elif kind == "clock-strobe":
             f = Fault(
@@ -128,8 +128,8 @@ def schedule(
                 t,
                 kind,
                 stand_in,
-                round(rng.uniform(2.0, 2 * lease), 1),
-                (("ms", int(rng.uniform(0.1, 0.4) * lease * 1000)),),
+                round(rng.uniform(lease, 3 * lease), 1),
+                (("ms", int(rng.uniform(0.25, 0.5) * lease * 1000)),),
             )
         faults.append(f)
         t = f.at + f.duration + rng.uniform(3.0, 8.0)

@@ -329,6 +329,34 @@ def plan_history(variant: str = "") -> History:
             final["demo_ledger"].append(
                 {"proposal_id": 1, "step_index": 1, "account": "b", "delta": 3}
             )
+    elif variant == "step-stalled-inside-its-transaction":
+        # No lock: w0's second step wrote its effect, stalled before finish_step, the read healed
+        # the run meanwhile, and w0's transaction committed after the heal. Audit ids are drawn
+        # when a change is made; the transactions are ordered by when they committed.
+        ops[5] = op("r0.1:1", "read", {"1": None}, 9.0)
+        ops[4] = op("w0.1:3", "run_step", {"1": 1}, 1.4, 9.6)
+        audit[6:] = [
+            *effect(7, "w0.1:3", 1, 1.4),
+            upd(
+                9,
+                "agent_proposal",
+                "r0.1:1",
+                plan("executing", 1, 1.2),
+                plan("failed", 1, 1.2),
+                9.0,
+            ),
+            upd(
+                10,
+                "agent_proposal",
+                "w0.1:3",
+                plan("failed", 1, 1.2),
+                plan("executed", 1, 9.5),
+                9.5,
+            ),
+        ]
+        for a, xid in zip(audit[6:], (50, 50, 51, 50), strict=True):
+            a.xid = xid
+        final["agent_proposal"][0]["status"] = "executed"
     elif variant == "repeat-reexecutes":
         ops.append(op("r0.1:2", "repeat", {"1": None}, 3.0))
         audit += effect(10, "r0.1:2", 0, 3.0)[:1]
@@ -349,6 +377,12 @@ def test_reference_plan_history_passes():
 PLAN_RULES = [
     (
         "step-after-heal-landed",
+        "lease-fence",
+        "w0.1 run_step(1) carried token 1 (step 1 effect) and landed, "
+        "but the run was failed (by r0.1 read at +9.0 s)",
+    ),
+    (
+        "step-stalled-inside-its-transaction",
         "lease-fence",
         "w0.1 run_step(1) carried token 1 (step 1 effect) and landed, "
         "but the run was failed (by r0.1 read at +9.0 s)",
@@ -461,7 +495,7 @@ RESET_RULES = [
     (
         "second-creation",
         "external-effect-semantics",
-        "b0#1: a second operation op-2 was created, during w0.1 poll",
+        "b0#1: operation op-2 is creation 2 of the run (one is allowed), created during w0.1 poll",
     ),
     (
         "poll-after-its-lease-lapsed",
@@ -616,7 +650,7 @@ def test_a_mutant_fails_the_soak_with_an_attributed_violation_and_reports(tmp_pa
     )
     out, err = p.communicate(timeout=600)
     assert p.returncode == 1, out + err
-    assert "external-effect-semantics: b" in out and "a second operation" in out
+    assert "external-effect-semantics: b" in out and "is creation 2 of the run" in out
     assert (
         "replay: knownstate soak branch-reset --seconds 6 --seed 3 --mutant poll-reissues-operation"
         in out
