@@ -511,15 +511,15 @@ def _outbox_why(h: History, changes: list[Audit], token: int, now: int, ops: dic
 
 def _outbox_sink(h: History, v: Verdict, runs: dict[str, list[Audit]], ops: dict[str, Op]) -> None:
     """Receipts exactly once, and every duplicate delivery attributed."""
-    accepted: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    for t, delivery, attempt, code in h.external.get("deliveries", []):
+    accepted: dict[str, list[tuple[float, int, str | None]]] = defaultdict(list)
+    for t, delivery, attempt, code, *sender in h.external.get("deliveries", []):
         if code == 200:
-            accepted[str(delivery)].append((t, attempt))
+            accepted[str(delivery)].append((t, attempt, sender[0] if sender else None))
     for run, changes in runs.items():
         last = changes[-1].row
         sent = [a for a in changes if a.op == "UPDATE" and a.new["status"] == "sent"]
         got = accepted.get(run, [])
-        if last["status"] == "sent" and all(att != last["attempts"] for _, att in got):
+        if last["status"] == "sent" and all(att != last["attempts"] for _, att, _ in got):
             op = ops.get(sent[-1].ref or "") if sent else None
             v.findings.append(
                 Finding(
@@ -532,13 +532,13 @@ def _outbox_sink(h: History, v: Verdict, runs: dict[str, list[Audit]], ops: dict
                 )
             )
         recorded = last["attempts"] if last["status"] == "sent" else None
-        original = next((i for i, (_, att) in enumerate(got) if att == recorded), 0)
-        for i, (t, attempt) in enumerate(got):
+        original = next((i for i, (_, att, _) in enumerate(got) if att == recorded), 0)
+        for i, (t, attempt, sender) in enumerate(got):
             if i == original:
                 continue
             v.observed["duplicate delivery"] += 1
-            again = any(att == attempt for _, att in got[:i])
-            _attribute_delivery(h, v, run, changes, ops, t, attempt, again)
+            before = [ref for _, att, ref in got[:i] if att == attempt]
+            _attribute_delivery(h, v, run, changes, ops, t, attempt, sender, before)
 
 
 SAID = {
@@ -558,8 +558,12 @@ def _attribute_delivery(
     ops: dict[str, Op],
     t: float,
     attempt: int,
-    twice: bool,
+    sender: str | None,
+    before: list[str | None],
 ) -> None:
+    """One delivery the sink accepted beyond the recorded one. ``sender``: the operation whose
+    request it was (from its header); ``before``: the senders of earlier acceptances of the same
+    attempt (none, unless two workers held one attempt)."""
     claim = next(
         (
             a
@@ -572,16 +576,18 @@ def _attribute_delivery(
         None,
     )
     owner = ops.get(claim.ref or "") if claim else None
-    if twice:
+    send = ops.get(sender or "")
+    if before:
+        senders = ", ".join(ref or "?" for ref in [*before, sender])
         v.findings.append(
             Finding(
                 "lease-fence",
                 f"the sink accepted {run} more than once under attempt "
-                f"{attempt}: two workers held the same attempt",
+                f"{attempt} (sent by {senders}): two workers held the same attempt",
                 run,
                 t,
-                owner.ref if owner else None,
-                near(h, None, t, t),
+                sender,
+                near(h, send.proc if send else None, t, t),
             )
         )
         return
@@ -594,8 +600,11 @@ def _attribute_delivery(
         None,
     )
     by = ops.get(ended.ref or "") if ended else None
+    owner = owner or send
     who = owner.inc if owner else "?"
-    send = next((o for o in h.on(run) if o.name == "send" and o.token(run) == attempt), None)
+    send = send or next(
+        (o for o in h.on(run) if o.name == "send" and o.token(run) == attempt), None
+    )
     outcome = next(
         (
             o
@@ -899,13 +908,14 @@ def _reset_update(h: History, v: Verdict, a: Audit, op: Op | None, run: str) -> 
 def _reset_external(h: History, v: Verdict, runs: dict[str, list[Audit]]) -> None:
     """One creation per run at the operations API, its id on the row; the rest attributed."""
     ops_at_api = {o["id"]: o for o in h.external.get("ops", [])}
+    refs = h.by_ref()
     creates: dict[str, list[tuple]] = defaultdict(list)
-    for t, run, key, op_id, created in h.external.get("creates", []):
-        creates[run].append((t, key, op_id, created))
+    for t, run, key, op_id, created, *sender in h.external.get("creates", []):
+        creates[run].append((t, key, op_id, created, sender[0] if sender else None))
     for run, requests in creates.items():
         made = [r for r in requests if r[3]]
-        for n, (t, _key, op_id, _) in enumerate(made[1:], 2):
-            by = _during(h, run, t, ("start", "poll"))
+        for n, (t, _key, op_id, _, sender) in enumerate(made[1:], 2):
+            by = refs.get(sender or "") or _during(h, run, t, ("start", "poll"))
             v.findings.append(
                 Finding(
                     "external-effect-semantics",
@@ -917,11 +927,14 @@ def _reset_external(h: History, v: Verdict, runs: dict[str, list[Audit]]) -> Non
                     near(h, by.proc if by else None, t, t),
                 )
             )
-        for i, (t, _key, _op_id, created) in enumerate(requests[1:], 1):
+        for i, (t, _key, _op_id, created, _) in enumerate(requests[1:], 1):
             if created:
                 continue
             v.observed["create retried, one creation"] += 1
-            _attribute_create(h, v, run, t, requests[i - 1][0])
+            previous, sender = requests[i - 1][0], requests[i - 1][4]
+            first = refs.get(sender or "") or _during(h, run, previous, ("start",))
+            again = refs.get(requests[i][4] or "") or _during(h, run, t, ("start",))
+            _attribute_create(h, v, run, (previous, first), (t, again))
         final = runs.get(run, [])
         row = final[-1].row if final else {}
         if (
@@ -955,38 +968,47 @@ def _during(h: History, run: str, t: float, names: tuple[str, ...]) -> Op | None
     return max(found, key=lambda o: o.t0) if found else None
 
 
-def _attribute_create(h: History, v: Verdict, run: str, t: float, previous: float) -> None:
-    """A create request the API deduplicated: attributed to the start during which the previous
-    create request for the run was acted on, and which never recorded its operation."""
-    owner = _during(h, run, previous, ("start",))
+def _ended(h: History, op: Op | None, otherwise: float) -> float:
+    end = h.until(op) if op is not None else otherwise
+    return otherwise if end == float("inf") else end
+
+
+def _attribute_create(
+    h: History,
+    v: Verdict,
+    run: str,
+    first: tuple[float, Op | None],
+    again: tuple[float, Op | None],
+) -> None:
+    """A create request the API deduplicated, attributed to the one of the two requests (the
+    one that created the operation, the one answered with it) whose sender never recorded the
+    operation: usually the first (its start failed after the API acted); the second when the
+    first's sender recorded it (the second was sent earlier, by a start that gave up waiting,
+    and arrived late)."""
+    (t, owner), (t_again, other) = first, again
+    late = owner is not None and owner.out == "won" and other is not None
+    if late:
+        t, owner = t_again, other
     if owner is None:
-        cause = why = "no start was running when the previous create was acted on"
+        cause = why = "the sender of the request is unknown"
     elif owner.t1 is None:
-        cause, why = (
-            "its process died after the create, before its COMMIT",
-            "start died before COMMIT",
-        )
-    elif owner.out == "won":
-        cause, why = "it recorded its operation, and the run was created again", "created again"
+        cause = "its process died after the create was sent, before its COMMIT"
+        why = "start died before COMMIT"
+    elif late:
+        cause = f"its start ended {owner.out}, and its request arrived after the operation existed"
+        why = f"late request of a start that ended {owner.out}"
     else:
-        cause, why = (
-            f"its start ended {owner.out} after the create was acted on",
-            f"start ended {owner.out}",
-        )
+        cause = f"its start ended {owner.out} after the API acted on its create"
+        why = f"start ended {owner.out}"
     v.duplicates.append(
         Duplicate(
             run,
             f"create request for {run} acted on more than once",
-            previous,
+            t,
             owner.inc if owner else "?",
             owner.ref if owner else "?",
             cause,
-            near(
-                h,
-                owner.proc if owner else None,
-                owner.t0 if owner else previous,
-                (owner.t1 or t) if owner else t,
-            ),
+            near(h, owner.proc if owner else None, owner.t0 if owner else t, _ended(h, owner, t)),
             why,
         )
     )

@@ -59,7 +59,7 @@ from psycopg.rows import dict_row
 
 from . import history as hist
 from . import nemesis as nem
-from . import tools
+from . import soakworker, tools
 from .check import EnvironmentFault
 from .cluster import ClusterError, PostgresCluster
 from .opsapi import OpsApi
@@ -215,33 +215,60 @@ def check_class(kind: str, mutant: str | None):
 # ---------------------------------------------------------------------------------------
 
 
+_request = threading.local()  # the operation that sent the request this thread is handling
+
+
+def _noting_operation(handler: type) -> type:
+    """The stand-in's request handler, also noting the sender's operation (its header)."""
+
+    class Noting(handler):
+        def parse_request(self) -> bool:
+            ok = super().parse_request()
+            _request.op = self.headers.get(soakworker.OP_HEADER) if ok else None
+            return ok
+
+    return Noting
+
+
 class RecordingSink(NotificationSink):
-    """The notification sink, also keeping (time, delivery, attempt, answer) per request."""
+    """The notification sink, also keeping (time, delivery, attempt, answer, sender's operation)
+    per request."""
+
+    def start(self) -> "RecordingSink":
+        super().start()
+        self._server.RequestHandlerClass = _noting_operation(self._server.RequestHandlerClass)
+        return self
 
     def reset(self) -> None:
         super().reset()
-        self.timed: list[tuple[float, int, int, int]] = []
+        self.timed: list[tuple[float, int, int, int, str | None]] = []
 
     def _record(self, key: tuple[int, int]) -> int:
         code = super()._record(key)
         with self._lock:
-            self.timed.append((time.time(), key[0], key[1], code))
+            self.timed.append((time.time(), key[0], key[1], code, getattr(_request, "op", None)))
         return code
 
 
 class RecordingOpsApi(OpsApi):
-    """The operations API, also keeping (time, run, key, operation, created?) per create request
-    it acted on."""
+    """The operations API, also keeping (time, run, key, operation id, created?, sender's
+    operation) per create request it acted on."""
+
+    def start(self) -> "RecordingOpsApi":
+        super().start()
+        self._server.RequestHandlerClass = _noting_operation(self._server.RequestHandlerClass)
+        return self
 
     def _clear(self) -> None:
         super()._clear()
-        self.timed: list[tuple[float, str, str, str, bool]] = []
+        self.timed: list[tuple[float, str, str, str, bool, str | None]] = []
 
     def _create(self, body):
         code, op = super()._create(body)
+        sender = getattr(_request, "op", None)
         with self._lock:
             self.timed.append(
-                (time.time(), body.run_id, body.idempotency_key, op.op_id, code == 201)
+                (time.time(), body.run_id, body.idempotency_key, op.op_id, code == 201, sender)
             )
         return code, op
 
@@ -835,7 +862,7 @@ class Finisher:
     def _run(self) -> None:
         while not self._halt.wait(0.1):
             with self.api._lock:
-                born = {op_id: t for t, _, _, op_id, created in self.api.timed if created}
+                born = {r[3]: r[0] for r in self.api.timed if r[4]}
             for op in self.api.snapshot().ops.values():
                 if op.status.value != "in_progress":
                     continue

@@ -22,11 +22,15 @@ aborted, external call failed). A process killed mid-operation leaves a ``begin`
 ``/* ks:w1.2:17 */`` (worker w1, incarnation 2, operation 17); the harness's audit trigger reads
 it back with ``current_query()``, so each committed row change is tied to the operation that
 made it, and the judge can compare the token the operation carried with what the row said.
-The outbox's send is logged the same way, and the branch reset's application clock reading.
+Every HTTP request sent during an operation carries its reference in a header, which the
+stand-ins record, so an external effect is tied to its operation too (even one that arrives
+after its sender gave up waiting). The outbox's send is logged like a store operation, and so
+is the branch reset's application clock reading.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.client
 import inspect
@@ -66,6 +70,7 @@ class OpLog:
         self._f = open(path, "a", buffering=1)
         self._serial = 0
         self.depth = 0  # > 0 while an operation runs: nested store calls are part of it
+        self.current: str | None = None  # the reference of the operation running now
         self.app_now: datetime | None = None
 
     def write(self, ev: str, **fields) -> None:
@@ -94,6 +99,29 @@ class OpLog:
         """The application clock a branch-reset store reads; the last reading is logged."""
         self.app_now = datetime.now(timezone.utc)
         return self.app_now
+
+
+OP_HEADER = "X-Knownstate-Op"
+
+
+@contextlib.contextmanager
+def tagging_http(log: OpLog):
+    """While open, every HTTP request this process sends during an operation carries the
+    operation's reference in :data:`OP_HEADER` (the stand-ins record it). The request line is
+    where ``http.client`` starts every request, whoever builds it (``urllib``, a store's own
+    client)."""
+    original = http.client.HTTPConnection.putrequest
+
+    def putrequest(self, method, url, *args, **kwargs):
+        original(self, method, url, *args, **kwargs)
+        if log.current:
+            self.putheader(OP_HEADER, log.current)
+
+    http.client.HTTPConnection.putrequest = putrequest
+    try:
+        yield
+    finally:
+        http.client.HTTPConnection.putrequest = original
 
 
 class TaggedConnection(psycopg.Connection):
@@ -177,7 +205,7 @@ def recording(store_class: type, log: OpLog) -> type:
             runs, logged = _fields(signature.bind(self, conn, *args, **kwargs).arguments)
             serial = log.begin(name, runs, logged)
             log.depth += 1
-            conn.tag = log.ref(serial)
+            conn.tag = log.current = log.ref(serial)
             try:
                 out = method(self, conn, *args, **kwargs)
             except BaseException as e:
@@ -186,7 +214,7 @@ def recording(store_class: type, log: OpLog) -> type:
                 raise
             finally:
                 log.depth -= 1
-                conn.tag = ""
+                conn.tag, log.current = "", None
             verdict, value = _outcome(out)
             claimed = _claims(out.value if isinstance(out, Won) else out)
             log.end(serial, verdict, value, **({"runs": claimed} if claimed else {}))
@@ -365,6 +393,7 @@ class OutboxLoop:
         from knownstate.impl.outbox import send_to_sink
 
         serial = self.log.begin("send", {str(claim.id): claim.attempt}, {})
+        self.log.current = self.log.ref(serial)
         try:
             result = send_to_sink(
                 self.spec["url"], claim, payload, timeout=self.spec["params"]["http_timeout"]
@@ -372,6 +401,8 @@ class OutboxLoop:
         except (errors.ExternalCallFailed, http.client.HTTPException) as e:
             self.log.end(serial, "ext-failed", detail=str(e)[:200])
             raise errors.ExternalCallFailed(f"sink: {e}") from None
+        finally:
+            self.log.current = None
         self.log.end(serial, result)
         return result
 
@@ -424,7 +455,8 @@ def run(spec: dict) -> None:
 
     loop = build_loop(spec, make_store(spec, log), connect, stop, log)
     log.write("ready")
-    loop.run()
+    with tagging_http(log):
+        loop.run()
     stats = getattr(loop, "stats", None)
     log.write("exit", stats=vars(stats) if stats is not None else {})
 

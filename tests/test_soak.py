@@ -10,6 +10,7 @@ worker and the nemesis period around it.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -180,7 +181,8 @@ def outbox_history(variant: str = "") -> History:
     elif variant == "sent-never-reached-the-sink":
         deliveries = deliveries[:1]
     elif variant == "same-attempt-accepted-twice":
-        deliveries.append((T0 + 5.6, 1, 2, 200))
+        deliveries = [(*d, ref) for d, ref in zip(deliveries, ("w0.1:2", "w1.1:2"), strict=True)]
+        deliveries.append((T0 + 5.6, 1, 2, 200, "w0.1:4"))
     return history("outbox", ops, audit, [stop("w0", 1.2, 6.0)], deliveries=deliveries)
 
 
@@ -220,7 +222,11 @@ OUTBOX_RULES = [
         "external-effect-semantics",
         "the sink never accepted that attempt",
     ),
-    ("same-attempt-accepted-twice", "lease-fence", "more than once under attempt 2"),
+    (
+        "same-attempt-accepted-twice",
+        "lease-fence",
+        "more than once under attempt 2 (sent by w1.1:2, w0.1:4)",
+    ),
 ]
 
 
@@ -462,13 +468,21 @@ def reset_history(variant: str = "") -> History:
             reset("failed", None, "op-1"),
             3.0,
         )
+    elif variant == "late-request-of-a-start-that-gave-up":
+        # w1's start timed out waiting (its request slowed), w0's start created the operation,
+        # then w1's request arrived: answered with the existing operation.
+        ops.append(op("w1.1:1", "start", {"b0#1": None}, 0.2, 1.0, out="ext-failed"))
+        creates = [
+            (T0 + 1.1, "b0#1", "b0#1", "op-1", True, "w0.1:1"),
+            (T0 + 1.15, "b0#1", "b0#1", "op-1", False, "w1.1:1"),
+        ]
     elif variant == "dedup-after-a-killed-start":
         ops.append(op("w1.1:1", "start", {"b0#1": None}, 0.9, None))  # killed inside its start
         creates = [
             (T0 + 0.95, "b0#1", "b0#1", "op-1", True),
             (T0 + 1.1, "b0#1", "b0#1", "op-1", False),
         ]
-    return history(
+    h = history(
         "branch-reset",
         ops,
         audit,
@@ -476,11 +490,24 @@ def reset_history(variant: str = "") -> History:
         creates=creates,
         **{"ops": api_ops},
     )
+    for p in h.procs:
+        if p.name == "w1" and variant == "dedup-after-a-killed-start":
+            p.end, p.how = T0 + 0.97, "killed"
+    return h
 
 
 def test_reference_reset_history_passes():
     v = hist.judge(reset_history())
     assert v.passed and not v.duplicates, [f.line(T0) for f in v.findings]
+
+
+def test_a_late_create_request_is_attributed_to_the_start_that_sent_it():
+    v = hist.judge(reset_history("late-request-of-a-start-that-gave-up"))
+    assert v.passed, [f.line(T0) for f in v.findings]
+    (d,) = v.duplicates
+    assert (d.owner, d.attempt) == ("w1.1", "w1.1:1")
+    assert d.why == "late request of a start that ended ext-failed"
+    assert d.t == T0 + 1.15
 
 
 def test_a_deduplicated_create_is_attributed_to_the_start_that_died_after_it():
@@ -589,6 +616,18 @@ def test_each_committed_change_names_the_operation_and_token_that_made_it(fresh_
         ("w0.1:2", "0", "processing"),
         ("w0.1:4", "1", "sent"),
     ]
+
+
+def test_a_request_sent_during_an_operation_names_it_at_the_stand_in(tmp_path):
+    log = soakworker.OpLog(str(tmp_path / "w1.2.jsonl"), "w1", 2)
+    original = http.client.HTTPConnection.putrequest
+    with soak.RecordingSink() as sink, soakworker.tagging_http(log):
+        log.current = "w1.2:9"
+        assert outbox_impl.send_to_sink(sink.url, Claim(4, 2)) == outbox_impl.OK
+        log.current = None
+        assert outbox_impl.send_to_sink(sink.url, Claim(5, 1)) == outbox_impl.OK
+    assert http.client.HTTPConnection.putrequest is original
+    assert [(d, a, ref) for _, d, a, _, ref in sink.timed] == [(4, 2, "w1.2:9"), (5, 1, None)]
 
 
 # ---------------------------------------------------------------------------------------
