@@ -106,7 +106,7 @@ KIND_SPECS = {
             "backoff_base": 1,
             "backoff_cap": 4,
             "max_attempts": 4,
-            "batch": 5,
+            "batch": 10,
             "idle": 0.05,
             "http_timeout": 2.0,
             "reap_every": 0.5,
