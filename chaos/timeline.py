@@ -15,7 +15,8 @@ as a strip per outcome — won, lost or refused (a race lost, a fence refusal), 
 (connection lost, aborted, an external call that failed), indeterminate, cut by a kill — one
 mark per pixel column that had any, so a two-minute history of ten thousand operations stays
 small and readable. Nemesis periods are shaded on the lane of the process they hit, or across
-every lane for the database (crash, clock bump, clock strobe); a dashed line marks where the
+every lane for what touches them all (the database crashed, its clock moved, the stand-in
+slowed or refusing); a dashed line marks where the
 quiet period began. Violations are red numbered dots on the lane of the operation that
 committed them, duplicates orange diamonds on the lane of the worker whose lease lapsed;
 hovering shows the text, and the lists below the picture repeat it.
@@ -110,7 +111,7 @@ def render(h: History, v: Verdict, title: str = "knownstate soak") -> str:
         colour = FAULT_COLOURS.get(p.kind, "#999")
         x0, x1 = x(p.start), max(x(p.end), x(p.start) + 2)
         tip = escape(p.describe(h.t0))
-        if p.kind in GLOBAL or p.target == "*":
+        if p.kind in GLOBAL or p.target in ("*", "sink", "ops"):
             y0, hh, opacity = TOP, LANE * len(lanes) - 4, 0.14
         else:
             lane = lane_of.get(p.target, len(lanes) - 1)
