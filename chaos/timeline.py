@@ -16,9 +16,10 @@ as a strip per outcome — won, lost or refused (a race lost, a fence refusal), 
 mark per pixel column that had any, so a two-minute history of ten thousand operations stays
 small and readable. Nemesis periods are shaded on the lane of the process they hit, or across
 every lane for what touches them all (the database crashed, its clock moved, the stand-in
-slowed or refusing); a dashed line marks where the quiet period began. Violations are red numbered dots on the lane of the operation that
-committed them, duplicates orange diamonds on the lane of the worker whose lease lapsed;
-hovering shows the text, and the lists below the picture repeat it.
+slowed or refusing); a dashed line marks where the quiet period began. Violations are red
+numbered dots on the lane of the operation that committed them, duplicates orange diamonds on
+the lane of the worker whose lease lapsed; hovering shows the text, and the lists below the
+picture repeat it.
 """
 
 from __future__ import annotations
