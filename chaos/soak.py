@@ -122,7 +122,7 @@ KIND_SPECS = {
         "approved-plan",
         ("agent_proposal", "agent_proposal_step", "demo_ledger"),
         "",
-        {"heartbeat_s": 3, "pace": 0.08, "idle": 0.1, "read_every": 0.3, "rate": 3.0},
+        {"heartbeat_s": 3, "pace": 0.08, "idle": 0.1, "read_every": 0.3, "rate": 4.0},
         3.0,
         "SELECT count(*) FROM agent_proposal WHERE status IN ('approved', 'executing')",
         "SELECT status, count(*) FROM agent_proposal GROUP BY status",

@@ -11,7 +11,7 @@ through the store, and paces itself. The outbox's loop is
 :class:`PlanExecutor`
     approved-plan executor: claims one approved plan (``mark_executing``, which hands out the
     claim token), then runs each step in payload order under the token (a step stamps the
-    heartbeat itself; every other step is a long one, which renews the heartbeat halfway).
+    heartbeat itself; one step in three is a long one, which renews the heartbeat halfway).
     A step that loses its connection is retried *as the same step*: its
     identity is its position in the frozen payload, so a retry of a step that did commit is
     answered from its receipt. A fenced heartbeat or step (the run is no longer executing under
@@ -117,7 +117,7 @@ class Loop:
 
 class PlanExecutor(Loop):
     """The approved-plan executor (see the module docstring). ``pace``: seconds a step prepares
-    (twice that for a long one); ``retries``: how often one step is retried
+    (twice that for a long one, steps 2, 5, ...); ``retries``: how often one step is retried
     after lost connections before the executor gives the run up to the lazy heal."""
 
     def __init__(
@@ -150,7 +150,7 @@ class PlanExecutor(Loop):
             if self.stop.wait(self.pace):
                 return
             try:
-                if step % 2:  # a long step: renew the lease halfway through its preparation
+                if step % 3 == 2:  # a long step: renew the lease halfway through its preparation
                     beat = self.store.heartbeat(self.conn(), pid, token)
                     if not isinstance(beat, Won):
                         self.stats.fenced += 1
