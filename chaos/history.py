@@ -253,6 +253,11 @@ def judge(h: History) -> Verdict:
             v.observed[o.out.replace("-", " ")] += 1
         if o.t1 is None:
             v.observed["operation cut by a kill"] += 1
+    refs = h.by_ref()
+    for f in v.findings:  # one rule for the periods around every write that broke a rule
+        op = refs.get(f.ref or "")
+        if op is not None and f.run is not None:
+            f.periods = _around(h, op, f.run)
     v.findings.sort(key=lambda f: (f.t is None, f.t or 0.0))
     return v
 
@@ -316,6 +321,13 @@ def _stale(h: History, v: Verdict, run: str, op: Op, a: Audit, said: str, why: s
             near(h, op.proc, _held_since(h, op, run), op.t1 or op.t0),
         )
     )
+
+
+def _around(h: History, op: Op, run: str) -> list[Period]:
+    """The nemesis periods around a write: those that touched its process (or everyone) from
+    when it took the run (for a write under a token: its claim) until the write took effect."""
+    since = _held_since(h, op, run) if op.token(run) is not None else op.t0
+    return near(h, op.proc, since, _at(op))
 
 
 def _held_since(h: History, op: Op, run: str) -> float | None:

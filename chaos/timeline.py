@@ -152,12 +152,13 @@ def render(h: History, v: Verdict, title: str = "knownstate soak") -> str:
             f'<rect x="{col}" y="{y}" width="1.2" height="{ROW - 2}" fill="{OUTCOMES[row][1]}"/>'
         )
     # quiet period
-    if h.quiet_from:
+    if h.quiet_from and lo <= h.quiet_from <= hi:
         xq = x(h.quiet_from)
         svg.append(
             f'<line x1="{xq:.1f}" y1="{TOP}" x2="{xq:.1f}" y2="{height - 26}" stroke="#333" '
             f'stroke-dasharray="5,4"/>'
-            f'<text x="{xq + 4:.1f}" y="{height - 12}">quiet period →</text>'
+            f'<text x="{xq - 4:.1f}" y="{height - 12}" text-anchor="end">nemesis ends, '
+            "quiet period begins ┆</text>"
         )
     # duplicates and violations
     refs = h.by_ref()
