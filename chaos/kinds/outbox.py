@@ -186,6 +186,30 @@ class OutboxCheck(KindCheck):
         elif got == Won(model.P):
             self.event("backoff")
 
+    @precondition(lambda self: self._holding(sent=True))
+    @rule(data=st.data())
+    def record_batch(self, data) -> None:
+        """The batched fenced write: one worker records several sent deliveries in one statement,
+        each row fenced on its own claimed attempt; a stale row loses alone."""
+        holders = sorted({w for w, _ in self._holding(sent=True)})
+        w = data.draw(st.sampled_from(holders), label="worker")
+        sent = [i for v, i in self._holding(sent=True) if v == w]
+        ids = data.draw(st.lists(st.sampled_from(sent), min_size=min(2, len(sent)), unique=True),
+                        label="deliveries")  # two rows or more whenever it holds them: a batch
+        worker, held = self.workers[w], [self.held[w].pop(i) for i in ids]
+        reports = [model.Report(h.claim, h.result) for h in held]
+        label = f"record_batch(w{w}, " + ", ".join(f"{r.claim.id}@{r.claim.attempt} {r.result}"
+                                                     for r in reports) + ")"
+        got = self.apply(worker, label, lambda m: m.record_batch(reports),
+                         lambda conn: self.store.record_batch(conn, reports,
+                                                              [h.result for h in held]),
+                         on_error=lambda: self.forget(worker))
+        for row in got.value if isinstance(got, Won) else ():
+            if isinstance(row, LostRace):
+                self.event("fence rejection")
+            elif row == Won(model.P):
+                self.event("backoff")
+
     @precondition(lambda self: self._holding())
     @rule(data=st.data())
     def extend_lease(self, data) -> None:
@@ -351,6 +375,10 @@ MUTANTS = [
            "a retry is due at once instead of after an exponential backoff",
            _edit("fail", "ELSE now() + make_interval(secs => least(%(cap)s, %(base)s * 2 ^ greatest(attempts - 1, 0)))",
                  "ELSE now()")),
+    Mutant("batch-fenced-on-first-row", "outbox", "lease-fence",
+           "the batched completion matches every row against the first row's claimed attempt",
+           _edit("record_batch", "AND d.attempts = b.attempt",
+                 "AND d.attempts = (%(attempts)s::integer[])[1]")),
     Mutant("never-dead", "outbox", "retry-policy",
            "a failed send is retried forever: never dead at max attempts",
            _edit("fail", "WHEN attempts >= %(max_attempts)s THEN 'dead'", "WHEN false THEN 'dead'")),
