@@ -10,7 +10,8 @@ open claim, the lease stamped with the database clock, the reaper leaving termin
 COMMIT whose answer is lost (through a real Toxiproxy link) in both directions, and the error
 boundary on a dead connection and on a lock timeout. The batched completion: a mixed batch, a
 stale row in a batch, a batch whose COMMIT is lost (both candidate states kept, the observation
-picks one).
+picks one), and every fenced write planned through the primary key after an ANALYZE taken with
+nothing in flight.
 """
 
 from __future__ import annotations
@@ -420,6 +421,24 @@ def test_a_batch_naming_a_row_twice_is_refused_before_any_statement(pair):
     assert pair("record_batch", [Report(c, OK), Report(c, OK)]) == Rejected(TWICE_IN_BATCH)
     assert pair("record_batch", []) == Won(())
     assert rows(pair.observer)[1][1] == R
+
+
+def test_every_fenced_write_is_planned_through_the_primary_key(dsn, connect):
+    """After an ANALYZE taken with nothing in flight the statistics say no row holds a lease; an
+    index whose predicate the fenced writes imply would then look cheapest, and each write would
+    scan every row in flight. Generic and custom plans of each fenced write use the key."""
+    from knownstate.chaos.bench import fenced_write_plans
+
+    conn = connect(autocommit=True)
+    conn.execute("insert into outbox_delivery (id) select g from generate_series(1, 20000) g")
+    conn.execute("update outbox_delivery set status = 'sent' where id <= 10000")
+    conn.execute("analyze outbox_delivery")  # nothing in flight
+    OutboxStore(CONFIG).claim(conn, 2000)
+    plans = fenced_write_plans(conn)
+    assert set(plans) == {"complete", "fail", "extend_lease", "record_batch"}
+    for query, modes in plans.items():
+        for mode, scan in modes.items():
+            assert scan.startswith("Index Scan using outbox_delivery_pkey"), (query, mode, scan)
 
 
 # ---------------------------------------------------------------------------
