@@ -7,9 +7,13 @@ the code under test gets half as many units of useful work through per second as
 commit loop gets commits.
 
 ``bench outbox``
-    The reference worker loop (:class:`knownstate.impl.outbox.OutboxWorker`: claim a batch, send
-    each, record each outcome with a fenced write) over a queue kept full, with a no-op effect
-    and with the real HTTP notification sink (in a process of its own) on loopback.
+    The reference worker loop (:class:`knownstate.impl.outbox.OutboxWorker`: claim a batch, a
+    no-op effect, record the batch's outcomes with one fenced write) over a queue kept full; the
+    same loop recording row by row; optionally with the real HTTP notification sink (in a
+    process of its own) as its effect; and, side by side in the same run, the peer queues that
+    are installed (pgqueuer, procrastinate: the ``bench`` extra) with the same workers and batch
+    size. A sweep of batch sizes, each from fresh tables. The cluster runs with fsync on by
+    default, as a user runs PostgreSQL (``--durability no-fsync`` is the harness's setting).
 ``bench documents``
     The real document server (FastAPI under uvicorn, in a process of its own); each client saves
     its own document in a loop (GET, then PUT with the version it read); PUT throughput and
@@ -29,8 +33,9 @@ between its own slices.
 
 **Where the time goes.** Each window also records the CPU spent in it by this process, the
 PostgreSQL server, the server process under test (sink or document server), and everything
-else on the machine, so the output can say what bounds the ratio: on a small machine with
-fsync off it is CPU per unit of work, not the database's commit rate.
+else on the machine, so the output can say what bounds the ratio: CPU per unit of work when the
+cores are saturated, otherwise (fsync on) the wait for WAL flushes. The outbox bench also counts
+each figure's transactions and the WAL it wrote per job.
 
 Bounds: at most :data:`MAX_LOOPS` concurrent loops and :data:`MAX_SECONDS` per figure; every
 loop stops at the end of its slice; everything (threads, processes, servers, the cluster) is
