@@ -186,18 +186,23 @@ class OutboxCheck(KindCheck):
         elif got == Won(model.P):
             self.event("backoff")
 
-    @precondition(lambda self: self._holding(sent=True))
+    def _batch_holders(self) -> list[int]:
+        """Workers holding two sent deliveries or more: a batch to record."""
+        sent = [w for w, _ in self._holding(sent=True)]
+        return sorted({w for w in sent if sent.count(w) > 1})
+
+    @precondition(lambda self: self._batch_holders())
     @rule(data=st.data())
     def record_batch(self, data) -> None:
-        """The batched fenced write: one worker records several sent deliveries in one statement,
-        each row fenced on its own claimed attempt; a stale row loses alone."""
-        holders = sorted({w for w, _ in self._holding(sent=True)})
-        w = data.draw(st.sampled_from(holders), label="worker")
+        """The batched fenced write: a worker records every delivery it has sent (two or more)
+        in one statement, each row fenced on its own claimed attempt; a stale row loses alone."""
+        w = data.draw(st.sampled_from(self._batch_holders()), label="worker")
         sent = [i for v, i in self._holding(sent=True) if v == w]
-        ids = data.draw(st.lists(st.sampled_from(sent), min_size=min(2, len(sent)), unique=True),
-                        label="deliveries")  # two rows or more whenever it holds them: a batch
+        ids = data.draw(st.permutations(sent), label="deliveries")  # all it sent, in any order
         worker, held = self.workers[w], [self.held[w].pop(i) for i in ids]
         reports = [model.Report(h.claim, h.result) for h in held]
+        if len({r.claim.attempt for r in reports}) > 1:
+            self.event("batch of mixed attempts")
         label = f"record_batch(w{w}, " + ", ".join(f"{r.claim.id}@{r.claim.attempt} {r.result}"
                                                      for r in reports) + ")"
         got = self.apply(worker, label, lambda m: m.record_batch(reports),
