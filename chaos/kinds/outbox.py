@@ -310,6 +310,35 @@ class OutboxCheck(KindCheck):
         elif got == Won(model.P):
             self.event("backoff")
 
+    def _batch_holders(self) -> list[int]:
+        """Workers holding two sent deliveries or more: a batch to record."""
+        sent = [w for w, _ in self._holding(sent=True)]
+        return sorted({w for w in sent if sent.count(w) > 1})
+
+    @precondition(lambda self: self._batch_holders())
+    @rule(data=st.data())
+    def record_batch(self, data) -> None:
+        """The batched fenced write: a worker records every delivery it has sent (two or more)
+        in one statement, each row fenced on its own claimed attempt; a stale row loses alone."""
+        w = data.draw(st.sampled_from(self._batch_holders()), label="worker")
+        sent = [i for v, i in self._holding(sent=True) if v == w]
+        ids = data.draw(st.permutations(sent), label="deliveries")  # all it sent, in any order
+        worker, held = self.workers[w], [self.held[w].pop(i) for i in ids]
+        reports = [model.Report(h.claim, h.result) for h in held]
+        if len({r.claim.attempt for r in reports}) > 1:
+            self.event("batch of mixed attempts")
+        label = f"record_batch(w{w}, " + ", ".join(f"{r.claim.id}@{r.claim.attempt} {r.result}"
+                                                     for r in reports) + ")"
+        got = self.apply(worker, label, lambda m: m.record_batch(reports),
+                         lambda conn: self.store.record_batch(conn, reports,
+                                                              [h.result for h in held]),
+                         on_error=lambda: self.forget(worker))
+        for row in got.value if isinstance(got, Won) else ():
+            if isinstance(row, LostRace):
+                self.event("fence rejection")
+            elif row == Won(model.P):
+                self.event("backoff")
+
     @precondition(lambda self: self._holding())
     @rule(data=st.data())
     def extend_lease(self, data) -> None:
@@ -440,6 +469,10 @@ MUTANTS = [
            "a retry is due at once instead of after an exponential backoff",
            _edit("fail", "ELSE now() + make_interval(secs => least(%(cap)s, %(base)s * 2 ^ greatest(attempts - 1, 0)))",
                  "ELSE now()")),
+    Mutant("batch-fenced-on-first-row", "outbox", "lease-fence",
+           "the batched completion matches every row against the first row's claimed attempt",
+           _edit("record_batch", "AND d.attempts = b.attempt",
+                 "AND d.attempts = (%(attempts)s::integer[])[1]")),
     Mutant("never-dead", "outbox", "retry-policy",
            "a failed send is retried forever: never dead at max attempts",
            _edit("fail", "WHEN attempts >= %(max_attempts)s THEN 'dead'", "WHEN false THEN 'dead'")),
