@@ -161,15 +161,14 @@ class Offer:
 
 def broken_by(expected: Any, got: Any, fenced: bool, guarantee: str | None) -> tuple[str, ...]:
     """What an outcome that differs from the model's breaks, when the state itself breaks
-    nothing: a write the contract refuses that went through breaks the fence (a write by an
-    owner) or the conditional transition (any other); a write refused where the model lets it
-    win breaks the conditional transition (exactly one caller wins, and it is this one);
-    otherwise the guarantee the operation's outcome is (which runs a claim or a reaper takes,
-    which step a step is), if it is one."""
+    nothing: a write the contract refuses that went through, or one it lets win that was
+    refused, breaks the fence (a write by an owner) or the conditional transition (any other:
+    exactly one caller wins, and it is this one); otherwise the guarantee the operation's
+    outcome is (which runs a claim or a reaper takes, which step a step is), if it is one."""
     if isinstance(expected, LostRace) and isinstance(got, Won):
         return ("lease-fence",) if fenced else ("conditional-transition",)
     if isinstance(expected, Won) and isinstance(got, LostRace):
-        return ("conditional-transition",)
+        return ("lease-fence",) if fenced else ("conditional-transition",)
     return (guarantee,) if guarantee else ()
 
 

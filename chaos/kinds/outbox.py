@@ -18,7 +18,7 @@ from knownstate.impl import errors
 from knownstate.impl import outbox as impl
 from knownstate.impl.errors import ExternalCallFailed
 from knownstate.model import outbox as model
-from knownstate.model.contract import LostRace, RetryView, Won
+from knownstate.model.contract import LostRace, RetryView, Won, Write
 
 from ..check import QUANTUM, Candidate, FaultPolicy, KindCheck, Offer, fmt, needs
 from ..sink import NotificationSink
@@ -329,9 +329,17 @@ class OutboxCheck(KindCheck):
             self.event("batch of mixed attempts")
         label = f"record_batch(w{w}, " + ", ".join(f"{r.claim.id}@{r.claim.attempt} {r.result}"
                                                      for r in reports) + ")"
-        got = self.apply(worker, label, lambda m: m.record_batch(reports),
-                         lambda conn: self.store.record_batch(conn, reports,
-                                                              [h.result for h in held]),
+        owners = [self._fence(r.claim) for r in reports]
+
+        def impl_op(conn):
+            got = self.store.record_batch(conn, reports, [h.result for h in held])
+            if isinstance(got, Won):  # each row is a fenced write of its own
+                for (run, token, owner), row in zip(owners, got.value):
+                    if isinstance(row, (Won, LostRace)):
+                        self.writes.append(Write(str(run), token, isinstance(row, Won), owner))
+            return got
+
+        got = self.apply(worker, label, lambda m: m.record_batch(reports), impl_op,
                          on_error=lambda: self.forget(worker))
         for row in got.value if isinstance(got, Won) else ():
             if isinstance(row, LostRace):
