@@ -376,7 +376,7 @@ class _Blocks:
         """Worker ``w`` (resuming from a stall) races the others on a run it can write: a block
         of its next write and another worker's operation on the same run (the reaper taking it
         back, a new owner writing it). False when no other worker can touch its runs."""
-        mine = {run for o in self.offers(w) for run in o.runs}
+        mine = {run for o in self.offers(w) if o.fenced for run in o.runs}  # the runs it holds
         contested = {run: ws for run, ws in self._contested().items()
                      if run in mine and any(x.index == w for x in ws)}
         if (not contested or "concurrency" not in self.run.capabilities
