@@ -14,7 +14,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from . import kinds
 from .check import PROFILES, CheckResult, EnvironmentFault, Env, Stats, run_check
-from .cluster import Unavailable
+from .cluster import Unavailable, resolve_dsn
 from .tools import MissingTool
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -219,6 +219,13 @@ def cmd_specs(args) -> int:
     return EXIT_OK
 
 
+def _dsn_option(value: str) -> str:
+    try:
+        return resolve_dsn(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="knownstate", description=(
         "The verification gate for durable work on PostgreSQL: pure models checked against the reference "
@@ -230,8 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--examples", type=int, help="examples per kind (default: the profile's)")
         sp.add_argument("--steps", type=int, help="maximum steps per example (default: the profile's)")
         sp.add_argument("--seed", type=int, help="the seed (default: a random one, printed)")
-        sp.add_argument("--dsn", default=os.environ.get("DATABASE_URL"),
-                        help="an external PostgreSQL (default: $DATABASE_URL, else a throwaway cluster)")
+        sp.add_argument("--dsn", type=_dsn_option, metavar="DSN", help=(
+            "an external PostgreSQL (default: a throwaway cluster). Only the database the DSN "
+            "names is used, in schemas the run creates and drops; its user needs CONNECT and "
+            "CREATE on it. env:NAME reads the DSN from the environment variable NAME (e.g. "
+            "--dsn env:DATABASE_URL); no variable is ever read otherwise"))
         sp.add_argument("--json", metavar="FILE", help="write a JSON report")
         sp.add_argument("--shrinks", type=int, default=200,
                         help="successful shrinks at most, shrinking a failure to its shortest "
