@@ -35,8 +35,9 @@ injected. A profile runs until every required transition and event was observed 
 and a minimum number of examples ran (:class:`Profile`); only when its budget runs out first is
 the run vacuous, naming what is missing. Requirements that need what this database cannot do
 (a crash of a server the harness does not own) are *not covered on this database*, never
-vacuous. Each example reports a score to Hypothesis's ``target()`` (rare observations count
-most), and failing examples are kept in an example database, replayed first on later runs.
+vacuous. (Hypothesis's ``target()`` was tried for steering and left out: its optimisation pass
+and pareto front took more than half of a run's time and reached nothing coverage did not.)
+Failing examples are kept in an example database and replayed first on later runs.
 
 A kind plugs in by subclassing :class:`KindCheck`: ``new_model()``, ``observe_model()``,
 ``observe_impl()``, ``views()``, its operation rules (which call :meth:`KindCheck.apply`), the
@@ -55,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, NoReturn
 
 import psycopg
-from hypothesis import HealthCheck, Phase, Verbosity, settings, target
+from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis import seed as hyp_seed
 from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, invariant
@@ -157,7 +158,7 @@ class Profile:
 
 
 PROFILES = {
-    "ci": Profile("ci", 25, 3000, 50, 3, 240.0,
+    "ci": Profile("ci", 25, 3000, 30, 3, 240.0,
                   "until every required transition and event was seen 3 times (25 examples at "
                   "least, 4 minutes at most per kind)"),
     "deep": Profile("deep", 1000, 100000, 80, 20, 3600.0,
@@ -244,6 +245,27 @@ class GateDatabase(ExampleDatabase):
 
     def remove_listener(self, f) -> None:  # pragma: no cover
         pass
+
+
+class SaveOnly(ExampleDatabase):
+    """An example database that keeps new failures but hands none out for replay: for the
+    batches after the first (the stored examples were replayed there) and for measurements."""
+
+    def __init__(self, inner: ExampleDatabase):
+        super().__init__()
+        self.inner = inner
+
+    def fetch(self, key: bytes):
+        return iter(())
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.inner.save(key, value)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.inner.delete(key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.inner.move(src, dest, value)
 
 
 # ---------------------------------------------------------------------------------------
@@ -335,10 +357,10 @@ class KindCheck(FaultRules, RuleBasedStateMachine):
         env = self.env
         env.ensure_alive()
         env.reset_faults()
+        self.workers = self._workers()
         self.ws.truncate()
         self.t0 = self.ws.now()
         self.started = time.monotonic()
-        self.workers = [Worker(env, self.ws, self.kind, i) for i in range(self.n_workers)]
         self._reset_faults()
         self.reset_example()
         self.model = self.new_model()
@@ -349,28 +371,23 @@ class KindCheck(FaultRules, RuleBasedStateMachine):
         self._unobserved = False
         self._struck = False
         self.prev_views = self.views(self.observe_model(self.model)) if self.contract else {}
-        self._seen_at_start = (Counter(run.stats.events), Counter(run.stats.transitions))
         run.stats.examples += 1
         if run.progress is not None:
             run.progress(run)
 
-    def teardown(self) -> None:
-        for w in getattr(self, "workers", []):
-            w.close()
-        if hasattr(self, "_seen_at_start"):
-            target(self._rarity_score(), label="rare observations")
+    def _workers(self) -> list[Worker]:
+        """The run's workers, kept from one example to the next with their connections when
+        those still answer (each example resets their links; see ``Worker.ready``)."""
+        kept = self.ws.workers
+        if len(kept) != self.n_workers:
+            for w in kept:
+                w.close()
+            kept[:] = [Worker(self.env, self.ws, self.kind, i) for i in range(self.n_workers)]
+        for w in kept:
+            w.links = [w.link]
+            w.ready()
+        return kept
 
-    def _rarity_score(self) -> float:
-        """How much this example observed of what the run has seen least (for ``target``)."""
-        events0, transitions0 = self._seen_at_start
-        stats, score = self.run.stats, 0.0
-        for name, n in stats.events.items():
-            if n > events0[name]:
-                score += 1 / (1 + events0[name])
-        for key, n in stats.transitions.items():
-            if n > transitions0[key]:
-                score += 1 / (1 + transitions0[key])
-        return score
 
     def _swarm_faults_only(self) -> None:
         """Hypothesis's swarm testing switches a random subset of rules off for each example. Let
@@ -563,6 +580,8 @@ class KindCheck(FaultRules, RuleBasedStateMachine):
             run_id, token, owner = fenced() if callable(fenced) else fenced
             self.writes.append(Write(str(run_id), token, accepted=isinstance(got, Won),
                                      owner_current=owner))
+            if not owner and got == expected:
+                self._count_refusal(label, str(run_id))
         if got != expected:
             self.fail(f"{label}: implementation answered {fmt(got)}, the model expects "
                       f"{fmt(expected)}", otherwise=guarantee)
@@ -571,6 +590,17 @@ class KindCheck(FaultRules, RuleBasedStateMachine):
         self.model = trial
         self.candidates = [Candidate(trial)]
         return got
+
+    def _count_refusal(self, label: str, run_id: str) -> None:
+        """A stale owner's write refused, counted by operation and by why the writer is stale:
+        another owner holds the run now, or nobody does (it was reclaimed, or it ended). A kind
+        can require each (``fence refusal: complete (re-claimed)``, ...), so a run reaches every
+        fenced write in both situations, where a write without its fence, or without its
+        status guard, shows."""
+        view = self.prev_views.get(run_id)
+        owned = view is not None and self.contract is not None and view.status in self.contract.owned
+        self.event(f"fence refusal: {label.split('(')[0]} "
+                   f"({'re-claimed' if owned else 'no longer claimed'})")
 
     def maybe(self, *candidates: Candidate) -> None:
         """After a step whose outcome nobody knows (an answer lost), the possible states."""
@@ -703,6 +733,10 @@ def build_machine(machine: type[KindCheck], env: Env, seed: int, run: RunState,
     return hyp_seed(seed)(cls)
 
 
+SHRINKS = 500
+"""Replays at most to shrink a failure (``--shrinks``): a count, so the same seed gives the same
+counterexample on any machine, whatever its load."""
+
 BATCH = 20
 """Examples per batch. Hypothesis runs a batch; between batches the run checks its goal. Batch
 ``i`` of seed ``s`` always runs the same examples, so a failure replays from its batch alone."""
@@ -716,22 +750,35 @@ def batch_seed(seed: int, batch: int) -> int:
 
 
 @contextlib.contextmanager
-def shrink_budget(shrinks: int):
-    """Bound shrinking by a count of successful shrinks (Hypothesis's own bound is 500 and five
-    minutes): deterministic, whatever the machine's load. Time never stops a shrink here."""
+def shrink_budget(replays: int):
+    """Bound shrinking by a count of replays (Hypothesis's own bounds are 500 successful shrinks
+    and five minutes): deterministic, whatever the machine's load. Time never stops a shrink
+    here. Past the budget the smallest failing example found so far is the counterexample."""
     from hypothesis.internal.conjecture import engine
 
-    old = engine.MAX_SHRINKS, engine.MAX_SHRINKING_SECONDS
-    engine.MAX_SHRINKS, engine.MAX_SHRINKING_SECONDS = shrinks, 10**9
+    runner = engine.ConjectureRunner
+    original = runner.test_function
+
+    def counted(self, data):
+        try:
+            return original(self, data)
+        finally:
+            if self.finish_shrinking_deadline is not None:
+                self._knownstate_replays = getattr(self, "_knownstate_replays", 0) + 1
+                if self._knownstate_replays >= replays:
+                    self.exit_with(engine.ExitReason.max_shrinks)
+
+    old = engine.MAX_SHRINKING_SECONDS
+    runner.test_function, engine.MAX_SHRINKING_SECONDS = counted, 10**9
     try:
         yield
     finally:
-        engine.MAX_SHRINKS, engine.MAX_SHRINKING_SECONDS = old
+        runner.test_function, engine.MAX_SHRINKING_SECONDS = original, old
 
 
 def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | Profile = "ci",
               examples: int | None = None, steps: int | None = None, require_all: bool = True,
-              progress: Callable[[RunState], None] | None = None, shrinks: int = 200,
+              progress: Callable[[RunState], None] | None = None, shrinks: int = SHRINKS,
               database: ExampleDatabase | None = None, database_key: str | None = None,
               traces: list[list[str]] | None = None, start_batch: int = 0) -> CheckResult:
     """Run one kind's check against the real parts. ``examples`` fixes the number of examples
@@ -746,15 +793,16 @@ def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | P
     invariants: tuple[str, ...] = ()
     trace: list[str] = []
     run.batch = start_batch
-    with shrink_budget(shrinks):
+    with shrink_budget(shrinks), contextlib.closing(ws):
         while True:
             cls = build_machine(machine, env, batch_seed(seed, run.batch), run, ws)
-            db = GateDatabase(database, run) if database is not None and run.batch == start_batch else None
+            db = None  # stored examples are replayed in the first batch; all batches save
+            if database is not None:
+                db = GateDatabase(database if run.batch == start_batch else SaveOnly(database), run)
             conf = settings(max_examples=examples or BATCH, stateful_step_count=steps or prof.steps,
                             deadline=None, database=db, suppress_health_check=list(HealthCheck),
                             verbosity=Verbosity.quiet, report_multiple_bugs=False,
-                            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target,
-                                    Phase.shrink))
+                            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink))
             test = get_state_machine_test(cls, settings=conf)
             key = database_key or f"knownstate:{machine.kind}"
             test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()

@@ -153,8 +153,9 @@ class DbClock:
         self._write()
 
     def reset(self) -> None:
-        self._offset = 0.0
-        self._write()
+        if self._offset:
+            self._offset = 0.0
+            self._write()
 
     def _write(self) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -176,7 +177,7 @@ def _wait_ready(dsn: str, proc: subprocess.Popen | None, log: Path | None, deadl
             return
         except psycopg.OperationalError as e:
             last = e
-            time.sleep(0.05)
+            time.sleep(0.01)
     raise ClusterError(f"postgres did not accept connections within {deadline_s:.0f}s: {last}")
 
 
@@ -240,6 +241,9 @@ class PostgresCluster:
             "listen_addresses": self.host, "port": str(self.port), "unix_socket_directories": str(self._dir),
             "fsync": "off", "full_page_writes": "off", "synchronous_commit": "on",
             "max_connections": "200", "shared_buffers": "128MB", "autovacuum": "off",
+            # Checkpoint often: crash recovery replays the WAL since the last one, and a check
+            # crashes the server hundreds of times (a restart stays a tenth of a second).
+            "checkpoint_timeout": "30s", "max_wal_size": "64MB", "min_wal_size": "32MB",
             "log_min_messages": "fatal", "logging_collector": "off",
         }
         conf.update(self.settings)

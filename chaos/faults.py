@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from hypothesis import strategies as st
-from hypothesis.stateful import precondition, rule
+from hypothesis.stateful import initialize, precondition, rule
 
 from .harness import QUANTUM, HookedConnection, Worker, WorkerDied, cut_socket
 from .toxi import Link, Toxic, ToxiproxyError
@@ -69,6 +69,7 @@ class FaultPolicy:
     """Toxics and link-downs per example."""
     db_crashes: int = 1
     """Database crashes per example (a restart costs about a tenth of a second)."""
+
     crash_between_steps: bool = True
     """Whether a crash may also fire between two steps (it always may at a COMMIT, when
     ``db-crash`` is one of ``commit_faults``)."""
@@ -190,7 +191,7 @@ class FaultRules:
             if self.op_count - since >= self.policy.heal_after:
                 self._toxi(link.clear)
                 del self.faulted_since[name]
-                self.log(f"heal {link.name} (after {self.policy.heal_after} operations)")
+                self.log(f"  (heal {link.name} after {self.policy.heal_after} operations)")
 
     def _may_fault_link(self: "KindCheck") -> bool:
         return (self._calm() and not self.faulted_links()
@@ -251,8 +252,15 @@ class FaultRules:
             self.fault("db-clock-jump", f"db clock jump {seconds:+d}s (no guard of this kind reads "
                                         "the database clock: nothing may move)")
 
+    @initialize(crashable=st.booleans())
+    def _crashable(self: "KindCheck", crashable: bool) -> None:
+        """Whether this example may crash the database, drawn with it: a restart costs more than
+        the rest of an example, so only some do (and a shrinking example leaves crashes out)."""
+        self.may_crash_here = crashable
+
     def _may_crash(self: "KindCheck") -> bool:
-        return self.env.can_crash and self.crashes < self.policy.db_crashes
+        return (self.env.can_crash and self.crashes < self.policy.db_crashes
+                and getattr(self, "may_crash_here", False))
 
     @precondition(lambda self: self.policy.crash_between_steps and self._may_crash()
                   and self._calm() and self.crash_matters())
@@ -349,7 +357,7 @@ class FaultRules:
                    pace=False)
         self.meanwhile(w, data)
         if resume == "at once" and self.turns(w):
-            self.log(f"w{w} resumes")
+            self.log(f"  (w{w} resumes)")
             self.turn(w, data)
 
 

@@ -116,6 +116,7 @@ class Workspace:
         self.time_columns: dict[str, tuple[str, ...]] = {}
         self.triggered: frozenset[str] = frozenset()
         self.shifted = 0
+        self.workers: list[Worker] = []  # kept from one example to the next (KindCheck)
 
     def create(self) -> "Workspace":
         """Create the schema; never one that exists (that is not this run's)."""
@@ -159,7 +160,19 @@ class Workspace:
         finally:
             conn.close()
 
+    def close(self) -> None:
+        """Close every connection to the workspace (a worker may have been left in a transaction
+        by a failure that ended its run)."""
+        for w in self.workers:
+            w.close()
+        self.workers.clear()
+        conn = self.env._admin.pop(self.name, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
     def drop(self) -> None:
+        self.close()
         self.env.admin().execute(f'drop schema if exists "{self.name}" cascade')
 
     def conninfo(self, *, host: str | None = None, port: int | None = None,
@@ -271,14 +284,17 @@ class Env:
             yield env
 
     def close(self) -> None:
-        """Stop the stand-ins, end this run's sessions and drop exactly the schemas it created;
-        Ctrl-C and SIGTERM wait until that is done. A schema that cannot be dropped is named
-        in ``leftovers`` and on stderr, with the statement that drops it."""
+        """Stop the stand-ins, end this run's sessions and drop exactly the schemas it created
+        (also when a part died); Ctrl-C and SIGTERM wait until that is done. A schema that
+        cannot be dropped is named in ``leftovers`` and on stderr, with the statement that
+        drops it."""
         with deferred_signals():
             for part in self.stand_ins.values():
                 with contextlib.suppress(Exception):
                     part.stop()
             self.stand_ins.clear()
+            for ws in self.workspaces:
+                ws.close()
             for conn in self._admin.values():
                 with contextlib.suppress(Exception):
                     conn.close()
@@ -372,10 +388,7 @@ class Env:
         one a time shift moves)."""
         name = f"ks_{self.run_id}_{kind.replace('-', '_')}"
         for old in [w for w in self.workspaces if w.name == name]:
-            conn = self._admin.pop(old.name, None)
-            if conn is not None:
-                conn.close()
-            old.drop()
+            old.drop()  # closes every connection to it first
             self.workspaces.remove(old)
         ws = Workspace(self, name, schema_sql)
         with deferred_signals():
@@ -538,7 +551,9 @@ def watch(env: Env, worker: "Worker", others: list["Worker"]):
     record who held the lock. The wait is seen by the server, never guessed from a timeout."""
     seen = Watch()
     conn = worker.conn
-    if conn is None or conn.closed or conn.broken or not others:
+    holders = [w for w in others if w.in_transaction()]
+    if conn is None or conn.closed or conn.broken or not holders:
+        # Nobody else holds a transaction open: there is no lock to wait on.
         yield seen
         return
     pid = conn.info.backend_pid
@@ -588,6 +603,13 @@ class Worker:
         self.links: list[Link] = [self.link]
         self.before_commit: Callable[[HookedConnection], None] | None = None
 
+    def in_transaction(self) -> bool:
+        """Whether this worker's connection holds a transaction open (so it may hold locks)."""
+        conn = self.conn
+        if conn is None or conn.closed or conn.broken:
+            return False
+        return conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
     @property
     def backend_pid(self) -> int | None:
         conn = self.conn
@@ -623,6 +645,28 @@ class Worker:
             with contextlib.suppress(Exception):
                 self.conn.close()
             self.conn = None
+
+    def ready(self) -> None:
+        """At the start of an example: a healthy, idle connection on a clean link, kept from the
+        example before when it still answers (a new one costs a backend fork). Every example thus
+        starts with every worker connected, so what a fault does to a connection depends on the
+        example alone, never on the examples before it."""
+        from knownstate.impl.errors import ConnectionLost
+
+        self.before_commit = None
+        conn = self.conn
+        if conn is not None:
+            try:
+                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    raise psycopg.OperationalError("not idle")
+                conn.execute("select 1")
+                conn.rollback()  # never leave a transaction open: now() would stay at its start
+            except psycopg.Error:
+                self.abandon()
+        try:
+            self.connection()
+        except ConnectionLost as e:
+            raise EnvironmentFault(f"{self.name} could not connect through its clean link: {e}") from None
 
     def faulted(self) -> bool:
         """A toxic on one of its links, a link down, or a COMMIT fault armed."""

@@ -96,6 +96,7 @@ class ApprovedPlanCheck(KindCheck):
         "repeat answered from receipts", "compensation run",
         "worker died before commit", "connection lost", "indeterminate commit",
         "indeterminate resolved: committed", "indeterminate resolved: not committed",
+        "fence refusal: run_step (no longer claimed)", "fence refusal: heartbeat (no longer claimed)",
     )
 
     # -- hooks ----------------------------------------------------------------------------
@@ -180,7 +181,8 @@ class ApprovedPlanCheck(KindCheck):
                           lambda c: getattr(self.stores[w], name)(c, *args),
                           guarantee=self.GUARANTEE.get(name))
 
-    def _fenced(self, w: int, claim: Claim, label: str, model_op: Callable, impl_op: Callable) -> Any:
+    def _fenced(self, w: int, claim: Claim, label: str, model_op: Callable, impl_op: Callable,
+                guarantee: str | None = None) -> Any:
         """A write by the claim's holder, judged as a Write: the model says whether the holder
         still owns the run (executing under its token: lockExecuting's verdict), the database
         says whether it let the write in."""
@@ -190,7 +192,8 @@ class ApprovedPlanCheck(KindCheck):
             return claim.pid, claim.token, model.fence("write", p.status, p.generation,
                                                        claim.token) is None
 
-        return self.apply(self.workers[w], label, model_op, impl_op, fenced=owner)
+        return self.apply(self.workers[w], label, model_op, impl_op, fenced=owner,
+                          guarantee=guarantee)
 
     def _record_of(self, pid: int) -> tuple:
         """What a repeat request must not change: the run's receipts and its effects."""
@@ -269,9 +272,11 @@ class ApprovedPlanCheck(KindCheck):
         else:
             i = claim.next + {"next": 0, "again": -1, "skip": 1}[action]
             done = len(self.model.proposal(pid).receipts)
+            # A step's outcome is the receipt of the step asked for, by its position.
             got = self._fenced(w, claim, f"run_step(w{w}, {pid}, step={i}, token={claim.token})",
                                lambda m: m.run_step(pid, i, claim.token),
-                               lambda c: self.stores[w].run_step(c, pid, i, claim.token))
+                               lambda c: self.stores[w].run_step(c, pid, i, claim.token),
+                               guarantee="stable-step-identity")
         if isinstance(got, LostRace):
             self.event("fence refusal")
             self.held[w].pop(pid, None)

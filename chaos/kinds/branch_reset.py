@@ -238,7 +238,8 @@ class BranchResetCheck(KindCheck):
                 self._record(repeats=[Repeat(existing.run_id, reexecuted=got != Won(existing.run_id))])
             return got
 
-        got = self.apply(self.workers[w], label, lambda m: m.request(branch, k), impl_op)
+        got = self.apply(self.workers[w], label, lambda m: m.request(branch, k), impl_op,
+                         guarantee="claim")
         if existing is not None and got == Won(existing.run_id):
             self.event("idempotent repeat answered")
             if existing.status in TERMINAL:
@@ -581,7 +582,7 @@ MUTANTS = [
     Mutant("idempotency-key-not-unique", "branch-reset", "terminal-answers-from-receipts",
            "the idempotency key has an index but not a unique one: a repeated or reused key makes a new run",
            _schema_edit("CREATE UNIQUE INDEX branch_reset_idempotency_key", "CREATE INDEX branch_reset_idempotency_key")),
-    Mutant("one-in-flight-missing", "branch-reset", "conditional-transition",
+    Mutant("one-in-flight-missing", "branch-reset", "claim",
            "no one-in-flight guard: a second run of a branch is queued while one is in flight",
            _schema_edit("CREATE UNIQUE INDEX branch_reset_one_in_flight ON branch_reset (branch)\n"
                         "    WHERE status IN ('queued', 'running');", "")),

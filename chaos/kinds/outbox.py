@@ -54,6 +54,8 @@ class OutboxCheck(KindCheck):
         "worker died before commit", "connection lost", "indeterminate commit",
         "indeterminate resolved: committed", "indeterminate resolved: not committed",
         "duplicate delivery", "sink reply lost",
+        *(f"fence refusal: {op} ({why})" for op in ("complete", "fail", "extend_lease")
+          for why in ("re-claimed", "no longer claimed")),
     )
 
     # -- hooks ----------------------------------------------------------------------------
@@ -82,16 +84,20 @@ class OutboxCheck(KindCheck):
         return rows, tuple(sorted(self.sink.received().items()))
 
     def views(self, observation):
-        """The contract's views, with where each delivery stands against the retry policy."""
+        """The contract's views, with where each delivery stands against the retry policy and
+        what its lease has left by the database clock (a claim grants the whole lease)."""
         rows, received = observation
         out = model.views(rows, dict(received))
         now = self.model.now
         for d in rows:
             waiting = d.status == model.P and d.attempts > 0
             owed = 0 if d.id in self._reclaimed else self.config.backoff(d.attempts)
+            owned = d.status == model.R and d.lease_until is not None
             out[str(d.id)] = replace(out[str(d.id)], retry=RetryView(
                 d.attempts, self.config.max_attempts, waiting,
-                due_in=max(0, d.next_attempt_at - now), owed=owed if waiting else 0))
+                due_in=max(0, d.next_attempt_at - now), owed=owed if waiting else 0),
+                lease_left=d.lease_until - now if owned else None,
+                lease_granted=self.config.lease if owned else None)
         return out
 
     def observed(self, m: model.OutboxModel) -> None:
@@ -138,11 +144,13 @@ class OutboxCheck(KindCheck):
         return sorted({w for w, i in self._holding() if i in live})
 
     def meanwhile(self, w: int, data) -> None:
-        """While ``w`` is frozen the reaper runs and the other worker polls for work."""
+        """While ``w`` is frozen the reaper runs, or not, and the other worker claims again, or
+        not: a stale owner resumes on a row still pending, re-claimed, or never reclaimed."""
         other = 1 - w
-        self.reclaim_stale(other)
-        if len(self.candidates) == 1:
-            self.claim(other, 3)
+        if data.draw(st.booleans(), label="reaper runs"):
+            self.reclaim_stale(other)
+            if data.draw(st.booleans(), label="the other worker claims"):
+                self.claim(other, 3)
 
     # -- helpers ----------------------------------------------------------------------------
     def _holding(self, sent: bool | None = None) -> list[tuple[int, int]]:

@@ -1,0 +1,70 @@
+"""The check engine itself (``knownstate.chaos.check``), on the outbox kind and the real parts:
+runs directed by coverage, vacuity that names what is missing, the door that names the broken
+invariant, a client-side driver error reported as the implementation's, and a shrink bounded by
+a count of replays (never by time), so the same seed gives the same counterexample."""
+
+from __future__ import annotations
+
+import pytest
+
+from knownstate.chaos.check import KindCheck, Profile, run_check
+from knownstate.chaos.kinds.outbox import MUTANTS, OutboxCheck
+from knownstate.impl import outbox as impl
+from knownstate.impl.errors import boundary
+
+pytestmark = pytest.mark.slow
+
+MUTANT = {m.name: m for m in MUTANTS}
+
+
+def profile(**kw) -> Profile:
+    base = dict(name="test", min_examples=1, max_examples=400, steps=30, times_each=1, budget_s=1e9,
+                description="a test profile")
+    return Profile(**{**base, **kw})
+
+
+def test_a_run_stops_once_every_requirement_was_observed(check_env):
+    r = run_check(OutboxCheck, check_env, seed=5, profile=profile())
+    assert r.passed, r.failure or r.vacuous
+    assert r.stopped.startswith("every requirement observed 1+ times")
+    assert all(n >= 1 for n in r.coverage.values()) and r.coverage
+    assert r.examples < 400
+
+
+def test_a_run_whose_budget_ends_first_is_vacuous_and_names_what_is_missing(check_env):
+    r = run_check(OutboxCheck, check_env, seed=5, profile=profile(max_examples=1, times_each=10**6))
+    assert not r.passed and r.failure is None
+    assert r.stopped.startswith("the profile's 1 examples ran")
+    assert r.vacuous and any("'duplicate delivery'" in v or "transition" in v for v in r.vacuous)
+
+
+class _MissingParameter(impl.OutboxStore):
+    """A client-side bug: the reaper's query is sent without the parameter it names."""
+
+    def reclaim_stale(self, conn):
+        with boundary("outbox.reclaim_stale"):
+            conn.execute(self.q["reclaim_stale"], {}).fetchall()  # max_attempts missing
+        raise AssertionError("unreachable: the driver refuses the call")
+
+
+def test_a_client_side_driver_error_is_a_failure_naming_it_not_a_lost_connection(check_env):
+    check = type("MissingParameterCheck", (OutboxCheck,), {"store_class": _MissingParameter})
+    r = run_check(check, check_env, seed=5, examples=5, require_all=False, shrinks=50)
+    assert r.failure is not None
+    assert "reclaim_stale" in r.failure and "the driver refused" in r.failure, r.failure
+    assert "placeholder" in r.failure or "parameter" in r.failure, r.failure
+    assert "connection" not in r.failure.lower() and r.counterexample_steps <= 3, r.counterexample
+
+
+def test_a_caught_mutant_names_its_invariant_and_replays_to_the_same_counterexample(check_env):
+    mutant = MUTANT["unfenced-complete"]
+    runs = [run_check(mutant.machine(OutboxCheck), check_env, seed=4, require_all=False, shrinks=150)
+            for _ in range(2)]
+    assert all(r.failure is not None and mutant.invariant in r.invariants for r in runs)
+    assert runs[0].counterexample == runs[1].counterexample
+    assert runs[0].failure == runs[1].failure
+
+
+def test_every_kind_declares_only_invariants_its_check_can_name():
+    assert set(KindCheck.named_invariants()) == set()  # no contract, no own invariants
+    assert {"claim", "lease", "lease-fence", "retry-policy"} <= set(OutboxCheck.named_invariants())
