@@ -121,7 +121,8 @@ class Candidate:
 @dataclass(frozen=True)
 class Requirement:
     """Something a run must observe: a transition of the table or an event, and what the
-    database must be able to do for it to be reachable at all (``db-clock``, ``db-crash``)."""
+    database must be able to do for it to be reachable at all (``Env.capabilities()``:
+    ``time-shift``, ``db-clock``, ``db-crash``)."""
 
     label: str
     what: str = "event"
