@@ -510,6 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import bench
 
     bench.add_parser(sub)
+    from . import soak; soak.add_parser(sub)  # noqa: E702
     return p
 
 

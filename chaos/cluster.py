@@ -152,9 +152,10 @@ class DbClock:
         self._offset += seconds
         self._write()
 
-    def reset(self) -> None:
-        if self._offset:
-            self._offset = 0.0
+    def reset(self, to: float = 0.0) -> None:
+        """Back to ``to`` seconds from real time (the harness starts every example a week back)."""
+        if self._offset != to:
+            self._offset = to
             self._write()
 
     def _write(self) -> None:

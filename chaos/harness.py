@@ -55,7 +55,13 @@ from .cluster import (
     open_database,
 )
 from .timeshift import TimeShift
+from .interleave import ScheduledConnection, Scheduler
 from .toxi import Link, ToxiproxyError, ToxiproxyServer
+
+CLOCK_BASE = -7 * 86_400
+"""Every example starts with the fake database clock a week behind real time, and jumps from
+there. Under libfaketime a server clock *ahead* of real time delays its lock-wait timers
+(deadlock_timeout fires that much late): a concurrent block needs it at or behind."""
 
 QUANTUM = 60
 """Model time is whole seconds, and every duration a check uses is a multiple of this. The
@@ -117,6 +123,14 @@ class Workspace:
         self.triggered: frozenset[str] = frozenset()
         self.shifted = 0
         self.workers: list[Worker] = []  # kept from one example to the next (KindCheck)
+        self._scheduler: Scheduler | None = None
+
+    def scheduler(self) -> Scheduler:
+        """The scheduler of this workspace's concurrent blocks (its observer is direct)."""
+        if self._scheduler is None:
+            self._scheduler = Scheduler(self.conninfo(), pause=self.env.can_crash,
+                                        clock_guard=self.env.clock is not None)
+        return self._scheduler
 
     def create(self) -> "Workspace":
         """Create the schema; never one that exists (that is not this run's)."""
@@ -166,6 +180,9 @@ class Workspace:
         for w in self.workers:
             w.close()
         self.workers.clear()
+        if self._scheduler is not None:
+            self._scheduler.close()
+            self._scheduler = None
         conn = self.env._admin.pop(self.name, None)
         if conn is not None:
             with contextlib.suppress(Exception):
@@ -347,14 +364,27 @@ class Env:
         can lapse (always: the clock moves, or the stored timestamps do). ``db-clock``: the
         database's ``now()`` itself moves, apart from the application's clock (the harness's
         cluster, under libfaketime). ``db-crash``: the server can be killed and restarted.
-        Requirements and mutants that need what is missing are reported as not covered on
-        this database, never as a vacuous run."""
+        ``concurrency``: concurrent blocks can run (the scheduler sets deadlock_timeout and
+        log_lock_waits, which takes a superuser). Requirements and mutants that need what is
+        missing are reported as not covered on this database, never as a vacuous run."""
         out = {"time-shift"}
         if isinstance(self.clock, DbClock):
             out.add("db-clock")
         if self.can_crash:
             out.add("db-crash")
+        if self.can_schedule():
+            out.add("concurrency")
         return frozenset(out)
+
+    def can_schedule(self) -> bool:
+        if not hasattr(self, "_can_schedule"):
+            try:
+                self.admin().execute("SET log_lock_waits = on")
+                self.admin().execute("RESET log_lock_waits")
+                self._can_schedule = True
+            except psycopg.errors.InsufficientPrivilege:
+                self._can_schedule = False
+        return self._can_schedule
 
     def unavailable(self) -> list[str]:
         out = []
@@ -364,6 +394,9 @@ class Env:
                        "clock that disagrees with the database's is not covered)")
         if not self.can_crash:
             out.append("db-crash (the harness does not own the database server)")
+        if not self.can_schedule():
+            out.append("concurrent blocks (setting deadlock_timeout and log_lock_waits takes a "
+                       "superuser)")
         return out
 
     def stand_in(self, name: str, part: type | Callable[[], Any]):
@@ -457,6 +490,9 @@ class Env:
             self.db.crash()
             for key in list(self._admin):
                 self._admin.pop(key).close()
+            for ws in self.workspaces:
+                if ws._scheduler is not None:
+                    ws._scheduler.close()  # its observer connection died with the server
             self.db.restart()
         except ClusterError as e:
             raise EnvironmentFault(f"PostgreSQL ({self.db.describe()}) failed around an injected "
@@ -494,7 +530,7 @@ class Env:
             self.ensure_alive()
             raise EnvironmentFault(str(e)) from None
         if self.clock is not None:
-            self.clock.reset()
+            self.clock.reset(CLOCK_BASE)
 
 
 # ---------------------------------------------------------------------------------------
@@ -503,18 +539,21 @@ class Env:
 # ---------------------------------------------------------------------------------------
 
 
-class HookedConnection(psycopg.Connection):
-    """A psycopg connection whose ``commit()`` first runs a one-shot hook. Faults use it to act at
-    the most interesting instant: just before COMMIT leaves the client."""
+class HookedConnection(ScheduledConnection):
+    """A worker's connection: its ``commit()`` first runs a one-shot hook (faults act at the most
+    interesting instant, just before COMMIT leaves the client), and inside a concurrent block
+    every statement and COMMIT waits for the scheduler (:mod:`.interleave`); the hook runs when
+    the COMMIT is scheduled."""
 
     owner: "Worker | None" = None
 
     def commit(self) -> None:
         owner = self.owner
-        if owner is not None and owner.before_commit is not None:
-            hook, owner.before_commit = owner.before_commit, None
-            hook(self)
-        super().commit()
+        with self.step("COMMIT"):
+            if owner is not None and owner.before_commit is not None:
+                hook, owner.before_commit = owner.before_commit, None
+                hook(self)
+            super().commit()
 
 
 def cut_socket(conn: psycopg.Connection) -> None:

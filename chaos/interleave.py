@@ -422,6 +422,8 @@ class BlockResult:
     schedule: tuple[str, ...]
     """Which worker each step granted, in order: the same choices give the same schedule."""
     trace: tuple[str, ...]
+    waits: int = 0
+    """How many times a worker's statement waited on another's lock (seen by the server)."""
 
     @property
     def steps(self) -> int:
@@ -624,6 +626,7 @@ class Block:
         self._closed = False
         self._paused: set[int] = set()
         self._seen: dict[str, tuple] = {}
+        self._waits = 0
         try:
             scheduler.check_clock()
             for op in ops:
@@ -840,7 +843,7 @@ class Block:
             left_open = status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
             ops.append(OpResult(w.name, w.op.label, w.value, w.error, w.statements,
                                 w.done_at or 0, left_open))
-        return BlockResult(tuple(ops), tuple(self._schedule), tuple(self._trace))
+        return BlockResult(tuple(ops), tuple(self._schedule), tuple(self._trace), self._waits)
 
     # -- coming to rest ---------------------------------------------------------------------------
     def _worker(self, name: str) -> _Worker:
@@ -958,6 +961,7 @@ class Block:
                     notes.append(OpResult(w.name, w.op.label, w.value, w.error).describe())
                 elif w.blocked_by and (before is None or before[1:3] != now[1:3]):
                     notes.append(f"{w.name} waits for {', '.join(w.blocked_by)} ({w.waits_for})")
+                    self._waits += 1
                 elif before is not None and before[1] and not w.blocked_by:
                     notes.append(f"{w.name} resumed")
         for note in notes:

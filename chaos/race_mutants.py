@@ -336,7 +336,7 @@ class RaceMutant:
 
 RACE_MUTANTS: tuple[RaceMutant, ...] = (
     RaceMutant(
-        "claim-read-then-write", "outbox", "conditional-transition",
+        "claim-read-then-write", "outbox", "claim",
         "the claim SELECTs due rows without a row lock, then UPDATEs each by id with attempts + 1 "
         "computed from the read: two workers both claim the row, with the same attempt",
         Variant("claim-read-then-write", ClaimReadThenWrite),
@@ -370,7 +370,7 @@ RACE_MUTANTS: tuple[RaceMutant, ...] = (
         "refreshes the lease so the heal spares the run. Only the heal committing between the "
         "heartbeat's read and its update shows the unfenced write."),
     RaceMutant(
-        "idempotency-select-then-insert", "branch-reset", "terminal-answers-from-receipts",
+        "idempotency-select-then-insert", "branch-reset", "claim",
         "the idempotency check is SELECT-by-key then INSERT, with no unique index on the key: two "
         "requests with one key for two branches both make a run",
         Variant("idempotency-select-then-insert", RequestSelectThenInsert, KEY_NOT_UNIQUE_SCHEMA),
