@@ -66,7 +66,10 @@ class TimeShift:
             raise RuntimeError("a time shift needs a workspace: Env.workspace() creates one")
         ws.shift(seconds)
 
-    def reset(self) -> None:
+    def reset(self, to: float = 0.0) -> None:
+        """The stored timestamps back where they were. ``to`` (where a libfaketime clock starts
+        each example, relative to real time) means nothing here: ``now()`` stays the server's,
+        and model time counts from the example's first ``now()``."""
         ws = self.env.active
         if ws is not None and ws.shifted:
             ws.shift(-ws.shifted)

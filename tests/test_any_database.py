@@ -36,10 +36,11 @@ import psycopg
 import pytest
 
 from knownstate.chaos import kinds, tools
-from knownstate.chaos.check import EnvironmentFault
+from knownstate.chaos.check import run_check
 from knownstate.chaos.cli import build_parser
 from knownstate.chaos.cluster import ExternalDatabase, PostgresCluster, open_database, resolve_dsn
 from knownstate.chaos.harness import Env
+from knownstate.chaos.kinds.outbox import OutboxCheck
 from knownstate.chaos.timeshift import TimeShift
 
 KNOWNSTATE = [sys.executable, "-m", "knownstate.chaos.cli"]
@@ -226,6 +227,18 @@ def test_the_time_shift_moves_every_stored_timestamp_back_and_nothing_else(serve
         assert env.clock.shifted == 0 and ws.query(rows) == before
         ws.query("update lease set note = 'x' where id = 1")  # the trigger is back on
         assert ws.query("select writes from lease where id = 1") == [(1,)]
+
+
+def test_leases_lapse_under_the_time_shift_and_the_reference_passes(server):
+    """The outbox's check on a database the harness does not own: clock jumps and stalls are
+    time shifts, the reaper reclaims lapsed leases, stale owners are fenced, and the reference
+    passes (a shift that moved the wrong rows, or the model's time the wrong way, would fail)."""
+    with Env.open(server.dsn()) as env:
+        r = run_check(OutboxCheck, env, examples=15, steps=30, seed=3, require_all=False)
+    assert r.failure is None, "\n".join([r.failure or "", *r.counterexample])
+    shifts = r.stats.faults["db-clock-jump"] + r.stats.faults["worker-stall"]
+    assert shifts > 0 and r.stats.events["reclaim"] > 0 and r.stats.events["fence rejection"] > 0
+    assert r.not_covered == [] or all("block" in n for n in r.not_covered)
 
 
 def test_closing_a_run_ends_only_its_sessions_and_drops_only_its_schemas(server):
