@@ -1030,7 +1030,12 @@ def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | P
 
 def _interrupted(e: EnvironmentFault, machine: type[KindCheck], env: Env, seed: int,
                  run: RunState, prof: Profile) -> EnvironmentFault:
-    """``e``, carrying what the run had done when the environment failed (its ``partial``)."""
+    """``e``, carrying what the run had done when the environment failed (its ``partial``).
+    When a part died, the fault names it, whatever symptom raised ``e`` (a refused connection,
+    a Toxiproxy call unanswered)."""
+    problem = env.health()
+    if problem and str(e) != problem:
+        e = EnvironmentFault(problem)
     run.stopped = f"the environment failed in batch {run.batch}: {e}"
     if e.partial is None:
         e.partial = _result(machine, env, seed, run, prof, None, (), [])
