@@ -155,6 +155,21 @@ class Offer:
     runs: frozenset = frozenset()
     """The runs it may write (a fenced write: its run; a claim: the due runs; the reaper: the
     runs whose lease lapsed), so a block can aim at a run two workers contest."""
+    fenced: bool = False
+    """A write by an owner, which the contract refuses once the writer lost the run."""
+
+
+def broken_by(expected: Any, got: Any, fenced: bool, guarantee: str | None) -> tuple[str, ...]:
+    """What an outcome that differs from the model's breaks, when the state itself breaks
+    nothing: a write the contract refuses that went through, or one it lets win that was
+    refused, breaks the fence (a write by an owner) or the conditional transition (any other:
+    exactly one caller wins, and it is this one); otherwise the guarantee the operation's
+    outcome is (which runs a claim or a reaper takes, which step a step is), if it is one."""
+    if isinstance(expected, LostRace) and isinstance(got, Won):
+        return ("lease-fence",) if fenced else ("conditional-transition",)
+    if isinstance(expected, Won) and isinstance(got, LostRace):
+        return ("lease-fence",) if fenced else ("conditional-transition",)
+    return (guarantee,) if guarantee else ()
 
 
 @dataclass(frozen=True)
@@ -370,9 +385,35 @@ class _Blocks:
             return False
         run = data.draw(st.sampled_from(list(contested)), label="the run they race on")
         others = [x for x in contested[run] if x.index != w]
-        other = data.draw(st.sampled_from(others), label="who races it")
-        self._block(data, sorted([self.workers[w], other], key=lambda x: x.index), run)
+        n = data.draw(st.integers(1, min(2, len(others))), label="how many race it")
+        racers = data.draw(st.lists(st.sampled_from(others), min_size=n, max_size=n,
+                                    unique_by=lambda x: x.index), label="who races it")
+        self._block(data, sorted([self.workers[w], *racers], key=lambda x: x.index), run)
         return True
+
+    @staticmethod
+    def _schedule(data, names: list[str]) -> Callable[[list[str]], str]:
+        """The block's schedule, drawn as PCT draws it (Burckhardt et al., probabilistic
+        concurrency testing): a priority order of the workers and up to two change points, steps
+        after which the worker then on top drops to the bottom. The highest-priority worker that
+        can run takes each step. A race of depth d (one read, then others' commits, then the
+        write) needs d - 1 change points, so short draws reach it often, and the schedule shrinks
+        towards running the workers one after another."""
+        order = list(data.draw(st.permutations(names), label="priority"))
+        changes = set(data.draw(st.lists(st.integers(1, 12), max_size=2, unique=True),
+                                label="priority changes after steps"))
+        step = 0
+
+        def choose(options: list[str]) -> str:
+            nonlocal step
+            step += 1
+            if step - 1 in changes:
+                top = next(n for n in order if n in options)
+                order.remove(top)
+                order.append(top)
+            return next(n for n in order if n in options)
+
+        return choose
 
     def _block(self, data, chosen: list[Worker], run: Any) -> None:
         """Run one block of ``chosen`` workers' operations (aimed at ``run`` when given)."""
@@ -413,9 +454,8 @@ class _Blocks:
                 block.fault(f"link down {worker.link.name}", worker.link.down, lost=[worker.name])
 
         try:
-            res = self.ws.scheduler().run(
-                ops, lambda options: data.draw(st.sampled_from(options), label="next step"),
-                between=between)
+            res = self.ws.scheduler().run(ops, self._schedule(data, [w.name for w in chosen]),
+                                          between=between)
         except SchedulerEnvironmentError as e:
             raise EnvironmentFault(f"a concurrent block could not run: {e}") from None
         for link in struck:
@@ -448,9 +488,13 @@ class _Blocks:
                                   fingerprint=self.fingerprint,
                                   final=linearize.FinalState(real, self.observe_model))
         if not verdict.ok:
-            named = tuple(g for op, _ in verdict.next_refused
-                          if (g := offers[op.client].guarantee)) or ("conditional-transition",)
-            self.fail("\n".join(verdict.explain()), real=real, otherwise=named)
+            named: tuple[str, ...] = ()
+            for (op, _), answers in zip(verdict.next_refused, verdict.next_answers):
+                offer = offers[op.client]
+                for answer in answers or (None,):
+                    named += broken_by(answer, op.output, offer.fenced, offer.guarantee)
+            self.fail("\n".join(verdict.explain()), real=real,
+                      otherwise=named or ("conditional-transition",))
         self.candidates = [Candidate(m) for m in verdict.final_states]
         if any(op.ret is None for op in history):
             self.event("indeterminate commit in a block")
@@ -779,7 +823,8 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
                 self._count_refusal(label, str(run_id))
         if got != expected:
             self.fail(f"{label}: implementation answered {fmt(got)}, the model expects "
-                      f"{fmt(expected)}", otherwise=guarantee)
+                      f"{fmt(expected)}",
+                      otherwise=broken_by(expected, got, fenced is not None, guarantee))
         if isinstance(got, LostRace):
             self.event("lost race")
         self.model = trial

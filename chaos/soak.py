@@ -944,14 +944,11 @@ def check_result(r: SoakResult):
     )
     failure = v.findings[0].line(h.t0) if v.findings else None
     return CheckResult(
-        r.kind,
-        r.seed,
-        1,
-        len(h.ops),
-        r.wall_seconds,
-        stats,
-        failure,
-        [f.line(h.t0) for f in v.findings],
+        kind=r.kind, seed=r.seed, examples=1, steps=len(h.ops), seconds=r.wall_seconds,
+        stats=stats, profile="soak", failure=failure,
+        invariants=tuple(sorted({f.invariant for f in v.findings})),
+        counterexample=[f.line(h.t0) for f in v.findings],
+        stopped=f"{r.seconds:g} s of work and a quiet period ({r.quiet_end})",
     )
 
 
@@ -1004,29 +1001,6 @@ def report_extra(r: SoakResult, timeline: str | None) -> dict:
             "timeline": timeline,
         },
     }
-
-
-def write_junit(path: str, r: SoakResult) -> None:
-    """JUnit XML in the shape ``verify`` writes, with the soak's replay command."""
-    from xml.sax.saxutils import escape, quoteattr
-
-    h = r.history
-    body = ""
-    if not r.passed:
-        first = r.verdict.findings[0].line(h.t0)
-        text = "\n".join([f.line(h.t0) for f in r.verdict.findings] + ["replay: " + r.replay()])
-        body = f"<failure message={quoteattr(first)}>{escape(text)}</failure>"
-    out = escape(
-        f"seed {r.seed}; faults {_counts(Counter(p.kind for p in h.periods))}; "
-        f"events {_counts(r.verdict.observed)}"
-    )
-    Path(path).write_text(
-        f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="knownstate" tests="1" '
-        f'failures="{0 if r.passed else 1}" time="{r.wall_seconds:.3f}">\n'
-        f'  <testcase classname="knownstate.soak" name={quoteattr(r.kind)} '
-        f'time="{r.wall_seconds:.3f}">'
-        f"{body}<system-out>{out}</system-out></testcase>\n</testsuite>\n"
-    )
 
 
 def default_timeline(args, kind: str, seed: int) -> str:
@@ -1084,11 +1058,38 @@ def cmd_soak(args) -> int:
         )
     for line in summary_lines(r, timeline):
         print(line)
-    if args.json:
-        cli.write_json(args.json, [check_result(r)], report_extra(r, timeline))
-    if args.junit:
-        write_junit(args.junit, r)
-    return cli.EXIT_OK if r.passed else cli.EXIT_FAILED
+    if args.json or args.junit:
+        write_reports(args, r, timeline)
+    if r.mutant is None:
+        return cli.EXIT_OK if r.passed else cli.EXIT_FAILED
+    # As `verify --mutant`: caught when the soak failed naming the invariant the mutant declares.
+    declared = next(m.invariant for m in kinds_mutants(r.kind) if m.name == r.mutant)
+    caught = not r.passed and declared in {f.invariant for f in r.verdict.findings}
+    print(f"knownstate soak: {'CAUGHT' if caught else 'NOT CAUGHT'} — mutant {r.mutant} "
+          f"({'the violations name' if caught else 'no violation names'} {declared})")
+    return cli.EXIT_OK if caught else cli.EXIT_FAILED
+
+
+def kinds_mutants(kind: str):
+    from . import kinds
+
+    return kinds.mutants(kind)
+
+
+def write_reports(args, r: SoakResult, timeline: str | None) -> None:
+    """The JSON and JUnit reports ``verify`` writes (one run, of profile ``soak``), the soak's
+    own findings under ``soak``, the soak's replay command."""
+    from . import report as rp
+
+    mutant = next((m for m in kinds_mutants(r.kind) if m.name == r.mutant), None)
+    unit = rp.Unit(0, r.kind, r.seed, mutant)
+    rep = rp.Report("soak", sys.argv[1:], "soak", [r.seed], [unit], 1)
+    rec = rp.finished_record(unit, check_result(r), rp.Replay(profile="soak"))
+    rec["replay"] = None if r.passed else r.replay()
+    rep.finish(unit, rec)
+    doc = rep.document()
+    doc["soak"] = report_extra(r, timeline)["soak"]
+    rp.write_reports(doc, args.json, args.junit)
 
 
 def _mutant_description(kind: str, mutant: str) -> str:

@@ -688,18 +688,21 @@ def test_a_mutant_fails_the_soak_with_an_attributed_violation_and_reports(tmp_pa
         str(tmp_path / "r.xml"),
     )
     out, err = p.communicate(timeout=600)
-    assert p.returncode == 1, out + err
+    assert p.returncode == 0, out + err  # as `verify --mutant`: caught, by its invariant
+    assert "CAUGHT — mutant poll-reissues-operation" in out
     assert "external-effect-semantics: b" in out and "is creation 2 of the run" in out
     assert (
         "replay: knownstate soak branch-reset --seconds 6 --seed 3 --mutant poll-reissues-operation"
         in out
     )
     data = json.loads(report.read_text())
-    assert data["passed"] is False and data["soak"]["mutant"] == "poll-reissues-operation"
+    assert data["command"] == "soak" and data["runs"][0]["caught"] is True
+    assert data["runs"][0]["invariants"] == ["external-effect-semantics"]
+    assert data["soak"]["mutant"] == "poll-reissues-operation"
     first = data["soak"]["violations"][0]
     assert first["invariant"] == "external-effect-semantics" and first["operation"].startswith("w")
     assert ":" in first["operation"] and "poll(" in first["message"]
-    assert "<failure" in (tmp_path / "r.xml").read_text()
+    assert "failures=\"0\"" in (tmp_path / "r.xml").read_text()  # a caught mutant is a good run
     page = (tmp_path / "r.timeline.html").read_text()
     assert "FAILED" in page and "<svg" in page
 

@@ -385,14 +385,14 @@ class ApprovedPlanCheck(KindCheck):
             out.append(Offer(f"run_step({pid}, step={i}, token={token}){twice}",
                              lambda m, p=pid, i=i, t=token: m.run_step(p, i, t),
                              lambda c, p=pid, i=i, t=token: self.stores[w].run_step(c, p, i, t),
-                             after=self._stepped(holder, pid, i),
+                             after=self._stepped(holder, pid, i), fenced=True,
                              guarantee="stable-step-identity", runs=frozenset({pid})))
             if holder == w:
                 out.append(Offer(f"heartbeat({pid}, token={token})",
                                  lambda m, p=pid, t=token: m.heartbeat(p, t),
                                  lambda c, p=pid, t=token: self.stores[w].heartbeat(c, p, t),
                                  after=self._renewed(w, pid), guarantee="lease-fence",
-                                 runs=frozenset({pid})))
+                                 runs=frozenset({pid}), fenced=True))
         out += [Offer(f"read({pid})", lambda m, p=pid: m.read(p),
                       lambda c, p=pid: self.stores[w].read(c, p), guarantee="lease",
                       runs=frozenset({pid}))
