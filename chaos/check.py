@@ -175,7 +175,8 @@ def broken_by(expected: Any, got: Any, fenced: bool, guarantee: str | None) -> t
 @dataclass(frozen=True)
 class Requirement:
     """Something a run must observe: a transition of the table or an event, and what the
-    database must be able to do for it to be reachable at all (``db-clock``, ``db-crash``)."""
+    database must be able to do for it to be reachable at all (``Env.capabilities()``:
+    ``time-shift``, ``db-clock``, ``db-crash``)."""
 
     label: str
     what: str = "event"
@@ -1023,7 +1024,8 @@ def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | P
               traces: list[list[str]] | None = None, start_batch: int = 0) -> CheckResult:
     """Run one kind's check against the real parts. ``examples`` fixes the number of examples
     (one batch, no coverage stop); otherwise the profile directs the run, batch after batch from
-    ``start_batch``. Raises EnvironmentFault when a real part dies."""
+    ``start_batch``. Raises EnvironmentFault when a real part dies, carrying what the run had
+    done so far in its ``partial`` (a CheckResult; ``stopped`` says why)."""
     prof = PROFILES[profile] if isinstance(profile, str) else profile
     run = RunState(prof, machine.requirements(), env.capabilities(), fixed_examples=examples,
                    progress=progress, all_traces=traces)
@@ -1047,12 +1049,13 @@ def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | P
             test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()
             try:
                 test()
-            except EnvironmentFault:
-                raise
+            except EnvironmentFault as e:
+                raise _interrupted(e, machine, env, seed, run, prof)
             except Exception as e:  # the check failed: the last run is Hypothesis's shrunk replay
                 problem = env.health()
                 if problem:
-                    raise EnvironmentFault(problem) from None
+                    raise _interrupted(EnvironmentFault(problem), machine, env, seed, run,
+                                       prof) from None
                 failure, invariants, trace = _failure_of(e, run)
                 run.stopped = f"a failure in batch {run.batch}"
                 break
@@ -1062,19 +1065,38 @@ def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | P
             run.batch += 1
     problem = env.health()
     if problem:
-        raise EnvironmentFault(problem)
-    result = CheckResult(kind=machine.kind, seed=seed, examples=run.stats.examples,
-                         steps=run.stats.steps, seconds=time.monotonic() - run.started,
-                         stats=run.stats, profile=prof.name, failure=failure,
-                         invariants=invariants, counterexample=trace, batch=run.batch,
-                         unavailable=env.unavailable(),
-                         not_covered=[r.key for r in run.not_covered()],
-                         coverage={r.key: run.count(r) for r in run.reachable()},
-                         stopped=run.stopped)
+        raise _interrupted(EnvironmentFault(problem), machine, env, seed, run, prof)
+    result = _result(machine, env, seed, run, prof, failure, invariants, trace)
     if failure is None and require_all:
         result.vacuous = [f"{r.what} '{r.label}' (seen {run.count(r)} times)" if run.count(r)
                           else f"{r.what} '{r.label}'" for r in run.missing(1)]
     return result
+
+
+def _interrupted(e: EnvironmentFault, machine: type[KindCheck], env: Env, seed: int,
+                 run: RunState, prof: Profile) -> EnvironmentFault:
+    """``e``, carrying what the run had done when the environment failed (its ``partial``).
+    When a part died, the fault names it, whatever symptom raised ``e`` (a refused connection,
+    a Toxiproxy call unanswered)."""
+    problem = env.health()
+    if problem and str(e) != problem:
+        e = EnvironmentFault(problem)
+    run.stopped = f"the environment failed in batch {run.batch}: {e}"
+    if e.partial is None:
+        e.partial = _result(machine, env, seed, run, prof, None, (), [])
+    return e
+
+
+def _result(machine: type[KindCheck], env: Env, seed: int, run: RunState, prof: Profile,
+            failure: str | None, invariants: tuple[str, ...], trace: list[str]) -> CheckResult:
+    return CheckResult(kind=machine.kind, seed=seed, examples=run.stats.examples,
+                       steps=run.stats.steps, seconds=time.monotonic() - run.started,
+                       stats=run.stats, profile=prof.name, failure=failure,
+                       invariants=invariants, counterexample=trace, batch=run.batch,
+                       unavailable=env.unavailable(),
+                       not_covered=[r.key for r in run.not_covered()],
+                       coverage={r.key: run.count(r) for r in run.reachable()},
+                       stopped=run.stopped)
 
 
 def _shortest(run: RunState) -> tuple[str, tuple[str, ...], list[str]]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from . import kinds, memory
 from .check import PROFILES, EnvironmentFault, Env, run_check
-from .cluster import Unavailable
+from .cluster import Unavailable, resolve_dsn
 from .mutants import catalogue_problems
 from .report import (
     DEFAULT_SHRINKS,
@@ -421,6 +421,13 @@ def cmd_specs(args) -> int:
     return EXIT_OK
 
 
+def _dsn_option(value: str) -> str:
+    try:
+        return resolve_dsn(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
@@ -435,8 +442,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--examples", type=int, help="examples per kind (default: the profile's)")
         sp.add_argument("--steps", type=int, help="maximum steps per example (default: the profile's)")
         sp.add_argument("--seed", type=int, help="the seed (default: a random one, printed)")
-        sp.add_argument("--dsn", default=os.environ.get("DATABASE_URL"),
-                        help="an external PostgreSQL (default: $DATABASE_URL, else a throwaway cluster)")
+        sp.add_argument("--dsn", type=_dsn_option, metavar="DSN", help=(
+            "an external PostgreSQL (default: a throwaway cluster). Only the database the DSN "
+            "names is used, in schemas the run creates and drops; its user needs CONNECT and "
+            "CREATE on it. env:NAME reads the DSN from the environment variable NAME (e.g. "
+            "--dsn env:DATABASE_URL); no variable is ever read otherwise"))
         sp.add_argument("--json", metavar="FILE", help="write a JSON report")
         sp.add_argument("--shrinks", type=int, default=DEFAULT_SHRINKS,
                         help="replays at most, shrinking a failure to its shortest "

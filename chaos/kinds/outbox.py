@@ -49,8 +49,9 @@ class OutboxCheck(KindCheck):
     lock_wait_breaks = "claim"
     store_class = impl.OutboxStore
     queries: dict[str, str] | None = None  # the mutant catalogue replaces some
-    required_events = (
-        "lost race", "fence rejection", "reclaim", "backoff", "skip locked",
+    required_events = (  # a reclaim, and the fence it arms, need a lease to lapse
+        "lost race", needs("fence rejection", "time-shift"), needs("reclaim", "time-shift"),
+        "backoff", "skip locked",
         "worker died before commit", "connection lost", "indeterminate commit",
         "indeterminate resolved: committed", "indeterminate resolved: not committed",
         "duplicate delivery", "sink reply lost",
@@ -462,10 +463,10 @@ MUTANTS = [
            _edit("claim_due", "FOR UPDATE SKIP LOCKED", "FOR UPDATE")),
     Mutant("reaper-app-clock", "outbox", "lease",
            "the reaper compares leases with the application clock (the database clock stamped them)",
-           with_attrs(store_class=_AppClockReaper)),
+           with_attrs(store_class=_AppClockReaper), needs=("db-clock",)),
     Mutant("lease-app-clock", "outbox", "lease",
            "the claim stamps its lease with the application clock (the reaper reads the database clock)",
-           with_attrs(store_class=_AppClockLease)),
+           with_attrs(store_class=_AppClockLease), needs=("db-clock",)),
     Mutant("reaper-ignores-lease", "outbox", "lease",
            "the reaper takes back every processing row, live leases included",
            _edit("reclaim_stale", "AND lease_until <= now()", "")),
