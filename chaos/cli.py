@@ -22,6 +22,7 @@ from .check import PROFILES, EnvironmentFault, Env, run_check
 from .cluster import Unavailable, resolve_dsn
 from .mutants import catalogue_problems
 from .report import (
+    not_covered_record,
     DEFAULT_SHRINKS,
     Replay,
     Report,
@@ -332,6 +333,12 @@ def _interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
 
 def _run_unit(args, p: Plan, report: Report, env, unit: Unit) -> None:
     report.start(unit)
+    missing = unit.mutant.missing(env.capabilities()) if unit.mutant else []
+    if missing:
+        report.finish(unit, not_covered_record(unit, args.profile, missing))
+        print(f"  {unit.label}: not covered on this database (the mutant needs "
+              f"{', '.join(missing)})")
+        return
     progress = Progress(unit.label, report)
     db = p.memory.database(p.replay_stored) if p.memory else None
     try:
