@@ -156,6 +156,8 @@ class OutboxCheck(KindCheck):
                                  self.store.fail(conn, c, p, r),
                                  after=self._let_go(w, c.id), guarantee="lease-fence", runs=frozenset({c.id}),
                                  fenced=True))
+            if h.result is not None:
+                continue  # sent: the loop records it next (a heartbeat only runs while sending)
             out.append(Offer(f"extend_lease({c.id}, attempt={c.attempt})",
                              lambda m, c=c: m.extend_lease(c),
                              lambda conn, c=c: self.store.extend_lease(conn, c),
@@ -196,9 +198,13 @@ class OutboxCheck(KindCheck):
             self.claim(w, 3)
 
     def leases(self) -> list[int]:
+        """Workers holding a live lease; those that sent a delivery and have not recorded it yet
+        when there are any: a stall between the send and the record is where a stale owner's
+        terminal write meets the reaper and a new owner."""
         live = {d.id for d in self.model.deliveries.values()
                 if d.status == model.R and d.lease_until > self.model.now}
-        return sorted({w for w, i in self._holding() if i in live})
+        sent = sorted({w for w, i in self._holding(sent=True) if i in live})
+        return sent or sorted({w for w, i in self._holding() if i in live})
 
     def meanwhile(self, w: int, data) -> None:
         """While ``w`` is frozen the reaper runs, or not, and the other worker claims again, or
