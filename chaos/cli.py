@@ -29,7 +29,12 @@ def _kinds(requested: list[str]) -> list[str]:
     unknown = [k for k in requested if k not in known]
     if unknown:
         raise UsageError(f"unknown kind {', '.join(unknown)}: choose from {', '.join(known)}")
-    return requested or known
+    try:
+        for name in requested or known:
+            kinds.check(name)
+    except kinds.KindNotFound as e:
+        raise UsageError(str(e)) from None
+    return list(dict.fromkeys(requested)) or known
 
 
 class Progress:
@@ -63,7 +68,7 @@ def _counts(counter: dict) -> str:
 
 def replay_command(r: CheckResult, examples: int | None, steps: int | None, dsn: str | None,
                    mutant: str | None = None) -> str:
-    cmd = f"knownstate verify {r.kind} --seed {r.seed} --profile {r.profile}"
+    cmd = f"knownstate verify {kinds.argument(r.kind)} --seed {r.seed} --profile {r.profile}"
     cmd += f" --batch {r.batch}" if r.batch else ""
     cmd += (f" --examples {examples}" if examples else "") + (f" --steps {steps}" if steps else "")
     return cmd + (f" --mutant {mutant}" if mutant else "") + (" --dsn '<your DSN>'" if dsn else "")
@@ -238,6 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "counterexample (default 400; a count, never a time)")
         sp.add_argument("--batch", type=int, default=0,
                         help="start at this batch of examples (a failure's replay command gives it)")
+        sp.add_argument("--kind", action="append", default=[], metavar="MODULE:CHECK",
+                        help="also a kind of your own: a check class, e.g. mypkg.kinds:WebhookKind")
 
     v = sub.add_parser("verify", help="run the gate: each kind's model against its implementation under faults")
     common(v)
@@ -273,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
     signal.signal(signal.SIGTERM, _sigterm)
     try:
+        try:
+            args.kinds += [kinds.load(spec) for spec in getattr(args, "kind", [])]
+        except kinds.KindNotFound as e:
+            raise UsageError(str(e)) from None
         return args.func(args)
     except UsageError as e:
         print(f"knownstate: {e}", file=sys.stderr)

@@ -50,6 +50,9 @@ class _QuietServer(ThreadingHTTPServer):
 class NotificationSink:
     """Start/stop and a context manager, like every real part in chaos/."""
 
+    handler: type[BaseHTTPRequestHandler] = _Handler
+    """How a request is read (a stand-in for another external API gives its own)."""
+
     def __init__(self):
         self.host = "127.0.0.1"
         self.port: int | None = None
@@ -59,7 +62,7 @@ class NotificationSink:
 
     def start(self) -> "NotificationSink":
         self.port = tools.free_port()
-        self._server = _QuietServer((self.host, self.port), _Handler)
+        self._server = _QuietServer((self.host, self.port), self.handler)
         self._server.daemon_threads = True
         self._server.sink = self  # type: ignore[attr-defined]
         threading.Thread(target=self._server.serve_forever, name="notification-sink", daemon=True).start()
