@@ -40,6 +40,7 @@ import inspect
 import os
 import re
 import socket
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
@@ -342,10 +343,29 @@ class AdapterWorker(Worker):
         self.binding: Adapter | None = None  # the adapter instance of the current example
 
     def run(self, value: Any) -> Any:
-        """A coroutine's result, run on this worker's own event loop; any other value as is."""
-        if inspect.isawaitable(value):
+        """A coroutine's result, run on this worker's own event loop; any other value as is.
+        Called while another worker's loop runs (inside that worker's COMMIT hook), it runs
+        this worker's loop on a thread of its own and waits for it."""
+        if not inspect.isawaitable(value):
+            return value
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
             return self.loop.run_until_complete(value)
-        return value
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["result"] = self.loop.run_until_complete(value)
+            except BaseException as e:  # handed back to the caller's thread as is
+                box["error"] = e
+
+        thread = threading.Thread(target=target, name=f"{self.name}-loop")
+        thread.start()
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
 
     def dsn(self) -> str:
         return self.ws.conninfo(host=self.link.host, port=self.link.port)

@@ -262,9 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--check", action="store_true", help="only report drift (exit 1 when found)")
     sp.set_defaults(func=cmd_specs)
 
-    from . import bench
+    from . import bench, scaffold
 
     bench.add_parser(sub)
+    scaffold.add_parser(sub)
     return p
 
 
@@ -281,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _sigterm)
     try:
         try:
-            args.kinds += [kinds.load(spec) for spec in getattr(args, "kind", [])]
+            for spec in getattr(args, "kind", None) or []:
+                args.kinds.append(kinds.load(spec))
         except kinds.KindNotFound as e:
             raise UsageError(str(e)) from None
         return args.func(args)

@@ -334,6 +334,13 @@ class GenericCheck(KindCheck):
     def _fence(self, h: Held):
         return lambda: (h.job.key, h.job.attempt, self.model.owns(h.job))
 
+    def _stale(self, h: Held) -> bool:
+        """Whether ``h``'s holder writes on a run another claim took since: what a fence is
+        for. Counted as an event, so a run goes on until it met this often enough."""
+        r = self.model.runs.get(h.job.key)
+        return (r is not None and r.status == self.model.owned and h.job.attempt is not None
+                and r.attempts > h.job.attempt)
+
     def _waiting(self) -> int:
         return sum(r.status == self.description.initial for r in self.model.runs.values())
 
@@ -456,8 +463,11 @@ class GenericCheck(KindCheck):
                 self.owing = frozenset({key})  # judged after this step: it owes its backoff
                 return m.fail(h.job, permanent)
             impl = write(worker, h.claimed, permanent)
+        stale = self._stale(h)
         got = self.apply(worker, label, model_op, impl, on_error=lambda: self.forget(worker),
                          fenced=self._fence(h))
+        if stale and got is not None:
+            self.event("stale write on a re-claimed run")
         if isinstance(got, LostRace):
             self.event("fence rejection")
         elif any(e == generic.RETRY for _, _, e, _ in self.model.transitions):
@@ -469,10 +479,13 @@ class GenericCheck(KindCheck):
         """The owner's heartbeat (on a timer: a stall freezes it with the worker)."""
         w, key = data.draw(st.sampled_from(self._holding()), label="worker, run")
         worker, h = self.workers[w], self.held[w][key]
+        stale = self._stale(h)
         got = self.apply(worker, f"extend_lease(w{w}, {key}, attempt={h.job.attempt})",
                          lambda m: m.extend_lease(h.job),
                          self._write("extend_lease")(worker, h.claimed),
                          on_error=lambda: self.forget(worker), fenced=self._fence(h))
+        if stale and got is not None:
+            self.event("stale write on a re-claimed run")
         if isinstance(got, LostRace):
             self.event("fence rejection")
             self.held[w].pop(key, None)
@@ -654,6 +667,8 @@ def required_events(d: RunKind, mode: str) -> tuple[str, ...]:
         out += ["lost race", "fence rejection"]
     if d.lease is not None:
         out.append("reclaim")
+        if d.retry is not None:  # a run taken back can be claimed again: the fence's case
+            out.append("stale write on a re-claimed run")
     if d.retry is not None:
         out.append("backoff")
     if mode != "own":

@@ -53,6 +53,7 @@ COMPLETE, FAIL = "complete", "fail_permanent"
 RETRY, GIVE_UP = "retry", "give_up"
 RECLAIM, RECLAIM_DEAD = "reclaim", "reclaim_dead"
 VOCABULARY = (ENQUEUE, CLAIM, EXTEND, COMPLETE, FAIL, RETRY, GIVE_UP, RECLAIM, RECLAIM_DEAD)
+OWNER_WRITES = frozenset({EXTEND, COMPLETE, FAIL, RETRY, GIVE_UP})
 STEP = "run"  # a queued run's single step; its identity is the run's key
 
 
@@ -219,7 +220,7 @@ class GenericModel:
                         due, lease)
 
     def _move(self, r: Run, event: str, **changes) -> Run:
-        if self.d.fence.kind == "none" and r.status != self.owned and event != CLAIM:
+        if event in OWNER_WRITES and self.d.fence.kind == "none" and r.status != self.owned:
             target = self.table.next(self.owned, event)  # an unconditional write lands anyway
         else:
             target = self.table.next(r.status, event)

@@ -113,9 +113,22 @@ def load(spec: str) -> str:
     return name
 
 
+def register(check_class: type) -> str:
+    """A check class given as is (a test's, through the pytest plugin): known by its kind's
+    name from now on in this process, and named in replay commands by where it lives."""
+    check_class = _as_check(check_class, repr(check_class))
+    module = sys.modules.get(check_class.__module__)
+    attr = next((k for k, v in vars(module).items() if v is check_class), None) if module else None
+    name = check_class.kind
+    if name not in REGISTRY and name not in _entry_points():
+        _named[name] = (check_class, f"{check_class.__module__}:{attr}" if attr else "")
+    return name
+
+
 def argument(name: str) -> str:
     """How a command line names the kind (a replay command must find it again)."""
-    return f"--kind {_named[name][1]}" if name in _named else name
+    spec = _named[name][1] if name in _named else ""
+    return f"--kind {spec}" if spec else name
 
 
 def check(name: str):
@@ -137,8 +150,12 @@ def check(name: str):
 
 
 def mutants(name: str):
-    found = check(name)
-    own = getattr(found, "mutants", None)
+    return mutants_of(check(name))
+
+
+def mutants_of(check_class: type) -> list:
+    """A check's mutant catalogue: its ``mutants`` attribute, else its module's ``MUTANTS``."""
+    own = getattr(check_class, "mutants", None)
     if isinstance(own, (list, tuple)):
         return list(own)
-    return list(getattr(sys.modules.get(found.__module__), "MUTANTS", []))
+    return list(getattr(sys.modules.get(check_class.__module__), "MUTANTS", []))
