@@ -151,6 +151,7 @@ class GenericCheck(KindCheck):
             self.adapter.queries = dict(self.adapter_queries)
         self.held: list[dict[str, Held]] = [{} for _ in self.workers]
         self.owing: frozenset[str] = frozenset()
+        self._unsure: tuple[str, int] | None = None  # a stale owner's write, answer lost
         self._duplicates = 0
         for w in self.workers:
             w.binding = self.adapter
@@ -205,6 +206,14 @@ class GenericCheck(KindCheck):
     def kind_violations(self, real) -> list[Violation]:
         rows, _ = real
         out = []
+        if self._unsure is not None:
+            key, token = self._unsure
+            landed = {r.status for r in rows if r.key == key}
+            possible = {c.model.runs[key].status for c in self.candidates if key in c.model.runs}
+            if landed and not landed <= possible:
+                out.append(Violation("lease-fence", f"run {key}: a write with stale token {token} "
+                                     f"landed (its answer was lost; the run is now "
+                                     f"{', '.join(sorted(landed))})"))
         keys = [r.key for r in rows]
         for key in sorted({k for k in keys if keys.count(k) > 1}, key=_order):
             out.append(Violation("claim", f"run {key}: {keys.count(key)} runs under one key (a "
@@ -218,7 +227,7 @@ class GenericCheck(KindCheck):
         return out
 
     def observed(self, m: generic.GenericModel) -> None:
-        self.owing = frozenset()
+        self.owing, self._unsure = frozenset(), None
         dups = sum(n - 1 for n in m.received.values())
         self.event("duplicate delivery", max(0, dups - self._duplicates))
         self._duplicates = dups
@@ -235,15 +244,26 @@ class GenericCheck(KindCheck):
                    for r in m.runs.values())
 
     def turns(self, w: int) -> list[str]:
+        """What ``w`` can do next: record an outcome, make the external call, claim."""
         held = self.held[w].values()
-        if any(h.result is not None for h in held):
-            return ["record"]
-        if held:
-            return ["send" if self.receiver else "record"]
-        return ["claim"] if self.model.due() else []
+        out = []
+        if any(h.result is not None for h in held) or (held and not self.receiver):
+            out.append("record")
+        if self.receiver and any(h.result is None for h in held):
+            out.append("send")
+        if self.model.due():
+            out.append("claim")
+        return out
 
     def turn(self, w: int, data) -> None:
-        step = self.turns(w)[0]
+        """The step that meets the fault armed for it: a lost reply meets the external call,
+        a COMMIT fault a step that commits."""
+        options = self.turns(w)
+        step = options[0]
+        if self.reply_lost_armed == w and "send" in options:
+            step = "send"
+        elif self.workers[w].before_commit is not None:
+            step = next((o for o in options if o != "send"), step)
         if step == "claim":
             return self.claim(w, 3)
         key = data.draw(st.sampled_from(self._mine(w, sent=step == "record" and
@@ -252,6 +272,11 @@ class GenericCheck(KindCheck):
             return self._send(w, key, data.draw(st.sampled_from(self._answers()),
                                                 label="answer"))
         self._record(w, key, data)
+
+    def external_links(self, worker) -> list:
+        """The worker's link to the external side, while it has a call to make."""
+        unsent = any(h.result is None for h in self.held[worker.index].values())
+        return [worker.ext_link] if self.receiver and unsent else []
 
     def leases(self) -> list[int]:
         m = self.model
@@ -310,7 +335,8 @@ class GenericCheck(KindCheck):
         text = str(pg or e).strip().splitlines()[0] if str(pg or e).strip() else type(e).__name__
         if pg is not None and is_connection_error(pg):
             conn = worker.conn
-            if getattr(conn, "in_commit", False) or getattr(conn, "autocommit", False):
+            if (worker.mode == "own" or getattr(conn, "in_commit", False)
+                    or getattr(conn, "autocommit", False)):
                 return CommitIndeterminate(f"{where}: {text}")
             return ConnectionLost(f"{where}: {text}")
         if pg is not None and not pg.sqlstate:
@@ -334,9 +360,19 @@ class GenericCheck(KindCheck):
     def _fence(self, h: Held):
         return lambda: (h.job.key, h.job.attempt, self.model.owns(h.job))
 
+    def _unanswered(self, worker, h: Held):
+        """A fenced write whose answer was lost: the worker forgets what it held, and if the
+        writer no longer owned the run, the observation that follows judges whether the write
+        landed anyway (the fence's violation, with no answer to show it)."""
+        def lost() -> None:
+            self.forget(worker)
+            if not self.model.owns(h.job):
+                self._unsure = (h.job.key, h.job.attempt)
+        return lost
+
     def _stale(self, h: Held) -> bool:
         """Whether ``h``'s holder writes on a run another claim took since: what a fence is
-        for. Counted as an event, so a run goes on until it met this often enough."""
+        for. Counted per write, so a run goes on until each write met it often enough."""
         r = self.model.runs.get(h.job.key)
         return (r is not None and r.status == self.model.owned and h.job.attempt is not None
                 and r.attempts > h.job.attempt)
@@ -345,7 +381,7 @@ class GenericCheck(KindCheck):
         return sum(r.status == self.description.initial for r in self.model.runs.values())
 
     # -- operations ---------------------------------------------------------------------------
-    @initialize(n=st.integers(1, 3))
+    @initialize(n=st.integers(1, 2))
     def enqueue_some(self, n: int) -> None:
         """Every example starts with a few runs waiting, so work flows from the first step."""
         for _ in range(n):
@@ -464,10 +500,10 @@ class GenericCheck(KindCheck):
                 return m.fail(h.job, permanent)
             impl = write(worker, h.claimed, permanent)
         stale = self._stale(h)
-        got = self.apply(worker, label, model_op, impl, on_error=lambda: self.forget(worker),
+        got = self.apply(worker, label, model_op, impl, on_error=self._unanswered(worker, h),
                          fenced=self._fence(h))
         if stale and got is not None:
-            self.event("stale write on a re-claimed run")
+            self.event(f"stale {'complete' if result == OK else 'fail'} on a re-claimed run")
         if isinstance(got, LostRace):
             self.event("fence rejection")
         elif any(e == generic.RETRY for _, _, e, _ in self.model.transitions):
@@ -483,9 +519,9 @@ class GenericCheck(KindCheck):
         got = self.apply(worker, f"extend_lease(w{w}, {key}, attempt={h.job.attempt})",
                          lambda m: m.extend_lease(h.job),
                          self._write("extend_lease")(worker, h.claimed),
-                         on_error=lambda: self.forget(worker), fenced=self._fence(h))
+                         on_error=self._unanswered(worker, h), fenced=self._fence(h))
         if stale and got is not None:
-            self.event("stale write on a re-claimed run")
+            self.event("stale extend_lease on a re-claimed run")
         if isinstance(got, LostRace):
             self.event("fence rejection")
             self.held[w].pop(key, None)
@@ -667,8 +703,10 @@ def required_events(d: RunKind, mode: str) -> tuple[str, ...]:
         out += ["lost race", "fence rejection"]
     if d.lease is not None:
         out.append("reclaim")
-        if d.retry is not None:  # a run taken back can be claimed again: the fence's case
-            out.append("stale write on a re-claimed run")
+        if d.retry is not None:  # a run taken back is claimed again: each fenced write meets it
+            writes = ["complete", "fail"] + (["extend_lease"] if generic.EXTEND in d.events()
+                                             else [])
+            out += [f"stale {w} on a re-claimed run" for w in writes]
     if d.retry is not None:
         out.append("backoff")
     if mode != "own":
