@@ -191,7 +191,7 @@ class FaultRules:
             if self.op_count - since >= self.policy.heal_after:
                 self._toxi(link.clear)
                 del self.faulted_since[name]
-                self.log(f"heal {link.name} (after {self.policy.heal_after} operations)")
+                self.log(f"  (heal {link.name} after {self.policy.heal_after} operations)")
 
     def _may_fault_link(self: "KindCheck") -> bool:
         return (self._calm() and not self.faulted_links()
@@ -340,21 +340,29 @@ class FaultRules:
         return self.policy.stall_clock == "app" or self.env.clock is not None
 
     @precondition(lambda self: self._may_stall())
-    @rule(data=st.data(), resume=st.sampled_from(["at once", "later"]))
+    @rule(data=st.data(), resume=st.sampled_from(["at once", "later", "racing the others"]))
     def stall(self: "KindCheck", data, resume: str) -> None:
         """A worker holding a live lease freezes (a GC pause, a suspended VM) until its lease
-        lapsed; the world goes on meanwhile (the kind's ``meanwhile``); it resumes with its next
-        turn at once, or later. Its writes must then be fenced."""
+        lapsed; then either the world goes on meanwhile (the kind's ``meanwhile``) and it
+        resumes with its next turn at once, or later; or it resumes *while* the others act on
+        its runs (a concurrent block: the reaper taking a run back as the stale owner writes
+        it). Its writes must be fenced either way."""
         w = data.draw(st.sampled_from(self.leases()), label="worker")
         seconds = self.policy.stall
         if self.policy.stall_clock == "db":
             self.env.clock.jump(seconds)
         self.advance(seconds)
-        self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease; meanwhile:",
-                   pace=False)
+        if resume == "racing the others":
+            self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease, and resumes "
+                                       "racing the others:", pace=False)
+            if self.race(data, w):
+                return
+        else:
+            self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease; meanwhile:",
+                       pace=False)
         self.meanwhile(w, data)
         if resume == "at once" and self.turns(w):
-            self.log(f"w{w} resumes")
+            self.log(f"  (w{w} resumes)")
             self.turn(w, data)
 
 

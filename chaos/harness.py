@@ -33,7 +33,13 @@ import psycopg
 from knownstate.impl.errors import KnownstateError, is_connection_error
 
 from .cluster import ClusterError, PostgresCluster, Unavailable, open_database
+from .interleave import ScheduledConnection, Scheduler
 from .toxi import Link, ToxiproxyError, ToxiproxyServer
+
+CLOCK_BASE = -7 * 86_400
+"""Every example starts with the fake database clock a week behind real time, and jumps from
+there. Under libfaketime a server clock *ahead* of real time delays its lock-wait timers
+(deadlock_timeout fires that much late): a concurrent block needs it at or behind."""
 
 QUANTUM = 60
 """Model time is whole seconds, and every duration a check uses is a multiple of this. The
@@ -63,6 +69,14 @@ class Workspace:
         self.env, self.name, self.schema_sql = env, name, schema_sql
         self.tables: tuple[str, ...] = ()
         self.workers: list[Worker] = []  # kept from one example to the next (KindCheck)
+        self._scheduler: Scheduler | None = None
+
+    def scheduler(self) -> Scheduler:
+        """The scheduler of this workspace's concurrent blocks (its observer is direct)."""
+        if self._scheduler is None:
+            self._scheduler = Scheduler(self.conninfo(), pause=self.env.can_crash,
+                                        clock_guard=self.env.clock is not None)
+        return self._scheduler
 
     def create(self) -> "Workspace":
         admin = self.env.admin()
@@ -83,9 +97,22 @@ class Workspace:
             conn.close()
         return self
 
-    def drop(self) -> None:
+    def close(self) -> None:
+        """Close every connection to the workspace (a worker may have been left in a transaction
+        by a failure that ended its run)."""
         for w in self.workers:
             w.close()
+        self.workers.clear()
+        if self._scheduler is not None:
+            self._scheduler.close()
+            self._scheduler = None
+        conn = self.env._admin.pop(self.name, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def drop(self) -> None:
+        self.close()
         self.env.admin().execute(f'drop schema if exists "{self.name}" cascade')
 
     def conninfo(self, *, host: str | None = None, port: int | None = None,
@@ -152,7 +179,7 @@ class Env:
 
     def close(self) -> None:
         for ws in reversed(self.workspaces):
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception, EnvironmentFault):
                 ws.drop()
         self.workspaces.clear()
         for conn in self._admin.values():
@@ -174,15 +201,29 @@ class Env:
         return bool(getattr(self.db, "owns_server", False))
 
     def capabilities(self) -> frozenset[str]:
-        """What this run can do to the world: ``db-clock`` (move the database's now()) and
-        ``db-crash`` (kill and restart the server). Requirements that need what is missing are
-        reported as not covered on this database, never as a vacuous run."""
+        """What this run can do to the world: ``db-clock`` (move the database's now()),
+        ``db-crash`` (kill and restart the server), ``concurrency`` (run concurrent blocks: the
+        scheduler sets deadlock_timeout and log_lock_waits, which takes a superuser).
+        Requirements that need what is missing are reported as not covered on this database,
+        never as a vacuous run."""
         out = set()
         if self.clock is not None:
             out.add("db-clock")
         if self.can_crash:
             out.add("db-crash")
+        if self.can_schedule():
+            out.add("concurrency")
         return frozenset(out)
+
+    def can_schedule(self) -> bool:
+        if not hasattr(self, "_can_schedule"):
+            try:
+                self.admin().execute("SET log_lock_waits = on")
+                self.admin().execute("RESET log_lock_waits")
+                self._can_schedule = True
+            except psycopg.errors.InsufficientPrivilege:
+                self._can_schedule = False
+        return self._can_schedule
 
     def unavailable(self) -> list[str]:
         out = []
@@ -191,6 +232,9 @@ class Env:
                        "or libfaketime is missing)")
         if not self.can_crash:
             out.append("db-crash (the harness does not own the database server)")
+        if not self.can_schedule():
+            out.append("concurrent blocks (setting deadlock_timeout and log_lock_waits takes a "
+                       "superuser)")
         return out
 
     def stand_in(self, name: str, factory: Callable[[], Any]):
@@ -204,7 +248,7 @@ class Env:
         name = f"ks_{self.run_id}_{kind.replace('-', '_')}"
         for ws in [w for w in self.workspaces if w.name == name]:
             self.workspaces.remove(ws)
-            self._admin.pop(ws.name, None)
+            ws.close()
         ws = Workspace(self, name, schema_sql)
         self.workspaces.append(ws)
         return ws.create()
@@ -266,6 +310,9 @@ class Env:
             self.db.crash()
             for key in list(self._admin):
                 self._admin.pop(key).close()
+            for ws in self.workspaces:
+                if ws._scheduler is not None:
+                    ws._scheduler.close()  # its observer connection died with the server
             self.db.restart()
         except ClusterError as e:
             raise EnvironmentFault(f"PostgreSQL did not come back after an injected crash: {e}") from None
@@ -302,7 +349,7 @@ class Env:
             self.ensure_alive()
             raise EnvironmentFault(str(e)) from None
         if self.clock is not None:
-            self.clock.reset()
+            self.clock.reset(CLOCK_BASE)
 
 
 # ---------------------------------------------------------------------------------------
@@ -311,18 +358,21 @@ class Env:
 # ---------------------------------------------------------------------------------------
 
 
-class HookedConnection(psycopg.Connection):
-    """A psycopg connection whose ``commit()`` first runs a one-shot hook. Faults use it to act at
-    the most interesting instant: just before COMMIT leaves the client."""
+class HookedConnection(ScheduledConnection):
+    """A worker's connection: its ``commit()`` first runs a one-shot hook (faults act at the most
+    interesting instant, just before COMMIT leaves the client), and inside a concurrent block
+    every statement and COMMIT waits for the scheduler (:mod:`.interleave`); the hook runs when
+    the COMMIT is scheduled."""
 
     owner: "Worker | None" = None
 
     def commit(self) -> None:
         owner = self.owner
-        if owner is not None and owner.before_commit is not None:
-            hook, owner.before_commit = owner.before_commit, None
-            hook(self)
-        super().commit()
+        with self.step("COMMIT"):
+            if owner is not None and owner.before_commit is not None:
+                hook, owner.before_commit = owner.before_commit, None
+                hook(self)
+            super().commit()
 
 
 def cut_socket(conn: psycopg.Connection) -> None:

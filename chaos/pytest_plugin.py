@@ -10,7 +10,6 @@ fixture is used, so the plugin costs nothing to suites that do not use it.
 from __future__ import annotations
 
 import datetime as dt
-import io
 import itertools
 import secrets
 
@@ -137,19 +136,19 @@ def check_run_kind(request, knownstate_env):
     With ``mutant=NAME`` the test passes only when the gate catches that mutant naming its
     invariant. Returns the :class:`~knownstate.chaos.check.CheckResult`."""
     from knownstate.chaos import kinds
-    from knownstate.chaos.check import run_check
-    from knownstate.chaos.cli import print_result
+    from knownstate.chaos.check import SHRINKS, run_check
+    from knownstate.chaos.report import Replay, Unit, finished_record, run_lines
 
     config = request.config
 
     def run(kind, *, seed: int | None = None, profile: str | None = None,
             examples: int | None = None, steps: int | None = None, mutant: str | None = None,
-            shrinks: int = 400):
+            shrinks: int = SHRINKS):
         check = _resolve(kinds, kind)
         seed = seed if seed is not None else config.getoption("knownstate_seed")
         seed = seed if seed is not None else secrets.randbelow(2**32)
         examples = examples or config.getoption("knownstate_examples")
-        machine = check
+        machine, found = check, []
         if mutant is not None:
             catalogue = kinds.mutants_of(check)
             found = [m for m in catalogue if m.name == mutant]
@@ -157,17 +156,19 @@ def check_run_kind(request, knownstate_env):
                 pytest.fail(f"{check.kind} has no mutant {mutant!r}: choose from "
                             + ", ".join(m.name for m in catalogue), pytrace=False)
             machine = found[0].machine(check)
-        result = run_check(machine, knownstate_env, seed=seed,
-                           profile=profile or config.getoption("knownstate_profile"),
+        profile = profile or config.getoption("knownstate_profile")
+        result = run_check(machine, knownstate_env, seed=seed, profile=profile,
                            examples=examples, steps=steps, require_all=mutant is None,
                            shrinks=shrinks)
-        out = io.StringIO()
-        print_result(result, examples, steps, None, out=out, mutant=mutant)
+        replay = Replay(profile=profile, examples=examples, steps=steps, shrinks=shrinks,
+                        no_example_db=True)
+        record = finished_record(Unit(0, check.kind, seed, found[0] if found else None),
+                                 result, replay)
+        report = "\n".join(run_lines(record))
         if mutant is None and not result.passed:
-            pytest.fail(out.getvalue(), pytrace=False)
-        if mutant is not None and found[0].invariant not in result.invariants:
-            pytest.fail(f"mutant {mutant} was not caught naming {found[0].invariant}:\n"
-                        + out.getvalue(), pytrace=False)
+            pytest.fail(report, pytrace=False)
+        if mutant is not None and not record["caught"]:
+            pytest.fail(report, pytrace=False)
         return result
 
     return run

@@ -24,7 +24,7 @@ SQL lives in ``sql/approved_plan_schema.sql`` and ``sql/approved_plan.sql``.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Callable, Iterable
 
 import psycopg
@@ -180,11 +180,11 @@ class ApprovedPlanStore:
             row = conn.execute(self.q["lock_executing"], {"id": proposal_id}).fetchone()
             if row is None:
                 return m.no_proposal(proposal_id), False
-            status, generation, steps_json = row
+            status, generation, steps_json = row[:3]
             refused = m.fence("run_step", status, generation, token)
             if refused:
                 return refused, False
-            (done,) = conn.execute(self.q["steps_done"], {"id": proposal_id}).fetchone()
+            done = self._steps_done(conn, proposal_id, row)
             steps = _steps(steps_json)
             checked = m.check_step_index(steps, done, step_index)
             if checked is True:  # already ran: answer from its receipt
@@ -205,6 +205,12 @@ class ApprovedPlanStore:
             return Won(receipt), True
 
         return self._transaction(conn, "run_step", body)
+
+    def _steps_done(self, conn: psycopg.Connection, proposal_id: int, locked: tuple) -> int:
+        """How many steps have a receipt: a statement of its own, after ``lock_executing`` (whose
+        row is ``locked``), so it reads a snapshot taken after any wait for the run lock."""
+        (done,) = conn.execute(self.q["steps_done"], {"id": proposal_id}).fetchone()
+        return done
 
     def _apply(self, conn: psycopg.Connection, proposal_id: int, step_index: int, step: m.Step) -> bool:
         """The step's effect on the demo tables; False (and no effect) when the step is not ok."""
@@ -259,20 +265,22 @@ class ApprovedPlanStore:
 
 
 def project(conn: psycopg.Connection, to_model_time: Callable[[datetime], int]) -> m.PlanState:
-    """Every row of this kind, in the model's state shape, read in one snapshot.
+    """Every row of this kind, in the model's state shape, read by one statement (one snapshot).
     ``to_model_time`` turns a database timestamp into model seconds (the check owns that mapping)."""
     with boundary(f"{m.KIND}.project"):
         try:
-            conn.execute(QUERIES["snapshot"])
-            receipts: dict[int, list[m.Receipt]] = {}
-            for pid, step_index, ok, detail in conn.execute(QUERIES["all_receipts"]):
-                receipts.setdefault(pid, []).append(m.Receipt(step_index, ok, detail))
-            proposals = tuple(
-                m.Proposal(pid, m.Status(status), _steps(steps), compensates, generation,
-                           None if hb is None else to_model_time(hb), failure, tuple(receipts.get(pid, ())))
-                for pid, status, steps, compensates, generation, hb, failure in conn.execute(QUERIES["all_proposals"]))
-            balances = tuple((a, b) for a, b in conn.execute(QUERIES["all_balances"]))
-            ledger = tuple(sorted(m.LedgerEntry(*r) for r in conn.execute(QUERIES["all_ledger"])))
+            runs, receipt_rows, balance_rows, ledger_rows = conn.execute(QUERIES["project"]).fetchone()
         finally:
-            _rollback_quietly(conn)
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                _rollback_quietly(conn)
+    receipts: dict[int, list[m.Receipt]] = {}
+    for pid, step_index, ok, detail in receipt_rows:
+        receipts.setdefault(pid, []).append(m.Receipt(step_index, ok, detail))
+    proposals = tuple(
+        m.Proposal(pid, m.Status(status), _steps(steps), compensates, generation,
+                   None if hb is None else to_model_time(datetime.fromtimestamp(hb, timezone.utc)),
+                   failure, tuple(receipts.get(pid, ())))
+        for pid, status, steps, compensates, generation, hb, failure in runs)
+    balances = tuple((a, b) for a, b in balance_rows)
+    ledger = tuple(sorted(m.LedgerEntry(*r) for r in ledger_rows))
     return m.PlanState(proposals, balances, ledger)

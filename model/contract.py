@@ -202,6 +202,8 @@ class RunView:
     valid_step_ids: frozenset[str] | None = None  # None: any id is valid (row-id identity)
     external_creations: int = 0  # for create-once kinds: how many times the external op was created
     retry: RetryView | None = None  # for kinds with a retry policy
+    lease_left: int | None = None  # seconds its lease has left, by the clock that judges it
+    lease_granted: int | None = None  # the lease a claim grants
 
 
 @dataclass(frozen=True)
@@ -298,6 +300,11 @@ def check_invariants(
                 out.append(Violation("terminal-answers-from-receipts",
                                      f"run {run_id} changed after it was terminal ({prev.status})"))
         out += _retry_policy(contract, run_id, prev, now)
+        if (prev is not None and prev.status not in contract.owned and now.status in contract.owned
+                and now.lease_granted is not None and now.lease_left != now.lease_granted):
+            out.append(Violation("lease", f"run {run_id} was claimed with {now.lease_left}s of lease left by "
+                                          f"the clock that judges it, not the {now.lease_granted}s a claim "
+                                          "grants: the lease was stamped by another clock"))
         if contract.external_effect is ExternalEffect.CREATE_ONCE_THEN_POLL and now.external_creations > 1:
             out.append(Violation("external-effect-semantics",
                                  f"run {run_id}: external operation created {now.external_creations} times"))

@@ -175,6 +175,22 @@ class OutboxModel:
             claims.append(Claim(d.id, d.attempts + 1))
         return Won(tuple(claims))
 
+    def claim_skipping(self, batch: int, taken: tuple[int, ...]) -> Outcome:
+        """A claim among others in flight: ``FOR UPDATE SKIP LOCKED`` may skip due rows another
+        transaction holds (and that transaction may still abort), so what it takes is *some*
+        due rows, in id order, at most ``batch``, not always the first ones. Claims ``taken``
+        when that is such a choice; refused (nothing changes) when a row is not due and pending."""
+        due = {d.id: d for d in self.deliveries.values()
+               if d.status == P and d.next_attempt_at <= self.now}
+        if len(taken) > batch or list(taken) != sorted(taken) or any(i not in due for i in taken):
+            return LostRace("not a claim SKIP LOCKED can make")
+        claims = []
+        for i in taken:
+            d = due[i]
+            self._move(d, "claim", attempts=d.attempts + 1, lease_until=self.now + self.config.lease)
+            claims.append(Claim(d.id, d.attempts + 1))
+        return Won(tuple(claims))
+
     def extend_lease(self, c: Claim) -> Outcome:
         d = self._owned(c)
         if d is None:

@@ -38,7 +38,7 @@ def test_reference_passes_and_observes_faults(check_env):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["failed-step-continues", "step-index-call-counter"])
 def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
-    r = run_check(MUTANT[name].machine(ApprovedPlanCheck), check_env, examples=15, steps=30, seed=1,
+    r = run_check(MUTANT[name].machine(ApprovedPlanCheck), check_env, seed=1,
                   require_all=False, shrinks=300)
     assert r.failure is not None, f"mutant {name} was not caught"
     assert MUTANT_INVARIANT[name] in r.invariants, r.failure

@@ -25,7 +25,7 @@ def test_reference_passes_and_observes_faults(check_env):
 
 @pytest.mark.parametrize("name", ["claim-without-bump", "reaper-app-clock", "no-backoff"])
 def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
-    r = run_check(MUTANT[name].machine(OutboxCheck), check_env, examples=40, steps=40, seed=4,
+    r = run_check(MUTANT[name].machine(OutboxCheck), check_env, seed=4,
                   require_all=False, shrinks=300)
     assert r.failure is not None, f"mutant {name} was not caught"
     assert MUTANT_INVARIANT[name] in r.invariants, r.failure

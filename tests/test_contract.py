@@ -123,10 +123,10 @@ def test_the_six_invariants_of_the_seed_and_three_guarantees_of_its_contract_tab
                                 "external-effect-semantics", "claim", "lease", "retry-policy"]
 
 
-JUDGED_BY_THE_ENGINE = {"claim", "lease"}
+JUDGED_BY_THE_ENGINE = {"claim"}
 """Judged by the check engine from what an operation did, not from views: a claim waiting on
-another worker's lock (seen by the server while it happens), a claim or a reaper whose choice of
-runs differs from the contract's (chaos.check, ``apply(guarantee=...)``)."""
+another worker's lock (seen by the server while it happens), a claim whose choice of runs differs
+from the contract's (chaos.check, ``apply(guarantee=...)``)."""
 
 
 GOOD_STEPS = [
@@ -174,6 +174,9 @@ BAD_STEPS = [
     ("conditional-transition", "the current owner's write refused",
      {"r1": run("running")}, {"r1": run("running")},
      [Write("r1", 1, accepted=False, owner_current=True)], [], ExternalEffect.NONE),
+    ("lease", "a claim whose lease was stamped by another clock",
+     {"r1": run("queued", 1)}, {"r1": run("running", 2, lease_left=0, lease_granted=300)}, [], [],
+     ExternalEffect.NONE),
     ("lease-fence", "a claim that keeps the fence token of the owner before",
      {"r1": run("queued", 1)}, {"r1": run("running", 1)}, [], [], ExternalEffect.NONE),
     ("lease-fence", "a stale owner's write accepted",

@@ -46,8 +46,8 @@ def test_the_installed_kind_is_found_through_its_entry_point_and_passes(site, tm
     report = tmp_path / "r.json"
     run = knownstate(site, "verify", "webhook", "--seed", "1", "--json", str(report))
     assert run.returncode == 0, run.stdout + run.stderr
-    kind = json.loads(report.read_text())["kinds"][0]
-    assert kind["kind"] == "webhook" and kind["passed"]
+    kind = json.loads(report.read_text())["runs"][0]
+    assert kind["kind"] == "webhook" and kind["status"] == "passed" and kind["ok"]
     assert kind["events"]["stale complete on a re-claimed run"] >= 3
     assert kind["events"]["skip locked"] >= 3 and kind["events"]["indeterminate commit"] >= 3
 

@@ -40,7 +40,7 @@ from knownstate.model import approved_plan as model
 from knownstate.model.approved_plan import Status
 from knownstate.model.contract import LostRace, Repeat, Won
 
-from ..check import QUANTUM, FaultPolicy, KindCheck, Worker, WorkerDied
+from ..check import QUANTUM, FaultPolicy, KindCheck, Offer, Worker, WorkerDied, needs
 
 # The demo domain's steps a plan is drawn from: credits always succeed; the debit only when the
 # account holds enough (not before a credit); "fail" never does. Credits first, so a plan shrinks
@@ -95,6 +95,8 @@ class ApprovedPlanCheck(KindCheck):
         "repeat answered from receipts", "compensation run",
         "worker died before commit", "connection lost", "indeterminate commit",
         "indeterminate resolved: committed", "indeterminate resolved: not committed",
+        "fence refusal: run_step (no longer claimed)", "fence refusal: heartbeat (no longer claimed)",
+        needs("concurrent block", "concurrency"), needs("lock wait in a block", "concurrency"),
     )
 
     # -- hooks ----------------------------------------------------------------------------
@@ -167,9 +169,10 @@ class ApprovedPlanCheck(KindCheck):
         return [(w, pid) for w, held in enumerate(self.held) for pid in sorted(held)
                 if not executing_only or pid in executing]
 
-    GUARANTEE = {"mark_executing": "claim", "read": "lease"}
+    GUARANTEE = {"mark_executing": "claim", "read": "lease", "revise": "stable-step-identity"}
     """What an operation's outcome is, of the contract: the claim (who executes), the lease (a
-    read heals a run whose heartbeat is stale, and only such a run)."""
+    read heals a run whose heartbeat is stale, and only such a run), the frozen payload whose
+    positions are the steps' identities (a revision is refused once the plan is approved)."""
 
     def _op(self, w: int, name: str, *args, shown: str | None = None) -> Any:
         """One operation by worker ``w`` on the model and on its own store."""
@@ -179,7 +182,8 @@ class ApprovedPlanCheck(KindCheck):
                           lambda c: getattr(self.stores[w], name)(c, *args),
                           guarantee=self.GUARANTEE.get(name))
 
-    def _fenced(self, w: int, claim: Claim, label: str, model_op: Callable, impl_op: Callable) -> Any:
+    def _fenced(self, w: int, claim: Claim, label: str, model_op: Callable, impl_op: Callable,
+                guarantee: str | None = None) -> Any:
         """A write by the claim's holder, judged as a Write: the model says whether the holder
         still owns the run (executing under its token: lockExecuting's verdict), the database
         says whether it let the write in."""
@@ -189,7 +193,8 @@ class ApprovedPlanCheck(KindCheck):
             return claim.pid, claim.token, model.fence("write", p.status, p.generation,
                                                        claim.token) is None
 
-        return self.apply(self.workers[w], label, model_op, impl_op, fenced=owner)
+        return self.apply(self.workers[w], label, model_op, impl_op, fenced=owner,
+                          guarantee=guarantee)
 
     def _record_of(self, pid: int) -> tuple:
         """What a repeat request must not change: the run's receipts and its effects."""
@@ -268,9 +273,11 @@ class ApprovedPlanCheck(KindCheck):
         else:
             i = claim.next + {"next": 0, "again": -1, "skip": 1}[action]
             done = len(self.model.proposal(pid).receipts)
+            # A step's outcome is the receipt of the step asked for, by its position.
             got = self._fenced(w, claim, f"run_step(w{w}, {pid}, step={i}, token={claim.token})",
                                lambda m: m.run_step(pid, i, claim.token),
-                               lambda c: self.stores[w].run_step(c, pid, i, claim.token))
+                               lambda c: self.stores[w].run_step(c, pid, i, claim.token),
+                               guarantee="stable-step-identity")
         if isinstance(got, LostRace):
             self.event("fence refusal")
             self.held[w].pop(pid, None)
@@ -359,6 +366,60 @@ class ApprovedPlanCheck(KindCheck):
 
     def leases(self) -> list[int]:
         return sorted({w for w, _ in self._claims(executing_only=True)})
+
+    # -- concurrent blocks ---------------------------------------------------------------------
+    def offers(self, w: int) -> list[Offer]:
+        """What worker ``w`` can start together with the other: claim an approved run; run the
+        next step of a run it holds, or renew its heartbeat; run the step the other worker holds,
+        with its token (the same step request delivered twice); read an executing run (which
+        heals it when its heartbeat is stale)."""
+        out = [Offer(f"mark_executing({pid})", lambda m, p=pid: m.mark_executing(p),
+                     lambda c, p=pid: self.stores[w].mark_executing(c, p),
+                     after=self._claimed(w, pid), guarantee="claim", runs=frozenset({pid}))
+               for pid in self._with_status({Status.APPROVED})]
+        for holder, pid in self._claims(executing_only=True):
+            claim = self.held[holder][pid]
+            i, token = claim.next, claim.token
+            twice = " (the same request again)" if holder != w else ""
+            out.append(Offer(f"run_step({pid}, step={i}, token={token}){twice}",
+                             lambda m, p=pid, i=i, t=token: m.run_step(p, i, t),
+                             lambda c, p=pid, i=i, t=token: self.stores[w].run_step(c, p, i, t),
+                             after=self._stepped(holder, pid, i),
+                             guarantee="stable-step-identity", runs=frozenset({pid})))
+            if holder == w:
+                out.append(Offer(f"heartbeat({pid}, token={token})",
+                                 lambda m, p=pid, t=token: m.heartbeat(p, t),
+                                 lambda c, p=pid, t=token: self.stores[w].heartbeat(c, p, t),
+                                 after=self._renewed(w, pid), guarantee="lease-fence",
+                                 runs=frozenset({pid})))
+        out += [Offer(f"read({pid})", lambda m, p=pid: m.read(p),
+                      lambda c, p=pid: self.stores[w].read(c, p), guarantee="lease",
+                      runs=frozenset({pid}))
+                for pid in self._with_status({Status.EXECUTING})]
+        return out
+
+    def _claimed(self, w: int, pid: int):
+        def after(got) -> None:
+            if isinstance(got, Won):
+                self.held[w][pid] = Claim(pid, got.value)
+        return after
+
+    def _stepped(self, holder: int, pid: int, i: int):
+        def after(got) -> None:
+            claim = self.held[holder].get(pid)
+            if claim is None:
+                return
+            if isinstance(got, LostRace):
+                self.held[holder].pop(pid, None)
+            elif isinstance(got, Won):
+                claim.next = max(claim.next, i + 1)
+        return after
+
+    def _renewed(self, w: int, pid: int):
+        def after(got) -> None:
+            if isinstance(got, LostRace):
+                self.held[w].pop(pid, None)
+        return after
 
     def meanwhile(self, w: int, data) -> None:
         """The stalled worker's runs are marked stalled; the other worker may read one of them,
@@ -519,3 +580,8 @@ MUTANTS = [
            _edit("finish_step", "SET status = %(status)s,",
                  "SET status = CASE WHEN %(failure)s::text IS NULL THEN %(status)s ELSE status END,")),
 ]
+
+# The read-then-write races only a concurrent block reaches (``knownstate.chaos.race_mutants``).
+from .. import race_mutants  # noqa: E402
+
+MUTANTS += race_mutants.MUTANTS["approved-plan"]

@@ -49,7 +49,7 @@ from knownstate.model import branch_reset as model
 from knownstate.model.branch_reset import ExternalOp, ExternalState, ExternalStatus, Status
 from knownstate.model.contract import LostRace, Rejected, Repeat, Violation, Won, Write
 
-from ..check import QUANTUM, FaultPolicy, KindCheck
+from ..check import QUANTUM, FaultPolicy, KindCheck, Offer, needs
 from ..opsapi import OpsApi
 
 EPOCH = datetime(2030, 1, 1, tzinfo=timezone.utc)
@@ -99,6 +99,7 @@ class BranchResetCheck(KindCheck):
         "connection lost", "external call failed", "create retried, one creation", "lease refusal",
         "one in flight refused", "key reused refused", "reaped live run under skew past bound (known deviation)",
         "live run spared by a reaper ahead within bound",
+        needs("concurrent block", "concurrency"), needs("lock wait in a block", "concurrency"),
     )
 
     # -- hooks ----------------------------------------------------------------------------
@@ -119,6 +120,7 @@ class BranchResetCheck(KindCheck):
         self.stamps: dict[str, tuple[int, int, int]] = {}  # run -> (lease_until, stamped at, stamper's skew)
         self.retried_creates: set[str] = set()
         self.skews = 0
+        self.race_keys = 1  # the key every poller's request would use in a concurrent block
 
     def _app_clock(self, worker: str):
         return lambda: EPOCH + timedelta(seconds=self.model.app_now(worker))
@@ -238,7 +240,8 @@ class BranchResetCheck(KindCheck):
                 self._record(repeats=[Repeat(existing.run_id, reexecuted=got != Won(existing.run_id))])
             return got
 
-        got = self.apply(self.workers[w], label, lambda m: m.request(branch, k), impl_op)
+        got = self.apply(self.workers[w], label, lambda m: m.request(branch, k), impl_op,
+                         guarantee="claim")
         if existing is not None and got == Won(existing.run_id):
             self.event("idempotent repeat answered")
             if existing.status in TERMINAL:
@@ -441,6 +444,41 @@ class BranchResetCheck(KindCheck):
         """Any poller may poll any running run: each of them can stall past its lease."""
         return list(POLLERS) if self._runs(Status.RUNNING) else []
 
+    # -- concurrent blocks ---------------------------------------------------------------------
+    def offers(self, w: int) -> list[Offer]:
+        """What a process can start together with the others: a poller requests a reset (with a
+        key every poller would use now: two requests with one key at once), polls or cancels a
+        running run; the reaper reaps. (A start calls the operations API: it stays sequential.)"""
+        running = self._runs(Status.RUNNING)
+        if w == REAPER:
+            return [Offer("reap()", lambda m: m.reap(self.workers[REAPER].name),
+                          lambda c: self.stores[REAPER].reap(c), guarantee="lease",
+                          runs=frozenset(running))] if running else []
+        if len(self.model.runs) >= 8:
+            return []
+        key = f"k{self.race_keys}"
+        out = [Offer(f"request({branch}, key={key})", lambda m, b=branch: m.request(b, key),
+                     lambda c, b=branch: self.stores[w].request(c, b, key),
+                     after=self._requested(branch, key), guarantee="claim",
+                     runs=frozenset({("key", key)}))
+               for branch in BRANCHES]
+        name = self.workers[w].name
+        for run_id in running:
+            out.append(Offer(f"poll({run_id})", lambda m, r=run_id: m.poll(r, name),
+                             lambda c, r=run_id: self.stores[w].poll(c, r),
+                             guarantee="lease-fence", runs=frozenset({run_id})))
+            out.append(Offer(f"cancel({run_id})", lambda m, r=run_id: m.cancel(r),
+                             lambda c, r=run_id: self.stores[w].cancel(c, r),
+                             guarantee="conditional-transition", runs=frozenset({run_id})))
+        return out
+
+    def _requested(self, branch: str, key: str):
+        def after(got) -> None:
+            if isinstance(got, Won):
+                self.last_key[branch] = key
+                self.race_keys += 1
+        return after
+
     def meanwhile(self, w: int, data) -> None:
         """While the poller is frozen the reaper job may run on its own clock."""
         if data.draw(st.booleans(), label="reaper runs meanwhile"):
@@ -581,7 +619,7 @@ MUTANTS = [
     Mutant("idempotency-key-not-unique", "branch-reset", "terminal-answers-from-receipts",
            "the idempotency key has an index but not a unique one: a repeated or reused key makes a new run",
            _schema_edit("CREATE UNIQUE INDEX branch_reset_idempotency_key", "CREATE INDEX branch_reset_idempotency_key")),
-    Mutant("one-in-flight-missing", "branch-reset", "conditional-transition",
+    Mutant("one-in-flight-missing", "branch-reset", "claim",
            "no one-in-flight guard: a second run of a branch is queued while one is in flight",
            _schema_edit("CREATE UNIQUE INDEX branch_reset_one_in_flight ON branch_reset (branch)\n"
                         "    WHERE status IN ('queued', 'running');", "")),
@@ -592,3 +630,8 @@ MUTANTS = [
            "a poll does not check the lease: a poller that stalled past it extends it and goes on",
            with_attrs(queries=_POLL_IGNORES_LEASE)),
 ]
+
+# The read-then-write races only a concurrent block reaches (``knownstate.chaos.race_mutants``).
+from .. import race_mutants  # noqa: E402
+
+MUTANTS += race_mutants.MUTANTS["branch-reset"]

@@ -20,7 +20,7 @@ from knownstate.impl.errors import ExternalCallFailed
 from knownstate.model import outbox as model
 from knownstate.model.contract import LostRace, RetryView, Won
 
-from ..check import QUANTUM, Candidate, FaultPolicy, KindCheck, fmt
+from ..check import QUANTUM, Candidate, FaultPolicy, KindCheck, Offer, fmt, needs
 from ..sink import NotificationSink
 
 
@@ -53,6 +53,9 @@ class OutboxCheck(KindCheck):
         "worker died before commit", "connection lost", "indeterminate commit",
         "indeterminate resolved: committed", "indeterminate resolved: not committed",
         "duplicate delivery", "sink reply lost",
+        *(f"fence refusal: {op} ({why})" for op in ("complete", "fail", "extend_lease")
+          for why in ("re-claimed", "no longer claimed")),
+        needs("concurrent block", "concurrency"), needs("lock wait in a block", "concurrency"),
     )
 
     # -- hooks ----------------------------------------------------------------------------
@@ -81,16 +84,20 @@ class OutboxCheck(KindCheck):
         return rows, tuple(sorted(self.sink.received().items()))
 
     def views(self, observation):
-        """The contract's views, with where each delivery stands against the retry policy."""
+        """The contract's views, with where each delivery stands against the retry policy and
+        what its lease has left by the database clock (a claim grants the whole lease)."""
         rows, received = observation
         out = model.views(rows, dict(received))
         now = self.model.now
         for d in rows:
             waiting = d.status == model.P and d.attempts > 0
             owed = 0 if d.id in self._reclaimed else self.config.backoff(d.attempts)
+            owned = d.status == model.R and d.lease_until is not None
             out[str(d.id)] = replace(out[str(d.id)], retry=RetryView(
                 d.attempts, self.config.max_attempts, waiting,
-                due_in=max(0, d.next_attempt_at - now), owed=owed if waiting else 0))
+                due_in=max(0, d.next_attempt_at - now), owed=owed if waiting else 0),
+                lease_left=d.lease_until - now if owned else None,
+                lease_granted=self.config.lease if owned else None)
         return out
 
     def observed(self, m: model.OutboxModel) -> None:
@@ -108,6 +115,55 @@ class OutboxCheck(KindCheck):
 
     def forget(self, worker) -> None:
         self.held[worker.index].clear()
+
+    def lost(self, worker, error) -> None:
+        """A worker whose operation failed on a fault starts over: it holds nothing."""
+        self.forget(worker)
+
+    # -- concurrent blocks ---------------------------------------------------------------------
+    def offers(self, w: int) -> list[Offer]:
+        """What worker ``w`` can start together with the others: a claim, the fenced write of a
+        delivery it sent, a lease extension, the reaper."""
+        now, rows = self.model.now, self.model.deliveries.values()
+        due = frozenset(d.id for d in rows if d.status == model.P and d.next_attempt_at <= now)
+        lapsed = frozenset(d.id for d in rows if d.status == model.R and d.lease_until <= now)
+        out = [Offer(f"claim(batch={b})", lambda m, b=b: m.claim(b),
+                     lambda c, b=b: self.store.claim(c, b), after=self._took(w), guarantee="claim",
+                     among_others=lambda m, got, b=b: m.claim_skipping(
+                         b, tuple(c.id for c in got.value) if isinstance(got, Won) else ()),
+                     runs=due)
+               for b in (1, 2)]
+        for i, h in sorted(self.held[w].items()):
+            c = h.claim
+            if h.result == impl.OK:
+                out.append(Offer(f"complete({c.id}, attempt={c.attempt})",
+                                 lambda m, c=c: m.complete(c),
+                                 lambda conn, c=c: self.store.complete(conn, c),
+                                 after=self._let_go(w, c.id), guarantee="lease-fence", runs=frozenset({c.id})))
+            elif h.result is not None:
+                permanent = h.result == impl.PERMANENT
+                out.append(Offer(f"fail({c.id}, attempt={c.attempt}, permanent={permanent})",
+                                 lambda m, c=c, p=permanent: m.fail(c, p),
+                                 lambda conn, c=c, p=permanent, r=h.result:
+                                 self.store.fail(conn, c, p, r),
+                                 after=self._let_go(w, c.id), guarantee="lease-fence", runs=frozenset({c.id})))
+            out.append(Offer(f"extend_lease({c.id}, attempt={c.attempt})",
+                             lambda m, c=c: m.extend_lease(c),
+                             lambda conn, c=c: self.store.extend_lease(conn, c),
+                             guarantee="lease-fence", runs=frozenset({c.id})))
+        out.append(Offer("reclaim_stale()", lambda m: m.reclaim_stale(),
+                         lambda c: self.store.reclaim_stale(c), guarantee="lease", runs=lapsed))
+        return out
+
+    def _took(self, w: int):
+        def after(got) -> None:
+            if isinstance(got, Won):
+                for c in got.value:
+                    self.held[w][c.id] = Held(c)
+        return after
+
+    def _let_go(self, w: int, delivery: int):
+        return lambda got: self.held[w].pop(delivery, None)
 
     # -- the fault policy's questions -------------------------------------------------------------
     def turns(self, w: int) -> list[str]:
@@ -381,3 +437,8 @@ MUTANTS = [
            "a failed send is retried forever: never dead at max attempts",
            _edit("fail", "WHEN attempts >= %(max_attempts)s THEN 'dead'", "WHEN false THEN 'dead'")),
 ]
+
+# The read-then-write races only a concurrent block reaches (``knownstate.chaos.race_mutants``).
+from .. import race_mutants  # noqa: E402
+
+MUTANTS += race_mutants.MUTANTS["outbox"]

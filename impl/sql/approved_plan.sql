@@ -133,23 +133,16 @@ WHERE proposal_id = %(id)s ORDER BY step_index
 -- The compensation already proposed for a run, if any.
 SELECT id FROM agent_proposal WHERE compensates = %(id)s
 
--- snapshot --
--- The projection reads every table in one snapshot (the first statement of its transaction).
-SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY
-
--- all_proposals --
--- The projection: every run.
-SELECT id, status, steps, compensates, generation, heartbeat_at, failure
-FROM agent_proposal ORDER BY id
-
--- all_receipts --
--- The projection: every receipt.
-SELECT proposal_id, step_index, ok, detail FROM agent_proposal_step ORDER BY proposal_id, step_index
-
--- all_balances --
--- The projection: the demo domain's balances.
-SELECT account, balance FROM demo_account ORDER BY account
-
--- all_ledger --
--- The projection: every effect, duplicates included (the ledger has no unique step key).
-SELECT proposal_id, step_index, account, delta FROM demo_ledger
+-- project --
+-- The projection: every run, receipt, balance and effect (duplicates included: the ledger has no
+-- unique step key), in one statement, so in one snapshot and one round trip.
+SELECT
+  (SELECT coalesce(json_agg(json_build_array(id, status, steps, compensates, generation,
+                                             extract(epoch FROM heartbeat_at), failure) ORDER BY id),
+                   '[]') FROM agent_proposal),
+  (SELECT coalesce(json_agg(json_build_array(proposal_id, step_index, ok, detail)
+                            ORDER BY proposal_id, step_index), '[]') FROM agent_proposal_step),
+  (SELECT coalesce(json_agg(json_build_array(account, balance) ORDER BY account), '[]')
+   FROM demo_account),
+  (SELECT coalesce(json_agg(json_build_array(proposal_id, step_index, account, delta)), '[]')
+   FROM demo_ledger)

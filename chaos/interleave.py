@@ -1,0 +1,1105 @@
+"""Deterministic statement-level interleaving of concurrent operations on real PostgreSQL.
+
+Theory of operation
+-------------------
+
+A *block* starts two or three operations together, each on its own thread and its own
+connection (in the check, each worker's connection goes through its own Toxiproxy link). The
+operations are the implementation's own code, unchanged: what is intercepted is the
+connection. A :class:`ScheduledConnection` stops every server round trip of its worker's
+thread at a *gate* until the scheduler grants it:
+
+* every ``Cursor.execute`` / ``executemany`` / ``stream`` / ``copy`` (so ``conn.execute``,
+  ``conn.cursor().execute`` and server-side cursors too),
+* ``commit()`` and ``rollback()`` (so :func:`knownstate.impl.errors.commit`), skipped when the
+  connection has no transaction and psycopg sends nothing,
+* the BEGIN / SAVEPOINT and the COMMIT / RELEASE / ROLLBACK of a ``conn.transaction()`` block,
+* and, as a safety net, any other round trip psycopg makes through ``Connection.wait``.
+
+One gate is one *step*. Each time every worker has come to rest, the scheduler asks the
+caller's ``choose(options)`` which parked worker runs its next statement; in a check that is
+``data.draw(st.sampled_from(options))``, so the interleaving is part of the Hypothesis
+example: drawn from the seed, replayed exactly, and shrunk (towards running the first worker
+as far as it can, i.e. towards the sequential schedule).
+
+Coming to rest
+    After each step the scheduler waits until every worker is *parked* at its next gate,
+    *done*, or *blocked*. Blocked is read from the server, on a separate observer connection:
+    ``pg_blocking_pids(pid)`` is non-empty and ``pg_locks`` names the lock it waits for. It is
+    never guessed from a timeout. A blocked statement stays in flight and completes when the
+    holder commits or aborts; the scheduler simply offers the other workers meanwhile.
+
+Deterministic deadlock victims
+    The server looks for a deadlock only when a waiter's ``deadlock_timeout`` expires, and the
+    waiter that runs the check is the victim. Left alone, the victim would depend on which
+    timer fires first after the cycle forms: on machine load. So each worker session runs with
+    ``deadlock_timeout = 1ms`` and ``log_lock_waits = on`` and receives LOG messages
+    (``client_min_messages = log``): after its check a waiter sends its client
+    ``still waiting for <lock>``. A worker counts as blocked only once that notice for the lock
+    ``pg_locks`` shows has arrived, i.e. once its one deadlock check has run. Every earlier waiter
+    has therefore already checked when the next statement is scheduled, and the statement that
+    closes a cycle is always the one that finds it: the victim is the closer, for a given schedule.
+    The victim's operation receives ``40P01`` like any other outcome (the implementation's error
+    boundary makes it ``TransactionAborted``); so does a serialization failure (``40001``).
+
+    The server runs under libfaketime, and that bends its timers. A backend arms a timeout in
+    faked time (``now() + deadlock_timeout``) but waits for the lock inside libfaketime's
+    ``epoll_wait`` wrapper, which stops faking while it blocks, so the SIGALRM handler compares
+    that deadline with *real* time. Measured here (PostgreSQL 15, libfaketime 0.9.10): with the
+    fake clock 2 s ahead, a 1 ms ``deadlock_timeout`` fires after 2.0 s; 300 s ahead, after
+    300 s; 30 s behind, after 7 ms. So the fake clock must be at or behind real time while a
+    block runs: the harness should keep its base in the past (a day back) and jump from there.
+    A block refuses to start when the server's clock is ahead (:class:`ClockAhead`) rather than
+    hang. (The same bends ``lock_timeout`` and ``statement_timeout``: ahead they fire late,
+    behind they fire at the first alarm of any timer; so a block switches both off for its
+    sessions, and ``RESET`` afterwards restores the connection's own values.) Nothing here waits
+    for a time: the scheduler waits for the notice, and faults run only at rest, when no
+    deadlock check is pending.
+
+Faults inside a block
+    :meth:`Block.fault` runs an action between two steps (a link cut, a database crash while a
+    lock is held, a clock jump) and names the workers whose backends it kills. Such a backend
+    becomes a *ghost*: the scheduler waits until the server has let it go (or until it waits on
+    a lock itself, holding what it holds) before the next step, so what a lost worker's locks do
+    to the others is decided by the schedule, not by how fast the server notices.
+
+One backend at a time
+    A step can release several waiters at once (a COMMIT frees two workers queued on its rows;
+    a row update frees the waiter queued on the row's tuple lock). Run together, they would race
+    on the row's next version and the server, not the schedule, would pick the winner. On a
+    server on this machine (``Scheduler(pause=True)``: the harness's own cluster) every backend
+    resting in a lock wait, asleep in the server's wait loop, is stopped (SIGSTOP) before a step;
+    whatever the step releases stays stopped, and is let go (SIGCONT) one backend at a time, in
+    worker order, each until it rests again. Without it, the trace notes which ran together.
+
+What is not a step
+    Rows fetched from a client-side cursor (already on the client), ``close()``, and anything
+    outside ``Connection.wait`` (connecting, cancelling). A statement that runs long without
+    waiting on a lock is waited for, up to the block's deadline.
+
+Threads
+    Nothing outlives a block: :meth:`Block.close` (also on an exception, e.g. Hypothesis
+    stopping mid-draw) continues every stopped backend, raises :class:`BlockAborted` in every
+    parked worker, cuts the socket of every worker still in flight or holding a transaction,
+    joins every thread, closes those connections, and ends their backends.
+    A worker that neither parks, finishes nor waits on a lock within the deadline is an
+    environment error (:class:`WorkerStuck`), never a verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import psycopg
+from psycopg import pq
+
+SESSION_SETTINGS = {
+    "deadlock_timeout": "1ms",
+    "log_lock_waits": "on",
+    "client_min_messages": "log",
+    "lc_messages": "C",
+    "lock_timeout": "0",
+    "statement_timeout": "0",
+    "idle_in_transaction_session_timeout": "0",
+    "max_parallel_workers_per_gather": "0",
+}
+"""Set on every worker session for the duration of a block. ``deadlock_timeout`` and
+``log_lock_waits`` (and ``lc_messages``, so the notice is parsed in English) need a superuser."""
+
+DEADLINE_SECONDS = 60.0
+"""How long a worker may stay in flight (neither parked, done nor blocked on a lock) before the
+block is an environment error. Generous: it only bounds a broken environment."""
+
+MAX_STEPS = 400
+"""More steps than this in one block is a runaway operation (:class:`Runaway`)."""
+
+_POLL = 0.002  # seconds between two looks at the server while a worker is in flight
+
+PARKED, RUNNING, DONE = "parked", "running", "done"
+
+
+class SchedulerEnvironmentError(BaseException):
+    """The environment failed a concurrent block, not the code under test. A BaseException so
+    that Hypothesis does not shrink it as a counterexample."""
+
+
+class WorkerStuck(SchedulerEnvironmentError):
+    """A worker of a concurrent block neither reached its next statement, nor finished, nor
+    waited on a lock the server shows, within the deadline."""
+
+
+class SettingsRefused(SchedulerEnvironmentError):
+    """The server refused the session settings a concurrent block needs (deadlock_timeout and
+    log_lock_waits need a superuser): connect the workers as one."""
+
+
+class ClockAhead(SchedulerEnvironmentError):
+    """The database server's clock is ahead of real time: under libfaketime its lock-wait
+    timers (deadlock_timeout) then fire that much late. Keep the fake clock's base in the past
+    (e.g. a day back) and jump from there."""
+
+
+class BlockAborted(BaseException):
+    """Raised inside a worker's operation at its gate when the block is torn down."""
+
+
+class Runaway(AssertionError):
+    """An operation of a concurrent block kept issuing statements past the block's step limit."""
+
+
+# ---------------------------------------------------------------------------------------
+# Labels: which statement a step is.
+# ---------------------------------------------------------------------------------------
+
+
+@cache
+def _known_queries() -> dict[str, str]:
+    """Normalized SQL text -> ``file.name`` for every named query of the implementation."""
+    from knownstate.impl import queries
+
+    out: dict[str, str] = {}
+    for entry in resources.files("knownstate.impl").joinpath("sql").iterdir():
+        name = entry.name
+        if name.endswith(".sql") and not name.endswith("_schema.sql"):
+            for qname, body in queries.load(name).items():
+                out[_normalize(body)] = f"{name[:-4]}.{qname}"
+    return out
+
+
+def _normalize(sql: str) -> str:
+    lines = [ln for ln in sql.splitlines() if not ln.strip().startswith("--")]
+    return " ".join(" ".join(lines).split())
+
+
+def statement_label(query: Any, width: int = 60) -> str:
+    """A short name for a statement: ``outbox.claim_due`` for a named query of the
+    implementation, else its first words (an edited query of a mutant shows its text)."""
+    if isinstance(query, bytes):
+        query = query.decode(errors="replace")
+    if not isinstance(query, str):
+        query = getattr(query, "_obj", None) or type(query).__name__
+        if not isinstance(query, str):
+            return str(query)[:width]
+    text = _normalize(query)
+    known = _known_queries().get(text)
+    if known:
+        return known
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+_NO_SEND = frozenset({"_set_autocommit_gen", "_set_isolation_level_gen", "_set_read_only_gen",
+                      "_set_deferrable_gen", "_check_intrans_gen"})
+
+
+def _round_trip_label(gen: Any, conn: psycopg.Connection) -> str | None:
+    """What a round trip through ``Connection.wait`` sends, or None when it sends nothing."""
+    name = getattr(gen, "__name__", "") or type(gen).__name__
+    status = conn.pgconn.transaction_status
+    if name in _NO_SEND:
+        return None
+    if name in ("_commit_gen", "_rollback_gen"):
+        if status in (pq.TransactionStatus.IDLE, pq.TransactionStatus.UNKNOWN):
+            return None
+        return "COMMIT" if name == "_commit_gen" else "ROLLBACK"
+    frame = getattr(gen, "gi_frame", None)
+    local = frame.f_locals if frame is not None else {}
+    tx = local.get("self")
+    if isinstance(tx, psycopg.Transaction):
+        if name == "_enter_gen":
+            if status == pq.TransactionStatus.IDLE:
+                return "BEGIN (transaction block)"
+            return f"SAVEPOINT {tx.savepoint_name or '(nested transaction block)'}"
+        if name == "_exit_gen":
+            failed = local.get("exc_val") is not None or tx.force_rollback
+            if not tx._outer_transaction:
+                verb = "ROLLBACK TO SAVEPOINT" if failed else "RELEASE SAVEPOINT"
+                return f"{verb} {tx.savepoint_name}"
+            return f"{'ROLLBACK' if failed else 'COMMIT'} (end of transaction block)"
+    return f"round trip {name.strip('_')}"
+
+
+# ---------------------------------------------------------------------------------------
+# The intercepted connection.
+# ---------------------------------------------------------------------------------------
+
+
+_NOTICE = re.compile(r"^process \d+ (?P<kind>still waiting|acquired|avoided deadlock|"
+                     r"detected deadlock while waiting|failed to acquire) "
+                     r"for (?P<mode>\S+) on (?P<lock>.+?)"
+                     r"(?: by rearranging queue order)? after [\d.]+ ms$")
+
+
+class ScheduledConnection(psycopg.Connection):
+    """A psycopg connection whose server round trips wait at a gate while a block runs.
+
+    Outside a block (no scheduler attached, or a call from another thread) it is a plain
+    psycopg connection. A subclass that must act at the instant a statement or COMMIT is
+    scheduled (a fault armed on COMMIT) wraps its action in :meth:`step`::
+
+        def commit(self):
+            with self.step("COMMIT"):
+                hook(self)
+                super().commit()
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.cursor_factory = ScheduledCursor
+        self.server_cursor_factory = ScheduledServerCursor
+        self._seat: _Worker | None = None
+        self._in_step = False
+        self.add_notice_handler(self._lock_notice)
+
+    @contextlib.contextmanager
+    def step(self, label: str) -> Iterator[None]:
+        """One scheduled step: wait for the grant, then run the body. Nested steps, calls from
+        another thread and calls outside a block pass straight through."""
+        seat = self._seat
+        if seat is None or self._in_step or threading.current_thread() is not seat.thread:
+            yield
+            return
+        seat.block._gate(seat, label)
+        self._in_step = True
+        try:
+            yield
+        except psycopg.Error as e:
+            seat.block._step_failed(seat, e)
+            raise
+        finally:
+            self._in_step = False
+
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        seat = self._seat
+        if seat is None or self._in_step or threading.current_thread() is not seat.thread:
+            return super().wait(gen, *args, **kwargs)
+        label = _round_trip_label(gen, self)
+        if label is None:
+            return super().wait(gen, *args, **kwargs)
+        with self.step(label):
+            return super().wait(gen, *args, **kwargs)
+
+    def _lock_notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        seat = self._seat
+        if seat is None:
+            return
+        m = _NOTICE.match(diag.message_primary or "")
+        if m:
+            seat.block._lock_notice(seat, m["kind"], m["mode"], m["lock"])
+
+
+@contextlib.contextmanager
+def _cursor_step(cursor: psycopg.Cursor | psycopg.ServerCursor, query: Any) -> Iterator[None]:
+    conn = cursor.connection
+    if isinstance(conn, ScheduledConnection) and conn._seat is not None:
+        with conn.step(statement_label(query)):
+            yield
+    else:
+        yield
+
+
+class ScheduledCursor(psycopg.Cursor):
+    """The cursor of a :class:`ScheduledConnection`: each execute is one step, labelled."""
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> "ScheduledCursor":
+        with _cursor_step(self, query):
+            return super().execute(query, params, **kwargs)
+
+    def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
+        """One step for the whole batch (psycopg pipelines it)."""
+        with _cursor_step(self, query):
+            return super().executemany(query, params_seq, **kwargs)
+
+    def stream(self, query: Any, params: Any = None, **kwargs: Any) -> Iterator[Any]:
+        """One step for the whole stream."""
+        with _cursor_step(self, query):
+            yield from super().stream(query, params, **kwargs)
+
+    @contextlib.contextmanager
+    def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> Iterator[Any]:
+        """One step for the whole COPY."""
+        with _cursor_step(self, statement), super().copy(statement, params, **kwargs) as cp:
+            yield cp
+
+
+class ScheduledServerCursor(psycopg.ServerCursor):
+    """A named cursor: DECLARE is a labelled step, each FETCH a step of its own (through
+    ``Connection.wait``)."""
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> "ScheduledServerCursor":
+        with _cursor_step(self, query):
+            return super().execute(query, params, **kwargs)
+
+
+def shutdown_socket(conn: psycopg.Connection) -> None:
+    """Cut a connection's socket from another thread, as a dying process would: a statement in
+    flight on it fails at once. Never closes the psycopg object (its owner thread may be in it)."""
+    with contextlib.suppress(Exception):
+        s = socket.socket(fileno=os.dup(conn.pgconn.socket))
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
+        s.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Operations and what became of them.
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of a block: ``run(conn)`` on ``worker``'s own connection, on a thread."""
+
+    worker: str
+    label: str
+    conn: ScheduledConnection
+    run: Callable[[ScheduledConnection], Any]
+
+
+@dataclass(frozen=True)
+class OpResult:
+    """What an operation of a block did: returned ``value`` or raised ``error``."""
+
+    worker: str
+    label: str
+    value: Any = None
+    error: BaseException | None = None
+    statements: int = 0
+    returned_at: int = 0
+    """The step after which the operation had ended (0: before the first step)."""
+    left_open: bool = False
+    """The operation ended with its transaction still open on its connection."""
+
+    @property
+    def server_error(self) -> psycopg.Error | None:
+        """The server's error behind ``error`` (its cause chain), if any."""
+        seen: set[int] = set()
+        e = self.error
+        while e is not None and id(e) not in seen:
+            seen.add(id(e))
+            if isinstance(e, psycopg.Error):
+                return e
+            e = e.__cause__ or e.__context__
+        return None
+
+    @property
+    def sqlstate(self) -> str | None:
+        """The SQLSTATE of the server's error behind ``error``, if any."""
+        e = self.server_error
+        return e.sqlstate if e is not None else None
+
+    @property
+    def transient(self) -> bool:
+        """Aborted by the server as a deadlock victim (40P01) or a serialization failure
+        (40001): nothing of it committed, and a caller may retry it."""
+        return self.sqlstate in ("40P01", "40001")
+
+    def describe(self) -> str:
+        if self.error is None:
+            return f"{self.worker} {self.label} -> {_short(repr(self.value))}"
+        server = self.server_error
+        cause = server if server is not None else self.error
+        text = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        state = f"{server.sqlstate} " if server is not None and server.sqlstate else ""
+        name = type(self.error).__name__
+        return f"{self.worker} {self.label} raised {name} ({state}{_short(text)})"
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    """The outcome of every operation, the schedule taken and the readable trace."""
+
+    ops: tuple[OpResult, ...]
+    schedule: tuple[str, ...]
+    """Which worker each step granted, in order: the same choices give the same schedule."""
+    trace: tuple[str, ...]
+    waits: int = 0
+    """How many times a worker's statement waited on another's lock (seen by the server)."""
+
+    @property
+    def steps(self) -> int:
+        return len(self.schedule)
+
+    def by_worker(self) -> dict[str, OpResult]:
+        return {r.worker: r for r in self.ops}
+
+
+def _short(text: str, width: int = 100) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------
+# The scheduler and its blocks.
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Worker:
+    block: "Block"
+    op: Op
+    pid: int
+    thread: threading.Thread | None = None
+    state: str = RUNNING
+    pending: str | None = None
+    granted: bool = False
+    statements: int = 0
+    notice: tuple[str, str, str] | None = None  # (kind, mode, lock) of its last lock notice
+    blocked_by: tuple[str, ...] = ()
+    waits_for: str = ""
+    failed: str = ""  # the server error its last statement met, for the trace
+    value: Any = None
+    error: BaseException | None = None
+    done_at: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.op.worker
+
+
+@dataclass(eq=False)
+class _Ghost:
+    name: str
+    pid: int
+    blocked: bool = False
+
+
+@dataclass
+class _Activity:
+    blocking: tuple[int, ...]
+    state: str
+    wait: str
+    mode: str | None
+    lock: str | None
+    """The awaited lock as the server's wait notice words it (None: any notice matches)."""
+    what: str
+    """The awaited lock for the trace, without ids that change from run to run."""
+
+
+_OBSERVE = """
+SELECT a.pid, pg_blocking_pids(a.pid), coalesce(a.state, ''),
+       coalesce(a.wait_event_type || ':' || a.wait_event, ''),
+       l.locktype, l.database, l.relation, l.page, l.tuple, l.virtualxid, l.transactionid, l.mode,
+       CASE WHEN l.relation IS NOT NULL THEN l.relation::regclass::text END
+FROM pg_stat_activity a LEFT JOIN pg_locks l ON l.pid = a.pid AND NOT l.granted
+WHERE a.pid = ANY(%(pids)s)
+"""
+
+
+def _lock_text(locktype: str | None, database, relation, page, tuple_, vxid, xid) -> str | None:
+    """The lock as PostgreSQL's DescribeLockTag words it in the wait notice (None: a kind this
+    does not spell out, which then matches any notice)."""
+    return {
+        "transactionid": f"transaction {xid}",
+        "tuple": f"tuple ({page},{tuple_}) of relation {relation} of database {database}",
+        "relation": f"relation {relation} of database {database}",
+        "extend": f"extension of relation {relation} of database {database}",
+        "page": f"page {page} of relation {relation} of database {database}",
+        "virtualxid": f"virtual transaction {vxid}",
+    }.get(locktype or "")
+
+
+def _lock_what(locktype: str | None, mode: str | None, relname: str | None) -> str:
+    """A stable, readable name of the awaited lock (row and transaction ids vary by run)."""
+    what = {"transactionid": "its transaction", "tuple": f"a row of {relname}",
+            "relation": f"table {relname}", "extend": f"extending {relname}",
+            "page": f"a page of {relname}", "virtualxid": "its virtual transaction"}
+    return f"{mode} on {what.get(locktype or '', locktype or 'a lock')}"
+
+
+class Scheduler:
+    """Runs blocks of concurrent operations. ``observer_dsn`` is a direct connection to the
+    same server (never through a proxy): the scheduler reads lock waits on it, and reconnects
+    after a database crash."""
+
+    def __init__(self, observer_dsn: str, *, deadline_s: float = DEADLINE_SECONDS,
+                 max_steps: int = MAX_STEPS, clock_guard: bool = True, pause: bool = False):
+        self.observer_dsn = observer_dsn
+        self.pause = pause
+        """Stop and continue backends (SIGSTOP, SIGCONT) so that at most one runs at a time:
+        needs the server on this machine, run by this user or one it may signal (the harness's
+        own cluster). Without it, waiters that one step releases together run together."""
+        self.deadline_s = deadline_s
+        self.max_steps = max_steps
+        self.clock_guard = clock_guard
+        """Refuse a block while the server's clock is ahead of this machine's (see
+        :class:`ClockAhead`). Switch off for a server on another host whose clock runs ahead
+        without libfaketime."""
+        self._observer: psycopg.Connection | None = None
+
+    def block(self, ops: Sequence[Op]) -> "Block":
+        """Start ``ops`` together; use as a context manager (it always cleans up)."""
+        return Block(self, ops)
+
+    def run(self, ops: Sequence[Op], choose: Callable[[list[str]], str], *,
+            between: Callable[["Block"], None] | None = None) -> BlockResult:
+        """Start ``ops`` together, let ``choose`` pick each next step, return what happened.
+        ``between(block)`` runs at rest before each choice (the engine's faults)."""
+        with self.block(ops) as block:
+            return block.run(choose, between=between)
+
+    def close(self) -> None:
+        if self._observer is not None:
+            with contextlib.suppress(Exception):
+                self._observer.close()
+            self._observer = None
+
+    def observe(self, pids: Iterable[int]) -> dict[int, _Activity]:
+        """What the server says about these backends: whom each waits for, on which lock."""
+        pids = sorted(set(pids))
+        deadline = time.monotonic() + self.deadline_s
+        while True:
+            try:
+                if self._observer is None or self._observer.closed or self._observer.broken:
+                    self._observer = psycopg.connect(self.observer_dsn, autocommit=True,
+                                                     connect_timeout=5,
+                                                     application_name="knownstate-scheduler")
+                if not pids:
+                    return {}
+                rows = self._observer.execute(_OBSERVE, {"pids": pids}).fetchall()
+                break
+            except psycopg.OperationalError as e:
+                self.close()
+                if time.monotonic() > deadline:
+                    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    raise WorkerStuck(f"the scheduler's observer connection to PostgreSQL failed "
+                                      f"for {self.deadline_s:.0f} s ({first}): is the server up?"
+                                      ) from None
+                time.sleep(_POLL * 5)  # the server is restarting: poll again, within the deadline
+        out: dict[int, _Activity] = {}
+        for pid, blocking, state, wait, locktype, db, rel, page, tup, vxid, xid, mode, rn in rows:
+            text = _lock_text(locktype, db, rel, page, tup, vxid, xid)
+            if pid not in out or (text and not out[pid].lock):
+                out[pid] = _Activity(tuple(blocking or ()), state, wait, mode, text,
+                                     _lock_what(locktype, mode, rn))
+        return out
+
+    def check_clock(self, tolerance_s: float = 1.0) -> None:
+        """Raise :class:`ClockAhead` when the server's clock is ahead of this machine's."""
+        if not self.clock_guard:
+            return
+        self.observe([])
+        before = time.time()
+        (server,) = self._observer.execute(
+            "SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+        ahead = server - (before + time.time()) / 2
+        if ahead > tolerance_s:
+            raise ClockAhead(f"the database clock is {ahead:.0f} s ahead of real time: under "
+                             f"libfaketime its lock-wait timers would fire {ahead:.0f} s late, "
+                             "so a concurrent block cannot run; keep the fake clock's base in "
+                             "the past (e.g. jump it a day back first) and jump from there")
+
+    def terminate(self, pids: Iterable[int]) -> None:
+        """End these backends (the workers of an aborted block); errors are ignored."""
+        with contextlib.suppress(psycopg.Error):
+            self.observe([])
+            if self._observer is not None:
+                self._observer.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                       "WHERE pid = ANY(%s)", (sorted(set(pids)),))
+
+
+class Block:
+    """A running block of concurrent operations. Drive it with :meth:`run`, or step by step:
+
+    ``options()`` (the parked workers), ``step(worker)``, ``fault(...)`` at rest, ``result()``.
+    Always a context manager: leaving it ends every thread (:meth:`close`)."""
+
+    def __init__(self, scheduler: Scheduler, ops: Sequence[Op]):
+        names = [op.worker for op in ops]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a block runs one operation per worker, got workers {names}")
+        self.scheduler = scheduler
+        self._cv = threading.Condition()
+        self._workers: list[_Worker] = []
+        self._ghosts: list[_Ghost] = []
+        self._schedule: list[str] = []
+        self._trace: list[str] = ["block: " + " | ".join(f"{op.worker} {op.label}" for op in ops)]
+        self._aborting = False
+        self._closed = False
+        self._paused: set[int] = set()
+        self._seen: dict[str, tuple] = {}
+        self._waits = 0
+        try:
+            scheduler.check_clock()
+            for op in ops:
+                self._prepare(op)
+            for w in self._workers:
+                w.thread = threading.Thread(target=self._main, args=(w,), daemon=True,
+                                            name=f"knownstate-{w.name}")
+                w.op.conn._seat = w
+            for w in self._workers:
+                w.thread.start()
+            self._settle()
+            self._note_changes()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- set up and tear down ------------------------------------------------------------------
+    def _prepare(self, op: Op) -> None:
+        conn = op.conn
+        if not isinstance(conn, ScheduledConnection):
+            raise TypeError(f"{op.worker}: a block needs a ScheduledConnection, got "
+                            f"{type(conn).__name__}: connect with ScheduledConnection.connect()")
+        if conn.closed or conn.broken:
+            raise ValueError(f"{op.worker}: its connection is closed; reconnect before the block")
+        if conn._seat is not None:
+            raise ValueError(f"{op.worker}: its connection is already in a running block")
+        if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            raise ValueError(f"{op.worker}: its connection has a transaction open; a block starts "
+                             "whole operations on idle connections")
+        _apply_settings(conn, op.worker)
+        self._workers.append(_Worker(self, op, conn.info.backend_pid))
+
+    def __enter__(self) -> "Block":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the block: every thread joined, every connection at rest or closed. After an abort
+        (an exception, e.g. Hypothesis stopping mid-draw, or leaving early) the connections of
+        the workers that were still running, or held a transaction open, are closed and their
+        backends gone: reconnect them."""
+        if self._closed:
+            return
+        self._closed = True
+        self._resume_all()
+        live = [w for w in self._workers if w.thread is not None and w.thread.is_alive()]
+        if live:
+            with self._cv:
+                self._aborting = True
+                self._cv.notify_all()
+            cut = [w for w in self._workers if w in live or self._open(w)]
+            for w in cut:
+                shutdown_socket(w.op.conn)
+            deadline = time.monotonic() + 10
+            for w in live:
+                w.thread.join(max(0.0, deadline - time.monotonic()))
+            stuck = [w.name for w in live if w.thread.is_alive()]
+            for w in self._workers:
+                w.op.conn._seat = None
+            for w in cut:
+                if not w.thread.is_alive():  # its thread is gone: closing is safe now
+                    with contextlib.suppress(Exception):
+                        w.op.conn.close()
+            if stuck:
+                raise WorkerStuck(f"worker threads {stuck} did not end within 10 s of the block's "
+                                  "abort: an operation is stuck outside the database")
+            self._await_gone([w.pid for w in cut])
+            return
+        for w in self._workers:
+            w.op.conn._seat = None
+            conn = w.op.conn
+            if not conn.closed and conn.pgconn.transaction_status == pq.TransactionStatus.INERROR:
+                with contextlib.suppress(psycopg.Error):
+                    conn.rollback()  # the server already aborted it: nothing to lose
+            _reset_settings(conn)
+
+    @staticmethod
+    def _open(w: _Worker) -> bool:
+        status = w.op.conn.pgconn.transaction_status
+        return status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR,
+                          pq.TransactionStatus.ACTIVE)
+
+    def _await_gone(self, pids: list[int]) -> None:
+        self.scheduler.terminate(pids)
+        deadline = time.monotonic() + self.scheduler.deadline_s
+        while (left := self.scheduler.observe(pids)):
+            if time.monotonic() > deadline:
+                raise WorkerStuck(f"backends {sorted(left)} of an aborted block did not go away "
+                                  f"within {self.scheduler.deadline_s:.0f} s")
+            time.sleep(_POLL)  # polling the server with a deadline
+
+    # -- the worker side -------------------------------------------------------------------------
+    def _main(self, w: _Worker) -> None:
+        try:
+            w.value = w.op.run(w.op.conn)
+        except BaseException as e:  # an outcome of the operation, never of this thread
+            w.error = e
+        finally:
+            with self._cv:
+                w.state, w.pending, w.blocked_by = DONE, None, ()
+                w.done_at = len(self._schedule)
+                conn = w.op.conn
+                if (conn.closed or conn.broken) and all(g.pid != w.pid for g in self._ghosts):
+                    self._ghosts.append(_Ghost(w.name, w.pid))  # the server may still hold it
+                self._cv.notify_all()
+
+    def _gate(self, w: _Worker, label: str) -> None:
+        with self._cv:
+            if self._aborting:
+                raise BlockAborted(f"{w.name}: the block was torn down")
+            w.state, w.pending = PARKED, label
+            w.blocked_by, w.notice = (), None
+            self._cv.notify_all()
+            while not w.granted:
+                if self._aborting:
+                    raise BlockAborted(f"{w.name}: the block was torn down before {label}")
+                self._cv.wait()
+            w.granted = False
+            w.state = RUNNING
+            w.statements += 1
+
+    def _step_failed(self, w: _Worker, e: psycopg.Error) -> None:
+        with self._cv:
+            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            w.failed = f"{e.sqlstate} {text}" if e.sqlstate else text
+
+    def _lock_notice(self, w: _Worker, kind: str, mode: str, lock: str) -> None:
+        with self._cv:
+            w.notice = (kind, mode, lock)
+            self._cv.notify_all()
+
+    # -- the scheduler side -----------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return all(w.state == DONE for w in self._workers)
+
+    @property
+    def workers(self) -> list[str]:
+        return [w.name for w in self._workers]
+
+    def options(self) -> list[str]:
+        """The workers parked at a gate, in worker order: who may run the next step."""
+        with self._cv:
+            return [w.name for w in self._workers if w.state == PARKED]
+
+    def pending(self, worker: str) -> str | None:
+        """The label of the statement ``worker`` is parked before (None: not parked)."""
+        return self._worker(worker).pending
+
+    def blocked_by(self, worker: str) -> tuple[str, ...]:
+        """Whom ``worker``'s statement waits for (worker names, or ``pid N``); empty if none."""
+        return self._worker(worker).blocked_by
+
+    def in_transaction(self, worker: str) -> bool:
+        """Whether ``worker``'s connection has a transaction open (it may hold locks)."""
+        return self._open(self._worker(worker))
+
+    def step(self, worker: str) -> None:
+        """Let ``worker`` run its next statement, then wait until everyone is at rest."""
+        w = self._worker(worker)
+        with self._cv:
+            if w.state != PARKED:
+                raise ValueError(f"{worker} is {w.state}, not parked at a statement: "
+                                 f"choose among {self.options()}")
+            if len(self._schedule) >= self.scheduler.max_steps:
+                raise Runaway(f"the block passed {self.scheduler.max_steps} steps: an operation "
+                              f"keeps issuing statements ({w.name} next: {w.pending})")
+            self._pause_resting()
+            self._schedule.append(w.name)
+            n = len(self._schedule)
+            self._trace.append(f"{n:>3}. {w.name} {w.pending}")
+            w.granted = True
+            w.state = RUNNING
+            self._cv.notify_all()
+        self._settle()
+        self._note_changes()
+
+    def fault(self, label: str, action: Callable[[], None], *, lost: Iterable[str] = ()) -> None:
+        """Inject a fault at rest, between two steps: run ``action`` and wait until the server
+        has let go of the backends of the ``lost`` workers (their links were cut, or the
+        database crashed), or until each waits on a lock."""
+        self._trace.append(f"     FAULT {label}")
+        action()
+        with self._cv:
+            for name in lost:
+                w = self._worker(name)
+                if all(g.pid != w.pid for g in self._ghosts):
+                    self._ghosts.append(_Ghost(name, w.pid))
+        self._settle()
+        self._note_changes()
+
+    def run(self, choose: Callable[[list[str]], str], *,
+            between: Callable[["Block"], None] | None = None) -> BlockResult:
+        while not self.finished:
+            if between is not None:
+                between(self)
+            options = self.options()
+            if not options:
+                if self.finished:
+                    break
+                raise WorkerStuck(self._deadlock_message())
+            pick = choose(options)
+            self.step(pick)
+        return self.result()
+
+    def result(self) -> BlockResult:
+        if not self.finished:
+            raise ValueError(f"the block has not finished: {self._states()}")
+        ops = []
+        for w in self._workers:
+            status = w.op.conn.pgconn.transaction_status
+            left_open = status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
+            ops.append(OpResult(w.name, w.op.label, w.value, w.error, w.statements,
+                                w.done_at or 0, left_open))
+        return BlockResult(tuple(ops), tuple(self._schedule), tuple(self._trace), self._waits)
+
+    # -- coming to rest ---------------------------------------------------------------------------
+    def _worker(self, name: str) -> _Worker:
+        for w in self._workers:
+            if w.name == name:
+                return w
+        raise KeyError(f"no worker {name!r} in this block (workers: {self.workers})")
+
+    def _settle(self) -> None:
+        """Wait until every worker is parked, done, or blocked on a lock (with its deadlock
+        check run), and every ghost is gone or blocked. Polls the server with a deadline.
+
+        With pausing, at most one backend runs at a time: the others that a step released
+        stay stopped, and are let go one after another, in worker order, each until it rests."""
+        deadline = time.monotonic() + self.scheduler.deadline_s
+        noted = False
+        while True:
+            with self._cv:  # a worker that parks or ends wakes this at once
+                self._cv.wait_for(lambda: not any(
+                    w.state == RUNNING and not w.blocked_by and w.pid not in self._paused
+                    for w in self._workers), _POLL)
+                flying = [w for w in self._workers if w.state == RUNNING]
+                ghosts = [g.pid for g in self._ghosts]
+            if not flying and not ghosts:
+                return
+            seen = self.scheduler.observe([w.pid for w in flying] + ghosts)
+            active = self._active(flying, seen)
+            if active is None:
+                continue  # a worker parked or ended meanwhile: what the server said is stale
+            if not active:
+                return
+            if self.scheduler.pause:
+                if all(pid in self._paused for _, pid in active):
+                    self._resume(active[0][1])
+            elif len(active) > 1 and not noted:
+                noted = True
+                names = " and ".join(name for name, _ in active)
+                self._trace.append(f"       {names} run together: the server orders them "
+                                   "(pausing backends needs the server on this machine)")
+            if time.monotonic() > deadline:
+                raise WorkerStuck(self._stuck_message(seen))
+
+    def _active(self, flying: list[_Worker],
+                seen: dict[int, _Activity]) -> list[tuple[str, int]] | None:
+        """The backends not at rest, workers in order then ghosts: (name, pid). None when a
+        worker parked or ended since ``flying`` was taken: its statement may have released
+        locks after the server was asked, so the answer is stale."""
+        active = []
+        names = {w.pid: w.name for w in self._workers}
+        with self._cv:
+            if any(w.state != RUNNING for w in flying):
+                return None
+            for w in flying:
+                act = seen.get(w.pid)
+                checked = (act is not None and act.blocking and w.notice is not None
+                           and w.notice[0] == "still waiting" and w.notice[1] == act.mode
+                           and (act.lock is None or w.notice[2] == act.lock))
+                if checked:
+                    w.blocked_by = tuple(names.get(p, f"pid {p}") for p in act.blocking)
+                    w.waits_for = act.what
+                else:
+                    w.blocked_by = ()
+                    active.append((w.name, w.pid))
+            for g in list(self._ghosts):
+                act = seen.get(g.pid)
+                if act is None:
+                    self._ghosts.remove(g)
+                    self._paused.discard(g.pid)
+                    self._trace.append(f"       {g.name}'s backend is gone")
+                else:
+                    g.blocked = bool(act.blocking)
+                    if not g.blocked:
+                        active.append((f"{g.name}'s lost backend", g.pid))
+        return active
+
+    # -- pausing backends (a server on this machine) --------------------------------------------
+    def _pause_resting(self) -> None:
+        """Stop every backend that rests in a lock wait, before a step: whatever the step
+        releases then waits to be let go one at a time."""
+        if not self.scheduler.pause:
+            return
+        with self._cv:
+            pids = [w.pid for w in self._workers if w.state == RUNNING and w.blocked_by]
+            pids += [g.pid for g in self._ghosts if g.blocked]
+        for pid in pids:
+            if pid not in self._paused:
+                _check_backend(pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                    self._paused.add(pid)
+
+    def _resume(self, pid: int) -> None:
+        self._paused.discard(pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+    def _resume_all(self) -> None:
+        for pid in list(self._paused):
+            self._resume(pid)
+
+    def _note_changes(self) -> None:
+        """Trace what changed at this rest: who waits for whom, who resumed, who finished."""
+        notes = []
+        with self._cv:
+            for w in self._workers:
+                now = (w.state, w.blocked_by, w.waits_for if w.blocked_by else "", w.done_at)
+                before = self._seen.get(w.name)
+                self._seen[w.name] = now
+                if w.failed and w.state != DONE:
+                    notes.append(f"{w.name} got {w.failed}")
+                w.failed = ""
+                if now == before:
+                    continue
+                if w.state == DONE and (before is None or before[0] != DONE):
+                    notes.append(OpResult(w.name, w.op.label, w.value, w.error).describe())
+                elif w.blocked_by and (before is None or before[1:3] != now[1:3]):
+                    notes.append(f"{w.name} waits for {', '.join(w.blocked_by)} ({w.waits_for})")
+                    self._waits += 1
+                elif before is not None and before[1] and not w.blocked_by:
+                    notes.append(f"{w.name} resumed")
+        for note in notes:
+            self._trace.append(f"       {note}")
+
+    def _states(self) -> str:
+        parts = []
+        for w in self._workers:
+            if w.state == PARKED:
+                parts.append(f"{w.name} parked before {w.pending}")
+            elif w.state == DONE:
+                parts.append(f"{w.name} done")
+            elif w.blocked_by:
+                parts.append(f"{w.name} waits for {', '.join(w.blocked_by)} ({w.waits_for})")
+            else:
+                parts.append(f"{w.name} running statement {w.statements}")
+        return "; ".join(parts)
+
+    def _stuck_message(self, seen: dict[int, _Activity]) -> str:
+        parts = []
+        for w in self._workers:
+            if w.state == RUNNING and not w.blocked_by:
+                act = seen.get(w.pid)
+                server = ("its backend is gone" if act is None else
+                          f"server: state={act.state or '?'} wait={act.wait or 'none'}"
+                          + (f" for {act.mode} on {act.lock}" if act.lock else "")
+                          + f"; last lock notice: {' '.join(w.notice) if w.notice else 'none'}")
+                parts.append(f"{w.name} ({w.op.label}) still in statement {w.statements}; {server}")
+        for g in self._ghosts:
+            if not g.blocked:
+                parts.append(f"the backend of lost worker {g.name} (pid {g.pid}) is still there")
+        return (f"a concurrent block did not come to rest within "
+                f"{self.scheduler.deadline_s:.0f} s: "
+                + "; ".join(parts or [self._states()])
+                + ". Is the server or the machine overloaded, or a link stalled?")
+
+    def _deadlock_message(self) -> str:
+        return (f"every unfinished worker of the block waits on a lock nobody can release "
+                f"({self._states()}): a holder ended with its transaction open, or a lock is held "
+                f"outside the block")
+
+
+def _check_backend(pid: int) -> None:
+    """Refuse to signal a process that is not a PostgreSQL backend on this machine."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{ppid}/cmdline", "rb") as f:
+            parent = f.read()
+    except (OSError, ValueError, IndexError):
+        cmdline = parent = b""
+    if b"postgres" not in cmdline or b"postgres" not in parent:
+        raise SchedulerEnvironmentError(f"backend pid {pid} is not a PostgreSQL process on this "
+                                        "machine: pausing backends needs the server here; use "
+                                        "Scheduler(pause=False) for a remote server")
+
+
+def _apply_settings(conn: psycopg.Connection, worker: str) -> None:
+    sql = "SELECT " + ", ".join(f"set_config('{k}', '{v}', false)"
+                                for k, v in SESSION_SETTINGS.items())
+    try:
+        conn.execute(sql)
+        if not conn.autocommit:
+            conn.commit()
+    except psycopg.errors.InsufficientPrivilege as e:
+        with contextlib.suppress(psycopg.Error):
+            conn.rollback()
+        raise SettingsRefused(f"{worker}: {str(e).strip().splitlines()[0]}: concurrent blocks set "
+                              "deadlock_timeout and log_lock_waits per session, which needs a "
+                              "superuser; connect the workers as one") from None
+
+
+def _reset_settings(conn: psycopg.Connection) -> None:
+    """Back to the connection's own values (what RESET restores: its connect-time options),
+    when it is alive and has no transaction open."""
+    if conn.closed or conn.broken or conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+        return
+    with contextlib.suppress(psycopg.Error):
+        conn.execute("SELECT set_config(name, reset_val, false) FROM pg_settings "
+                     "WHERE name = ANY(%s)", (list(SESSION_SETTINGS),))
+        if not conn.autocommit:
+            conn.commit()
+
+
+# ---------------------------------------------------------------------------------------
+# A block as a history for the linearizability checker.
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Raised:
+    """An operation ended with an error the model has no outcome for (a refused statement,
+    a crash of the implementation): no model outcome equals it, so the check names it."""
+
+    error: str
+    sqlstate: str | None
+    message: str
+
+
+def history(result: BlockResult, model_ops: Any, *, start: float = 0,
+            keys: Any = None, no_effect: tuple[type[BaseException], ...] | None = None,
+            maybe: tuple[type[BaseException], ...] | None = None) -> list:
+    """The block's operations as a :mod:`knownstate.chaos.linearize` history.
+
+    ``model_ops[worker]`` applies the worker's operation to a model and returns its outcome;
+    ``keys[worker]`` is its part for a partitioned check. All operations are called together
+    at ``start``; each returns after the step it ended at. By what became of it, an operation
+
+    * returned a value: that is its observed outcome;
+    * was aborted by the server as a deadlock victim or a serialization failure (40P01, 40001),
+      or raised one of ``no_effect`` (default ``ConnectionLost``: nothing committed): it did not
+      happen, and is left out;
+    * raised one of ``maybe`` (default ``CommitIndeterminate``, or a raw connection error):
+      indeterminate, it may or may not have happened;
+    * raised anything else: its outcome is :class:`Raised`, which no model outcome equals.
+    """
+    from knownstate.impl.errors import CommitIndeterminate, ConnectionLost
+
+    from .linearize import UNKNOWN, Operation
+
+    no_effect = (ConnectionLost,) if no_effect is None else no_effect
+    maybe = (CommitIndeterminate, psycopg.OperationalError) if maybe is None else maybe
+    out = []
+    for r in result.ops:
+        ret: float | None = start + r.returned_at + 1
+        output: Any = r.value
+        if r.error is not None:
+            if r.transient or isinstance(r.error, no_effect):
+                continue
+            if isinstance(r.error, maybe):
+                ret, output = None, UNKNOWN
+            else:
+                server = r.server_error
+                text = str(server if server is not None else r.error).strip()
+                output = Raised(type(r.error).__name__, r.sqlstate,
+                                _short(text.splitlines()[0] if text else "", 120))
+        out.append(Operation(r.worker, r.label, model_ops[r.worker], start, ret, output,
+                             None if keys is None else keys[r.worker]))
+    return out

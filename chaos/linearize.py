@@ -1,0 +1,541 @@
+"""Linearizability of a concurrent history against a pure model.
+
+Theory of operation
+-------------------
+
+A *history* is a set of operations, each with a call time, a return time and the outcome the
+implementation observed. It is *linearizable* when some total order of the operations
+
+* respects real time: an operation that returned before another was called comes first,
+* and, applied one by one to the pure model from its initial state, produces every observed
+  outcome,
+* and ends in a model state whose projection equals the rows observed afterwards (the final-
+  state check, when the caller supplies one).
+
+The search is Wing & Gong's, with Lowe's improvement that Porcupine implements
+(github.com/anishathalye/porcupine, ``checker.go``): the calls and returns, sorted by time, form
+a doubly linked list; the search walks it, *lifting* an operation out of the list when the model
+accepts it next (its call is reached before any pending return) and backtracking at a return
+whose operation is not yet linearized. A cache of (set of linearized operations, model state)
+prunes every configuration already explored, which is what keeps realistic histories fast.
+
+Nondeterminism, Porcupine's way: the search state is a *set* of model states. An
+*indeterminate* operation (its connection was cut while COMMIT was in flight: ``ret=None``) has
+no return (it may linearize anywhere after its call), and either took effect or did not: both
+successors are kept, and its outcome is not compared (:data:`UNKNOWN`). An operation whose
+outcome was not observed but which certainly happened has a return time and ``output=UNKNOWN``.
+The caller may also start from several candidate states (a check that is still narrowing an
+earlier indeterminate COMMIT).
+
+P-compositionality: when the model is a product of independent parts (one per run, or per
+row), each part's sub-history is linearizable on its own iff the whole is (Herlihy & Wing).
+``partition`` maps an operation to its part; the caller says when the model allows it.
+The final-state check then compares each part's share of the rows (``FinalState.split``), and
+the rows of parts no operation touched must still equal the initial state's.
+
+A non-linearizable history yields a :class:`Verdict` naming the operations, the longest prefix
+that the model does explain, and, for each operation that could come next, what the model
+answers instead of what was observed (or, when every outcome is explained, the final rows
+that no order produces).
+
+Models are the project's pure models: ``copy()``, and operations that return outcome values.
+The search needs equal states to compare equal: ``fingerprint(model)`` returns a hashable value
+that captures everything an operation can read (default: the model's attributes, frozen,
+without its ``transitions`` log).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+
+
+class _Unknown:
+    def __repr__(self) -> str:
+        return "unknown"
+
+
+UNKNOWN: Any = _Unknown()
+"""An outcome nobody observed: any outcome of the model matches it."""
+
+_NEVER = float("inf")
+
+
+@dataclass(frozen=True, eq=False)
+class Operation:
+    """One operation of a history. ``apply(model)`` changes the model (a copy the checker owns)
+    and returns the model's outcome, compared with ``output`` by ``==``. ``ret=None``: the
+    operation never returned and may or may not have taken effect."""
+
+    client: str
+    label: str
+    apply: Callable[[Any], Any]
+    call: float
+    ret: float | None
+    output: Any = UNKNOWN
+    key: Hashable = None
+
+    def describe(self) -> str:
+        if self.ret is None:
+            return f"{self.client} {self.label} -> indeterminate (may or may not have happened)"
+        out = "(outcome not observed)" if self.output is UNKNOWN else _short(repr(self.output))
+        return f"{self.client} {self.label} -> {out}"
+
+
+@dataclass(frozen=True)
+class FinalState:
+    """The rows observed after the history, and how to read a model state in the same shape.
+    ``split`` cuts an observation into the parts of a partitioned check ({key: part})."""
+
+    observed: Any
+    project: Callable[[Any], Any]
+    split: Callable[[Any], Mapping[Hashable, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The result of a check. ``ok``: True (linearizable), False, or None (the time budget ran
+    out before the search decided)."""
+
+    ok: bool | None
+    history: tuple[Operation, ...]
+    order: tuple[Operation, ...] = ()
+    """A linearization (when ok; per part, parts one after another), else the longest prefix
+    the model explains in the part that failed."""
+    part: tuple[Operation, ...] = ()
+    """The operations of the part that failed (the whole history when not partitioned)."""
+    key: Hashable = None
+    next_refused: tuple[tuple[Operation, str], ...] = ()
+    """After the longest prefix: each operation that could come next, and why it cannot."""
+    final: tuple[Any, Any] | None = None
+    """(model, observed) rows when every outcome is explained but no order produces the rows."""
+    final_states: tuple[Any, ...] = ()
+    """When ok: the model states the history can have ended in (several after indeterminate
+    operations), for a check that continues from them."""
+    partitions: int = 1
+    seconds: float = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.ok)
+
+    def explain(self) -> list[str]:
+        """The verdict as lines a counterexample can print."""
+        if self.ok:
+            return [f"linearizable: {len(self.history)} operations, {self.partitions} part(s), "
+                    f"{self.seconds:.3f} s"]
+        if self.ok is None:
+            return [f"undecided: the search ran out of time after {self.seconds:.1f} s "
+                    f"({len(self.history)} operations)"]
+        where = "" if self.key is None else f" (part {self.key!r})"
+        lines = [f"not linearizable{where}: no order of these {len(self.part)} operations, "
+                 "consistent with real time, explains what was observed:"]
+        if len(self.part) <= 30:
+            lines += [f"  {op.describe()}" for op in self.part]
+        if self.final is not None and len(self.order) == len(self.part):
+            lines.append("every outcome is explained, but no order ends in the observed rows; "
+                         "closest order:")
+            lines += [f"  {i}. {op.client} {op.label}" for i, op in enumerate(self.order, 1)]
+            lines += [f"  model:    {_short(repr(self.final[0]), 300)}",
+                      f"  observed: {_short(repr(self.final[1]), 300)}"]
+            return lines
+        if self.order:
+            lines.append(f"longest linearizable prefix ({len(self.order)} of {len(self.part)}):")
+            lines += [f"  {i}. {op.describe()}" for i, op in enumerate(self.order, 1)]
+        else:
+            lines.append("no operation can come first:")
+        if self.order:
+            lines.append("then none of the others can come next:")
+        lines += [f"  {op.client} {op.label}: {why}" for op, why in self.next_refused]
+        if self.final is not None:
+            lines += [f"  (rows) model: {_short(repr(self.final[0]), 300)}",
+                      f"         observed: {_short(repr(self.final[1]), 300)}"]
+        return lines
+
+
+def _short(text: str, width: int = 160) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------
+# Fingerprints: equal model states must give equal, hashable values.
+# ---------------------------------------------------------------------------------------
+
+NOT_STATE = frozenset({"transitions"})
+"""Model attributes that are logs of the past, not state an operation can read."""
+
+
+def freeze(value: Any) -> Hashable:
+    """A hashable value equal for equal data (dicts by items, lists as tuples)."""
+    if isinstance(value, dict):
+        return ("dict", frozenset((freeze(k), freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, (set, frozenset)):
+        return frozenset(freeze(v) for v in value)
+    try:
+        hash(value)
+    except TypeError:
+        if hasattr(value, "__dict__"):
+            return (type(value).__name__, freeze(vars(value)))
+        return repr(value)
+    return value
+
+
+def default_fingerprint(model: Any) -> Hashable:
+    """Every attribute of the model except its transition log, frozen."""
+    return (type(model).__name__,
+            freeze({k: v for k, v in vars(model).items() if k not in NOT_STATE}))
+
+
+# ---------------------------------------------------------------------------------------
+# The search.
+# ---------------------------------------------------------------------------------------
+
+
+class _States:
+    """A set of model states, keyed by fingerprint."""
+
+    __slots__ = ("models", "key")
+
+    def __init__(self, models: dict[Hashable, Any]):
+        self.models = models
+        self.key = frozenset(models)
+
+
+def _apply(op: Operation, model: Any, copy: Callable[[Any], Any]) -> tuple[Any, Any]:
+    """(new model, outcome); a model that raises refuses the operation."""
+    trial = copy(model)
+    try:
+        return trial, op.apply(trial)
+    except Exception as e:  # the model refuses: an illegal transition, an unknown id...
+        return None, f"the model raises {type(e).__name__}: {e}"
+
+
+def _step(states: _States, op: Operation, fp: Callable[[Any], Hashable],
+          copy: Callable[[Any], Any]) -> _States | None:
+    out: dict[Hashable, Any] = {}
+    for key, model in states.models.items():
+        if op.ret is None:
+            out.setdefault(key, model)  # it may not have happened
+        trial, got = _apply(op, model, copy)
+        if trial is not None and (op.output is UNKNOWN or op.ret is None or got == op.output):
+            out.setdefault(fp(trial), trial)
+    return _States(out) if out else None
+
+
+class _Budget(Exception):
+    pass
+
+
+def _search(ops: Sequence[Operation], start: _States, fp: Callable[[Any], Hashable],
+            copy: Callable[[Any], Any], final_ok: Callable[[Any], bool] | None,
+            deadline: float | None
+            ) -> tuple[bool, list[int], _States | None, bool]:
+    """Porcupine's checkSingle over ``ops``. Returns (ok, order or longest prefix, final states
+    when ok, whether the longest prefix covers every operation but failed the final check)."""
+    n = len(ops)
+    events = []
+    for i, op in enumerate(ops):
+        events.append((op.call, 0, i))
+        events.append((_NEVER if op.ret is None else op.ret, 1, i))
+    events.sort(key=lambda e: (e[0], e[1]))
+    # Doubly linked list over positions 1..2n; 0 is the head, 2n + 1 the end.
+    end = 2 * n + 1
+    nxt = list(range(1, end + 1)) + [end]
+    prv = [0] + list(range(0, end))
+    is_call = [False] * (end + 1)
+    op_at = [-1] * (end + 1)
+    ret_pos = [0] * n
+    call_pos = [0] * n
+    for pos, (_, kind, i) in enumerate(events, start=1):
+        op_at[pos] = i
+        if kind == 0:
+            is_call[pos] = True
+            call_pos[i] = pos
+        else:
+            ret_pos[i] = pos
+
+    def lift(c: int) -> None:
+        r = ret_pos[op_at[c]]
+        nxt[prv[c]] = nxt[c]
+        prv[nxt[c]] = prv[c]
+        nxt[prv[r]] = nxt[r]
+        prv[nxt[r]] = prv[r]
+
+    def unlift(c: int) -> None:
+        r = ret_pos[op_at[c]]
+        prv[nxt[r]] = r
+        nxt[prv[r]] = r
+        prv[nxt[c]] = c
+        nxt[prv[c]] = c
+
+    cache: set[tuple[int, frozenset]] = set()
+    calls: list[tuple[int, _States]] = []  # (call position, state before it)
+    linearized = 0
+    state = start
+    longest: list[int] = []
+    longest_complete = False
+    entry = nxt[0]
+    steps = 0
+    while True:
+        steps += 1
+        if deadline is not None and steps % 512 == 1 and time.monotonic() > deadline:
+            raise _Budget()
+        if nxt[0] == end:  # everything linearized: the rows decide
+            if final_ok is None or any(final_ok(m) for m in state.models.values()):
+                order = [op_at[c] for c, _ in calls]
+                if final_ok is not None:
+                    state = _States({k: m for k, m in state.models.items() if final_ok(m)})
+                return True, order, state, False
+            if len(calls) >= len(longest):
+                longest, longest_complete = [op_at[c] for c, _ in calls], True
+            entry = end  # backtrack below
+        if entry != end and is_call[entry]:
+            i = op_at[entry]
+            new = _step(state, ops[i], fp, copy)
+            if new is not None:
+                bits = linearized | (1 << i)
+                memo = (bits, new.key)
+                if memo not in cache:
+                    cache.add(memo)
+                    calls.append((entry, state))
+                    state, linearized = new, bits
+                    lift(entry)
+                    entry = nxt[0]
+                    continue
+            entry = nxt[entry]
+            continue
+        # A return whose operation is not linearized (or the end): backtrack.
+        if not calls:
+            return False, longest, None, longest_complete
+        if len(calls) > len(longest):
+            longest, longest_complete = [op_at[c] for c, _ in calls], False
+        entry, state = calls.pop()
+        linearized &= ~(1 << op_at[entry])
+        unlift(entry)
+        entry = nxt[entry]
+
+
+def _refusals(ops: Sequence[Operation], prefix: list[int], start: _States,
+              fp: Callable[[Any], Hashable], copy: Callable[[Any], Any]
+              ) -> tuple[_States, list[tuple[Operation, str]]]:
+    """The states after ``prefix``, and why each operation that could come next cannot."""
+    state = start
+    for i in prefix:
+        state = _step(state, ops[i], fp, copy) or state
+    rest = [i for i in range(len(ops)) if i not in set(prefix)]
+    first_ret = min((ops[i].ret for i in rest if ops[i].ret is not None), default=_NEVER)
+    out = []
+    for i in rest:
+        op = ops[i]
+        if op.call > first_ret:
+            continue  # must come after an operation that is not linearized yet
+        answers = []
+        for model in state.models.values():
+            trial, got = _apply(op, model, copy)
+            answers.append(got if trial is None else f"the model answers {_short(repr(got))}")
+        why = "; ".join(sorted(set(answers)))
+        if op.ret is not None and op.output is not UNKNOWN:
+            why = f"observed {_short(repr(op.output))}, {why}"
+        out.append((op, why))
+    return state, out
+
+
+def check(history: Iterable[Operation], initial: Any | Sequence[Any], *,
+          fingerprint: Callable[[Any], Hashable] = default_fingerprint,
+          copy: Callable[[Any], Any] = lambda model: model.copy(),
+          final: FinalState | None = None,
+          partition: Callable[[Operation], Hashable] | None = None,
+          budget_s: float | None = None) -> Verdict:
+    """Is ``history`` linearizable from ``initial`` (a model, or a list of candidate models)?
+
+    ``partition(op)``: check each part alone (the caller asserts the model's parts are
+    independent). ``final``: the rows the order must also produce. ``copy``: how to copy a
+    model (its own ``copy()``). ``budget_s``: give up (``ok=None``) after this long."""
+    t0 = time.monotonic()
+    ops = tuple(history)
+    for op in ops:
+        if op.ret is not None and op.ret < op.call:
+            raise ValueError(f"{op.client} {op.label}: returns at {op.ret}, before its call "
+                             f"at {op.call}")
+    candidates = list(initial) if isinstance(initial, (list, tuple)) else [initial]
+    start = _States({fingerprint(m): m for m in candidates})
+    deadline = None if budget_s is None else t0 + budget_s
+    parts: dict[Hashable, list[Operation]] = {}
+    for op in ops:
+        parts.setdefault(partition(op) if partition else None, []).append(op)
+    if not parts:
+        parts[None] = []
+    split = final.split if final is not None and partition is not None else None
+    if partition is not None and final is not None and split is None:
+        raise ValueError("a partitioned check with a final state needs FinalState.split")
+    observed_parts = split(final.observed) if split else None
+
+    def final_ok_for(key: Hashable) -> Callable[[Any], bool] | None:
+        if final is None:
+            return None
+        if split is None:
+            return lambda m: final.project(m) == final.observed
+        return lambda m: split(final.project(m)).get(key) == observed_parts.get(key)
+
+    orders: list[Operation] = []
+    ends: list[_States] = []
+    for key, part in parts.items():
+        ok_final = final_ok_for(key)
+        try:
+            ok, order, end_states, complete = _search(part, start, fingerprint, copy, ok_final,
+                                                     deadline)
+        except _Budget:
+            return Verdict(None, ops, partitions=len(parts), seconds=time.monotonic() - t0)
+        if not ok:
+            state, refused = _refusals(part, order, start, fingerprint, copy)
+            shown = None
+            if final is not None and (complete or not refused):
+                model = next(iter(state.models.values()))
+                mine = final.project(model)
+                theirs = final.observed
+                if split is not None:
+                    mine, theirs = split(mine).get(key), observed_parts.get(key)
+                shown = (mine, theirs)
+            return Verdict(False, ops, tuple(part[i] for i in order), tuple(part), key,
+                           tuple(refused), shown, partitions=len(parts),
+                           seconds=time.monotonic() - t0)
+        orders += [part[i] for i in order]
+        ends.append(end_states)
+    if split is not None:  # rows no operation touched must be as they started
+        for model in start.models.values():
+            mine = split(final.project(model))
+            untouched = (set(mine) | set(observed_parts)) - set(parts)
+            bad = [k for k in sorted(untouched, key=repr) if mine.get(k) != observed_parts.get(k)]
+            if not bad:
+                break
+        else:
+            k = bad[0]
+            return Verdict(False, ops, (), (), k, (), (mine.get(k), observed_parts.get(k)),
+                           partitions=len(parts), seconds=time.monotonic() - t0)
+    if len(ends) == 1:
+        final_states = tuple(ends[0].models.values())
+    else:  # independent parts: replay the parts' orders one after another
+        state = start
+        for op in orders:
+            state = _step(state, op, fingerprint, copy) or state
+        final_states = tuple(state.models.values())
+    return Verdict(True, ops, tuple(orders), partitions=len(parts), final_states=final_states,
+                   seconds=time.monotonic() - t0)
+
+
+# ---------------------------------------------------------------------------------------
+# The figure: seconds to check a 1,000-operation history.
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchResult:
+    operations: int
+    clients: int
+    seconds: float
+    ok: bool | None
+    partitions: int
+    what: str
+
+    def report(self) -> str:
+        return (f"linearizability: {self.operations} operations, {self.clients} clients, "
+                f"{self.partitions} part(s), {self.what}: {self.seconds:.2f} s "
+                f"({({True: 'linearizable', False: 'NOT linearizable'}).get(self.ok, '?')})")
+
+
+def outbox_history(n_ops: int = 1000, clients: int = 3, seed: int = 0
+                   ) -> tuple[list[Operation], Any, FinalState]:
+    """A random concurrent history of the outbox model (linearizable by construction: each
+    operation takes effect at a random instant between its call and its return), with its
+    initial model and final rows. Every operation kind of the outbox, reaper included."""
+    from knownstate.model.contract import Won
+    from knownstate.model.outbox import Config, OutboxModel
+
+    rng = random.Random(seed)
+    truth = OutboxModel(Config(lease=300))
+    initial = truth.copy()
+    held: dict[str, list] = {f"c{i}": [] for i in range(clients)}
+    in_flight: dict[str, dict] = {}
+    history: list[Operation] = []
+    t = 0
+    next_id = 1
+    draining = False
+
+    def pick(client: str) -> tuple[str, Callable[[Any], Any]]:
+        nonlocal next_id
+        mine = held[client]
+        roll = rng.random()
+        if roll < 0.25:
+            i = next_id
+            next_id += 1
+            return f"enqueue({i})", lambda m: m.enqueue(i)
+        if roll < 0.5 or not mine:
+            b = rng.randint(1, 2)
+            return f"claim({b})", lambda m: m.claim(b)
+        if roll < 0.6:
+            return "reclaim_stale()", lambda m: m.reclaim_stale()
+        c = mine.pop(rng.randrange(len(mine)))
+        kind = rng.choice(["complete", "fail", "extend"])
+        if kind == "complete":
+            return f"complete({c.id}, {c.attempt})", lambda m: m.complete(c)
+        if kind == "fail":
+            return f"fail({c.id}, {c.attempt})", lambda m: m.fail(c, False)
+        mine.append(c)
+        return f"extend_lease({c.id}, {c.attempt})", lambda m: m.extend_lease(c)
+
+    while len(history) < n_ops or in_flight:  # clock ticks count as operations
+        t += 1
+        draining = draining or rng.random() < 0.02
+        if draining and not in_flight:
+            draining = False
+            # Time passes, at rest as a check's clock jump does: leases lapse, backoffs end.
+            # (A jump overlapping operations that stamp leases leaves orders the outcomes do not
+            # tell apart until the final rows: checking those per block keeps that small.)
+            truth.advance(60)
+            history.append(Operation("clock", "advance(60)", lambda m: m.advance(60), t, t, None))
+            continue
+        client = f"c{rng.randrange(clients)}"
+        f = in_flight.get(client)
+        if f is None:
+            if draining or len(history) + len(in_flight) >= n_ops:
+                continue
+            label, apply = pick(client)
+            in_flight[client] = {"label": label, "apply": apply, "call": t, "done": False}
+        elif not f["done"]:
+            out = f["apply"](truth)
+            f.update(done=True, out=out)
+            if f["label"].startswith("claim") and isinstance(out, Won):
+                held[client].extend(out.value)
+        else:
+            del in_flight[client]
+            history.append(Operation(client, f["label"], f["apply"], f["call"], t, f["out"]))
+    final = FinalState(truth.state(), lambda m: m.state())
+    return history, initial, final
+
+
+def _outbox_copy(model: Any) -> Any:
+    """A structural copy of an OutboxModel (its rows are frozen values): what its deepcopy-
+    based ``copy()`` costs is most of the check's time on a long history."""
+    other = object.__new__(type(model))
+    other.__dict__.update(model.__dict__)
+    other.deliveries, other.received = dict(model.deliveries), dict(model.received)
+    other.transitions = []
+    return other
+
+
+def bench(n_ops: int = 1000, clients: int = 3, seed: int = 0,
+          model_copy: bool = False) -> BenchResult:
+    """Seconds to check a random ``n_ops``-operation outbox history (not partitioned: a claim
+    reads every row), final rows included. ``model_copy``: copy states with the model's own
+    ``copy()`` (a deepcopy) instead of a structural copy. For ``knownstate bench``."""
+    history, initial, final = outbox_history(n_ops, clients, seed)
+    verdict = check(history, initial, final=final,
+                    copy=(lambda m: m.copy()) if model_copy else _outbox_copy,
+                    fingerprint=lambda m: (m.now, m.state(), m._next_id))
+    what = "outbox model, final rows, " + ("its deepcopy copy()" if model_copy
+                                           else "structural copy")
+    return BenchResult(len(history), clients, verdict.seconds, verdict.ok, verdict.partitions,
+                       what)

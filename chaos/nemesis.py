@@ -1,0 +1,289 @@
+"""The soak's nemesis: a fault schedule drawn from the seed, and the thread that carries it out.
+
+Theory of operation
+-------------------
+
+What a fault does is apart from when it happens (Jepsen's nemesis vs its generator).
+:func:`schedule` is the generator: a pure function of the seed, the duration, the processes and
+the lease, so a seed names one schedule, which is printed before the soak starts and replayed by
+the same command. It draws two independent tracks, so faults of the two can overlap:
+
+process track
+    one process at a time: ``kill`` (SIGKILL, and a new incarnation after the fault's
+    duration), ``stop`` (SIGSTOP for longer than the lease, then SIGCONT: the owner comes back
+    after somebody may have taken its work), ``partition`` (its own Toxiproxy links down: to
+    the database, to the stand-in, or both);
+global track
+    ``clock-bump`` (the database clock jumps, through libfaketime; past the lease or a little,
+    forward or back), ``clock-strobe`` (the database clock flips between two offsets for a
+    while, then settles back), ``db-crash`` (SIGKILL of PostgreSQL, a restart on the same data
+    after the fault's duration), ``refuse`` (the stand-in answers the next few calls with an
+    error: 503 or 422 at the sink, 503 at the operations API), ``slow`` (every worker's link
+    to the stand-in gets a latency for a while, a quarter to a half of the lease per call: a
+    batch of calls outlasts the lease, or a call its timeout, while its worker is alive).
+
+:class:`Nemesis` is the executor: a thread that starts and ends each fault at its time through
+a :class:`Parts` object (the soak's real parts), and records each as a
+:class:`~knownstate.chaos.history.Period` with the wall-clock times it actually began and
+ended. Waiting for a fault's time is the only waiting it does. :meth:`Nemesis.heal` ends every
+fault still in progress (SIGCONT, restart, links up, database up), for the quiet period or an
+abort. A part that fails to obey (Toxiproxy gone, PostgreSQL will not restart) ends the
+nemesis and is kept in :attr:`Nemesis.error` for the soak to report as an environment failure.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .history import Period
+
+PROCESS_FAULTS = ("kill", "stop", "partition")
+GLOBAL_FAULTS = ("clock-bump", "clock-strobe", "db-crash", "refuse", "slow")
+FAULT_KINDS = PROCESS_FAULTS + GLOBAL_FAULTS
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One planned fault: ``at`` seconds after the start, for ``duration`` seconds."""
+
+    at: float
+    kind: str
+    target: str
+    duration: float = 0.0
+    params: tuple[tuple[str, object], ...] = ()
+
+    def param(self, name: str, default=None):
+        return dict(self.params).get(name, default)
+
+    def describe(self) -> str:
+        extra = " ".join(f"{k}={v}" for k, v in self.params)
+        who = "" if self.target == "*" else f" {self.target}"
+        span = f" for {self.duration:.1f} s" if self.duration else ""
+        return f"+{self.at:5.1f} s {self.kind}{who}{span}{' ' + extra if extra else ''}"
+
+
+def schedule(
+    seed: int,
+    seconds: float,
+    procs: list[str],
+    lease: float,
+    stand_in: str,
+    refusals: tuple[int, ...] = (503,),
+) -> list[Fault]:
+    """The whole schedule for a soak of ``seconds``: a pure function of its arguments.
+
+    ``procs``: the processes the process track may hit (workers more often than the producer
+    and the reaper, which come last in the list); ``lease``: the seconds a stall must outlast;
+    ``stand_in``: "sink" or "ops", the target of ``refuse`` ("": no stand-in, no refusals)."""
+    rng = random.Random(f"knownstate-soak:{seed}")
+    workers = [p for p in procs if p.startswith("w")] or procs
+    faults: list[Fault] = []
+    t = rng.uniform(1.5, 3.0)
+    while t < seconds - 1:
+        kind = rng.choices(PROCESS_FAULTS, (3, 4, 3))[0]
+        target = rng.choice(workers) if rng.random() < 0.8 else rng.choice(procs)
+        if kind == "kill":
+            f = Fault(t, kind, target, round(rng.uniform(0.3, 2.0), 1))
+        elif kind == "stop":
+            f = Fault(t, kind, target, round(lease * rng.uniform(1.3, 2.2), 1))
+        else:
+            links = rng.choice(("db", "db", "ext", "both")) if not target.startswith("p") else "db"
+            f = Fault(t, kind, target, round(rng.uniform(0.5, lease * 1.5), 1), (("links", links),))
+        faults.append(f)
+        t = f.at + f.duration + rng.uniform(0.5, 3.5)
+    t = rng.uniform(2.0, 5.0)
+    while t < seconds - 1:
+        kind = rng.choices(GLOBAL_FAULTS, (3, 2, 2, 2, 2) if stand_in else (3, 2, 2, 0, 0))[0]
+        if kind == "clock-bump":
+            jump = rng.choice((lease + 1, lease + 1, 2 * lease, 1, -1, -lease))
+            f = Fault(t, kind, "*", 0.0, (("seconds", int(round(jump))),))
+        elif kind == "clock-strobe":
+            f = Fault(
+                t,
+                kind,
+                "*",
+                round(rng.uniform(1.0, 3.0), 1),
+                (
+                    ("seconds", int(round(rng.choice((lease + 1, 2, -2))))),
+                    ("every", round(rng.uniform(0.1, 0.3), 2)),
+                ),
+            )
+        elif kind == "db-crash":
+            f = Fault(t, kind, "*", round(rng.uniform(0.3, 2.0), 1))
+        elif kind == "refuse":
+            f = Fault(
+                t,
+                kind,
+                stand_in,
+                0.0,
+                (("calls", rng.randint(1, 6)), ("code", rng.choice(refusals))),
+            )
+        else:
+            f = Fault(
+                t,
+                kind,
+                stand_in,
+                round(rng.uniform(lease, 3 * lease), 1),
+                (("ms", int(rng.uniform(0.25, 0.5) * lease * 1000)),),
+            )
+        faults.append(f)
+        t = f.at + f.duration + rng.uniform(3.0, 8.0)
+    return sorted(faults, key=lambda f: (f.at, f.kind))
+
+
+class Parts(Protocol):
+    """What the nemesis acts on (implemented by the soak over its real parts)."""
+
+    def kill(self, proc: str) -> None: ...
+    def restart(self, proc: str) -> None: ...
+    def stop(self, proc: str) -> None: ...
+    def cont(self, proc: str) -> None: ...
+    def partition(self, proc: str, links: str) -> None: ...
+    def reconnect(self, proc: str, links: str) -> None: ...
+    def clock_jump(self, seconds: float) -> None: ...
+    def db_crash(self) -> None: ...
+    def db_restart(self) -> None: ...
+    def refuse(self, stand_in: str, calls: int, code: int) -> None: ...
+    def slow(self, stand_in: str, ms: int | None) -> None: ...
+
+
+@dataclass(order=True)
+class _Due:
+    when: float
+    serial: int
+    action: str = field(compare=False)
+    fault: Fault = field(compare=False)
+
+
+class Nemesis:
+    """Carries out a schedule against ``parts``, from ``t0`` (time.time()) on."""
+
+    def __init__(self, faults: list[Fault], parts: Parts, t0: float):
+        self.faults, self.parts, self.t0 = faults, parts, t0
+        self.periods: list[Period] = []
+        self.active: dict[Fault, float] = {}  # fault -> when it began
+        self.error: BaseException | None = None
+        self._strobe_offset: dict[Fault, float] = {}
+        self._halt = threading.Event()
+        self._lock = threading.RLock()
+        self._queue: list[_Due] = []
+        self._serial = 0
+        for f in faults:
+            self._push(t0 + f.at, "start", f)
+        self._thread = threading.Thread(target=self._run, name="nemesis", daemon=True)
+
+    def start(self) -> "Nemesis":
+        self._thread.start()
+        return self
+
+    def _push(self, when: float, action: str, fault: Fault) -> None:
+        self._serial += 1
+        heapq.heappush(self._queue, _Due(when, self._serial, action, fault))
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if not self._queue or self._halt.is_set():
+                        return
+                    due = self._queue[0].when
+                if self._halt.wait(max(0.0, due - time.time())):
+                    return
+                with self._lock:
+                    if self._halt.is_set():
+                        return
+                    item = heapq.heappop(self._queue)
+                    getattr(self, f"_{item.action}")(item.fault)
+        except BaseException as e:  # a part that does not obey: the soak reports it (exit 3)
+            self.error = e
+            self._halt.set()
+
+    def now_active(self) -> list[Fault]:
+        with self._lock:
+            return list(self.active)
+
+    # -- actions -------------------------------------------------------------------------
+    def _start(self, f: Fault) -> None:
+        p = self.parts
+        began = time.time()
+        if f.kind == "kill":
+            p.kill(f.target)
+        elif f.kind == "stop":
+            p.stop(f.target)
+        elif f.kind == "partition":
+            p.partition(f.target, f.param("links"))
+        elif f.kind == "clock-bump":
+            p.clock_jump(f.param("seconds"))
+        elif f.kind == "clock-strobe":
+            self._strobe_offset[f] = 0.0
+            self._tick(f)
+        elif f.kind == "db-crash":
+            p.db_crash()
+        elif f.kind == "refuse":
+            p.refuse(f.target, f.param("calls"), f.param("code"))
+        elif f.kind == "slow":
+            p.slow(f.target, f.param("ms"))
+        if f.duration:
+            self.active[f] = began
+            self._push(began + f.duration, "end", f)
+        else:
+            self.periods.append(Period(f.kind, f.target, began, began, _detail(f)))
+
+    def _tick(self, f: Fault) -> None:
+        """One flip of a clock strobe: to +seconds, or back to where it started."""
+        if f not in self._strobe_offset:
+            return
+        step = f.param("seconds") if self._strobe_offset[f] == 0.0 else -self._strobe_offset[f]
+        self.parts.clock_jump(step)
+        self._strobe_offset[f] += step
+        self._push(time.time() + f.param("every"), "tick", f)
+
+    def _end(self, f: Fault) -> None:
+        p = self.parts
+        began = self.active.pop(f, None)
+        if began is None:
+            return
+        if f.kind == "kill":
+            p.restart(f.target)
+        elif f.kind == "stop":
+            p.cont(f.target)
+        elif f.kind == "partition":
+            p.reconnect(f.target, f.param("links"))
+        elif f.kind == "clock-strobe":
+            offset = self._strobe_offset.pop(f, 0.0)
+            if offset:
+                p.clock_jump(-offset)
+        elif f.kind == "db-crash":
+            p.db_restart()
+        elif f.kind == "slow":
+            p.slow(f.target, None)
+        self.periods.append(Period(f.kind, f.target, began, time.time(), _detail(f)))
+
+    def heal(self) -> None:
+        """Stop planning; end every fault in progress now (the quiet period begins)."""
+        self._halt.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        with self._lock:
+            for f in sorted(self.active, key=lambda f: f.at):
+                self._end(f)
+            self._queue.clear()
+
+
+def _detail(f: Fault) -> str:
+    if f.kind == "partition":
+        return f"links: {f.param('links')}"
+    if f.kind == "clock-bump":
+        return f"{f.param('seconds'):+d} s"
+    if f.kind == "clock-strobe":
+        return f"{f.param('seconds'):+d} s every {f.param('every')} s"
+    if f.kind == "refuse":
+        return f"next {f.param('calls')} call(s) answered {f.param('code')}"
+    if f.kind == "slow":
+        return f"+{f.param('ms')} ms per call"
+    return ""

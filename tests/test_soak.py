@@ -1,0 +1,763 @@
+"""The soak: its history judge on hand-made histories, its nemesis schedule, its timeline, and
+real soaks (the reference passes, a mutant fails with an attributed violation, a part killed
+from outside is exit 3, nothing is left running).
+
+The hand-made histories are small and exact: a reference-shaped history of each kind passes,
+and each rule of the judge is violated once by a variant of it (one row of the audit or one
+record of a stand-in changed), and must be reported under the invariant it breaks, naming the
+worker and the nemesis period around it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from knownstate.chaos import history as hist
+from knownstate.chaos import nemesis, soak, soakworker, timeline
+from knownstate.chaos.history import Audit, History, Op, Period, Proc
+from knownstate.impl import outbox as outbox_impl
+from knownstate.model.contract import INVARIANTS
+from knownstate.model.outbox import Claim, Config
+
+T0 = 1_000_000.0
+
+
+def op(
+    ref: str,
+    name: str,
+    runs: dict,
+    t0: float,
+    t1: float | None = -1.0,
+    out: str | None = "won",
+    value=None,
+    app_now: float | None = None,
+) -> Op:
+    end = t0 + 0.1 if t1 == -1.0 else t1
+    return Op(
+        ref,
+        ref.split(".")[0],
+        name,
+        runs,
+        T0 + t0,
+        None if end is None else T0 + end,
+        out if end is not None else None,
+        value,
+        app_now=None if app_now is None else T0 + app_now,
+    )
+
+
+def upd(i: int, table: str, ref: str | None, old: dict, new: dict, at: float = 0.0) -> Audit:
+    return Audit(i, table, "UPDATE", ref, old, new, T0 + at)
+
+
+def ins(i: int, table: str, ref: str | None, new: dict, at: float = 0.0) -> Audit:
+    return Audit(i, table, "INSERT", ref, None, new, T0 + at)
+
+
+def history(kind: str, records, audit, periods=(), final=None, **external) -> History:
+    procs = sorted({o.proc for o in records})
+    return History(
+        kind,
+        1,
+        T0,
+        {"heartbeat_s": 3, "lease": 3},
+        [Proc(p, 1, "worker", 0, T0) for p in procs],
+        list(records),
+        list(periods),
+        list(audit),
+        final or {},
+        dict(external),
+        quiet_from=T0 + 20,
+    )
+
+
+def stop(proc: str, start: float, end: float) -> Period:
+    return Period("stop", proc, T0 + start, T0 + end)
+
+
+# ---------------------------------------------------------------------------------------
+# The outbox.
+# ---------------------------------------------------------------------------------------
+
+
+def delivery(status: str, attempts: int, lease: float | None = None) -> dict:
+    return {
+        "id": 1,
+        "status": status,
+        "attempts": attempts,
+        "lease_until": None if lease is None else T0 + lease,
+    }
+
+
+def outbox_history(variant: str = "") -> History:
+    """w0 claims delivery 1 and sends it, then stalls past its lease; the reaper takes the run
+    back, w1 claims attempt 2, sends and completes it; w0 wakes and its complete is fenced."""
+    ops = [
+        op("p0.1:1", "enqueue", {"1": None}, 0.0),
+        op("w0.1:1", "claim_batch", {"1": 1}, 1.0),
+        op("w0.1:2", "send", {"1": 1}, 1.1, out="ok"),
+        op("r0.1:1", "reclaim_stale", {}, 5.0, value=[1]),
+        op("w1.1:1", "claim_batch", {"1": 2}, 5.2),
+        op("w1.1:2", "send", {"1": 2}, 5.3, out="ok"),
+        op("w1.1:3", "complete", {"1": 2}, 5.4),
+        op("w0.1:3", "complete", {"1": 1}, 6.1, out="lost"),
+    ]
+    audit = [
+        ins(1, "outbox_delivery", "p0.1:1", delivery("pending", 0)),
+        upd(
+            2,
+            "outbox_delivery",
+            "w0.1:1",
+            delivery("pending", 0),
+            delivery("processing", 1, 4),
+            1.0,
+        ),
+        upd(
+            3,
+            "outbox_delivery",
+            "r0.1:1",
+            delivery("processing", 1, 4),
+            delivery("pending", 1),
+            5.0,
+        ),
+        upd(
+            4,
+            "outbox_delivery",
+            "w1.1:1",
+            delivery("pending", 1),
+            delivery("processing", 2, 8),
+            5.2,
+        ),
+        upd(5, "outbox_delivery", "w1.1:3", delivery("processing", 2, 8), delivery("sent", 2), 5.4),
+    ]
+    deliveries = [(T0 + 1.15, 1, 1, 200), (T0 + 5.35, 1, 2, 200)]
+    if variant == "stale-complete-landed":  # w0's complete lands while w1 holds attempt 2
+        audit[4] = upd(
+            5, "outbox_delivery", "w0.1:3", delivery("processing", 2, 8), delivery("sent", 2), 6.1
+        )
+        ops[-1].out = "won"
+    elif variant == "complete-of-a-pending-row":  # no status guard: the reclaimed row is completed
+        audit[3:] = [
+            upd(4, "outbox_delivery", "w0.1:3", delivery("pending", 1), delivery("sent", 1), 6.1)
+        ]
+        deliveries = deliveries[:1]
+    elif variant == "reaper-touches-sent":
+        audit.append(
+            upd(6, "outbox_delivery", "r0.1:1", delivery("sent", 2), delivery("pending", 2), 7.0)
+        )
+    elif variant == "claim-without-bump":
+        audit[3] = upd(
+            4,
+            "outbox_delivery",
+            "w1.1:1",
+            delivery("pending", 1),
+            delivery("processing", 1, 8),
+            5.2,
+        )
+    elif variant == "reclaim-of-a-live-lease":
+        audit[2] = upd(
+            3,
+            "outbox_delivery",
+            "r0.1:1",
+            delivery("processing", 1, 9),
+            delivery("pending", 1),
+            5.0,
+        )
+    elif variant == "left-processing":
+        audit = audit[:4]
+    elif variant == "left-pending":
+        audit = audit[:3]
+    elif variant == "enqueue-won-never-committed":
+        ops.append(op("p0.1:2", "enqueue", {"2": None}, 0.5))
+    elif variant == "sent-never-reached-the-sink":
+        deliveries = deliveries[:1]
+    elif variant == "same-attempt-accepted-twice":
+        deliveries = [(*d, ref) for d, ref in zip(deliveries, ("w0.1:2", "w1.1:2"), strict=True)]
+        deliveries.append((T0 + 5.6, 1, 2, 200, "w0.1:4"))
+    return history("outbox", ops, audit, [stop("w0", 1.2, 6.0)], deliveries=deliveries)
+
+
+def test_reference_outbox_history_passes_and_its_duplicate_is_attributed_to_the_lapsed_lease():
+    h = outbox_history()
+    v = hist.judge(h)
+    assert v.passed, [f.line(T0) for f in v.findings]
+    assert v.runs == v.terminal == 1
+    (d,) = v.duplicates
+    assert (d.run, d.owner, d.attempt, d.why) == ("1", "w0.1", 1, "lease lapsed, reclaimed")
+    assert "r0.1 took it back at +5.0 s" in d.cause and "never recorded an outcome" not in d.cause
+    assert [p.kind for p in d.periods] == ["stop"] and d.periods[0].target == "w0"
+    assert v.observed["lost race or fence refusal"] == 1
+
+
+OUTBOX_RULES = [
+    (
+        "stale-complete-landed",
+        "lease-fence",
+        "w0.1 complete(1) carried attempt 1 and landed, but the row "
+        "was at attempt 2: its lease had lapsed and r0.1 took the run back at +5.0 s, "
+        "claimed by w1.1",
+    ),
+    ("complete-of-a-pending-row", "conditional-transition", "moved it pending -> sent"),
+    ("reaper-touches-sent", "terminal-answers-from-receipts", "changed it after it was sent"),
+    ("claim-without-bump", "lease-fence", "claimed 1 without changing its fence token"),
+    ("reclaim-of-a-live-lease", "lease-fence", "reclaimed 1 while its lease was live (4 s left"),
+    ("left-processing", "lease-fence", "still processing after the quiet period"),
+    ("left-pending", "conditional-transition", "still pending after the quiet period"),
+    (
+        "enqueue-won-never-committed",
+        "receipt-with-effect",
+        "enqueue(2) answered won, but the run never committed",
+    ),
+    (
+        "sent-never-reached-the-sink",
+        "external-effect-semantics",
+        "the sink never accepted that attempt",
+    ),
+    (
+        "same-attempt-accepted-twice",
+        "lease-fence",
+        "more than once under attempt 2 (sent by w1.1:2, w0.1:4)",
+    ),
+]
+
+
+@pytest.mark.parametrize("variant, invariant, says", OUTBOX_RULES, ids=[r[0] for r in OUTBOX_RULES])
+def test_each_outbox_rule_is_reported_under_the_invariant_it_breaks(variant, invariant, says):
+    v = hist.judge(outbox_history(variant))
+    assert v.findings and v.findings[0].invariant == invariant, [f.line(T0) for f in v.findings]
+    assert says in v.findings[0].message
+    assert invariant in INVARIANTS
+    if variant != "reaper-touches-sent":  # that one also leaves the run pending: lost, reported too
+        assert len(v.findings) == 1, [f.line(T0) for f in v.findings]
+
+
+def test_a_stale_write_is_attributed_to_the_nemesis_period_that_lapsed_its_lease():
+    (f,) = hist.judge(outbox_history("stale-complete-landed")).findings
+    assert f.ref == "w0.1:3" and f.run == "1"
+    assert [(p.kind, p.target) for p in f.periods] == [("stop", "w0")]
+    assert "stop w0 +1.2..+6.0 s" in f.line(T0)
+
+
+# ---------------------------------------------------------------------------------------
+# The approved plan.
+# ---------------------------------------------------------------------------------------
+
+STEPS = [
+    {"op": "credit", "account": "a", "amount": 5},
+    {"op": "credit", "account": "b", "amount": 3},
+]
+
+
+def plan(status: str, generation: int = 0, hb: float | None = None) -> dict:
+    return {
+        "id": 1,
+        "status": status,
+        "generation": generation,
+        "heartbeat_at": None if hb is None else T0 + hb,
+    }
+
+
+def effect(i: int, ref: str, step: int, at: float) -> list[Audit]:
+    return [
+        ins(
+            i,
+            "demo_ledger",
+            ref,
+            {"proposal_id": 1, "step_index": step, "account": "ab"[step], "delta": (5, 3)[step]},
+            at,
+        ),
+        ins(
+            i + 1,
+            "agent_proposal_step",
+            ref,
+            {"proposal_id": 1, "step_index": step, "ok": True},
+            at,
+        ),
+    ]
+
+
+def plan_history(variant: str = "") -> History:
+    ops = [
+        op("p0.1:1", "propose", {}, 0.0, value=1),
+        op("p0.1:2", "approve", {"1": None}, 0.2),
+        op("w0.1:1", "mark_executing", {"1": None}, 1.0, value=1),
+        op("w0.1:2", "run_step", {"1": 1}, 1.2),
+        op("w0.1:3", "run_step", {"1": 1}, 1.4),
+        op("r0.1:1", "read", {"1": None}, 2.0),
+    ]
+    audit = [
+        ins(1, "agent_proposal", "p0.1:1", plan("pending")),
+        upd(2, "agent_proposal", "p0.1:2", plan("pending"), plan("approved"), 0.2),
+        upd(3, "agent_proposal", "w0.1:1", plan("approved"), plan("executing", 1, 1.0), 1.0),
+        *effect(4, "w0.1:2", 0, 1.2),
+        upd(
+            6, "agent_proposal", "w0.1:2", plan("executing", 1, 1.0), plan("executing", 1, 1.2), 1.2
+        ),
+        *effect(7, "w0.1:3", 1, 1.4),
+        upd(
+            9, "agent_proposal", "w0.1:3", plan("executing", 1, 1.2), plan("executed", 1, 1.4), 1.4
+        ),
+    ]
+    final = {
+        "agent_proposal": [{"id": 1, "status": "executed", "steps": STEPS, "generation": 1}],
+        "agent_proposal_step": [{"proposal_id": 1, "step_index": i, "ok": True} for i in (0, 1)],
+        "demo_ledger": [
+            {"proposal_id": 1, "step_index": i, "account": "ab"[i], "delta": (5, 3)[i]}
+            for i in (0, 1)
+        ],
+    }
+    if variant in ("step-after-heal-landed", "heal-of-a-live-run"):
+        at = (
+            9.0 if variant == "step-after-heal-landed" else 2.5
+        )  # the heartbeat is 1.2 s old at 2.5
+        ops[5] = op("r0.1:1", "read", {"1": None}, at)
+        ops[4] = op("w0.1:3", "run_step", {"1": 1}, 9.5)
+        audit[6:] = [
+            upd(
+                7, "agent_proposal", "r0.1:1", plan("executing", 1, 1.2), plan("failed", 1, 1.2), at
+            )
+        ]
+        final["agent_proposal"][0]["status"] = "failed"
+        final["agent_proposal_step"].pop()
+        final["demo_ledger"].pop()
+        if variant == "step-after-heal-landed":  # no lock, no status check: the step lands anyway
+            audit += effect(8, "w0.1:3", 1, 9.5)
+            final["agent_proposal_step"].append({"proposal_id": 1, "step_index": 1, "ok": True})
+            final["demo_ledger"].append(
+                {"proposal_id": 1, "step_index": 1, "account": "b", "delta": 3}
+            )
+    elif variant == "step-stalled-inside-its-transaction":
+        # No lock: w0's second step wrote its effect, stalled before finish_step, the read healed
+        # the run meanwhile, and w0's transaction committed after the heal. Audit ids are drawn
+        # when a change is made; the transactions are ordered by when they committed.
+        ops[5] = op("r0.1:1", "read", {"1": None}, 9.0)
+        ops[4] = op("w0.1:3", "run_step", {"1": 1}, 1.4, 9.6)
+        audit[6:] = [
+            *effect(7, "w0.1:3", 1, 1.4),
+            upd(
+                9,
+                "agent_proposal",
+                "r0.1:1",
+                plan("executing", 1, 1.2),
+                plan("failed", 1, 1.2),
+                9.0,
+            ),
+            upd(
+                10,
+                "agent_proposal",
+                "w0.1:3",
+                plan("failed", 1, 1.2),
+                plan("executed", 1, 9.5),
+                9.5,
+            ),
+        ]
+        for a, xid in zip(audit[6:], (50, 50, 51, 50), strict=True):
+            a.xid = xid
+        final["agent_proposal"][0]["status"] = "executed"
+    elif variant == "repeat-reexecutes":
+        ops.append(op("r0.1:2", "repeat", {"1": None}, 3.0))
+        audit += effect(10, "r0.1:2", 0, 3.0)[:1]
+        final["demo_ledger"].append({"proposal_id": 1, "step_index": 0, "account": "a", "delta": 5})
+    elif variant == "effect-without-receipt":
+        final["agent_proposal_step"].pop()
+    return history(
+        "approved-plan", ops, audit, [stop("w0", 1.5, 9.4)] if "heal" in variant else [], final
+    )
+
+
+def test_reference_plan_history_passes():
+    v = hist.judge(plan_history())
+    assert v.passed, [f.line(T0) for f in v.findings]
+    assert v.runs == v.terminal == 1 and not v.duplicates
+
+
+PLAN_RULES = [
+    (
+        "step-after-heal-landed",
+        "lease-fence",
+        "w0.1 run_step(1) carried token 1 (step 1 effect) and landed, "
+        "but the run was failed (by r0.1 read at +9.0 s)",
+    ),
+    (
+        "step-stalled-inside-its-transaction",
+        "lease-fence",
+        "w0.1 run_step(1) carried token 1 (step 1 effect) and landed, "
+        "but the run was failed (by r0.1 read at +9.0 s)",
+    ),
+    (
+        "heal-of-a-live-run",
+        "lease-fence",
+        "r0.1 read(1) healed a live run (heartbeat 1 s old, lease 3 s)",
+    ),
+    (
+        "repeat-reexecutes",
+        "terminal-answers-from-receipts",
+        "r0.1 repeat(1) applied the effect of step 0 again",
+    ),
+    ("effect-without-receipt", "receipt-with-effect", "1 effect(s) but 0 receipt(s)"),
+]
+
+
+@pytest.mark.parametrize("variant, invariant, says", PLAN_RULES, ids=[r[0] for r in PLAN_RULES])
+def test_each_plan_rule_is_reported_under_the_invariant_it_breaks(variant, invariant, says):
+    v = hist.judge(plan_history(variant))
+    assert v.findings, "the judge missed it"
+    assert v.findings[0].invariant == invariant, [f.line(T0) for f in v.findings]
+    assert any(says in f.message for f in v.findings if f.invariant == invariant), [
+        f.line(T0) for f in v.findings
+    ]
+    if variant == "step-after-heal-landed":
+        assert v.findings[0].periods and v.findings[0].periods[0].target == "w0"
+
+
+# ---------------------------------------------------------------------------------------
+# The branch reset.
+# ---------------------------------------------------------------------------------------
+
+
+def reset(status: str, lease: float | None = None, op_id: str | None = None) -> dict:
+    return {
+        "id": "b0#1",
+        "status": status,
+        "lease_until": None if lease is None else T0 + lease,
+        "external_op_id": op_id,
+    }
+
+
+def reset_history(variant: str = "") -> History:
+    ops = [
+        op("p0.1:1", "request", {}, 0.0, value="b0#1"),
+        op("w0.1:1", "start", {"b0#1": None}, 1.0, 1.2, app_now=1.0),
+        op("w0.1:2", "poll", {"b0#1": None}, 2.0, app_now=2.0),
+    ]
+    audit = [
+        ins(1, "branch_reset", "p0.1:1", reset("queued")),
+        upd(2, "branch_reset", "w0.1:1", reset("queued"), reset("running", 5), 1.0),
+        upd(3, "branch_reset", "w0.1:1", reset("running", 5), reset("running", 5, "op-1"), 1.0),
+        upd(
+            4,
+            "branch_reset",
+            "w0.1:2",
+            reset("running", 5, "op-1"),
+            reset("succeeded", None, "op-1"),
+            2.0,
+        ),
+    ]
+    creates = [(T0 + 1.1, "b0#1", "b0#1", "op-1", True)]
+    api_ops = [{"id": "op-1", "run_id": "b0#1", "status": "succeeded"}]
+    if variant == "second-creation":
+        creates.append((T0 + 2.05, "b0#1", "b0#1/1", "op-2", True))
+    elif variant == "poll-after-its-lease-lapsed":
+        ops[2] = op("w0.1:2", "poll", {"b0#1": None}, 6.0, app_now=6.0)
+    elif variant == "reap-of-a-live-lease":
+        ops.append(op("r0.1:1", "reap", {}, 3.0, app_now=3.0))
+        audit[3] = upd(
+            4,
+            "branch_reset",
+            "r0.1:1",
+            reset("running", 5, "op-1"),
+            reset("failed", None, "op-1"),
+            3.0,
+        )
+    elif variant == "late-request-of-a-start-that-gave-up":
+        # w1's start timed out waiting (its request slowed), w0's start created the operation,
+        # then w1's request arrived: answered with the existing operation.
+        ops.append(op("w1.1:1", "start", {"b0#1": None}, 0.2, 1.0, out="ext-failed"))
+        creates = [
+            (T0 + 1.1, "b0#1", "b0#1", "op-1", True, "w0.1:1"),
+            (T0 + 1.15, "b0#1", "b0#1", "op-1", False, "w1.1:1"),
+        ]
+    elif variant == "dedup-after-a-killed-start":
+        ops.append(op("w1.1:1", "start", {"b0#1": None}, 0.9, None))  # killed inside its start
+        creates = [
+            (T0 + 0.95, "b0#1", "b0#1", "op-1", True),
+            (T0 + 1.1, "b0#1", "b0#1", "op-1", False),
+        ]
+    h = history(
+        "branch-reset",
+        ops,
+        audit,
+        [Period("kill", "w1", T0 + 0.97, T0 + 2.0)],
+        creates=creates,
+        **{"ops": api_ops},
+    )
+    for p in h.procs:
+        if p.name == "w1" and variant == "dedup-after-a-killed-start":
+            p.end, p.how = T0 + 0.97, "killed"
+    return h
+
+
+def test_reference_reset_history_passes():
+    v = hist.judge(reset_history())
+    assert v.passed and not v.duplicates, [f.line(T0) for f in v.findings]
+
+
+def test_a_late_create_request_is_attributed_to_the_start_that_sent_it():
+    v = hist.judge(reset_history("late-request-of-a-start-that-gave-up"))
+    assert v.passed, [f.line(T0) for f in v.findings]
+    (d,) = v.duplicates
+    assert (d.owner, d.attempt) == ("w1.1", "w1.1:1")
+    assert d.why == "late request of a start that ended ext-failed"
+    assert d.t == T0 + 1.15
+
+
+def test_a_deduplicated_create_is_attributed_to_the_start_that_died_after_it():
+    v = hist.judge(reset_history("dedup-after-a-killed-start"))
+    assert v.passed, [f.line(T0) for f in v.findings]
+    (d,) = v.duplicates
+    assert (d.owner, d.attempt, d.why) == ("w1.1", "w1.1:1", "start died before COMMIT")
+    assert [(p.kind, p.target) for p in d.periods] == [("kill", "w1")]
+
+
+RESET_RULES = [
+    (
+        "second-creation",
+        "external-effect-semantics",
+        "b0#1: operation op-2 is creation 2 of the run (one is allowed), created during w0.1 poll",
+    ),
+    (
+        "poll-after-its-lease-lapsed",
+        "lease-fence",
+        "w0.1 poll(b0#1) carried a lease lapsed by its own clock",
+    ),
+    (
+        "reap-of-a-live-lease",
+        "lease-fence",
+        "r0.1 reaped b0#1 while its lease was live (2.0 s left",
+    ),
+]
+
+
+@pytest.mark.parametrize("variant, invariant, says", RESET_RULES, ids=[r[0] for r in RESET_RULES])
+def test_each_reset_rule_is_reported_under_the_invariant_it_breaks(variant, invariant, says):
+    v = hist.judge(reset_history(variant))
+    assert [f.invariant for f in v.findings] == [invariant], [f.line(T0) for f in v.findings]
+    assert says in v.findings[0].message, v.findings[0].message
+
+
+# ---------------------------------------------------------------------------------------
+# The nemesis schedule and the timeline.
+# ---------------------------------------------------------------------------------------
+
+PROCS = ["w0", "w1", "w2", "p0", "r0"]
+
+
+def test_the_schedule_is_a_function_of_the_seed():
+    one = nemesis.schedule(7, 120, PROCS, 3.0, "sink", (503, 422))
+    assert one == nemesis.schedule(7, 120, PROCS, 3.0, "sink", (503, 422))
+    assert one != nemesis.schedule(8, 120, PROCS, 3.0, "sink", (503, 422))
+    assert {f.kind for f in one} == set(nemesis.FAULT_KINDS)
+    assert all(f.at < 119 for f in one)
+    assert all(f.duration > 3.0 for f in one if f.kind == "stop"), "a stall must outlast the lease"
+    process = [f for f in one if f.kind in nemesis.PROCESS_FAULTS]
+    assert all(a.at + a.duration < b.at for a, b in zip(process, process[1:], strict=False)), (
+        "one process fault at a time"
+    )
+
+
+def test_without_a_stand_in_nothing_is_refused_or_slowed():
+    kinds = {f.kind for f in nemesis.schedule(3, 300, PROCS, 3.0, "")}
+    assert not kinds & {"refuse", "slow"} and "db-crash" in kinds
+
+
+def test_the_timeline_is_one_self_contained_file(tmp_path):
+    h = outbox_history("stale-complete-landed")
+    v = hist.judge(h)
+    path = tmp_path / "t.html"
+    timeline.write(str(path), h, v, title="soak outbox, seed 1")
+    page = path.read_text()
+    assert page.count("<svg") == 1 and "FAILED" in page
+    for lane in ("p0", "w0", "w1", "r0"):
+        assert f">{lane}</text>" in page
+    assert "stop w0 +1.2..+6.0 s" in page and "carried attempt 1 and landed" in page
+    assert "delivery 1 accepted more than once" in page
+    lowered = page.lower()
+    for outside in ("<script", "src=", "href=", "@import", "url(", "https:"):
+        assert outside not in lowered, outside
+    assert lowered.count("http://") == 1  # the SVG namespace, which nothing fetches
+
+
+# ---------------------------------------------------------------------------------------
+# The worker side: each committed change names the operation that made it.
+# ---------------------------------------------------------------------------------------
+
+
+def test_each_committed_change_names_the_operation_and_token_that_made_it(fresh_db, tmp_path):
+    dsn = fresh_db(outbox_impl.SCHEMA + soak.audit_ddl(("outbox_delivery",)))
+    log = soakworker.OpLog(str(tmp_path / "w0.1.jsonl"), "w0", 1)
+    store = soakworker.recording(outbox_impl.OutboxStore, log)(Config(lease=60))
+    with soakworker.TaggedConnection.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
+        store.enqueue(conn, 7)
+        ((claim, _),) = store.claim_batch(conn, 5)
+        store.complete(conn, Claim(7, 5))  # a stale token: fenced, nothing committed
+        store.complete(conn, claim)
+        audit = conn.execute(
+            "SELECT ref, old->>'attempts', new->>'status' FROM soak_audit ORDER BY id"
+        ).fetchall()
+        assert conn.tag == ""
+    ops = soak.read_logs(tmp_path)
+    assert [(o.ref, o.name, o.runs, o.out) for o in ops] == [
+        ("w0.1:1", "enqueue", {"7": None}, "won"),
+        ("w0.1:2", "claim_batch", {"7": 1}, "won"),
+        ("w0.1:3", "complete", {"7": 5}, "lost"),
+        ("w0.1:4", "complete", {"7": 1}, "won"),
+    ]
+    assert audit == [
+        ("w0.1:1", None, "pending"),
+        ("w0.1:2", "0", "processing"),
+        ("w0.1:4", "1", "sent"),
+    ]
+
+
+def test_a_request_sent_during_an_operation_names_it_at_the_stand_in(tmp_path):
+    log = soakworker.OpLog(str(tmp_path / "w1.2.jsonl"), "w1", 2)
+    original = http.client.HTTPConnection.putrequest
+    with soak.RecordingSink() as sink, soakworker.tagging_http(log):
+        log.current = "w1.2:9"
+        assert outbox_impl.send_to_sink(sink.url, Claim(4, 2)) == outbox_impl.OK
+        log.current = None
+        assert outbox_impl.send_to_sink(sink.url, Claim(5, 1)) == outbox_impl.OK
+    assert http.client.HTTPConnection.putrequest is original
+    assert [(d, a, ref) for _, d, a, _, ref in sink.timed] == [(4, 2, "w1.2:9"), (5, 1, None)]
+
+
+# ---------------------------------------------------------------------------------------
+# Real soaks.
+# ---------------------------------------------------------------------------------------
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+def test_a_short_soak_of_the_reference_passes_and_leaves_nothing_running():
+    lines: list[str] = []
+    r = soak.Soak("outbox", 10, seed=5, say=lines.append).run()
+    assert r.passed, "\n".join(soak.summary_lines(r, None))
+    h = r.history
+    assert r.verdict.runs > 20 and r.verdict.runs == r.verdict.terminal
+    assert r.quiet_end == "every run asked for is terminal"
+    assert [(p.kind, p.target) for p in sorted(h.periods, key=lambda p: p.start)] == [
+        (f.kind, f.target) for f in r.schedule
+    ], "every planned fault was carried out and recorded"
+    refs = h.by_ref()
+    assert all(a.ref in refs for a in h.audit), "every committed change names a logged operation"
+    for d in r.verdict.duplicates:
+        assert d.owner in {f"{p.name}.{p.inc}" for p in h.procs}
+    assert r.pids and all(_gone(pid) for pid in r.pids), [p for p in r.pids if not _gone(p)]
+
+
+def _cli(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "knownstate.chaos.cli", "soak", *args],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
+
+
+@pytest.mark.slow
+def test_a_mutant_fails_the_soak_with_an_attributed_violation_and_reports(tmp_path):
+    report = tmp_path / "r.json"
+    p = _cli(
+        "branch-reset",
+        "--seconds",
+        "6",
+        "--seed",
+        "3",
+        "--mutant",
+        "poll-reissues-operation",
+        "--json",
+        str(report),
+        "--junit",
+        str(tmp_path / "r.xml"),
+    )
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, out + err  # as `verify --mutant`: caught, by its invariant
+    assert "CAUGHT — mutant poll-reissues-operation" in out
+    assert "external-effect-semantics: b" in out and "is creation 2 of the run" in out
+    assert (
+        "replay: knownstate soak branch-reset --seconds 6 --seed 3 --mutant poll-reissues-operation"
+        in out
+    )
+    data = json.loads(report.read_text())
+    assert data["command"] == "soak" and data["runs"][0]["caught"] is True
+    assert data["runs"][0]["invariants"] == ["external-effect-semantics"]
+    assert data["soak"]["mutant"] == "poll-reissues-operation"
+    first = data["soak"]["violations"][0]
+    assert first["invariant"] == "external-effect-semantics" and first["operation"].startswith("w")
+    assert ":" in first["operation"] and "poll(" in first["message"]
+    assert "failures=\"0\"" in (tmp_path / "r.xml").read_text()  # a caught mutant is a good run
+    page = (tmp_path / "r.timeline.html").read_text()
+    assert "FAILED" in page and "<svg" in page
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _poll(what: str, predicate, deadline_s: float = 120.0):
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting until {what}")
+
+
+def _workers(pid: int) -> list[int]:
+    def is_worker(child: int) -> bool:
+        try:
+            return b"soakworker" in Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            return False
+
+    return [c for c in _children(pid) if is_worker(c)]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_from_outside_is_exit_3_and_ctrl_c_is_130_with_nothing_left():
+    p = _cli("approved-plan", "--seconds", "60", "--seed", "4")
+    victim = _poll(
+        "the soak's workers are running", lambda: len(_workers(p.pid)) == 5 and _workers(p.pid)
+    )[0]
+    started = _children(p.pid)
+    os.kill(victim, signal.SIGKILL)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 3, out + err
+    assert f"(pid {victim}) exited with code -9, and the harness did not kill it" in err
+    assert len(err.strip().splitlines()) == 2  # one line, and that everything was stopped
+    assert all(_gone(c) for c in started)
+
+    p = _cli("approved-plan", "--seconds", "60", "--seed", "4")
+    _poll("the soak's workers are running", lambda: len(_workers(p.pid)) == 5)
+    started = _children(p.pid)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, out + err
+    assert all(_gone(c) for c in started)
