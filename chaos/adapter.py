@@ -38,7 +38,6 @@ import contextlib
 import datetime as dt
 import inspect
 import os
-import re
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -463,9 +462,3 @@ def worker_class(adapter: type[Adapter]) -> type[AdapterWorker]:
     return type(f"{adapter.__name__}Worker", (AdapterWorker,),
                 {"mode": adapter.mode(), "adapter": adapter})
 
-
-_NAME = re.compile(r"[^a-z0-9]+")
-
-
-def slug(text: str) -> str:
-    return _NAME.sub("-", text.lower()).strip("-")

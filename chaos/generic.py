@@ -631,7 +631,7 @@ class GenericCheck(KindCheck):
         expected = self._expect_claim(trial, bb, box)
         got = race["got"]
         self.log(f"{label} -> {fmt(got)}")
-        self.log("claim_race: w0 commits")
+        self.log("  (w0 commits)")
         if got != expected:
             self.fail(f"{label}: implementation answered {fmt(got)}, the model expects "
                       f"{fmt(expected)}", otherwise="claim")
