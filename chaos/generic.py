@@ -269,8 +269,12 @@ class GenericCheck(KindCheck):
         key = data.draw(st.sampled_from(self._mine(w, sent=step == "record" and
                                                    self.receiver is not None)), label="run")
         if step == "send":
-            return self._send(w, key, data.draw(st.sampled_from(self._answers()),
-                                                label="answer"))
+            commit_armed = self.workers[w].before_commit is not None
+            self._send(w, key, data.draw(st.sampled_from(self._answers()), label="answer"))
+            if not commit_armed or key not in self.held[w]:
+                return
+            # A COMMIT fault was armed and the worker's next step is its call: its loop goes on
+            # to the write that commits, so the fault meets a COMMIT, not nothing.
         self._record(w, key, data)
 
     def external_links(self, worker) -> list:
