@@ -235,7 +235,7 @@ def test_the_gate_catches_a_terminal_write_without_the_fence(check_run_kind):
 README = Template('''\
 # $name
 
-A run kind checked by [knownstate](https://pypi.org/project/knownstate/) from its description.
+A run kind checked by knownstate from its description.
 
 - `$package/queue.py` — the system under check (a stand-in: replace it with yours);
 - `$package/binding.py` — the description and the adapter (what you keep);
