@@ -7,9 +7,13 @@ the code under test gets half as many units of useful work through per second as
 commit loop gets commits.
 
 ``bench outbox``
-    The reference worker loop (:class:`knownstate.impl.outbox.OutboxWorker`: claim a batch, send
-    each, record each outcome with a fenced write) over a queue kept full, with a no-op effect
-    and with the real HTTP notification sink (in a process of its own) on loopback.
+    The reference worker loop (:class:`knownstate.impl.outbox.OutboxWorker`: claim a batch, a
+    no-op effect, record the batch's outcomes with one fenced write) over a queue kept full; the
+    same loop recording row by row; optionally with the real HTTP notification sink (in a
+    process of its own) as its effect; and, side by side in the same run, the peer queues that
+    are installed (pgqueuer, procrastinate: the ``bench`` extra) with the same workers and batch
+    size. A sweep of batch sizes, each from fresh tables. The cluster runs with fsync on by
+    default, as a user runs PostgreSQL (``--durability no-fsync`` is the harness's setting).
 ``bench documents``
     The real document server (FastAPI under uvicorn, in a process of its own); each client saves
     its own document in a loop (GET, then PUT with the version it read); PUT throughput and
@@ -29,8 +33,9 @@ between its own slices.
 
 **Where the time goes.** Each window also records the CPU spent in it by this process, the
 PostgreSQL server, the server process under test (sink or document server), and everything
-else on the machine, so the output can say what bounds the ratio: on a small machine with
-fsync off it is CPU per unit of work, not the database's commit rate.
+else on the machine, so the output can say what bounds the ratio: CPU per unit of work when the
+cores are saturated, otherwise (fsync on) the wait for WAL flushes. The outbox bench also counts
+each figure's transactions and the WAL it wrote per job.
 
 Bounds: at most :data:`MAX_LOOPS` concurrent loops and :data:`MAX_SECONDS` per figure; every
 loop stops at the end of its slice; everything (threads, processes, servers, the cluster) is
@@ -40,9 +45,11 @@ stopped and removed on exit, also after Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import math
 import os
+import re
 import select
 import statistics
 import subprocess
@@ -50,7 +57,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 import psycopg
 
@@ -417,175 +424,500 @@ class _ServerProcess:
 # bench outbox
 # ---------------------------------------------------------------------------------------
 
+DURABILITY: dict[str, tuple[dict[str, str], str]] = {
+    "fsync": ({"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on"},
+              "fsync on (PostgreSQL's default, what a user runs): a commit returns once its WAL "
+              "is on disk"),
+    "no-fsync": ({"fsync": "off", "full_page_writes": "off", "synchronous_commit": "on"},
+                 "fsync off (the test harness's throwaway setting): a commit never waits for the "
+                 "disk, and a power loss can corrupt the cluster"),
+}
+BATCHES = (1, 10, 100)
+MAX_BATCH = 10_000
+PEERS = ("pgqueuer", "procrastinate")
+OURS = "outbox"  # the reference worker loop, batched completion, no-op effect
+OURS_PER_ROW = "outbox-per-row"  # the same loop recording each row in its own transaction
+OURS_SINK = "outbox-sink"  # the batched loop with the real HTTP sink as its effect
 PAYLOAD_SQL = "jsonb_build_object('event', 'bench', 'n', g)"
+WARM_FILL = 20_000  # jobs each queue holds before its warm-up window
 
 
 class _Queue:
-    """The outbox table, kept full between windows (never during one) so no window runs dry."""
+    """One queue's tables, kept full between windows (never during one): no window runs dry."""
+
+    name = ""
+    tables: tuple[str, ...] = ()
+    waiting_sql = ""
 
     def __init__(self, dsn: str):
         self.dsn = dsn
-        self.added = 0
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("DROP TABLE IF EXISTS outbox_delivery")
-            conn.execute(ob.SCHEMA)
 
-    def top_up(self, claimed: int, need: int) -> None:
-        """Make sure at least ``need`` deliveries wait (``claimed`` were taken so far)."""
-        missing = need - (self.added - claimed)
-        if missing <= 0:
-            return
+    def install(self) -> None:
+        raise NotImplementedError
+
+    def add(self, n: int) -> None:
+        raise NotImplementedError
+
+    def _sql(self, sql: str, params=None) -> list[tuple]:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute(f"INSERT INTO outbox_delivery (payload) SELECT {PAYLOAD_SQL} "
-                         f"FROM generate_series(%s::bigint, %s::bigint) g", (self.added + 1, self.added + missing))
-        self.added += missing
+            cur = conn.execute(sql, params)
+            return cur.fetchall() if cur.description else []
+
+    def top_up(self, need: int) -> None:
+        """Make sure at least ``need`` jobs wait."""
+        missing = need - self._sql(self.waiting_sql)[0][0]
+        if missing > 0:
+            self.add(missing)
+
+    def reset(self) -> None:
+        """Empty this queue's tables: every batch size starts from the same state."""
+        self._sql(f"TRUNCATE {', '.join(self.tables)} RESTART IDENTITY CASCADE")
 
     def analyze(self) -> None:
-        """Statistics as on a busy queue: ANALYZE while the workers have deliveries in flight.
-
-        Gathered while nothing is in flight, they tell the planner the partial lease index is
-        empty, and it then plans every fenced write through that index instead of the primary
-        key, so each completion scans every row in flight: harmless at 40 in flight, about four
-        times the server CPU per completion at 3000. :func:`completion_plan` reports the plan."""
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute("ANALYZE outbox_delivery")
-
-    def pending(self) -> int:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            return conn.execute("SELECT count(*) FROM outbox_delivery WHERE status = 'pending'").fetchone()[0]
+        """Statistics gathered with nothing in flight: the case that could mislead a planner into
+        a partial index of in-flight rows for each fenced write (see fenced_write_plans)."""
+        for t in self.tables:
+            self._sql(f"ANALYZE {t}")
 
 
-def completion_plan(dsn: str) -> str:
-    """The index the fenced completion's UPDATE goes through, as the workers' prepared statement
-    plans it (generic plan) and for literal values (custom plan)."""
-    sql = ob.OutboxStore().q["complete"].replace("%(id)s", "$1").replace("%(attempt)s", "$2")
-    found = []
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"PREPARE bench_complete (bigint, integer) AS {sql}")
-        for mode in ("force_generic_plan", "force_custom_plan"):
-            conn.execute(f"SET plan_cache_mode = {mode}")
-            plan = [r[0] for r in conn.execute("EXPLAIN EXECUTE bench_complete (1, 1)")]
-            scan = next((line.strip().removeprefix("->").strip() for line in plan[1:] if "Scan" in line), "?")
-            found.append(f"{mode.split('_')[1]}: {scan.split('  (')[0]}")
-    return "; ".join(found)
+class _OutboxQueue(_Queue):
+    name = OURS
+    tables = ("outbox_delivery",)
+    waiting_sql = "SELECT count(*) FROM outbox_delivery WHERE status = 'pending'"
+
+    def install(self) -> None:
+        self._sql("DROP TABLE IF EXISTS outbox_delivery")
+        self._sql(ob.SCHEMA)
+
+    def add(self, n: int) -> None:
+        self._sql(f"INSERT INTO outbox_delivery (payload) SELECT {PAYLOAD_SQL} "
+                  "FROM generate_series(1, %s) g", (n,))
+
+
+class _PgqueuerQueue(_Queue):
+    """pgqueuer's tables, installed by its ``Queries.install()`` with its default durability
+    (every table logged), filled by its batch ``Queries.enqueue``."""
+
+    name = "pgqueuer"
+    entrypoint = "bench"
+
+    def __init__(self, dsn: str):
+        super().__init__(dsn)
+        from pgqueuer.queries import Queries
+
+        names = Queries.__dataclass_fields__["qbe"].default_factory().qualified
+        self.tables = (names.queue_table, names.queue_table_log)
+        self.waiting_sql = f"SELECT count(*) FROM {names.queue_table} WHERE status = 'queued'"
+
+    def _run(self, fn) -> None:
+        from pgqueuer.queries import Queries
+
+        async def run() -> None:
+            async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                await fn(Queries.from_psycopg_connection(conn))
+        asyncio.run(run())
+
+    def install(self) -> None:
+        self._run(lambda queries_: queries_.install())
+
+    def add(self, n: int) -> None:
+        async def add(queries_) -> None:
+            for k in range(0, n, 10_000):
+                m = min(10_000, n - k)
+                await queries_.enqueue([self.entrypoint] * m, [None] * m, [0] * m)
+        self._run(add)
+
+
+class _ProcrastinateQueue(_Queue):
+    """procrastinate's schema (``apply_schema``), filled by its ``batch_defer_jobs``."""
+
+    name = "procrastinate"
+    tables = ("procrastinate_jobs", "procrastinate_events", "procrastinate_workers")
+    waiting_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'todo'"
+
+    def app(self):
+        """An App on a pool of one connection (each bench loop gets its own)."""
+        import procrastinate
+
+        connector = procrastinate.PsycopgConnector(conninfo=self.dsn, min_size=1, max_size=1)
+        return procrastinate.App(connector=connector)
+
+    def _run(self, fn) -> None:
+        async def run() -> None:
+            app = self.app()
+            async with app.open_async():
+                await fn(app)
+        asyncio.run(run())
+
+    def install(self) -> None:
+        self._run(lambda app: app.schema_manager.apply_schema_async())
+
+    def add(self, n: int) -> None:
+        from procrastinate.jobs import Job
+
+        async def add(app) -> None:
+            for k in range(0, n, 5_000):
+                jobs = [Job(queue="bench", lock=None, queueing_lock=None, task_name="bench")
+                        for _ in range(min(5_000, n - k))]
+                await app.job_manager.batch_defer_jobs_async(jobs)
+        self._run(add)
+
+
+PEER_QUEUES: dict[str, type[_Queue]] = {"pgqueuer": _PgqueuerQueue,
+                                        "procrastinate": _ProcrastinateQueue}
+
+
+def peer_versions(peers: Iterable[str]) -> dict[str, str | None]:
+    """Each peer's installed version, or None when it is not installed (then it is not measured)."""
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for p in peers:
+        if p not in PEER_QUEUES:
+            raise ValueError(f"unknown peer {p!r}: choose from {', '.join(PEERS)}")
+        try:
+            __import__(p)
+            out[p] = metadata.version(p)
+        except ImportError:
+            out[p] = None
+    return out
+
+
+_PARAM = re.compile(r"%\((\w+)\)s")
+_SETTINGS = {"max_attempts": ("integer", 3), "base": ("integer", 60), "cap": ("integer", 3600)}
+FENCED_WRITES: dict[str, dict[str, tuple[str, object]]] = {  # query: parameter: (type, value)
+    "complete": {"id": ("bigint", 1), "attempt": ("integer", 1)},
+    "extend_lease": {"id": ("bigint", 1), "attempt": ("integer", 1), "lease": ("integer", 300)},
+    "fail": {"id": ("bigint", 1), "attempt": ("integer", 1), "permanent": ("boolean", False),
+             "error": ("text", "x"), **_SETTINGS},
+    "record_batch": {"ids": ("bigint[]", list(range(1, 11))), "attempts": ("integer[]", [1] * 10),
+                     "results": ("text[]", ["ok"] * 10), "errors": ("text[]", [""] * 10),
+                     **_SETTINGS},
+}
+
+
+def fenced_write_plans(conn: psycopg.Connection) -> dict[str, dict[str, str]]:
+    """How each fenced write reaches the outbox table, ``{query: {"generic": scan, "custom":
+    scan}}``; the generic plan is what a prepared statement (the worker loop's) may settle on.
+    ``conn`` must be in autocommit; the statements are planned (EXPLAIN), never run."""
+    from psycopg import sql
+
+    out: dict[str, dict[str, str]] = {}
+    for name, params in FENCED_WRITES.items():
+        text = ob.OutboxStore().q[name]
+        order = list(dict.fromkeys(_PARAM.findall(text)))
+        text = _PARAM.sub(lambda m: f"${order.index(m.group(1)) + 1}", text)
+        types = ", ".join(params[p][0] for p in order)
+        conn.execute(f"PREPARE knownstate_plan ({types}) AS {text}")
+        args = sql.SQL(", ").join(sql.SQL("{}::{}").format(sql.Literal(params[p][1]),
+                                                           sql.SQL(params[p][0])) for p in order)
+        explain = sql.SQL("EXPLAIN EXECUTE knownstate_plan ({})").format(args)
+        try:
+            for mode in ("generic", "custom"):
+                conn.execute(f"SET plan_cache_mode = force_{mode}_plan")
+                plan = [r[0] for r in conn.execute(explain)]
+                scan = next((s for s in plan if "Scan" in s and "outbox_delivery" in s), "?")
+                scan = scan.strip().removeprefix("->").strip().split("  (")[0]
+                out.setdefault(name, {})[mode] = scan
+        finally:
+            conn.execute("DEALLOCATE knownstate_plan")
+            conn.execute("RESET plan_cache_mode")
+    return out
 
 
 @dataclass
-class _WorkerSet:
-    """The reference worker loops of one effect, with what they did."""
+class _Tally:
+    """What one loop did besides finishing jobs: transactions, turns that found nothing."""
 
-    effect: str
-    workers: list[ob.OutboxWorker | None]
-    idle: int = 0
-
-    def total(self, attr: str) -> int:
-        return sum(getattr(w.stats, attr) for w in self.workers if w is not None)
+    tx: int = 0
+    empty: int = 0
 
 
-def _worker_loops(dsn: str, n: int, batch: int, effect: str, sink_url: str | None) -> tuple[_Loops, _WorkerSet]:
+def _outbox_loops(dsn: str, n: int, batch: int, per_row: bool,
+                  send: Callable[[Claim, dict], str], name: str):
+    """The reference worker loops (:class:`~knownstate.impl.outbox.OutboxWorker`), a thread
+    each. Returns the loops, the workers (for their stats) and each loop's tally."""
     store = ob.OutboxStore()
-    if effect == "noop":
-        def send(claim: Claim, payload: dict) -> str:
-            return ob.OK
-    elif effect == "sink":
-        def send(claim: Claim, payload: dict) -> str:
-            return ob.send_to_sink(sink_url, claim, payload)
-    else:
-        raise ValueError(f"unknown effect {effect!r}: one of {', '.join(EFFECTS)}")
-    ws = _WorkerSet(effect, [None] * n)
+    workers: list[ob.OutboxWorker | None] = [None] * n
+    tallies = [_Tally() for _ in range(n)]
 
     def make(i: int) -> Callable[[], int]:
         # The worker connects (and sets up its connection) itself, in the unmeasured warm-up.
-        worker = ws.workers[i] = ob.OutboxWorker(lambda: psycopg.connect(dsn), store, send, batch)
-        stats = worker.stats
+        worker = workers[i] = ob.OutboxWorker(lambda: psycopg.connect(dsn), store, send, batch,
+                                              per_row=per_row)
+        tally = tallies[i]
 
         def step() -> int:  # one turn of the reference loop: OutboxWorker.run() without the close
-            sent = stats.sent
-            if worker.run_once() == 0:
-                ws.idle += 1  # the queue ran dry in a window: the figure is starved (reported)
+            sent = worker.stats.sent
+            got = worker.run_once()
+            tally.tx += 1 + (got if per_row else min(got, 1))
+            if got == 0:
+                tally.empty += 1  # the queue ran dry in a window: the figure is starved (reported)
                 time.sleep(0.001)
-            return stats.sent - sent
+            return worker.stats.sent - sent
         return step
 
     def close(i: int) -> None:
-        w = ws.workers[i]
+        w = workers[i]
         if w is not None and w.conn is not None:
             w.conn.close()
 
-    return _Loops(n, make, close, f"outbox-{effect}"), ws
+    return _Loops(n, make, close, name), workers, tallies
 
 
-def bench_outbox(workers: int = 4, seconds: float = 10, batch: int = 10, effect: str = "both",
+def _async_loops(n: int, setup: Callable, name: str) -> tuple[_Loops, list[_Tally]]:
+    """Loops for an asyncio library, each thread with its own event loop. ``setup(i)`` (run in
+    it) returns ``(turn, close)``: ``turn()`` a coroutine answering (jobs done, transactions),
+    ``close()`` what lets go of the connection (a coroutine)."""
+    tallies = [_Tally() for _ in range(n)]
+    closers: dict[int, tuple[asyncio.AbstractEventLoop, Callable | None]] = {}
+
+    def make(i: int) -> Callable[[], int]:
+        loop = asyncio.new_event_loop()
+        closers[i] = (loop, None)
+        turn, close = loop.run_until_complete(setup(i))
+        closers[i] = (loop, close)
+        tally = tallies[i]
+
+        def step() -> int:
+            done, tx = loop.run_until_complete(turn())
+            tally.tx += tx
+            if not done:
+                tally.empty += 1
+                time.sleep(0.001)
+            return done
+        return step
+
+    def close(i: int) -> None:
+        loop, closer = closers.pop(i, (None, None))
+        if loop is not None:
+            with contextlib.suppress(Exception):
+                if closer is not None:
+                    loop.run_until_complete(closer())
+            loop.close()
+
+    return _Loops(n, make, close, name), tallies
+
+
+def _pgqueuer_loops(dsn: str, n: int, batch: int) -> tuple[_Loops, list[_Tally]]:
+    """pgqueuer's batch: ``Queries.dequeue`` (one statement) then, for the whole batch,
+    ``Queries.log_jobs`` (one statement), on its psycopg driver: what its QueueManager runs per
+    batch, without the asyncio tasks, heartbeats and buffers around them (its best case)."""
+    import uuid
+    from datetime import timedelta
+
+    from pgqueuer.ports.repository import EntrypointExecutionParameter
+    from pgqueuer.queries import Queries
+
+    entrypoints = {_PgqueuerQueue.entrypoint: EntrypointExecutionParameter(concurrency_limit=0)}
+    heartbeat = timedelta(seconds=30)
+
+    async def setup(i: int):
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        queries_ = Queries.from_psycopg_connection(conn)
+        manager = uuid.uuid4()
+
+        async def turn() -> tuple[int, int]:
+            jobs = await queries_.dequeue(batch_size=batch, entrypoints=entrypoints,
+                                          queue_manager_id=manager, global_concurrency_limit=None,
+                                          heartbeat_timeout=heartbeat)
+            if not jobs:
+                return 0, 1
+            await queries_.log_jobs([(job, "successful", None) for job in jobs])
+            return len(jobs), 2
+        return turn, conn.close
+
+    return _async_loops(n, setup, "pgqueuer")
+
+
+def _procrastinate_loops(dsn: str, n: int) -> tuple[_Loops, list[_Tally]]:
+    """procrastinate's job manager: ``fetch_job`` then ``finish_job``, as its worker runs each
+    job (without the worker's event and heartbeat tasks: its best case). It fetches one job per
+    query; it has no batch."""
+    from procrastinate.jobs import Status
+
+    async def setup(i: int):
+        app = _ProcrastinateQueue(dsn).app()
+        await app.open_async()
+        manager = app.job_manager
+        worker_id = await manager.register_worker()
+
+        async def turn() -> tuple[int, int]:
+            job = await manager.fetch_job(queues=None, worker_id=worker_id)
+            if job is None:
+                return 0, 1
+            await manager.finish_job(job, Status.SUCCEEDED, delete_job=False)
+            return 1, 2
+        return turn, app.close_async
+
+    return _async_loops(n, setup, "procrastinate")
+
+
+def _wal_lsn(conn: psycopg.Connection) -> int:
+    hi, lo = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0].split("/")
+    return (int(hi, 16) << 32) + int(lo, 16)
+
+
+@dataclass
+class _Set:
+    """One figure's loops, the queue they drain, and what they did."""
+
+    name: str
+    loops: _Loops
+    queue: _Queue
+    tallies: list[_Tally]
+    workers: list = field(default_factory=list)  # ours: the OutboxWorkers, for their stats
+    fig: Figure | None = None
+    wal: int = 0  # WAL bytes written in its windows
+    estimate: float = 0.0  # the highest rate seen, to size the next fill
+
+    def total(self, attr: str) -> int:
+        return sum(getattr(t, attr) for t in self.tallies)
+
+
+def _figures(dsn: str, stack: contextlib.ExitStack, workers: int, batch: int, names: list[str],
+             queues: dict[str, _Queue], sink_url: str | None) -> list[_Set]:
+    def noop(claim: Claim, payload: dict) -> str:
+        return ob.OK
+
+    def sink(claim: Claim, payload: dict) -> str:
+        return ob.send_to_sink(sink_url, claim, payload)
+
+    sets = []
+    for name in names:
+        ws: list = []
+        if name in (OURS, OURS_PER_ROW, OURS_SINK):
+            loops, ws, tallies = _outbox_loops(dsn, workers, batch, name == OURS_PER_ROW,
+                                               sink if name == OURS_SINK else noop, name)
+        elif name == "pgqueuer":
+            loops, tallies = _pgqueuer_loops(dsn, workers, batch)
+        else:
+            loops, tallies = _procrastinate_loops(dsn, workers)
+        queue = queues[OURS if name.startswith(OURS) else name]
+        sets.append(_Set(name, stack.enter_context(loops), queue, tallies, ws))
+    return sets
+
+
+def _outbox_step(dsn: str, admin: psycopg.Connection, workers: int, batch: int,
+                 names: list[str], queues: dict[str, _Queue], sink_url: str | None,
+                 n_slices: int, slice_s: float, meter: _CpuMeter,
+                 say: Callable[[str], None]) -> dict:
+    """Every figure at one batch size, from fresh tables, in interleaved slices."""
+    for q in queues.values():
+        q.reset()
+    ceiling = Figure("ceiling", workers)
+    ceiling_wal = 0
+    with contextlib.ExitStack() as stack:
+        ceil_loops = stack.enter_context(_ceiling_loops(dsn, workers))
+        sets = _figures(dsn, stack, workers, batch, names, queues, sink_url)
+
+        def run(s: _Set, fig: Figure, seconds: float) -> None:
+            # Jobs wait for the window with room for the highest rate seen, and then some.
+            s.queue.top_up(int(max(s.estimate, ceiling.rate) * seconds * 2.5) + workers * batch * 4)
+            before = _wal_lsn(admin)
+            s.loops.run_slice(seconds, meter, fig)
+            s.wal += _wal_lsn(admin) - before
+            s.estimate = max(s.estimate, fig.slices[-1])
+
+        # Warm-up, not measured: connections, prepared statements, caches. Statistics are
+        # gathered first, with nothing in flight.
+        for q in queues.values():
+            q.top_up(WARM_FILL + workers * batch * 20)
+            q.analyze()
+        warm = min(slice_s, 0.5)
+        ceil_loops.run_slice(warm, meter, Figure("warm-up", workers))
+        for s in sets:
+            run(s, Figure("warm-up", workers), warm)
+            s.wal, s.fig = 0, Figure(s.name, workers)
+            for t in s.tallies:
+                t.tx = t.empty = 0
+            for w in s.workers:
+                w.stats = ob.LoopStats()
+        for k in range(n_slices):
+            before = _wal_lsn(admin)
+            ceil_loops.run_slice(slice_s, meter, ceiling)
+            ceiling_wal += _wal_lsn(admin) - before
+            for s in sets:
+                run(s, s.fig, slice_s)
+            say(f"  batch {batch}, slice {k + 1}/{n_slices}: ceiling {ceiling.slices[-1]:.0f}/s"
+                + "".join(f", {s.name} {s.fig.slices[-1]:.0f}/s" for s in sets))
+
+    out = {"ceiling": _figure_dict(ceiling, ceiling, 1.0, ceiling_wal)}
+    for s in sets:
+        d = _figure_dict(s.fig, ceiling, s.total("tx") / s.fig.count if s.fig.count else 0.0, s.wal)
+        d["starved"] = s.total("empty") > 0
+        for k in ("sent", "fenced", "failed", "errors") if s.workers else ():
+            d[k] = sum(getattr(w.stats, k) for w in s.workers)
+        out[s.name] = d
+    return out
+
+
+def _figure_dict(fig: Figure, ceiling: Figure, tx_per_job: float, wal: int) -> dict:
+    d = fig.as_dict()
+    own = fig.cpu.bench + fig.cpu.postgres + fig.cpu.app
+    d.update(ratio=_ratio(fig, ceiling), tx_per_job=round(tx_per_job, 4),
+             wal_per_job=round(wal / fig.count, 1) if fig.count else 0.0,
+             cpu_per_job=round(_cpu_per_op(fig), 1),
+             cores_own=round(own / fig.cpu.wall, 2) if fig.cpu.wall else 0.0)
+    return d
+
+
+def _check_batches(batches: Iterable[int]) -> tuple[int, ...]:
+    out = tuple(batches)
+    if not out or any(not 1 <= b <= MAX_BATCH for b in out) or len(set(out)) != len(out):
+        got = ",".join(map(str, out)) or "none"
+        raise ValueError(f"--batch must be distinct sizes in 1..{MAX_BATCH}, got {got}")
+    return out
+
+
+def bench_outbox(workers: int = 4, seconds: float = 10, batches: Iterable[int] = BATCHES,
+                 effect: str = "noop", durability: str = "fsync", peers: Iterable[str] = (),
                  *, progress: Callable[[str], None] | None = None) -> dict:
-    """Deliveries/s of the reference worker loop with each effect, and the ceiling, in one run.
+    """Jobs/s of the reference worker loop (batched and per-row completion), of each peer that is
+    installed, and of the ceiling, at each batch size, in one run on one cluster.
 
     Returns the figures as a dict (see :func:`outbox_lines` for what they mean)."""
+    if isinstance(batches, int):
+        batches = (batches,)
     _check_bounds(workers, seconds, "--workers")
-    if not 1 <= batch <= 10_000:
-        raise ValueError(f"--batch must be 1..10000, got {batch}")
-    effects = EFFECTS if effect == "both" else (effect,)
-    if any(e not in EFFECTS for e in effects):
+    batches = _check_batches(batches)
+    if effect not in ("noop", "sink", "both"):
         raise ValueError(f"unknown effect {effect!r}: noop, sink or both")
+    if durability not in DURABILITY:
+        raise ValueError(f"unknown durability {durability!r}: {' or '.join(DURABILITY)}")
+    versions = peer_versions(peers)
+    measured = [p for p, v in versions.items() if v is not None]
+    names = ([OURS, OURS_PER_ROW] if effect != "sink" else []) \
+        + ([OURS_SINK] if effect != "noop" else []) + measured
     say = progress or (lambda _m: None)
     n_slices, slice_s = _slices(seconds)
-    ceiling = Figure("ceiling", workers)
-    figs = {e: Figure(e, workers) for e in effects}
-
+    settings, meaning = DURABILITY[durability]
+    load = os.getloadavg()[0]
+    runs: dict[int, dict] = {}
     with contextlib.ExitStack() as stack:
-        pg = stack.enter_context(PostgresCluster(faketime=False))
+        pg = stack.enter_context(PostgresCluster(faketime=False, settings=settings))
         dsn = pg.dsn()
-        sink = stack.enter_context(_ServerProcess("sink")) if "sink" in effects else None
+        sink = stack.enter_context(_ServerProcess("sink")) if effect != "noop" else None
         meter = _CpuMeter(pg._proc.pid if pg._proc else None, sink.pid if sink else None)
-        say(f"{pg.describe()}; {os.cpu_count()} cores; {n_slices} interleaved slices of {slice_s:.2f}s per figure")
-        queue = _Queue(dsn)
-        queue.top_up(0, workers * batch * 20)
-        ceil_loops = stack.enter_context(_ceiling_loops(dsn, workers))
-        sets = {}
-        for e in effects:
-            loops, ws = _worker_loops(dsn, workers, batch, e, sink.url if sink else None)
-            sets[e] = (stack.enter_context(loops), ws)
-
-        def claimed() -> int:
-            return sum(ws.total("claimed") for _, ws in sets.values())
-
-        def fill(ceiling_rate: float, seconds: float) -> None:
-            # A delivery needs at least its own commit, so no loop outruns the ceiling's rate;
-            # twice that per effect, filled outside every window, cannot run dry.
-            queue.top_up(claimed(), int(ceiling_rate * seconds * 2 * len(effects)) + workers * batch * 4)
-
-        # Warm-up, not measured: connections, prepared statements, caches, and the queue table's
-        # statistics gathered while deliveries are in flight, as on a busy queue.
-        warm = min(slice_s, 0.5)
-        ceil_loops.run_slice(warm, meter, (w := Figure("warm-up", workers)))
-        fill(w.rate, warm)
-        for e in effects:
-            sets[e][0].run_slice(warm, meter, Figure("warm-up", workers), during=queue.analyze)
-            sets[e][1].idle = 0
-        for k in range(n_slices):
-            ceil_loops.run_slice(slice_s, meter, ceiling)
-            fill(ceiling.slices[-1], slice_s)
-            for e in effects:
-                sets[e][0].run_slice(slice_s, meter, figs[e])
-            say(f"  slice {k + 1}/{n_slices}: ceiling {ceiling.slices[-1]:.0f}/s"
-                + "".join(f", {e} {figs[e].slices[-1]:.0f}/s" for e in effects))
-        plan = completion_plan(dsn)
-        left = queue.pending()
-    sink_log = (sink.final.get("received", -1), sink.final.get("duplicates", -1)) if sink else (0, 0)
-
-    out: dict = {"bench": "outbox", "workers": workers, "seconds": seconds, "batch": batch,
-                 "ceiling": ceiling.as_dict()}
-    for e in effects:
-        ws = sets[e][1]
-        d = figs[e].as_dict()
-        d.update(ratio=_ratio(figs[e], ceiling), sent=ws.total("sent"), fenced=ws.total("fenced"),
-                 failed=ws.total("failed"), errors=ws.total("errors"), starved=ws.idle > 0 or left == 0,
-                 expected_ratio_cpu=round(_cpu_per_op(ceiling) / _cpu_per_op(figs[e]), 3) if figs[e].count else 0.0)
-        if e == "sink":
-            d.update(sink_received=sink_log[0], sink_duplicates=sink_log[1])
-        out[e] = d
-    out["commit_bound_ratio"] = round(batch / (batch + 1), 3)
-    out["completion_plan"] = plan
-    return out
+        admin = stack.enter_context(psycopg.connect(dsn, autocommit=True))
+        say(f"{pg.describe()}, {meaning}; {os.cpu_count()} cores, load {load:.2f}; {n_slices} "
+            f"interleaved slices of {slice_s:.2f}s per figure; figures: ceiling, "
+            f"{', '.join(names)}")
+        for p, v in versions.items():
+            if v is None:
+                say(f"{p}: not installed, not measured (pip install -e '.[bench]')")
+        queues: dict[str, _Queue] = {OURS: _OutboxQueue(dsn)}
+        queues.update({p: PEER_QUEUES[p](dsn) for p in measured})
+        for q in queues.values():
+            q.install()
+        for batch in batches:
+            runs[batch] = _outbox_step(dsn, admin, workers, batch, names, queues,
+                                       sink.url if sink else None, n_slices, slice_s, meter, say)
+        plans = fenced_write_plans(admin)
+    return {"bench": "outbox", "workers": workers, "seconds": seconds, "batches": list(batches),
+            "durability": durability, "durability_means": meaning, "settings": settings,
+            "figures": names, "peers": versions, "cores": os.cpu_count() or 1,
+            "load": [round(load, 2), round(os.getloadavg()[0], 2)], "runs": runs, "plans": plans}
 
 
 def _cpu_line(label: str, unit: str, d: dict, app: str | None = None) -> str:
@@ -595,74 +927,112 @@ def _cpu_line(label: str, unit: str, d: dict, app: str | None = None) -> str:
             f"others {u['others']:7.1f}  (machine busy {d['cores_busy']:.2f} of {d['cores']} cores)")
 
 
+FIGURE_MEANS = {
+    "ceiling": "one-row UPDATE commits in autocommit, a row per connection",
+    OURS: "reference loop, batched fenced completion: 2 commits per batch",
+    OURS_PER_ROW: "reference loop, a fenced completion per row: 1 + 1/batch commits per job",
+    OURS_SINK: "batched reference loop, the real HTTP sink on loopback as its effect",
+    "pgqueuer": "its dequeue + log_jobs per batch, no fence: 2 commits per batch",
+    "procrastinate": "its fetch_job + finish_job per job, no batch: 2 commits per job",
+}
+
+
+def _ratio_of(run: dict, a: str, b: str) -> float | None:
+    if a not in run or b not in run or not run[b]["per_second"]:
+        return None
+    return round(run[a]["per_second"] / run[b]["per_second"], 2)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _limit_lines(batch: int, run: dict, cores: int, durability: str) -> list[str]:
+    """What bounds ours at this batch size, read from the figures of the same run."""
+    o, c = run[OURS], run["ceiling"]
+    u, cu = o["cpu_us_per_op"], c["cpu_us_per_op"]
+    commits = o["per_second"] * o["tx_per_job"]
+    lines = [f"  batch {batch}: {o['tx_per_job']:.2f} commits, {o['wal_per_job']:.0f} WAL bytes "
+             f"and {o['cpu_per_job']:.0f} us of CPU per job (postgres {u['postgres']:.0f}, the "
+             f"loop {u['bench']:.0f});",
+             f"    a ceiling commit: {c['wal_per_job']:.0f} WAL bytes, {c['cpu_per_job']:.0f} us "
+             f"(postgres {cu['postgres']:.0f}); ours committed {commits:.0f}/s, the ceiling "
+             f"{c['per_second']:.0f}/s"]
+    if o["cores_busy"] >= 0.85 * cores:
+        why = (f"CPU: the machine was busy {o['cores_busy']:.2f} of {cores} cores, "
+               f"{o['cores_own']:.2f} of them this loop and its server, the rest other work")
+    elif durability == "fsync":
+        why = ("the commit: the cores were not saturated, so the loops waited on WAL flushes; "
+               "ours needs 2 per batch")
+    else:
+        why = "round trips: no core was saturated and no commit waits for the disk"
+    return lines + [f"    -> bound by {why}"]
+
+
 def outbox_lines(r: dict) -> list[str]:
     """The outbox bench's result as plain readable lines."""
-    c, batch = r["ceiling"], r["batch"]
-    effects = [e for e in EFFECTS if e in r]
-    lines = [f"bench outbox: {r['workers']} workers (threads), batch {batch}, {r['seconds']:g}s per figure in "
-             f"{c['slices']} interleaved slices, {c['cores']} cores",
-             f"  ceiling   {c['per_second']:>8.0f} commits/s     one-row UPDATE in autocommit over {r['workers']} "
-             f"connections (slices {c['slice_rate_min']:.0f}..{c['slice_rate_max']:.0f}/s)"]
-    for e in effects:
-        d = r[e]
-        what = "reference worker loop, no-op effect" if e == "noop" else \
-            "reference worker loop, real HTTP sink on loopback"
-        lines.append(f"  {e:<9} {d['per_second']:>8.0f} deliveries/s  {what} "
-                     f"(slices {d['slice_rate_min']:.0f}..{d['slice_rate_max']:.0f}/s)")
-    for e in effects:
-        lines.append(f"  ratio {e} = {r[e]['ratio']:.3f}  ({e} deliveries/s / ceiling commits/s)")
-    lines.append("CPU per unit, microseconds (bench: this process, the loops; sink: the sink's process; postgres: "
-                 "the server; others: the rest of the machine, same windows):")
-    lines.append(_cpu_line("ceiling", "commit", c, "sink" if "sink" in r else None))
-    for e in effects:
-        lines.append(_cpu_line(e, "delivery", r[e], "sink" if "sink" in r else None))
-    lines += [
-        "what the ratio means:",
-        f"  A delivery costs one fenced completion commit plus 1/{batch} of a claim commit. Were commits the whole "
-        "cost",
-        f"  (a disk flush each), the ratio would approach batch/(batch+1) = {r['commit_bound_ratio']:.2f}. This "
-        "cluster runs with",
-        "  fsync off, so a commit costs CPU, not a flush, and the machine is CPU-bound: the honest expectation is",
-        "  CPU per ceiling commit / CPU per delivery (bench + sink + postgres):",
-    ]
-    for e in effects:
-        lines.append(f"    {e}: expected {r[e]['expected_ratio_cpu']:.2f}, measured {r[e]['ratio']:.2f}")
-    if "noop" in r:
-        u, cu = r["noop"]["cpu_us_per_op"], c["cpu_us_per_op"]
-        pg_x = u["postgres"] / cu["postgres"] if cu["postgres"] else 0.0
-        py_x = u["bench"] / cu["bench"] if cu["bench"] else 0.0
-        lines += [
-            "what limits it:",
-            f"  postgres spends {pg_x:.1f}x a ceiling commit's CPU per delivery: the claim locks each row (FOR UPDATE "
-            "SKIP",
-            "  LOCKED) and writes a new version of it, the completion writes another, and neither is a HOT update",
-            "  (status is in the partial indexes' predicates); the ceiling is one HOT update of one row.",
-            f"  this process spends {py_x:.1f}x: psycopg's cost per statement (1 + 1/{batch} statements per "
-            "delivery, each its",
-            "  own transaction in one round trip), decoding each payload, and the loop's bookkeeping.",
-        ]
-    if "sink" in r:
-        lines.append("  with the sink, each delivery adds an HTTP POST on a new TCP connection (urllib) to a Python "
-                     "http.server:")
-        lines.append("  the sink's and the client's HTTP work per delivery, not the database, bound it.")
-    lines.append(f"  the completion's plan: {r['completion_plan']}")
-    for e in effects:
-        d, notes = r[e], []
-        if d["fenced"] or d["errors"] or d["failed"]:
-            notes.append(f"fenced {d['fenced']}, failed {d['failed']}, errors {d['errors']} (whole run)")
-        if d["starved"]:
-            notes.append("STARVED: the queue ran dry in a window, the figure is too low")
-        if e == "sink" and (d["sink_duplicates"] or d["sink_received"] != d["sent"]):
-            notes.append(f"sink received {d['sink_received']} for {d['sent']} sent, "
-                         f"{d['sink_duplicates']} duplicates")
-        if notes:
-            lines.append(f"  {e}: " + "; ".join(notes))
-    if "noop" in r:
-        at = "at 4 workers" if r["workers"] == 4 else f"(the goal is at 4 workers; this ran {r['workers']})"
-        verdict = "met" if r["noop"]["ratio"] >= 0.5 else "not met"
-        lines.append(f"goal (issue 2): no-op ratio >= 0.5 {at}: {verdict} ({r['noop']['ratio']:.2f}; an unfenced "
-                     f"PostgreSQL queue measured 0.27 at batch 10)")
+    runs, cores = r["runs"], r["cores"]
+    slices = next(iter(runs.values()))["ceiling"]["slices"]
+    lines = [f"bench outbox: {r['workers']} workers for every figure (threads, a connection "
+             f"each), no-op effect unless named, {r['seconds']:g}s per figure in {slices} "
+             f"interleaved slices; {cores} cores, load average {r['load'][0]:.2f} at start, "
+             f"{r['load'][1]:.2f} at end",
+             f"  durability {r['durability']}: {r['durability_means']}"]
+    for p, v in r["peers"].items():
+        lines.append(f"  {p} {v}: measured in the same run, same workers and batch size" if v else
+                     f"  {p}: not installed, not measured (pip install -e '.[bench]')")
+    for batch, run in runs.items():
+        lines += [f"batch {batch}:",
+                  f"  {'figure':<15} {'jobs/s':>8} {'/ceiling':>8} {'tx/job':>7} {'WAL B/job':>9} "
+                  f"{'CPU us/job':>10} {'busy':>5}  {'slices/s':<13} what"]
+        for name, d in run.items():
+            spread = f"{d['slice_rate_min']:.0f}..{d['slice_rate_max']:.0f}"
+            lines.append(f"  {name:<15} {d['per_second']:>8.0f} {d.get('ratio', 1.0):>8.3f} "
+                         f"{d['tx_per_job']:>7.2f} {d['wal_per_job']:>9.0f} "
+                         f"{d['cpu_per_job']:>10.1f} {d['cores_busy']:>5.2f}  {spread:<13} "
+                         f"{FIGURE_MEANS[name]}")
+            if d.get("starved"):
+                lines.append(f"  {'':<15} STARVED: its queue ran dry in a window: too low")
+            if d.get("fenced") or d.get("errors") or d.get("failed"):
+                lines.append(f"  {'':<15} fenced {d['fenced']}, failed {d['failed']}, "
+                             f"errors {d['errors']}")
+        pairs = [(f"{OURS} / {p}", _ratio_of(run, OURS, p)) for p in (*PEERS, OURS_PER_ROW)]
+        lines.append("  " + "; ".join(f"{k} = {_fmt(v)}" for k, v in pairs if v is not None))
+    batches = list(runs)
+    lines.append(f"ratios at batch {' / '.join(map(str, batches))}:")
+    for name in r["figures"]:
+        lines.append(f"  {name + ' / ceiling':<30} "
+                     + " / ".join(_fmt(runs[b][name]["ratio"]) for b in batches))
+    if OURS in r["figures"]:
+        for other in [p for p in (*PEERS, OURS_PER_ROW) if p in r["figures"]]:
+            lines.append(f"  {OURS + ' / ' + other:<30} "
+                         + " / ".join(_fmt(_ratio_of(runs[b], OURS, other)) for b in batches))
+        lines.append("what limits ours:")
+        for b in batches:
+            lines += _limit_lines(b, runs[b], cores, r["durability"])
+        lines += ["  ours writes each row twice (claim, record); pgqueuer writes each job three",
+                  "  times (dequeue, delete, log insert). Recording the batch in one statement",
+                  "  took ours from 1 + 1/batch commits per job to 2/batch, pgqueuer's count."]
+    lines.append("the fenced writes' plans (after an ANALYZE with nothing in flight):")
+    for q, modes in r["plans"].items():
+        lines.append(f"  {q}: " + "; ".join(f"{m} {scan}" for m, scan in modes.items()))
+    lines += _goal_lines(r)
     return lines
+
+
+def _goal_lines(r: dict) -> list[str]:
+    """Issue 11's goals, judged on this run (fsync on, batch 10 and 100 when measured)."""
+    runs, at = r["runs"], [b for b in (10, 100) if b in r["runs"]]
+    if r["durability"] != "fsync" or OURS not in r["figures"] or not at:
+        return []
+    out = []
+    for peer, goal in (("pgqueuer", 1.0), ("procrastinate", 10.0)):
+        if peer in r["figures"]:
+            v = [_ratio_of(runs[b], OURS, peer) for b in at]
+            verdict = "met" if all(x is not None and x >= goal for x in v) else "not met"
+            out.append(f"goal (issue 11, fsync on): ours >= {goal:g}x {peer} at batch "
+                       f"{' and '.join(map(str, at))}: {verdict} ({', '.join(map(_fmt, v))})")
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -847,6 +1217,23 @@ def _seconds(s: str) -> float:
     return v
 
 
+def _batches(s: str) -> tuple[int, ...]:
+    try:
+        return _check_batches(int(x) for x in s.split(","))
+    except ValueError as e:
+        msg = str(e) if "--batch" in str(e) else f"not a list of whole numbers: {s!r}"
+        raise argparse.ArgumentTypeError(msg.removeprefix("--batch ")) from None
+
+
+def _peers(s: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in s.split(",") if x.strip())
+    unknown = [x for x in names if x not in PEERS]
+    if unknown or not names:
+        name = unknown[0] if unknown else s
+        raise argparse.ArgumentTypeError(f"unknown peer {name!r}: choose from {', '.join(PEERS)}")
+    return names
+
+
 def add_parser(subparsers) -> None:
     """Register ``bench`` with its sub-commands ``outbox`` and ``documents`` (each sets ``func``)."""
     p = subparsers.add_parser("bench", help="throughput as a ratio to a one-row UPDATE ceiling, in one run",
@@ -854,14 +1241,25 @@ def add_parser(subparsers) -> None:
                                           "(one-row UPDATE commits/s over the same number of connections), "
                                           "measured in the same run on interleaved slices.")
     sub = p.add_subparsers(dest="bench", metavar="{outbox,documents}", required=True)
-    o = sub.add_parser("outbox", help="deliveries/s of the reference worker loop",
-                       description="Deliveries/s of the reference outbox worker loop (claim a batch, send "
-                                   "each, fenced completion) with a no-op effect and with the real HTTP sink.")
-    o.add_argument("--workers", type=int, default=4, help="worker threads (and ceiling connections); default 4")
-    o.add_argument("--seconds", type=_seconds, default=10.0, help="seconds per figure; default 10")
-    o.add_argument("--batch", type=int, default=10, help="deliveries per claim; default 10")
-    o.add_argument("--effect", choices=("noop", "sink", "both"), default="both",
-                   help="the send: no-op, the HTTP sink, or both (default)")
+    o = sub.add_parser("outbox", help="jobs/s of the reference outbox loop beside peer queues",
+                       description="Jobs/s of the reference outbox worker loop (claim a batch, a "
+                                   "no-op effect, the batch's outcomes recorded with one fenced "
+                                   "write), of the same loop recording row by row, and of the peer "
+                                   "queues named: each a ratio to the ceiling and to the others, "
+                                   "at each batch size, in one run.")
+    o.add_argument("--workers", type=int, default=4,
+                   help="worker threads, a connection each, for every figure; default 4")
+    o.add_argument("--seconds", type=_seconds, default=10.0,
+                   help="seconds per figure and batch size; default 10")
+    o.add_argument("--batch", type=_batches, default=BATCHES, metavar="N[,N...]",
+                   help="jobs per claim, for ours and pgqueuer alike; default 1,10,100")
+    o.add_argument("--durability", choices=tuple(DURABILITY), default="fsync",
+                   help="fsync: PostgreSQL's default, a commit waits for the disk (default); "
+                        "no-fsync: the test harness's setting, it never does")
+    o.add_argument("--peers", type=_peers, default=(), metavar="NAME[,NAME]",
+                   help=f"also measure {' and '.join(PEERS)} (pip install -e '.[bench]')")
+    o.add_argument("--effect", choices=("noop", "sink", "both"), default="noop",
+                   help="our loop's effect: no-op (default), the real HTTP sink, or both")
     o.set_defaults(func=run_outbox)
     d = sub.add_parser("documents", help="PUT throughput and latency of the document server",
                        description="Saves/s and PUT latency of the real document server, each client saving "
@@ -873,7 +1271,8 @@ def add_parser(subparsers) -> None:
 
 def run_outbox(args) -> int:
     try:
-        r = bench_outbox(args.workers, args.seconds, args.batch, args.effect, progress=lambda m: print(m, flush=True))
+        r = bench_outbox(args.workers, args.seconds, args.batch, args.effect, args.durability,
+                         args.peers, progress=lambda m: print(m, flush=True))
     except ValueError as e:
         print(f"bench outbox: {e}")
         return 2

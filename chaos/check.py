@@ -155,12 +155,28 @@ class Offer:
     runs: frozenset = frozenset()
     """The runs it may write (a fenced write: its run; a claim: the due runs; the reaper: the
     runs whose lease lapsed), so a block can aim at a run two workers contest."""
+    fenced: bool = False
+    """A write by an owner, which the contract refuses once the writer lost the run."""
+
+
+def broken_by(expected: Any, got: Any, fenced: bool, guarantee: str | None) -> tuple[str, ...]:
+    """What an outcome that differs from the model's breaks, when the state itself breaks
+    nothing: a write the contract refuses that went through, or one it lets win that was
+    refused, breaks the fence (a write by an owner) or the conditional transition (any other:
+    exactly one caller wins, and it is this one); otherwise the guarantee the operation's
+    outcome is (which runs a claim or a reaper takes, which step a step is), if it is one."""
+    if isinstance(expected, LostRace) and isinstance(got, Won):
+        return ("lease-fence",) if fenced else ("conditional-transition",)
+    if isinstance(expected, Won) and isinstance(got, LostRace):
+        return ("lease-fence",) if fenced else ("conditional-transition",)
+    return (guarantee,) if guarantee else ()
 
 
 @dataclass(frozen=True)
 class Requirement:
     """Something a run must observe: a transition of the table or an event, and what the
-    database must be able to do for it to be reachable at all (``db-clock``, ``db-crash``)."""
+    database must be able to do for it to be reachable at all (``Env.capabilities()``:
+    ``time-shift``, ``db-clock``, ``db-crash``)."""
 
     label: str
     what: str = "event"
@@ -361,7 +377,7 @@ class _Blocks:
         """Worker ``w`` (resuming from a stall) races the others on a run it can write: a block
         of its next write and another worker's operation on the same run (the reaper taking it
         back, a new owner writing it). False when no other worker can touch its runs."""
-        mine = {run for o in self.offers(w) for run in o.runs}
+        mine = {run for o in self.offers(w) if o.fenced for run in o.runs}  # the runs it holds
         contested = {run: ws for run, ws in self._contested().items()
                      if run in mine and any(x.index == w for x in ws)}
         if (not contested or "concurrency" not in self.run.capabilities
@@ -369,9 +385,35 @@ class _Blocks:
             return False
         run = data.draw(st.sampled_from(list(contested)), label="the run they race on")
         others = [x for x in contested[run] if x.index != w]
-        other = data.draw(st.sampled_from(others), label="who races it")
-        self._block(data, sorted([self.workers[w], other], key=lambda x: x.index), run)
+        n = data.draw(st.integers(1, min(2, len(others))), label="how many race it")
+        racers = data.draw(st.lists(st.sampled_from(others), min_size=n, max_size=n,
+                                    unique_by=lambda x: x.index), label="who races it")
+        self._block(data, sorted([self.workers[w], *racers], key=lambda x: x.index), run)
         return True
+
+    @staticmethod
+    def _schedule(data, names: list[str]) -> Callable[[list[str]], str]:
+        """The block's schedule, drawn as PCT draws it (Burckhardt et al., probabilistic
+        concurrency testing): a priority order of the workers and up to two change points, steps
+        after which the worker then on top drops to the bottom. The highest-priority worker that
+        can run takes each step. A race of depth d (one read, then others' commits, then the
+        write) needs d - 1 change points, so short draws reach it often, and the schedule shrinks
+        towards running the workers one after another."""
+        order = list(data.draw(st.permutations(names), label="priority"))
+        changes = set(data.draw(st.lists(st.integers(1, 12), max_size=2, unique=True),
+                                label="priority changes after steps"))
+        step = 0
+
+        def choose(options: list[str]) -> str:
+            nonlocal step
+            step += 1
+            if step - 1 in changes:
+                top = next(n for n in order if n in options)
+                order.remove(top)
+                order.append(top)
+            return next(n for n in order if n in options)
+
+        return choose
 
     def _block(self, data, chosen: list[Worker], run: Any) -> None:
         """Run one block of ``chosen`` workers' operations (aimed at ``run`` when given)."""
@@ -412,9 +454,8 @@ class _Blocks:
                 block.fault(f"link down {worker.link.name}", worker.link.down, lost=[worker.name])
 
         try:
-            res = self.ws.scheduler().run(
-                ops, lambda options: data.draw(st.sampled_from(options), label="next step"),
-                between=between)
+            res = self.ws.scheduler().run(ops, self._schedule(data, [w.name for w in chosen]),
+                                          between=between)
         except SchedulerEnvironmentError as e:
             raise EnvironmentFault(f"a concurrent block could not run: {e}") from None
         for link in struck:
@@ -447,9 +488,13 @@ class _Blocks:
                                   fingerprint=self.fingerprint,
                                   final=linearize.FinalState(real, self.observe_model))
         if not verdict.ok:
-            named = tuple(g for op, _ in verdict.next_refused
-                          if (g := offers[op.client].guarantee)) or ("conditional-transition",)
-            self.fail("\n".join(verdict.explain()), real=real, otherwise=named)
+            named: tuple[str, ...] = ()
+            for (op, _), answers in zip(verdict.next_refused, verdict.next_answers):
+                offer = offers[op.client]
+                for answer in answers or (None,):
+                    named += broken_by(answer, op.output, offer.fenced, offer.guarantee)
+            self.fail("\n".join(verdict.explain()), real=real,
+                      otherwise=named or ("conditional-transition",))
         self.candidates = [Candidate(m) for m in verdict.final_states]
         if any(op.ret is None for op in history):
             self.event("indeterminate commit in a block")
@@ -782,7 +827,8 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
                 self._count_refusal(label, str(run_id))
         if got != expected:
             self.fail(f"{label}: implementation answered {fmt(got)}, the model expects "
-                      f"{fmt(expected)}", otherwise=guarantee)
+                      f"{fmt(expected)}",
+                      otherwise=broken_by(expected, got, fenced is not None, guarantee))
         if isinstance(got, LostRace):
             self.event("lost race")
         self.model = trial
@@ -982,7 +1028,8 @@ def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | P
               traces: list[list[str]] | None = None, start_batch: int = 0) -> CheckResult:
     """Run one kind's check against the real parts. ``examples`` fixes the number of examples
     (one batch, no coverage stop); otherwise the profile directs the run, batch after batch from
-    ``start_batch``. Raises EnvironmentFault when a real part dies."""
+    ``start_batch``. Raises EnvironmentFault when a real part dies, carrying what the run had
+    done so far in its ``partial`` (a CheckResult; ``stopped`` says why)."""
     prof = PROFILES[profile] if isinstance(profile, str) else profile
     run = RunState(prof, machine.requirements(), env.capabilities(), fixed_examples=examples,
                    progress=progress, all_traces=traces)
@@ -1006,12 +1053,13 @@ def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | P
             test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()
             try:
                 test()
-            except EnvironmentFault:
-                raise
+            except EnvironmentFault as e:
+                raise _interrupted(e, machine, env, seed, run, prof)
             except Exception as e:  # the check failed: the last run is Hypothesis's shrunk replay
                 problem = env.health()
                 if problem:
-                    raise EnvironmentFault(problem) from None
+                    raise _interrupted(EnvironmentFault(problem), machine, env, seed, run,
+                                       prof) from None
                 failure, invariants, trace = _failure_of(e, run)
                 run.stopped = f"a failure in batch {run.batch}"
                 break
@@ -1021,19 +1069,38 @@ def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | P
             run.batch += 1
     problem = env.health()
     if problem:
-        raise EnvironmentFault(problem)
-    result = CheckResult(kind=machine.kind, seed=seed, examples=run.stats.examples,
-                         steps=run.stats.steps, seconds=time.monotonic() - run.started,
-                         stats=run.stats, profile=prof.name, failure=failure,
-                         invariants=invariants, counterexample=trace, batch=run.batch,
-                         unavailable=env.unavailable(),
-                         not_covered=[r.key for r in run.not_covered()],
-                         coverage={r.key: run.count(r) for r in run.reachable()},
-                         stopped=run.stopped)
+        raise _interrupted(EnvironmentFault(problem), machine, env, seed, run, prof)
+    result = _result(machine, env, seed, run, prof, failure, invariants, trace)
     if failure is None and require_all:
         result.vacuous = [f"{r.what} '{r.label}' (seen {run.count(r)} times)" if run.count(r)
                           else f"{r.what} '{r.label}'" for r in run.missing(1)]
     return result
+
+
+def _interrupted(e: EnvironmentFault, machine: type[KindCheck], env: Env, seed: int,
+                 run: RunState, prof: Profile) -> EnvironmentFault:
+    """``e``, carrying what the run had done when the environment failed (its ``partial``).
+    When a part died, the fault names it, whatever symptom raised ``e`` (a refused connection,
+    a Toxiproxy call unanswered)."""
+    problem = env.health()
+    if problem and str(e) != problem:
+        e = EnvironmentFault(problem)
+    run.stopped = f"the environment failed in batch {run.batch}: {e}"
+    if e.partial is None:
+        e.partial = _result(machine, env, seed, run, prof, None, (), [])
+    return e
+
+
+def _result(machine: type[KindCheck], env: Env, seed: int, run: RunState, prof: Profile,
+            failure: str | None, invariants: tuple[str, ...], trace: list[str]) -> CheckResult:
+    return CheckResult(kind=machine.kind, seed=seed, examples=run.stats.examples,
+                       steps=run.stats.steps, seconds=time.monotonic() - run.started,
+                       stats=run.stats, profile=prof.name, failure=failure,
+                       invariants=invariants, counterexample=trace, batch=run.batch,
+                       unavailable=env.unavailable(),
+                       not_covered=[r.key for r in run.not_covered()],
+                       coverage={r.key: run.count(r) for r in run.reachable()},
+                       stopped=run.stopped)
 
 
 def _shortest(run: RunState) -> tuple[str, tuple[str, ...], list[str]]:

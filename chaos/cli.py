@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 from . import kinds, memory
 from .check import PROFILES, EnvironmentFault, Env, run_check
-from .cluster import Unavailable
+from .cluster import Unavailable, resolve_dsn
 from .mutants import catalogue_problems
 from .report import (
+    not_covered_record,
     DEFAULT_SHRINKS,
     Replay,
     Report,
@@ -337,6 +338,12 @@ def _interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
 
 def _run_unit(args, p: Plan, report: Report, env, unit: Unit) -> None:
     report.start(unit)
+    missing = unit.mutant.missing(env.capabilities()) if unit.mutant else []
+    if missing:
+        report.finish(unit, not_covered_record(unit, args.profile, missing))
+        print(f"  {unit.label}: not covered on this database (the mutant needs "
+              f"{', '.join(missing)})")
+        return
     progress = Progress(unit.label, report)
     db = p.memory.database(p.replay_stored) if p.memory else None
     try:
@@ -426,6 +433,13 @@ def cmd_specs(args) -> int:
     return EXIT_OK
 
 
+def _dsn_option(value: str) -> str:
+    try:
+        return resolve_dsn(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
@@ -440,8 +454,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--examples", type=int, help="examples per kind (default: the profile's)")
         sp.add_argument("--steps", type=int, help="maximum steps per example (default: the profile's)")
         sp.add_argument("--seed", type=int, help="the seed (default: a random one, printed)")
-        sp.add_argument("--dsn", default=os.environ.get("DATABASE_URL"),
-                        help="an external PostgreSQL (default: $DATABASE_URL, else a throwaway cluster)")
+        sp.add_argument("--dsn", type=_dsn_option, metavar="DSN", help=(
+            "an external PostgreSQL (default: a throwaway cluster). Only the database the DSN "
+            "names is used, in schemas the run creates and drops; its user needs CONNECT and "
+            "CREATE on it. env:NAME reads the DSN from the environment variable NAME (e.g. "
+            "--dsn env:DATABASE_URL); no variable is ever read otherwise"))
         sp.add_argument("--json", metavar="FILE", help="write a JSON report")
         sp.add_argument("--shrinks", type=int, default=DEFAULT_SHRINKS,
                         help="replays at most, shrinking a failure to its shortest "

@@ -6,8 +6,12 @@ libfaketime so its ``now()`` can jump (:class:`DbClock`), ``crash()`` = SIGKILL 
 postmaster's whole process group, ``restart()`` on the same data, and everything stopped
 and removed on exit (also after Ctrl-C or an exception).
 
-``ExternalDatabase`` wraps a DSN someone else runs (``--dsn`` / ``DATABASE_URL``): no clock
-faults, no crash; the checks report those fault kinds unavailable instead of skipping them.
+``ExternalDatabase`` wraps a DSN someone else runs (``--dsn``; ``DATABASE_URL`` only when the user
+names it, ``--dsn env:DATABASE_URL``). The harness works only inside the database the DSN names,
+in schemas it creates and drops; before anything runs, :meth:`ExternalDatabase.start` finds what
+the DSN's user may not do there and names the grant (:class:`Refused`). The server's clock
+cannot move and the server cannot crash: leases lapse by a time shift instead
+(:mod:`.timeshift`), and what still cannot be reached is reported as not covered.
 
 ``ContainerDatabase`` starts PostgreSQL with testcontainers when a Docker engine answers.
 """
@@ -15,8 +19,11 @@ faults, no crash; the checks report those fault kinds unavailable instead of ski
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import pwd
+import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -37,6 +44,38 @@ class Unavailable(RuntimeError):
     """This fault cannot be injected on this database (it is not one the harness owns)."""
 
 
+class Refused(ClusterError):
+    """The database refuses something the harness needs (a connection, a privilege). The message
+    is one line: what was refused, where, and the grant or fix that makes it work."""
+
+
+def process_alive(proc: subprocess.Popen | None) -> bool:
+    """Whether a child process still lives: not reaped, not a zombie, not exiting, and no
+    SIGKILL pending. A process killed from outside closes its sockets while it exits, before it
+    is a zombie; a peer can see that first. A pending SIGKILL and exiting (PF_EXITING) are set
+    before any of it, so whoever saw a socket of ``proc`` close finds it dead here. One read of
+    ``/proc/<pid>/stat`` (its ``signal`` field holds a pending SIGKILL: the kernel puts it on
+    every thread of the process it kills)."""
+    if proc is None or proc.returncode is not None:
+        return False
+    try:
+        fd = os.open(f"/proc/{proc.pid}/stat", os.O_RDONLY)
+        try:
+            stat = os.read(fd, 4096).rsplit(b")", 1)[1].split()
+        finally:
+            os.close(fd)
+    except OSError:
+        stat = [b"X"]
+    if stat[0] in (b"Z", b"X", b"x"):
+        proc.poll()  # reap it
+        return False
+    return not int(stat[6]) & _PF_EXITING and not int(stat[28]) & _SIGKILL_BIT
+
+
+_PF_EXITING = 0x4
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
 def _descendants(pid: int) -> list[int]:
     """Every live descendant of ``pid``, read from /proc."""
     children: dict[int, list[int]] = {}
@@ -55,6 +94,18 @@ def _descendants(pid: int) -> list[int]:
         for child in children.get(todo.pop(), []):
             out.append(child)
             todo.append(child)
+    return out
+
+
+def _living_in(directory: Path) -> list[int]:
+    """Every process whose working directory is ``directory``: a PostgreSQL server's processes
+    live in its data directory, also the backends of a postmaster that is gone."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/cwd") == str(directory):
+                    out.append(int(entry))
     return out
 
 
@@ -81,7 +132,11 @@ class DbClock:
 
     The file holds a relative offset (``+300`` = five minutes ahead). libfaketime re-reads it on
     every time call (``FAKETIME_NO_CACHE``), so a jump takes effect at once in every backend,
-    without changing any SQL. The clock keeps ticking; only the offset moves."""
+    without changing any SQL. The clock keeps ticking; only the offset moves. Stored timestamps
+    never move (``shifted`` is always 0; compare :class:`~.timeshift.TimeShift`)."""
+
+    label = "db clock jump"
+    shifted = 0
 
     def __init__(self, path: Path):
         self.path = path
@@ -214,9 +269,12 @@ class PostgresCluster:
         recovery sees. Backends call setsid(), so they are found by parentage, not process group."""
         if self._proc is None:
             return
+        if not self.running:
+            raise ClusterError("the postmaster had died before the injected crash (was it killed "
+                               f"from outside?); server log tail: {self.log_tail(300)!r}")
         with contextlib.suppress(ProcessLookupError):
             os.kill(self._proc.pid, signal.SIGSTOP)  # no new backend between listing and killing
-        victims = [self._proc.pid, *_descendants(self._proc.pid)]
+        victims = [self._proc.pid, *_descendants(self._proc.pid), *_living_in(self.data)]
         for pid in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -233,7 +291,7 @@ class PostgresCluster:
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return process_alive(self._proc)
 
     def log_tail(self, chars: int = 600) -> str:
         try:
@@ -242,14 +300,17 @@ class PostgresCluster:
             return ""
 
     def stop(self) -> None:
+        """Stop the server (a fast shutdown, then SIGKILL of whatever is left of it: also the
+        backends of a postmaster killed from outside) and remove its directory."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # fast shutdown
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-            victims = [proc.pid, *_descendants(proc.pid)]
+        if proc is not None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # fast shutdown
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+            victims = [proc.pid, *_descendants(proc.pid), *_living_in(self.data)]
             for pid in victims:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -276,7 +337,8 @@ class PostgresCluster:
 
 
 class ExternalDatabase:
-    """A server someone else runs. The checks use it as it is; crash and clock faults are unavailable."""
+    """A server someone else runs, used as it is: only the database the DSN names, only schemas
+    the harness creates. Crash and clock faults are unavailable."""
 
     owns_server = False
     clock = None
@@ -287,10 +349,83 @@ class ExternalDatabase:
         self.host = info.get("host", "127.0.0.1")
         self.port = int(info.get("port", 5432))
         self._info = info
+        self.user = info.get("user") or os.environ.get("PGUSER") or getpass.getuser()
+        self.dbname = info.get("dbname") or os.environ.get("PGDATABASE") or self.user
 
     def start(self) -> "ExternalDatabase":
-        _wait_ready(self._dsn, None, None, deadline_s=10)
+        self.preflight()
         return self
+
+    def preflight(self, deadline_s: float = 10.0) -> None:
+        """Find, before anything runs, what the DSN's user may not do here: connect to the
+        database, create schemas in it, see and end its own sessions. Raises :class:`Refused`
+        naming the grant needed. Waits up to ``deadline_s`` for a server that is starting."""
+        conn = self._connect_or_refuse(deadline_s)
+        with conn:
+            self.user, self.dbname, may_create = conn.execute(
+                "select current_user, current_database(), "
+                "has_database_privilege(current_database(), 'CREATE')").fetchone()
+            if not may_create:
+                raise Refused(f"user {self.user} may not create schemas in database "
+                              f"{self.dbname} on {self.host}:{self.port}: grant it with GRANT "
+                              f"CREATE ON DATABASE {_ident(self.dbname)} TO {_ident(self.user)}")
+            self._may_end_own_sessions(conn)
+
+    def _connect_or_refuse(self, deadline_s: float) -> psycopg.Connection:
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                return psycopg.connect(self._dsn, autocommit=True, connect_timeout=5,
+                                       application_name="knownstate-preflight")
+            except psycopg.OperationalError as e:
+                text = str(e)
+                refused = self._refusal(" ".join(text.split()))
+                if refused:
+                    raise Refused(refused) from None
+                if time.monotonic() > deadline:
+                    raise Refused(f"PostgreSQL at {self.host}:{self.port} is not answering "
+                                  f"({_reason(text)}): is it running, and is the DSN right?"
+                                  ) from None
+                time.sleep(0.1)
+
+    def _refusal(self, text: str) -> str | None:
+        """The one-line message for a connection the server refused (None: not a refusal)."""
+        where = f"{self.host}:{self.port}"
+        if "permission denied for database" in text:
+            return (f"user {self.user} may not connect to database {self.dbname} on {where}: "
+                    f"grant it with GRANT CONNECT ON DATABASE {_ident(self.dbname)} TO "
+                    f"{_ident(self.user)}")
+        if f'database "{self.dbname}" does not exist' in text:
+            return (f"database {self.dbname} does not exist on {where}: create it, or name "
+                    "an existing one in the DSN (the harness never creates databases)")
+        if any(m in text for m in ("authentication failed", "does not exist",
+                                   "no pg_hba.conf entry", "not permitted to log in",
+                                   "too many connections for role")):
+            return f"{where} refused user {self.user}: {_reason(text)}: check the DSN"
+        return None
+
+    def _may_end_own_sessions(self, conn: psycopg.Connection) -> None:
+        """The harness ends its own abandoned sessions (pg_terminate_backend) and watches its
+        own lock waits (pg_blocking_pids): try both on a session of its own."""
+        app = f"knownstate-preflight-{secrets.token_hex(4)}"
+        with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5,
+                             application_name=app) as probe:
+            pid = probe.info.backend_pid
+            for function in ("pg_blocking_pids", "pg_terminate_backend"):
+                try:
+                    ended = conn.execute(f"select {function}(%s)", (pid,)).fetchone()[0]
+                except psycopg.errors.InsufficientPrivilege:
+                    (signature,) = conn.execute(
+                        "select min(oid::regprocedure::text) from pg_proc where proname = %s",
+                        (function,)).fetchone()
+                    raise Refused(f"user {self.user} may not call {function}() in database "
+                                  f"{self.dbname} on {self.host}:{self.port} (the harness ends "
+                                  "and watches its own sessions): grant it with GRANT EXECUTE "
+                                  f"ON FUNCTION {signature} TO {_ident(self.user)}") from None
+            if ended is not True:
+                raise Refused(f"user {self.user} may not end its own sessions in database "
+                              f"{self.dbname} on {self.host}:{self.port}: grant it with "
+                              f"GRANT pg_signal_backend TO {_ident(self.user)}")
 
     def stop(self) -> None:
         pass
@@ -315,13 +450,27 @@ class ExternalDatabase:
         return psycopg.conninfo.make_conninfo(**info)
 
     def describe(self) -> str:
-        return f"external PostgreSQL at {self.host}:{self.port} (clock and crash faults unavailable)"
+        return (f"external PostgreSQL at {self.host}:{self.port}, database {self.dbname} "
+                "(clock and crash faults unavailable)")
 
     def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _ident(name: str) -> str:
+    """``name`` as an SQL identifier in a message a user copies."""
+    return name if re.fullmatch(r"[a-z_][a-z0-9_$]*", name) else '"' + name.replace('"', '""') + '"'
+
+
+def _reason(text: str) -> str:
+    """The server's (or libpq's) reason in a connection error: its first line, without the
+    address in front of it."""
+    reason = text.split("FATAL:", 1)[-1] if "FATAL:" in text else text.rsplit("failed:", 1)[-1]
+    first = reason.strip().splitlines()[0] if reason.strip() else text
+    return first.split(" DETAIL:")[0].split(" HINT:")[0].strip()
 
 
 def docker_available() -> str | None:
@@ -360,7 +509,23 @@ class ContainerDatabase(ExternalDatabase):
             self._container = None
 
 
+def resolve_dsn(value: str) -> str:
+    """The DSN a ``--dsn`` value names: the value itself, or with ``env:NAME`` the value of the
+    environment variable NAME (so ``--dsn env:DATABASE_URL`` reads it on purpose; nothing ever
+    reads it implicitly). Raises ValueError naming what is missing."""
+    if value.startswith("env:"):
+        name = value[4:]
+        found = os.environ.get(name, "")
+        if not name or not found.strip():
+            raise ValueError(f"--dsn {value}: the environment variable {name or '(none)'} is "
+                             "not set or empty")
+        return found.strip()
+    if not value.strip():
+        raise ValueError("--dsn needs a DSN (postgresql://... or key=value pairs) or env:NAME")
+    return value
+
+
 def open_database(dsn: str | None = None, *, faketime: bool = True):
-    """The database a check runs on: the given DSN, else $DATABASE_URL, else a throwaway cluster."""
-    dsn = dsn or os.environ.get("DATABASE_URL")
-    return ExternalDatabase(dsn) if dsn else PostgresCluster(faketime=faketime)
+    """The database a check runs on: the given DSN, else a throwaway cluster. An environment
+    variable is read only when ``dsn`` names it (``env:NAME``, :func:`resolve_dsn`)."""
+    return ExternalDatabase(resolve_dsn(dsn)) if dsn else PostgresCluster(faketime=faketime)

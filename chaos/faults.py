@@ -235,7 +235,10 @@ class FaultRules:
 
     # -- the database ------------------------------------------------------------------------------
     def _may_jump(self: "KindCheck") -> bool:
-        return self.env.clock is not None and self._calm() and self.clock_matters()
+        """A jump that must move nothing (no guard reads the database clock) tests something
+        only where ``now()`` itself moves: a time shift would move application-time stamps."""
+        where = self.policy.db_clock_moves_model or "db-clock" in self.env.capabilities()
+        return self.env.clock is not None and where and self._calm() and self.clock_matters()
 
     @precondition(lambda self: self._may_jump())
     @rule(data=st.data())
@@ -244,7 +247,7 @@ class FaultRules:
         self.env.clock.jump(seconds)
         if self.policy.db_clock_moves_model:
             self.advance(seconds)
-            self.fault("db-clock-jump", f"db clock jump {seconds:+d}s")
+            self.fault("db-clock-jump", f"{self.env.clock.label} {seconds:+d}s")
         else:
             self.fault("db-clock-jump", f"db clock jump {seconds:+d}s (no guard of this kind reads "
                                         "the database clock: nothing may move)")

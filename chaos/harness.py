@@ -2,11 +2,23 @@
 
 A run starts its real parts once (:meth:`Env.open`): a PostgreSQL server (a throwaway cluster
 the harness owns, or an external one named by ``--dsn``), the Toxiproxy server, and the
-stand-ins a kind asks for. Each kind's check works in a :class:`Workspace` of its own: a schema
-with a name unique to this run, in the database the run uses, created at the start and dropped
-at the end. Every connection the code under test makes goes through a :class:`Worker`'s own
-Toxiproxy link, so one worker can be cut off alone; the check's observations use direct,
-unfaulted connections.
+stand-ins a kind asks for, each a process of its own (:mod:`.standin`). Every connection the
+code under test makes goes through a :class:`Worker`'s own Toxiproxy link, so one worker can be
+cut off alone; the check's observations use direct, unfaulted connections.
+
+Any database, safely. Each kind's check works in a :class:`Workspace` of its own: a schema
+``ks_<run id>_<kind>`` in the database the run uses (the one the DSN names), reached through
+``search_path`` and nothing else. Everything server-wide the harness touches is scoped to the
+run: its sessions' application names start ``ks-<run id>-``, and it only ever watches, waits
+for or ends sessions of its own. :meth:`Env.close` ends them and drops exactly the schemas the
+run created, also after Ctrl-C or SIGTERM (which wait until it is done). Two runs against one
+server never meet.
+
+Time. ``Env.clock`` moves the database's time for the leases: the server's ``now()`` itself on
+the harness's cluster (libfaketime, capability ``db-clock``), else a time shift of the
+workspace's stored timestamps (:mod:`.timeshift`). Either way leases can lapse (capability
+``time-shift``). What a run cannot do on this database is reported as not covered, never as
+vacuous (:meth:`Env.capabilities`).
 
 The harness tells the environment apart from the code under test. A real part that dies and
 was not killed by the harness (:meth:`Env.health`) ends the run as an :class:`EnvironmentFault`
@@ -21,7 +33,9 @@ import datetime as dt
 import itertools
 import os
 import secrets
+import signal
 import socket
+import sys
 import threading
 import time
 from collections import Counter
@@ -32,7 +46,15 @@ import psycopg
 
 from knownstate.impl.errors import KnownstateError, is_connection_error
 
-from .cluster import ClusterError, PostgresCluster, Unavailable, open_database
+from .cluster import (
+    ClusterError,
+    DbClock,
+    PostgresCluster,
+    Refused,
+    Unavailable,
+    open_database,
+)
+from .timeshift import TimeShift
 from .interleave import ScheduledConnection, Scheduler
 from .toxi import Link, ToxiproxyError, ToxiproxyServer
 
@@ -49,7 +71,31 @@ nearest quantum is exact while an example lasts less than QUANTUM / 2 seconds of
 
 class EnvironmentFault(BaseException):
     """The environment broke, not the code under test: a real part died or misbehaved.
-    A BaseException, so Hypothesis neither shrinks it nor mistakes it for a counterexample."""
+    A BaseException, so Hypothesis neither shrinks it nor mistakes it for a counterexample.
+    ``partial``: what the interrupted kind's check had done so far (a ``CheckResult``, set by
+    ``run_check``), for the reports."""
+
+    partial: Any = None
+
+
+@contextlib.contextmanager
+def deferred_signals():
+    """Hold Ctrl-C and SIGTERM until the block is done, then deliver them: for what must not be
+    left half done (creating a schema and recording it, dropping the run's schemas). Only the
+    main thread can hold them; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    kept = {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
+            for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            signal.signal(sig, handler)
+        if held:
+            signal.raise_signal(held[0])
 
 
 class WorkerDied(KnownstateError):
@@ -63,11 +109,19 @@ class WorkerDied(KnownstateError):
 
 class Workspace:
     """One kind's tables for one run: the schema ``name`` in the run's database. Connections
-    reach it through ``search_path``, so implementations use unqualified table names."""
+    reach it through ``search_path`` (this schema only), so implementations use unqualified
+    table names and can touch nothing else. Sessions are pinned to the settings the reference
+    implementations assume (read committed, no timeouts), whatever the database's defaults."""
+
+    SETTINGS = ("default_transaction_isolation=read\\ committed", "statement_timeout=0",
+                "lock_timeout=0", "idle_in_transaction_session_timeout=0")
 
     def __init__(self, env: "Env", name: str, schema_sql: str):
         self.env, self.name, self.schema_sql = env, name, schema_sql
         self.tables: tuple[str, ...] = ()
+        self.time_columns: dict[str, tuple[str, ...]] = {}
+        self.triggered: frozenset[str] = frozenset()
+        self.shifted = 0
         self.workers: list[Worker] = []  # kept from one example to the next (KindCheck)
         self._scheduler: Scheduler | None = None
 
@@ -79,23 +133,46 @@ class Workspace:
         return self._scheduler
 
     def create(self) -> "Workspace":
+        """Create the schema; never one that exists (that is not this run's)."""
         admin = self.env.admin()
         try:
-            admin.execute(f'drop schema if exists "{self.name}" cascade')
             admin.execute(f'create schema "{self.name}"')
-        except psycopg.errors.InsufficientPrivilege:
-            raise EnvironmentFault(
-                f"no privilege to create a schema in database {self.env.db.dbname!r}: grant it "
-                f"with GRANT CREATE ON DATABASE {self.env.db.dbname} TO <the DSN's user>") from None
-        conn = self.connect(application_name=f"knownstate-{self.env.run_id}-setup")
+        except (psycopg.errors.DuplicateSchema, psycopg.errors.InsufficientPrivilege) as e:
+            user, db = admin.execute("select current_user, current_database()").fetchone()
+            if isinstance(e, psycopg.errors.DuplicateSchema):
+                raise EnvironmentFault(f"schema {self.name} already exists in database {db}: "
+                                       "another run with the same id? Run again (a new id is "
+                                       "drawn)") from None
+            raise EnvironmentFault(f"user {user} may not create schemas in database {db}: grant "
+                                   f"it with GRANT CREATE ON DATABASE {db} TO {user}") from None
+        return self
+
+    def apply_schema(self) -> None:
+        """Run the kind's schema SQL inside the workspace; learn its tables, their timestamp
+        columns (what a time shift moves) and which have user triggers."""
+        conn = self.connect(application_name=self.env.app_name("setup"))
         try:
             conn.execute(self.schema_sql)
             self.tables = tuple(r[0] for r in conn.execute(
                 "select tablename from pg_tables where schemaname = %s order by tablename",
                 (self.name,)).fetchall())
+            columns: dict[str, list[str]] = {}
+            for table, column in conn.execute(
+                    "select c.relname, a.attname from pg_attribute a "
+                    "join pg_class c on c.oid = a.attrelid "
+                    "join pg_namespace n on n.oid = c.relnamespace "
+                    "where n.nspname = %s and c.relkind in ('r', 'p') and not c.relispartition "
+                    "and a.attnum > 0 and not a.attisdropped and a.attgenerated = '' "
+                    "and a.atttypid in ('timestamptz'::regtype, 'timestamp'::regtype) "
+                    "order by c.relname, a.attnum", (self.name,)).fetchall():
+                columns.setdefault(table, []).append(column)
+            self.time_columns = {t: tuple(cs) for t, cs in columns.items()}
+            self.triggered = frozenset(r[0] for r in conn.execute(
+                "select distinct c.relname from pg_trigger t join pg_class c on c.oid = t.tgrelid "
+                "join pg_namespace n on n.oid = c.relnamespace "
+                "where n.nspname = %s and not t.tgisinternal", (self.name,)).fetchall())
         finally:
             conn.close()
-        return self
 
     def close(self) -> None:
         """Close every connection to the workspace (a worker may have been left in a transaction
@@ -118,9 +195,9 @@ class Workspace:
     def conninfo(self, *, host: str | None = None, port: int | None = None,
                  options: str = "") -> str:
         """A DSN for this workspace, through ``host:port`` (a worker's link) when given."""
-        search = f"-c search_path={self.name},public"
+        pinned = " ".join(f"-c {s}" for s in (f"search_path={self.name}", *self.SETTINGS))
         return psycopg.conninfo.make_conninfo(
-            self.env.db.dsn(host=host, port=port), options=f"{search} {options}".strip())
+            self.env.db.dsn(host=host, port=port), options=f"{pinned} {options}".strip())
 
     def connect(self, *, application_name: str, host: str | None = None,
                 port: int | None = None, **kwargs) -> psycopg.Connection:
@@ -142,6 +219,38 @@ class Workspace:
     def now(self) -> dt.datetime:
         return self.query("select now()")[0][0]
 
+    def shift(self, seconds: int) -> None:
+        """Move every stored timestamp of the workspace back by ``seconds`` (forward when
+        negative), in one transaction, user triggers held off: the time shift
+        (:mod:`.timeshift`)."""
+        seconds = int(seconds)
+        if not seconds:
+            return
+        statements = ["set local lock_timeout = '10s'"]
+        for table, columns in self.time_columns.items():
+            name = f'"{self.name}"."{table}"'
+            sets = ", ".join(f'"{c}" = "{c}" - interval \'{seconds} seconds\'' for c in columns)
+            held = table in self.triggered
+            statements += [f"alter table {name} disable trigger user"] * held
+            statements += [f"update {name} set {sets}"]
+            statements += [f"alter table {name} enable trigger user"] * held
+        try:
+            # One message: the statements run as one transaction, in one round trip.
+            self.admin().execute("; ".join(statements))
+        except psycopg.errors.LockNotAvailable:
+            raise RuntimeError(f"the time shift of {self.name} waited 10 s on a row lock: a "
+                               "session of this run left a transaction open between steps"
+                               ) from None
+        except psycopg.Error as e:
+            if is_connection_error(e):
+                self.env.ensure_alive()
+                raise EnvironmentFault(f"PostgreSQL stopped answering during a time shift: "
+                                       f"{str(e).strip().splitlines()[0]}") from None
+            raise RuntimeError(f"the schema of {self.name} refuses a time shift of {seconds:+d}s "
+                               f"({e.sqlstate} {str(e).strip().splitlines()[0]}): a constraint "
+                               "reading now(), or a unique timestamp") from None
+        self.shifted += seconds
+
 
 # ---------------------------------------------------------------------------------------
 # The real parts of one verify run.
@@ -156,21 +265,33 @@ class Env:
         self.db = db
         self.toxiproxy = toxiproxy
         self.api = toxiproxy.client()
-        self.run_id = secrets.token_hex(3)
+        self.run_id = secrets.token_hex(4)
         self._admin: dict[str, psycopg.Connection] = {}
         self.stand_ins: dict[str, Any] = {}
         self.workspaces: list[Workspace] = []
+        self.active: Workspace | None = None
+        self.clock = db.clock if db.clock is not None else TimeShift(self)
         self.crashing = False
+        self.leftovers: list[str] = []
+
+    def app_name(self, role: str) -> str:
+        """The application name of one of this run's sessions: ``ks-<run id>-<role>``. Every
+        query the harness makes about sessions is scoped to this prefix, or to one pid."""
+        return f"ks-{self.run_id}-{role}"
 
     @classmethod
     @contextlib.contextmanager
     def open(cls, dsn: str | None = None):
+        """The real parts of one run, stopped (and the run's schemas dropped) when the block
+        ends, however it ends. ``dsn``: an external PostgreSQL, else a throwaway cluster."""
         db = open_database(dsn)
         tp = ToxiproxyServer()
         with contextlib.ExitStack() as stack:
             try:
                 stack.enter_context(db)
                 stack.enter_context(tp)
+            except Refused as e:
+                raise EnvironmentFault(str(e)) from None
             except (ClusterError, ToxiproxyError, Unavailable, psycopg.Error) as e:
                 raise EnvironmentFault(f"could not start the real parts: {e}") from None
             env = cls(db, tp)
@@ -178,36 +299,76 @@ class Env:
             yield env
 
     def close(self) -> None:
-        for ws in reversed(self.workspaces):
-            with contextlib.suppress(Exception, EnvironmentFault):
-                ws.drop()
+        """Stop the stand-ins, end this run's sessions and drop exactly the schemas it created
+        (also when a part died); Ctrl-C and SIGTERM wait until that is done. A schema that
+        cannot be dropped is named in ``leftovers`` and on stderr, with the statement that
+        drops it."""
+        with deferred_signals():
+            for part in self.stand_ins.values():
+                with contextlib.suppress(Exception):
+                    part.stop()
+            self.stand_ins.clear()
+            for ws in self.workspaces:
+                ws.close()
+            for conn in self._admin.values():
+                with contextlib.suppress(Exception):
+                    conn.close()
+            self._admin.clear()
+            self._drop_workspaces()
+
+    def _drop_workspaces(self) -> None:
+        names = [ws.name for ws in reversed(self.workspaces)]
         self.workspaces.clear()
-        for conn in self._admin.values():
-            with contextlib.suppress(Exception):
-                conn.close()
-        self._admin.clear()
-        for s in self.stand_ins.values():
-            with contextlib.suppress(Exception):
-                s.stop()
-        self.stand_ins.clear()
+        self.active = None
+        if not names or (self.db.owns_server and not self.db.running):
+            return  # nothing created, or a cluster the harness owns, dead and removed with it
+        try:
+            with psycopg.connect(self.db.dsn(), autocommit=True, connect_timeout=5,
+                                 application_name=self.app_name("cleanup")) as conn:
+                conn.execute("set lock_timeout = '2s'")
+                deadline = time.monotonic() + 30
+                while names:
+                    self._end_own_sessions(conn)
+                    try:
+                        conn.execute(f'drop schema if exists "{names[0]}" cascade')
+                        names.pop(0)
+                    except psycopg.errors.LockNotAvailable:
+                        if time.monotonic() > deadline:
+                            raise
+        except psycopg.Error as e:
+            self.leftovers = names
+            where = getattr(self.db, "dbname", "the database")
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            for name in names:
+                print(f"knownstate: could not drop schema {name} in {where} ({why}): drop it "
+                      f"with DROP SCHEMA {name} CASCADE", file=sys.stderr)
+
+    def _end_own_sessions(self, conn: psycopg.Connection, deadline_s: float = 10.0) -> None:
+        """End every other session of this run (its application names), and wait until the
+        server has let them go."""
+        mine = ("select pid from pg_stat_activity where application_name like %s "
+                "and pid <> pg_backend_pid()")
+        pattern = self.app_name("%")
+        conn.execute(f"select pg_terminate_backend(pid) from ({mine}) s", (pattern,))
+        deadline = time.monotonic() + deadline_s
+        while conn.execute(mine, (pattern,)).fetchone() and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     # -- capabilities ----------------------------------------------------------------------
-    @property
-    def clock(self):
-        return getattr(self.db, "clock", None)
-
     @property
     def can_crash(self) -> bool:
         return bool(getattr(self.db, "owns_server", False))
 
     def capabilities(self) -> frozenset[str]:
-        """What this run can do to the world: ``db-clock`` (move the database's now()),
-        ``db-crash`` (kill and restart the server), ``concurrency`` (run concurrent blocks: the
-        scheduler sets deadlock_timeout and log_lock_waits, which takes a superuser).
-        Requirements that need what is missing are reported as not covered on this database,
-        never as a vacuous run."""
-        out = set()
-        if self.clock is not None:
+        """What this run can do to the world. ``time-shift``: leases, heartbeats and backoffs
+        can lapse (always: the clock moves, or the stored timestamps do). ``db-clock``: the
+        database's ``now()`` itself moves, apart from the application's clock (the harness's
+        cluster, under libfaketime). ``db-crash``: the server can be killed and restarted.
+        ``concurrency``: concurrent blocks can run (the scheduler sets deadlock_timeout and
+        log_lock_waits, which takes a superuser). Requirements and mutants that need what is
+        missing are reported as not covered on this database, never as a vacuous run."""
+        out = {"time-shift"}
+        if isinstance(self.clock, DbClock):
             out.add("db-clock")
         if self.can_crash:
             out.add("db-crash")
@@ -227,9 +388,10 @@ class Env:
 
     def unavailable(self) -> list[str]:
         out = []
-        if self.clock is None:
-            out.append("db-clock-jump (the database is not one the harness owns, "
-                       "or libfaketime is missing)")
+        if not isinstance(self.clock, DbClock):
+            out.append("db-clock (now() cannot move here: a clock jump shifts the workspace's "
+                       "stored timestamps instead, so leases still lapse, but an application "
+                       "clock that disagrees with the database's is not covered)")
         if not self.can_crash:
             out.append("db-crash (the harness does not own the database server)")
         if not self.can_schedule():
@@ -237,21 +399,35 @@ class Env:
                        "superuser)")
         return out
 
-    def stand_in(self, name: str, factory: Callable[[], Any]):
+    def stand_in(self, name: str, part: type | Callable[[], Any]):
+        """The stand-in ``name``, started on first use and kept for the run. A class runs in a
+        process of its own (:class:`~.standin.StandInProcess`): killable from outside and
+        health-checked like PostgreSQL and Toxiproxy. Any other callable builds a part in this
+        process (one that needs the run's objects)."""
         if name not in self.stand_ins:
-            self.stand_ins[name] = factory().start()
+            if isinstance(part, type):
+                from .standin import StandInProcess
+
+                self.stand_ins[name] = StandInProcess(name, part).start()
+            else:
+                self.stand_ins[name] = part().start()
         return self.stand_ins[name]
 
     # -- workspaces and the check's own connections ------------------------------------------
     def workspace(self, kind: str, schema_sql: str) -> Workspace:
-        """(Re)create the workspace of ``kind`` for this run."""
+        """(Re)create the workspace of ``kind`` for this run; it becomes the active one (the
+        one a time shift moves)."""
         name = f"ks_{self.run_id}_{kind.replace('-', '_')}"
-        for ws in [w for w in self.workspaces if w.name == name]:
-            self.workspaces.remove(ws)
-            ws.close()
+        for old in [w for w in self.workspaces if w.name == name]:
+            old.drop()  # closes every connection to it first
+            self.workspaces.remove(old)
         ws = Workspace(self, name, schema_sql)
-        self.workspaces.append(ws)
-        return ws.create()
+        with deferred_signals():
+            ws.create()
+            self.workspaces.append(ws)
+        ws.apply_schema()
+        self.active = ws
+        return ws
 
     def admin(self, ws: Workspace | None = None) -> psycopg.Connection:
         """The check's own autocommit connection (to a workspace, or to the database): direct,
@@ -261,7 +437,7 @@ class Env:
         if conn is not None and not conn.closed and not conn.broken:
             return conn
         self.ensure_alive()
-        app = f"knownstate-{self.run_id}-observer"
+        app = self.app_name("observer")
         try:
             conn = (ws.connect(application_name=app) if ws is not None else
                     psycopg.connect(self.db.dsn(), autocommit=True, connect_timeout=5,
@@ -288,15 +464,19 @@ class Env:
     # -- health --------------------------------------------------------------------------------
     def health(self) -> str | None:
         """None while every real part lives; else one line naming the part that died without
-        the harness killing it, and what to do."""
+        the harness killing it, and what to do. A part counts as dead from the moment it
+        starts to exit (:func:`~.cluster.process_alive`), so whoever saw one of its sockets
+        close finds it dead here."""
         if isinstance(self.db, PostgresCluster) and not self.db.running and not self.crashing:
             return (f"PostgreSQL ({self.db.describe()}) died, and not by an injected crash: was "
                     f"it killed from outside? Server log tail: {self.db.log_tail(300)!r}")
         if not self.toxiproxy.running:
-            return "toxiproxy-server died, and not by the harness: was it killed from outside?"
+            return (f"toxiproxy-server ({self.toxiproxy.url}) died, and not by the harness: was "
+                    "it killed from outside?")
         for name, part in self.stand_ins.items():
             if getattr(part, "running", True) is False:
-                return f"the {name} stand-in died, and not by the harness: was it killed from outside?"
+                who = part.describe() if hasattr(part, "describe") else f"the {name} stand-in"
+                return f"{who} died, and not by the harness: was it killed from outside?"
         return None
 
     def ensure_alive(self) -> None:
@@ -315,7 +495,8 @@ class Env:
                     ws._scheduler.close()  # its observer connection died with the server
             self.db.restart()
         except ClusterError as e:
-            raise EnvironmentFault(f"PostgreSQL did not come back after an injected crash: {e}") from None
+            raise EnvironmentFault(f"PostgreSQL ({self.db.describe()}) failed around an injected "
+                                   f"crash: {e}") from None
         finally:
             self.crashing = False
 
@@ -419,7 +600,7 @@ def watch(env: Env, worker: "Worker", others: list["Worker"]):
         start, delay = time.monotonic(), 0.002
         try:
             observer = psycopg.connect(env.db.dsn(), autocommit=True, connect_timeout=5,
-                                       application_name=f"knownstate-{env.run_id}-watch")
+                                       application_name=env.app_name("watch"))
         except psycopg.Error:
             return
         with observer:
@@ -477,7 +658,7 @@ class Worker:
         from knownstate.impl.errors import ConnectionLost
 
         if self.conn is None or self.conn.closed or self.conn.broken:
-            self.app_name = f"ks-{self.env.run_id}-{self.kind}-{self.name}-{next(self._serial)}"
+            self.app_name = self.env.app_name(f"{self.kind}-{self.name}-{next(self._serial)}")
             try:
                 self.conn = HookedConnection.connect(
                     self.ws.conninfo(host=self.link.host, port=self.link.port),

@@ -406,12 +406,25 @@ class OpResult:
     def describe(self) -> str:
         if self.error is None:
             return f"{self.worker} {self.label} -> {_short(repr(self.value))}"
+        name = type(self.error).__name__
+        if self.lost_connection:
+            # How a lost connection is worded (the socket closed, or the server said it was
+            # exiting first) depends on timing: the trace says what happened, not the words.
+            return f"{self.worker} {self.label} raised {name} (the connection was lost)"
         server = self.server_error
         cause = server if server is not None else self.error
         text = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
         state = f"{server.sqlstate} " if server is not None and server.sqlstate else ""
-        name = type(self.error).__name__
         return f"{self.worker} {self.label} raised {name} ({state}{_short(text)})"
+
+    @property
+    def lost_connection(self) -> bool:
+        from knownstate.impl.errors import CommitIndeterminate, ConnectionLost, is_connection_error
+
+        if isinstance(self.error, (ConnectionLost, CommitIndeterminate)):
+            return True
+        server = self.server_error
+        return server is not None and is_connection_error(server)
 
 
 @dataclass(frozen=True)
@@ -751,7 +764,12 @@ class Block:
             w.statements += 1
 
     def _step_failed(self, w: _Worker, e: psycopg.Error) -> None:
+        from knownstate.impl.errors import is_connection_error
+
         with self._cv:
+            if is_connection_error(e):  # its wording depends on timing, not on the schedule
+                w.failed = "a lost connection"
+                return
             text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             w.failed = f"{e.sqlstate} {text}" if e.sqlstate else text
 

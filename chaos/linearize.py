@@ -116,6 +116,8 @@ class Verdict:
     operations), for a check that continues from them."""
     partitions: int = 1
     seconds: float = 0.0
+    next_answers: tuple[tuple[Any, ...], ...] = ()
+    """For each of ``next_refused``: what the model answers instead (one per possible state)."""
 
     def __bool__(self) -> bool:
         return bool(self.ok)
@@ -320,8 +322,9 @@ def _search(ops: Sequence[Operation], start: _States, fp: Callable[[Any], Hashab
 
 def _refusals(ops: Sequence[Operation], prefix: list[int], start: _States,
               fp: Callable[[Any], Hashable], copy: Callable[[Any], Any]
-              ) -> tuple[_States, list[tuple[Operation, str]]]:
-    """The states after ``prefix``, and why each operation that could come next cannot."""
+              ) -> tuple[_States, list[tuple[Operation, str, tuple[Any, ...]]]]:
+    """The states after ``prefix``, and why each operation that could come next cannot (and what
+    the model answers instead)."""
     state = start
     for i in prefix:
         state = _step(state, ops[i], fp, copy) or state
@@ -332,14 +335,16 @@ def _refusals(ops: Sequence[Operation], prefix: list[int], start: _States,
         op = ops[i]
         if op.call > first_ret:
             continue  # must come after an operation that is not linearized yet
-        answers = []
+        answers, raw = [], []
         for model in state.models.values():
             trial, got = _apply(op, model, copy)
             answers.append(got if trial is None else f"the model answers {_short(repr(got))}")
+            if trial is not None:
+                raw.append(got)
         why = "; ".join(sorted(set(answers)))
         if op.ret is not None and op.output is not UNKNOWN:
             why = f"observed {_short(repr(op.output))}, {why}"
-        out.append((op, why))
+        out.append((op, why, tuple(raw)))
     return state, out
 
 
@@ -400,8 +405,9 @@ def check(history: Iterable[Operation], initial: Any | Sequence[Any], *,
                     mine, theirs = split(mine).get(key), observed_parts.get(key)
                 shown = (mine, theirs)
             return Verdict(False, ops, tuple(part[i] for i in order), tuple(part), key,
-                           tuple(refused), shown, partitions=len(parts),
-                           seconds=time.monotonic() - t0)
+                           tuple((op, why) for op, why, _ in refused), shown,
+                           next_answers=tuple(raw for _, _, raw in refused),
+                           partitions=len(parts), seconds=time.monotonic() - t0)
         orders += [part[i] for i in order]
         ends.append(end_states)
     if split is not None:  # rows no operation touched must be as they started

@@ -17,16 +17,25 @@ from .check import KindCheck
 
 @dataclass(frozen=True)
 class Mutant:
-    """A named bug. It counts as caught only when the check fails naming ``invariant``."""
+    """A named bug. It counts as caught only when the check fails naming ``invariant``.
+    ``needs``: what the database must be able to do for the bug to show at all (capabilities
+    of ``Env.capabilities()``, e.g. ``db-clock`` for a bug that reads the application's clock
+    where the database's is meant: only a database clock that moves apart from the
+    application's tells the two apart). Elsewhere it is not covered on this database."""
 
     name: str
     kind: str
     invariant: str  # the invariant it breaks: one the kind's check can name (named_invariants)
     description: str
     apply: Callable[[type[KindCheck]], type[KindCheck]]
+    needs: tuple[str, ...] = ()
 
     def machine(self, check: type[KindCheck]) -> type[KindCheck]:
         return self.apply(check)
+
+    def missing(self, capabilities: frozenset[str]) -> list[str]:
+        """What this database cannot do that the mutant needs (empty: it can be caught here)."""
+        return [c for c in self.needs if c not in capabilities]
 
 
 def catalogue_problems(check: type[KindCheck], mutants: list[Mutant]) -> list[str]:

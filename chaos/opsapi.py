@@ -21,7 +21,8 @@ Control (Python, for the check, never over HTTP):
   (:class:`knownstate.model.branch_reset.ExternalState`).
 - :meth:`OpsApi.reset`: forget everything between examples (operation ids restart at ``op-1``).
 
-Like the other chaos parts it has start/stop and a context manager, and it takes a free port.
+Like the other chaos parts it has start/stop and a context manager; it listens on a port the
+kernel picks. The check runs it in a process of its own (:mod:`.standin`).
 Nothing is left running after a run: the server thread is a daemon, and ``stop`` closes the socket.
 """
 
@@ -36,8 +37,6 @@ from pydantic import BaseModel, ValidationError
 
 from knownstate.model.branch_reset import ExternalOp, ExternalState, ExternalStatus, KIND
 from knownstate.model.contract import IllegalTransition
-
-from . import tools
 
 
 class CreateOperation(BaseModel):
@@ -74,8 +73,8 @@ class OpsApi:
     def start(self) -> "OpsApi":
         if self._server is not None:
             return self
-        self.port = self.port or tools.free_port()
-        self._server = _QuietServer((self.host, self.port), _handler_for(self))
+        self._server = _QuietServer((self.host, self.port or 0), _handler_for(self))
+        self.port = self._server.server_address[1]  # the kernel's pick, when none was asked
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name=f"opsapi:{self.port}",
                                         kwargs={"poll_interval": 0.05}, daemon=True)

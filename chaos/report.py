@@ -29,7 +29,8 @@ from .check import SHRINKS as DEFAULT_SHRINKS  # run_check's and --shrinks's def
 from xml.etree import ElementTree as ET
 
 SCHEMA_VERSION = 1
-STATUSES = ("passed", "failed", "vacuous", "interrupted", "environment", "not run")
+STATUSES = ("passed", "failed", "vacuous", "interrupted", "environment", "not run",
+            "not covered")
 OUTCOMES = ("passed", "failed", "vacuous", "interrupted", "environment")
 EXIT_CODES = {"passed": 0, "failed": 1, "vacuous": 1, "environment": 3}
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
@@ -143,6 +144,14 @@ def finished_record(unit: Unit, result, replay: Replay, stored: int = 0) -> dict
     else:
         rec["caught"] = rec["ok"] = (result.failure is not None
                                      and unit.mutant.invariant in result.invariants)
+    return rec
+
+
+def not_covered_record(unit: Unit, profile: str, missing: list[str]) -> dict:
+    """A mutant this database cannot reach (it needs what the database cannot do): not run,
+    and not a gap in the check; it counts as neither caught nor missed."""
+    rec = _empty(unit, profile, "not covered")
+    rec.update(ok=True, not_covered=list(missing))
     return rec
 
 
@@ -436,7 +445,8 @@ def _why_not_caught(r: dict) -> str:
 def status_word(r: dict) -> str:
     if r["mutant"] is not None and r["status"] in ("passed", "failed"):
         return "CAUGHT" if r["caught"] else "NOT CAUGHT"
-    return {"passed": "passed", "not run": "not run"}.get(r["status"], r["status"].upper())
+    return {"passed": "passed", "not run": "not run",
+            "not covered": "not covered on this database"}.get(r["status"], r["status"].upper())
 
 
 def run_lines(r: dict) -> list[str]:
@@ -516,6 +526,10 @@ def mutant_lines(doc: dict) -> list[str]:
             if bad or doc["command"] == "mutants":
                 word = f"FAILS at seed {_seeds(bad)}" if bad else f"passes {len(done)}/{len(runs)}"
                 out.append(f"  {kind:<16} {'(reference)':<28} {'':<30} {word:>14}")
+            continue
+        if all(r["status"] == "not covered" for r in runs):
+            out.append(f"  {kind:<16} {name:<28} {runs[0]['mutant']['invariant']:<30} "
+                       f"{'not covered':>14}   needs {', '.join(runs[0]['not_covered'])}")
             continue
         caught = [r for r in done if r["caught"]]
         missed = [r for r in done if not r["caught"]]

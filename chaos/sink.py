@@ -3,7 +3,8 @@
 It records every delivery it receives, ``(delivery_id, attempt)``, so the check can count
 duplicates (the outbox's send is at-least-once), and it answers with whatever the check
 planned: 200, a retryable 503 or a permanent 422. Workers reach it through their own
-Toxiproxy link, so a response can be lost after the delivery was recorded.
+Toxiproxy link, so a response can be lost after the delivery was recorded. The check runs it in
+a process of its own (:mod:`.standin`), killable from outside like every real part.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import json
 import threading
 from collections import Counter, deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-from . import tools
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -61,8 +60,8 @@ class NotificationSink:
         self.reset()
 
     def start(self) -> "NotificationSink":
-        self.port = tools.free_port()
-        self._server = _QuietServer((self.host, self.port), self.handler)
+        self._server = _QuietServer((self.host, 0), self.handler)  # the port the kernel picks
+        self.port = self._server.server_address[1]
         self._server.daemon_threads = True
         self._server.sink = self  # type: ignore[attr-defined]
         threading.Thread(target=self._server.serve_forever, name="notification-sink", daemon=True).start()

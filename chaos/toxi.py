@@ -65,6 +65,7 @@ class ToxiproxyServer:
         self.port = tools.free_port()
         self._proc = subprocess.Popen([binary, "-host", self.host, "-port", str(self.port)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True,  # a terminal's Ctrl-C is ours
                                       preexec_fn=tools.die_with_parent)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
@@ -85,7 +86,9 @@ class ToxiproxyServer:
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        from .cluster import process_alive
+
+        return process_alive(self._proc)
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None

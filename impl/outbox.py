@@ -12,9 +12,11 @@ runs that way. There a connection lost during the statement may have committed i
 :class:`~knownstate.impl.errors.CommitIndeterminate`, never ``ConnectionLost``.
 
 The send to the sink is **at-least-once**: :class:`OutboxWorker` sends, then records the
-outcome with a fenced write; if its lease lapsed meanwhile and another worker re-claimed the
-row, the notification goes out twice. That is the documented trade: a duplicate notification
-is cheaper than a lost one. The sink can de-duplicate on the delivery id it receives.
+outcomes with a fenced write (by default one statement for the whole batch, each row fenced on
+its own: :meth:`OutboxStore.record_batch`); if its lease lapsed meanwhile and another worker
+re-claimed the row, the notification goes out twice. That is the documented trade: a duplicate
+notification is cheaper than a lost one. The sink can de-duplicate on the delivery id it
+receives.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from knownstate.model.contract import LostRace, Outcome, Won
-from knownstate.model.outbox import Claim, Config, Delivery
+from knownstate.model.contract import LostRace, Outcome, Rejected, Won
+from knownstate.model.outbox import (DUPLICATE_ID, OK, PERMANENT, RETRYABLE, TWICE_IN_BATCH, Claim,
+                                     Config, Delivery, Report)
 
 from . import queries
 from .errors import CommitIndeterminate, ConnectionLost, ExternalCallFailed, KnownstateError, boundary, commit
@@ -59,10 +62,11 @@ class OutboxStore:
         return rows
 
     def enqueue(self, conn: psycopg.Connection, id: int | None = None, payload: dict | None = None) -> Outcome:
-        """A new delivery. ``id`` is the producer's event id; without one the sequence picks it."""
+        """A new delivery. ``id`` is the producer's event id; without one the sequence picks it.
+        An id already taken is ``Rejected`` and changes nothing."""
         params = {"id": id, "payload": Jsonb(payload or {})}
         rows = self._one_tx(conn, "enqueue", self.q["enqueue" if id is not None else "enqueue_generated"], params)
-        return Won(rows[0][0])
+        return Won(rows[0][0]) if rows else Rejected(DUPLICATE_ID)
 
     def begin_claim(self, conn: psycopg.Connection, batch: int) -> list[tuple[Claim, dict]]:
         """The claim's statement, without COMMIT: the rows stay locked until the caller commits
@@ -98,6 +102,39 @@ class OutboxStore:
         rows = self._one_tx(conn, "fail", self.q["fail"], self.fail_params(c, permanent, error))
         return Won(rows[0][0]) if rows else LostRace("fenced")
 
+    def record_batch_params(self, reports: Sequence[Report], errors: Sequence[str | None]) -> dict:
+        """The batch as parallel arrays, sorted by id (one lock order for every batch)."""
+        order = sorted(range(len(reports)), key=lambda k: reports[k].claim.id)
+        cfg = self.config
+        return {"ids": [reports[k].claim.id for k in order],
+                "attempts": [reports[k].claim.attempt for k in order],
+                "results": [str(reports[k].result) for k in order],
+                "errors": [None if reports[k].result == OK else (errors[k] or "") for k in order],
+                "max_attempts": cfg.max_attempts, "base": cfg.backoff_base, "cap": cfg.backoff_cap}
+
+    def record_batch(self, conn: psycopg.Connection, reports: Sequence[Report],
+                     errors: Sequence[str | None] | None = None) -> Outcome:
+        """The outcomes of a batch in one statement and one commit, each row fenced on its own
+        claimed attempt. ``Won`` of the per-row outcomes in the order of ``reports``:
+        ``Won(status)`` for a row recorded, ``LostRace("fenced")`` for a stale one (it never
+        stops the others).
+        ``errors`` (optional, parallel to ``reports``) is each failed row's ``last_error``.
+
+        A batch of one row runs the one-row statement (``complete`` or ``fail``): the same single
+        statement and commit, without the arrays, whose plan PostgreSQL would redo each time."""
+        if len({r.claim.id for r in reports}) != len(reports):
+            return Rejected(TWICE_IN_BATCH)
+        if not reports:
+            return Won(())
+        if len(reports) == 1:
+            (r,), error = reports, (errors or [None])[0]
+            return Won((self.complete(conn, r.claim) if r.result == OK else
+                        self.fail(conn, r.claim, r.result == PERMANENT, error or ""),))
+        params = self.record_batch_params(reports, errors or [None] * len(reports))
+        status = dict(self._one_tx(conn, "record_batch", self.q["record_batch"], params))
+        return Won(tuple(Won(status[r.claim.id]) if r.claim.id in status else LostRace("fenced")
+                         for r in reports))
+
     def reclaim_stale(self, conn: psycopg.Connection) -> Outcome:
         rows = self._one_tx(conn, "reclaim_stale", self.q["reclaim_stale"],
                             {"max_attempts": self.config.max_attempts})
@@ -127,9 +164,6 @@ def project(conn: psycopg.Connection, to_model_time: Callable) -> tuple[Delivery
 # The external send and the worker loop.
 # ---------------------------------------------------------------------------------------
 
-OK, RETRYABLE, PERMANENT = "ok", "retryable", "permanent"
-
-
 def send_to_sink(url: str, claim: Claim, payload: dict | None = None, timeout: float = 5.0) -> str:
     """POST one delivery to the notification sink. Returns ok / retryable (5xx) / permanent
     (4xx); raises ExternalCallFailed when no answer came (it may still have arrived)."""
@@ -158,14 +192,21 @@ class LoopStats:
 
 
 class OutboxWorker:
-    """The reference worker loop: claim a batch, send each, record each outcome (fenced).
+    """The reference worker loop: claim a batch, send each, record the outcomes (fenced).
 
-    Its connection runs in autocommit: the claim and each outcome are single statements, so
+    By default the outcomes of the whole batch are recorded once its last send returned, in one
+    statement (:meth:`OutboxStore.record_batch`): two commits per batch, whatever its size. With
+    ``per_row=True`` each outcome is recorded as soon as its send returned, in a transaction of
+    its own (``complete`` / ``fail``): a commit per row, but a row's record never waits for the
+    rest of the batch — choose it when sends are slow compared with the lease.
+
+    Its connection runs in autocommit: the claim and each record are single statements, so
     each is still its own transaction, in one round trip instead of three."""
 
     def __init__(self, connect: Callable[[], psycopg.Connection], store: OutboxStore,
-                 send: Callable[[Claim, dict], str], batch: int = 10):
+                 send: Callable[[Claim, dict], str], batch: int = 10, per_row: bool = False):
         self.connect, self.store, self.send, self.batch = connect, store, send, batch
+        self.per_row = per_row
         self.conn: psycopg.Connection | None = None
         self.stats = LoopStats()
 
@@ -177,6 +218,7 @@ class OutboxWorker:
                 self.conn.autocommit = True
             claimed = self.store.claim_batch(self.conn, self.batch)
             self.stats.claimed += len(claimed)
+            reports, errors = [], []
             for claim, payload in claimed:
                 try:
                     result = self.send(claim, payload)
@@ -184,16 +226,20 @@ class OutboxWorker:
                     result, error = RETRYABLE, str(e)
                 else:
                     error = "" if result == OK else f"sink answered {result}"
-                if result == OK:
-                    outcome = self.store.complete(self.conn, claim)
+                if self.per_row:
+                    if result == OK:
+                        outcome = self.store.complete(self.conn, claim)
+                    else:
+                        outcome = self.store.fail(self.conn, claim, permanent=result == PERMANENT,
+                                                  error=error)
+                    self._count(result, outcome)
                 else:
-                    outcome = self.store.fail(self.conn, claim, permanent=result == PERMANENT, error=error)
-                if isinstance(outcome, LostRace):
-                    self.stats.fenced += 1
-                elif result == OK:
-                    self.stats.sent += 1
-                else:
-                    self.stats.failed += 1
+                    reports.append(Report(claim, result))
+                    errors.append(error)
+            if reports:
+                recorded = self.store.record_batch(self.conn, reports, errors)
+                for report, outcome in zip(reports, recorded.value):
+                    self._count(report.result, outcome)
             return len(claimed)
         except (ConnectionLost, KnownstateError):
             self.stats.errors += 1
@@ -201,6 +247,14 @@ class OutboxWorker:
                 self.conn.close()
             self.conn = None
             return 0
+
+    def _count(self, result: str, outcome: Outcome) -> None:
+        if isinstance(outcome, LostRace):
+            self.stats.fenced += 1
+        elif result == OK:
+            self.stats.sent += 1
+        else:
+            self.stats.failed += 1
 
     def run(self, stop: threading.Event, idle: Callable[[], None] | None = None) -> None:
         while not stop.is_set():

@@ -321,8 +321,9 @@ def check_invariants(
             out.append(Violation("lease-fence",
                                  f"run {w.run_id}: a write with stale token {w.token} was accepted"))
         if not w.accepted and w.owner_current:
-            out.append(Violation("conditional-transition",
-                                 f"run {w.run_id}: the current owner's write (token {w.token}) was refused"))
+            out.append(Violation("lease-fence",
+                                 f"run {w.run_id}: the current owner's write (token {w.token}) was refused "
+                                 "by the fence"))
     for r in repeats:
         if r.reexecuted:
             out.append(Violation("terminal-answers-from-receipts",

@@ -17,6 +17,10 @@ fence
     matches ``attempts = <claimed attempt>``. After the reaper reclaimed the row and another
     worker claimed it again, the old owner's token is stale and its write matches nothing:
     a lost race, never a silent overwrite.
+batched completion
+    ``record_batch`` records the outcomes of a worker's batch in one transaction. Each row is
+    fenced on its own claimed attempt, exactly as ``complete`` / ``fail`` fence it one by one:
+    a stale row is a lost race for that row alone and never stops the others.
 lease + reaper
     ``reclaim_stale`` takes back every ``processing`` row whose lease lapsed (database clock),
     to ``pending`` (or ``dead`` at the attempt limit). Nobody waits for a dead worker.
@@ -36,6 +40,7 @@ from __future__ import annotations
 import copy
 import enum
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 from .contract import (
     CREATED,
@@ -44,6 +49,7 @@ from .contract import (
     LeaseClock,
     LostRace,
     Outcome,
+    Rejected,
     RunView,
     StepView,
     TransitionTable,
@@ -119,6 +125,27 @@ class Claim:
     attempt: int
 
 
+OK, RETRYABLE, PERMANENT = "ok", "retryable", "permanent"
+"""What a worker learned from one send: delivered; refused for now (5xx, no answer); refused
+for good (4xx)."""
+
+DUPLICATE_ID = "a delivery with this id exists"
+TWICE_IN_BATCH = "a delivery appears twice in one batch"
+
+
+@dataclass(frozen=True)
+class Report:
+    """One row of a batched completion: the claim a worker holds and what its send answered."""
+
+    claim: Claim
+    result: str
+
+    def __post_init__(self) -> None:
+        if self.result not in (OK, RETRYABLE, PERMANENT):
+            raise ValueError(f"result {self.result!r} of delivery {self.claim.id}: "
+                             f"use {OK!r}, {RETRYABLE!r} or {PERMANENT!r}")
+
+
 class OutboxModel:
     """All deliveries, the database clock, and what the sink received."""
 
@@ -162,6 +189,10 @@ class OutboxModel:
         return self._next_id
 
     def enqueue(self, id: int) -> Outcome:
+        """A new delivery; an id already taken is refused (the table's primary key) and
+        changes nothing."""
+        if id in self.deliveries:
+            return Rejected(DUPLICATE_ID)
         d = Delivery(id, CREATED, 0, self.now)
         self._next_id = max(self._next_id, id + 1)
         self._move(d, "enqueue")
@@ -216,6 +247,17 @@ class OutboxModel:
         else:
             self._move(d, "retry", lease_until=None, next_attempt_at=self.now + self.config.backoff(d.attempts))
         return Won(self.deliveries[d.id].status)
+
+    def record_batch(self, reports: Sequence[Report]) -> Outcome:
+        """The outcomes of a batch in one transaction. Each row is fenced on its own claimed
+        attempt and moves as :meth:`complete` or :meth:`fail` would move it alone; a stale row
+        is a ``LostRace`` for that row only. Returns ``Won`` of the per-row outcomes, in the
+        order of ``reports``; a delivery reported twice refuses the whole batch."""
+        ids = [r.claim.id for r in reports]
+        if len(set(ids)) != len(ids):
+            return Rejected(TWICE_IN_BATCH)
+        return Won(tuple(self.complete(r.claim) if r.result == OK else
+                         self.fail(r.claim, permanent=r.result == PERMANENT) for r in reports))
 
     def reclaim_stale(self) -> Outcome:
         reclaimed = []

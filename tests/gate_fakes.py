@@ -62,6 +62,9 @@ class FakeEnv:
         self.db = SimpleNamespace(describe=lambda: "fake PostgreSQL")
         self.toxiproxy = SimpleNamespace(url="http://fake-toxiproxy")
 
+    def capabilities(self) -> frozenset[str]:
+        return frozenset({"db-clock", "db-crash", "time-shift", "concurrency"})
+
     @classmethod
     @contextlib.contextmanager
     def open(cls, dsn=None):

@@ -8,6 +8,10 @@
 - Toxiproxy: the real server, a link, each toxic kind observed on a psycopg connection or a raw
   socket, ``down``/``up``, ``reset``, and a killed server reported as such.
 - ``NotificationSink``: records (delivery, attempt), answers as planned, counts duplicates.
+- ``StandInProcess``: a stand-in in a process of its own answers like the class in-process, raises
+  its exceptions here, and when killed from outside is dead at once and named when called.
+- ``process_alive``: a child SIGKILLed from outside is dead from the moment the signal is sent;
+  a postmaster killed from outside leaves no backend behind once the cluster is stopped.
 """
 
 from __future__ import annotations
@@ -28,8 +32,19 @@ import psycopg
 import pytest
 
 from knownstate.chaos import cluster as cluster_mod
-from knownstate.chaos.cluster import ContainerDatabase, ExternalDatabase, PostgresCluster, Unavailable, docker_available
+from knownstate.chaos.cluster import (
+    ClusterError,
+    ContainerDatabase,
+    ExternalDatabase,
+    PostgresCluster,
+    Unavailable,
+    docker_available,
+    process_alive,
+)
+from knownstate.chaos.opsapi import OpsApi
 from knownstate.chaos.sink import NotificationSink
+from knownstate.chaos.standin import StandInDied, StandInProcess
+from knownstate.model.contract import IllegalTransition
 from knownstate.chaos.toxi import Toxic, ToxiproxyError, ToxiproxyServer
 from knownstate.impl.errors import ExternalCallFailed
 from knownstate.impl.outbox import OK, PERMANENT, RETRYABLE, send_to_sink
@@ -193,12 +208,13 @@ def test_external_database_works_and_refuses_server_faults_with_a_message(pg):
             assert conn.execute("select 1").fetchone() == (1,)
 
 
-def test_open_database_picks_the_dsn_else_database_url_else_a_cluster(pg, monkeypatch):
+def test_open_database_picks_the_dsn_else_a_cluster_never_database_url(pg, monkeypatch):
     monkeypatch.delenv("DATABASE_URL", raising=False)
     assert isinstance(cluster_mod.open_database(pg.dsn()), ExternalDatabase)
     assert type(cluster_mod.open_database()) is PostgresCluster
     monkeypatch.setenv("DATABASE_URL", pg.dsn())
-    db = cluster_mod.open_database()
+    assert type(cluster_mod.open_database()) is PostgresCluster  # only when named: env:NAME
+    db = cluster_mod.open_database("env:DATABASE_URL")
     assert isinstance(db, ExternalDatabase) and db.port == pg.port
 
 
@@ -442,3 +458,72 @@ def test_the_sink_records_a_delivery_whose_answer_was_lost(toxiproxy):
         with pytest.raises(ExternalCallFailed):
             send_to_sink(f"http://{link.host}:{link.port}", Claim(7, 3), timeout=5)
         poll("the sink recorded it", lambda: sink.log == [(7, 3)])  # it arrived; only the answer was lost
+
+
+# ---------------------------------------------------------------------------
+# Stand-ins in processes of their own; processes killed from outside
+# ---------------------------------------------------------------------------
+
+
+def test_a_stand_in_process_answers_like_the_class_and_raises_its_errors():
+    with StandInProcess("sink", NotificationSink) as sink:
+        assert sink.running and alive(sink.pid) and sink.pid != os.getpid()
+        sink.plan(503)
+        assert send_to_sink(sink.url, Claim(1, 1)) == RETRYABLE  # the plan reached the child
+        assert send_to_sink(sink.url, Claim(1, 2)) == OK
+        assert sink.log == [(1, 1), (1, 2)] and sink.received() == {1: 2}
+        assert sink.duplicates() == 1
+        sink.reset()
+        assert sink.log == []
+        pid = sink.pid
+    assert not alive(pid)
+    with StandInProcess("ops", OpsApi) as ops:
+        ops.fail_next(2)
+        assert ops.pending_failures == 2 and ops.refused == 0  # properties and attributes
+        with pytest.raises(KeyError):
+            ops.finish("op-404", ok=True)  # raised in the child, raised again here
+        assert ops.snapshot().ops == {}
+        with pytest.raises(AttributeError):
+            ops._clear()  # the stand-in's own business
+
+
+def test_a_stand_in_killed_from_outside_is_dead_at_once_and_named_when_called():
+    with StandInProcess("sink", NotificationSink) as sink:
+        pid = sink.pid
+        os.kill(pid, signal.SIGKILL)
+        assert not sink.running  # at once: the signal is pending or the process exiting
+        with pytest.raises(StandInDied, match=rf"the sink stand-in \(NotificationSink, pid "
+                                             rf"{pid}\) died \(killed by SIGKILL\)"):
+            sink.received()
+    assert not alive(pid)
+
+
+def test_a_child_killed_from_outside_is_dead_from_the_moment_the_signal_is_sent():
+    proc = subprocess.Popen(["sleep", "600"])
+    try:
+        assert process_alive(proc)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert not process_alive(proc)  # no wait, no poll: PF_EXITING or SIGKILL pending
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not process_alive(None)
+
+
+def test_a_postmaster_killed_from_outside_leaves_nothing_once_stopped():
+    with PostgresCluster(faketime=False) as c:
+        busy = psycopg.connect(c.dsn(), autocommit=True)  # a backend that never looks up
+        threading.Thread(target=lambda: _swallow(lambda: busy.execute(
+            "select count(*) from generate_series(1, 2000000000)")), daemon=True).start()
+        with psycopg.connect(c.dsn(), autocommit=True) as watch:
+            poll("the long statement runs", lambda: watch.execute(
+                "select 1 from pg_stat_activity where pid = %s and state = 'active'",
+                (busy.info.backend_pid,)).fetchone())
+        servers = [c._proc.pid, *children_of(c._proc.pid)]
+        os.kill(c._proc.pid, signal.SIGKILL)
+        assert not c.running
+        with pytest.raises(ClusterError, match="killed from outside"):
+            c.crash()  # an injected crash never absorbs a death it did not cause
+        assert alive(busy.info.backend_pid)  # orphaned, still counting
+    busy.close()
+    assert [p for p in servers if alive(p)] == []  # stop() found it by its data directory

@@ -171,7 +171,7 @@ BAD_STEPS = [
      {"r1": run("queued")}, {"r1": run("done")}, [], [], ExternalEffect.NONE),
     ("conditional-transition", "a run born in the wrong status",
      {}, {"r1": run("running")}, [], [], ExternalEffect.NONE),
-    ("conditional-transition", "the current owner's write refused",
+    ("lease-fence", "the current owner's write refused by the fence",
      {"r1": run("running")}, {"r1": run("running")},
      [Write("r1", 1, accepted=False, owner_current=True)], [], ExternalEffect.NONE),
     ("lease", "a claim whose lease was stamped by another clock",

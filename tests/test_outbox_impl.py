@@ -8,11 +8,15 @@ moves it with libfaketime (``pg.clock.jump``) and advances the model by the same
 Then what only a real database shows: the fence after a real reclaim, ``SKIP LOCKED`` under an
 open claim, the lease stamped with the database clock, the reaper leaving terminal rows alone, a
 COMMIT whose answer is lost (through a real Toxiproxy link) in both directions, and the error
-boundary on a dead connection and on a lock timeout.
+boundary on a dead connection and on a lock timeout. The batched completion: a mixed batch, a
+stale row in a batch, a batch whose COMMIT is lost (both candidate states kept, the observation
+picks one), and every fenced write planned through the primary key after an ANALYZE taken with
+nothing in flight.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from datetime import datetime, timezone
@@ -28,8 +32,10 @@ from knownstate.impl import errors
 from knownstate.impl import outbox as impl
 from knownstate.impl.errors import CommitIndeterminate, ConnectionLost, TransactionAborted
 from knownstate.impl.outbox import OutboxStore, project
-from knownstate.model.contract import CREATED, LostRace, Write, Won, check_invariants
-from knownstate.model.outbox import CONTRACT, TABLE, Claim, Config, OutboxModel, Status, views
+from knownstate.model.contract import CREATED, LostRace, Rejected, Write, Won, check_invariants
+from knownstate.model import outbox as outbox_model
+from knownstate.model.outbox import (CONTRACT, OK, PERMANENT, RETRYABLE, TABLE, TWICE_IN_BATCH,
+                                     Claim, Config, OutboxModel, Report, Status, views)
 
 P, R, S, F, D = (s.value for s in Status)
 
@@ -99,14 +105,19 @@ class Pair:
 
     def __call__(self, op: str, *args, conn: int = 0, token: Claim | None = None):
         before = self.model.views()
-        owner_current = token is not None and self.model._owned(token) is not None
+        batch = op == "record_batch"
+        tokens = [token] if token is not None else [r.claim for r in args[0]] if batch else []
+        owner_current = [self.model._owned(t) is not None for t in tokens]
         n = len(self.model.transitions)
         expected = getattr(self.model, op)(*args)
         got = getattr(self.store, op)(self.conns[conn], *args)
         assert got == expected, f"{op}{args}: implementation {got}, model {expected}"
         state = project(self.observer, self.to_model_time)
         assert state == self.model.state(), f"after {op}{args}"
-        writes = [] if token is None else [Write(str(token.id), token.attempt, isinstance(got, Won), owner_current)]
+        accepted = ([isinstance(o, Won) for o in got.value] if batch and isinstance(got, Won)
+                    else [isinstance(got, Won)] * len(tokens))
+        writes = [] if isinstance(got, Rejected) else [  # a refused batch attempted no write
+            Write(str(t.id), t.attempt, a, o) for t, a, o in zip(tokens, accepted, owner_current)]
         # The sink is not in these sequences: count a completed row's send as received so the
         # at-least-once invariant reads the rows alone.
         received = {d.id: 1 for d in state if d.status == S}
@@ -218,6 +229,16 @@ def test_random_sequences_agree_with_the_model(dsn, connect, clock):
                 self.pair("extend_lease", c, conn=w, token=c)
             else:
                 self.pair("fail", c, op == "permanent", conn=w, token=c)
+
+        @precondition(lambda self: self.tokens)
+        @rule(data=st.data(), w=st.integers(0, 1))
+        def write_batch(self, data, w):
+            by_id = {c.id: c for c in data.draw(st.permutations(self.tokens), label="tokens")}
+            ids = data.draw(st.lists(st.sampled_from(sorted(by_id)), min_size=1, max_size=4,
+                                     unique=True), label="ids")
+            results = data.draw(st.lists(st.sampled_from([OK, RETRYABLE, PERMANENT]),
+                                         min_size=len(ids), max_size=len(ids)), label="results")
+            self.pair("record_batch", [Report(by_id[i], r) for i, r in zip(ids, results)], conn=w)
 
         @rule(minutes=st.sampled_from([1, 2, 5]))
         def advance(self, minutes):
@@ -338,13 +359,99 @@ def test_the_reaper_never_touches_a_terminal_row(connect, clock):
 
 
 # ---------------------------------------------------------------------------
+# Enqueue refuses a taken id; the batched completion.
+# ---------------------------------------------------------------------------
+
+
+def test_enqueue_with_a_taken_id_is_refused_by_the_key_and_changes_nothing(pair):
+    assert pair("enqueue", 1) == Won(1)
+    c = pair("claim", 1).value[0]
+    before = rows(pair.observer)
+    assert pair("enqueue", 1) == Rejected(outbox_model.DUPLICATE_ID)
+    assert rows(pair.observer) == before
+    assert pair("complete", c, token=c) == Won(S)
+    assert pair("enqueue", 1) == Rejected(outbox_model.DUPLICATE_ID)
+    assert pair.conns[0].info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_a_mixed_batch_agrees_with_the_model_in_one_commit(pair):
+    """complete, permanent failure, retry with backoff: one statement, reported out of id order."""
+    for i in (1, 2, 3, 4):
+        pair("enqueue", i)
+    c1, c2, c3, c4 = pair("claim", 4).value
+    pair.advance(QUANTUM)
+    got = pair("record_batch", [Report(c3, RETRYABLE), Report(c1, OK), Report(c4, PERMANENT),
+                                Report(c2, RETRYABLE)])
+    assert got == Won((Won(P), Won(S), Won(F), Won(P)))
+    r = rows(pair.observer)
+    assert r[1][5] is None and r[2][5] == r[3][5] == r[4][5] == ""  # as complete/fail write it
+    assert pair.taken >= {(R, "complete", S), (R, "retry", P), (R, "fail_permanent", F)}
+    pair.advance(QUANTUM)  # the backoff (60 s) passed: both retries are due, second attempt
+    assert pair("claim", 4).value == (Claim(2, 2), Claim(3, 2))
+
+
+def test_a_batch_reaches_dead_at_the_attempt_limit(connect, clock):
+    pair = Pair([connect()], connect(autocommit=True), clock, Config(300, 60, 240, max_attempts=1))
+    pair("enqueue", 1)
+    pair("enqueue", 2)
+    c1, c2 = pair("claim", 2).value
+    assert pair("record_batch", [Report(c1, RETRYABLE), Report(c2, OK)]) == Won((Won(D), Won(S)))
+
+
+def test_a_stale_row_in_a_batch_loses_alone_and_the_others_commit(pair):
+    pair("enqueue", 1)
+    stale = pair("claim", 1).value[0]
+    pair.advance(300)
+    assert pair("reclaim_stale") == Won((1,))
+    current = pair("claim", 1, conn=1).value[0]
+    pair("enqueue", 2)
+    pair("enqueue", 3)
+    c2, c3 = pair("claim", 2).value
+    before = rows(pair.observer)[1]
+    got = pair("record_batch", [Report(c3, RETRYABLE), Report(stale, OK), Report(c2, OK)])
+    assert got == Won((Won(P), LostRace("fenced"), Won(S)))
+    assert rows(pair.observer)[1] == before  # every column of the current owner's row
+    assert pair("record_batch", [Report(current, OK)], conn=1) == Won((Won(S),))
+    assert pair("record_batch", [Report(stale, PERMANENT)]) == Won((LostRace("fenced"),))
+
+
+def test_a_batch_naming_a_row_twice_is_refused_before_any_statement(pair):
+    pair("enqueue", 1)
+    (c,) = pair("claim", 1).value
+    assert pair("record_batch", [Report(c, OK), Report(c, OK)]) == Rejected(TWICE_IN_BATCH)
+    assert pair("record_batch", []) == Won(())
+    assert rows(pair.observer)[1][1] == R
+
+
+def test_every_fenced_write_is_planned_through_the_primary_key(dsn, connect):
+    """After an ANALYZE taken with nothing in flight the statistics say no row holds a lease; an
+    index whose predicate the fenced writes imply would then look cheapest, and each write would
+    scan every row in flight. Generic and custom plans of each fenced write use the key."""
+    from knownstate.chaos.bench import fenced_write_plans
+
+    conn = connect(autocommit=True)
+    conn.execute("insert into outbox_delivery (id) select g from generate_series(1, 20000) g")
+    conn.execute("update outbox_delivery set status = 'sent' where id <= 10000")
+    conn.execute("analyze outbox_delivery")  # nothing in flight
+    OutboxStore(CONFIG).claim(conn, 2000)
+    plans = fenced_write_plans(conn)
+    assert set(plans) == {"complete", "fail", "extend_lease", "record_batch"}
+    for query, modes in plans.items():
+        for mode, scan in modes.items():
+            assert scan.startswith("Index Scan using outbox_delivery_pkey"), (query, mode, scan)
+
+
+# ---------------------------------------------------------------------------
 # Indeterminate COMMIT through a real Toxiproxy link.
 # ---------------------------------------------------------------------------
 
 
+_links = itertools.count()
+
+
 @pytest.fixture
-def db_link(pg, toxiproxy, request):
-    return toxiproxy.link(f"outbox-impl-{request.node.name[:40]}", pg.host, pg.port)
+def db_link(pg, toxiproxy):
+    return toxiproxy.link(f"outbox-impl-{next(_links)}", pg.host, pg.port)
 
 
 def wait_backend_gone(observer: psycopg.Connection, pid: int, deadline_s: float = 10.0) -> None:
@@ -379,6 +486,54 @@ def test_a_commit_that_never_arrived_is_indeterminate_and_did_not_commit(dsn, co
         errors.commit(conn, "outbox.enqueue")
     wait_backend_gone(observer, pid)  # the server saw the reset and rolled back
     assert rows(observer) == {}
+
+
+class ToxicCommit(psycopg.Connection):
+    """A connection that runs a one-shot hook just before its next COMMIT leaves the client."""
+
+    before_commit = None
+
+    def commit(self) -> None:
+        hook, self.before_commit = self.before_commit, None
+        if hook is not None:
+            hook()
+        super().commit()
+
+
+@pytest.mark.parametrize("toxic, landed", [
+    (Toxic("limit_data", "downstream", {"bytes": 0}), True),   # the COMMIT arrived, its answer not
+    (Toxic("reset_peer", "upstream", {"timeout": 0}), False),  # the COMMIT never arrived
+], ids=["reply-lost", "request-lost"])
+def test_a_batch_whose_commit_is_lost_keeps_both_states_until_observed(dsn, connect, clock, db_link,
+                                                                       toxic, landed):
+    observer = connect(autocommit=True)
+    pair = Pair([connect()], observer, clock)
+    for i in (1, 2, 3, 4):
+        pair("enqueue", i)
+    stale = pair("claim", 1).value[0]
+    pair.advance(300)
+    pair("reclaim_stale")
+    c1, c2, c3, c4 = pair("claim", 4).value
+    reports = [Report(stale, OK), Report(c2, OK), Report(c3, RETRYABLE), Report(c4, PERMANENT)]
+    committed = pair.model.copy()
+    assert committed.record_batch(reports) == Won((LostRace("fenced"), Won(S), Won(P), Won(F)))
+    candidates = {"not committed": pair.model, "committed": committed}
+    assert candidates["not committed"].state() != candidates["committed"].state()
+
+    via_link = psycopg.conninfo.make_conninfo(dsn, host=db_link.host, port=db_link.port)
+    proxied = ToxicCommit.connect(via_link)
+    try:
+        pid = proxied.info.backend_pid
+        proxied.before_commit = lambda: db_link.add(toxic)
+        with pytest.raises(CommitIndeterminate) as info:
+            pair.store.record_batch(proxied, reports)
+        assert "outbox.record_batch" in str(info.value) and "may or may not" in str(info.value)
+    finally:
+        proxied.close()
+    wait_backend_gone(observer, pid)
+    state = project(observer, pair.to_model_time)
+    assert [k for k, m in candidates.items() if m.state() == state] == [
+        "committed" if landed else "not committed"]  # all rows of the batch, or none
 
 
 # ---------------------------------------------------------------------------

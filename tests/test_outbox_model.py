@@ -3,9 +3,10 @@
 Every row of the transition table is taken by the operation that owns it; an illegal step raises
 and leaves the state unchanged; a stale owner is fenced (a lost race, nothing changes); the reaper
 takes back only lapsed leases and never a terminal row; the backoff and its cap; dead at the
-attempt limit; the claim's order and batch. Then a Hypothesis state machine: any sequence of
-operations, stale tokens and clock moves keeps the contract's invariants, terminal rows never
-change and attempts never decrease.
+attempt limit; the claim's order and batch; an id enqueued twice is refused; the batched
+completion moves each row as complete/fail would and fences each row on its own. Then a
+Hypothesis state machine: any sequence of operations (batches included), stale tokens and clock
+moves keeps the contract's invariants, terminal rows never change and attempts never decrease.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from knownstate.model import outbox
-from knownstate.model.contract import CREATED, IllegalTransition, LostRace, Write, Won, check_invariants
-from knownstate.model.outbox import CONTRACT, TABLE, Claim, Config, Delivery, OutboxModel, Status
+from knownstate.model.contract import (CREATED, IllegalTransition, LostRace, Rejected, Write, Won,
+                                       check_invariants)
+from knownstate.model.outbox import (CONTRACT, OK, PERMANENT, RETRYABLE, TABLE, Claim, Config,
+                                     Delivery, OutboxModel, Report, Status)
 
 P, R, S, F, D = (s.value for s in Status)
 
@@ -248,6 +251,90 @@ def test_views_project_a_sent_row_as_its_own_receipt():
 
 
 # ---------------------------------------------------------------------------
+# Enqueue refuses a taken id.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [P, R, S])
+def test_enqueue_with_a_taken_id_is_refused_and_changes_nothing(status):
+    m = OutboxModel()
+    c = claimed(m)
+    if status == S:
+        m.complete(c)
+    elif status == P:
+        m.fail(c, permanent=False)
+    snapshot = m.copy()
+    assert m.enqueue(1) == Rejected(outbox.DUPLICATE_ID)
+    assert m == snapshot and m.transitions == snapshot.transitions
+    assert m.deliveries[1].status == status and m.deliveries[1].attempts == 1
+    assert m.enqueue(2) == Won(2)  # the next id is still free
+
+
+# ---------------------------------------------------------------------------
+# The batched completion.
+# ---------------------------------------------------------------------------
+
+
+def test_a_batch_moves_each_row_by_its_own_result():
+    """complete, permanent failure, retry with backoff and dead at the limit, in one batch."""
+    m = OutboxModel(Config(lease=300, backoff_base=60, backoff_cap=600, max_attempts=2))
+    m.enqueue(4)
+    (c4,) = m.claim(1).value
+    assert m.fail(c4, permanent=False) == Won(P)  # row 4 goes on to its second, last attempt
+    m.advance(60)
+    for i in (1, 2, 3):
+        m.enqueue(i)
+    c1, c2, c3, c4 = m.claim(4).value
+    assert (c1.attempt, c4.attempt) == (1, 2)
+    m.advance(7)
+    n = len(m.transitions)
+    out = m.record_batch([Report(c3, RETRYABLE), Report(c1, OK), Report(c4, RETRYABLE),
+                          Report(c2, PERMANENT)])
+    assert out == Won((Won(P), Won(S), Won(D), Won(F)))  # in the order of the reports
+    assert m.deliveries[1] == Delivery(1, S, 1, 60, None)
+    assert m.deliveries[2] == Delivery(2, F, 1, 60, None)
+    assert m.deliveries[3] == Delivery(3, P, 1, 67 + 60, None)  # backoff from now
+    assert m.deliveries[4] == Delivery(4, D, 2, 60, None)
+    assert [t[2] for t in m.transitions[n:]] == ["retry", "complete", "give_up", "fail_permanent"]
+
+
+def test_a_stale_row_in_a_batch_is_a_lost_race_for_that_row_alone():
+    m, stale, current = reclaimed_and_reclaimed_again()
+    m.enqueue(2)
+    (c2,) = m.claim(1).value
+    before = m.deliveries[1]
+    out = m.record_batch([Report(stale, OK), Report(c2, OK)])
+    assert out == Won((LostRace("fenced"), Won(S)))
+    assert m.deliveries[1] == before  # the current owner's row is untouched
+    assert m.deliveries[2].status == S
+    assert m.record_batch([Report(current, PERMANENT)]) == Won((Won(F),))
+
+
+def test_a_batch_of_only_stale_rows_changes_nothing():
+    m, stale, _ = reclaimed_and_reclaimed_again()
+    snapshot = m.copy()
+    assert m.record_batch([Report(stale, RETRYABLE)]) == Won((LostRace("fenced"),))
+    assert m == snapshot and m.transitions == snapshot.transitions
+
+
+def test_a_batch_naming_a_row_twice_is_refused_whole():
+    m = OutboxModel()
+    m.enqueue(1)
+    m.enqueue(2)
+    c1, c2 = m.claim(2).value
+    snapshot = m.copy()
+    assert m.record_batch([Report(c1, OK), Report(c2, OK), Report(c1, RETRYABLE)]) == \
+        Rejected(outbox.TWICE_IN_BATCH)
+    assert m == snapshot and m.transitions == snapshot.transitions
+    assert m.record_batch([]) == Won(())
+
+
+def test_a_report_with_an_unknown_result_is_refused_at_once():
+    with pytest.raises(ValueError, match="'delivered'.*'ok'"):
+        Report(Claim(1, 1), "delivered")
+
+
+# ---------------------------------------------------------------------------
 # Property: any sequence of operations keeps the invariants.
 # ---------------------------------------------------------------------------
 
@@ -294,6 +381,26 @@ class OutboxModelMachine(RuleBasedStateMachine):
         fn = {"complete": lambda: self.m.complete(c), "retry": lambda: self.m.fail(c, permanent=False),
               "permanent": lambda: self.m.fail(c, permanent=True), "extend": lambda: self.m.extend_lease(c)}[op]
         self.step(fn, writes_for=c)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def write_batch(self, data):
+        """A batch of outcomes over distinct rows, stale tokens included: judged row by row."""
+        by_id = {c.id: c for c in data.draw(st.permutations(self.tokens), label="tokens")}
+        chosen = data.draw(st.lists(st.sampled_from(sorted(by_id)), min_size=1, unique=True),
+                           label="ids")
+        results = st.sampled_from([OK, RETRYABLE, PERMANENT])
+        reports = [Report(by_id[i], data.draw(results, label="result")) for i in chosen]
+        for r in reports:
+            self.m.sink_received(r.claim.id)
+        before = self.m.views()
+        owners = {r.claim.id: self.m._owned(r.claim) is not None for r in reports}
+        self.prev = dict(self.m.deliveries)
+        out = self.m.record_batch(reports)
+        assert isinstance(out, Won) and len(out.value) == len(reports)
+        writes = [Write(str(r.claim.id), r.claim.attempt, accepted=isinstance(o, Won),
+                        owner_current=owners[r.claim.id]) for r, o in zip(reports, out.value)]
+        assert check_invariants(CONTRACT, before, self.m.views(), writes) == []
 
     @rule(seconds=st.sampled_from([1, 60, 299, 300, 1000]))
     def advance(self, seconds):

@@ -131,7 +131,8 @@ def test_a_run_cut_short_keeps_what_finished_and_marks_the_rest(signal_name, cod
     assert (never["status"], never["examples"]) == ("not run", 0)
     assert (doc["signal"], doc["exit_code"]) == (signal_name, code)
     assert doc["counts"] == {"runs": 3, "ok": 1, "passed": 1, "failed": 0, "vacuous": 0,
-                             "interrupted": 1, "environment": 0, "not run": 1}
+                             "interrupted": 1, "environment": 0, "not run": 1,
+                             "not covered": 0}
 
 
 def test_an_environment_fault_marks_the_run_in_progress_not_a_failure():

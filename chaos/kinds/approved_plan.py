@@ -90,8 +90,9 @@ class ApprovedPlanCheck(KindCheck):
     policy = FaultPolicy(gap=3, heal_after=2, stall=model.HEARTBEAT_S + QUANTUM)
     store_class = impl.ApprovedPlanStore
     queries: dict[str, str] | None = None  # the mutant catalogue replaces some
-    required_events = (
-        "lost race", "fence refusal", "lazy heal", "step answered from its receipt",
+    required_events = (  # a heal, and the fence it arms, need a heartbeat to lapse
+        "lost race", needs("fence refusal", "time-shift"), needs("lazy heal", "time-shift"),
+        "step answered from its receipt",
         "repeat answered from receipts", "compensation run",
         "worker died before commit", "connection lost", "indeterminate commit",
         "indeterminate resolved: committed", "indeterminate resolved: not committed",
@@ -384,14 +385,14 @@ class ApprovedPlanCheck(KindCheck):
             out.append(Offer(f"run_step({pid}, step={i}, token={token}){twice}",
                              lambda m, p=pid, i=i, t=token: m.run_step(p, i, t),
                              lambda c, p=pid, i=i, t=token: self.stores[w].run_step(c, p, i, t),
-                             after=self._stepped(holder, pid, i),
+                             after=self._stepped(holder, pid, i), fenced=True,
                              guarantee="stable-step-identity", runs=frozenset({pid})))
             if holder == w:
                 out.append(Offer(f"heartbeat({pid}, token={token})",
                                  lambda m, p=pid, t=token: m.heartbeat(p, t),
                                  lambda c, p=pid, t=token: self.stores[w].heartbeat(c, p, t),
                                  after=self._renewed(w, pid), guarantee="lease-fence",
-                                 runs=frozenset({pid})))
+                                 runs=frozenset({pid}), fenced=True))
         out += [Offer(f"read({pid})", lambda m, p=pid: m.read(p),
                       lambda c, p=pid: self.stores[w].read(c, p), guarantee="lease",
                       runs=frozenset({pid}))
@@ -561,7 +562,7 @@ MUTANTS = [
            _edit("mark_interrupted_if_stale", "\n  AND heartbeat_at < now() - make_interval(secs => %(heartbeat_s)s)", "")),
     Mutant("heal-app-clock", "approved-plan", "lease",
            "markInterruptedIfStale judges the heartbeat by the application clock, not the database's",
-           with_attrs(store_class=_HealAppClock)),
+           with_attrs(store_class=_HealAppClock), needs=("db-clock",)),
     Mutant("unfenced-heartbeat", "approved-plan", "lease-fence",
            "the heartbeat renews the lease without checking the run is still executing under the token",
            _edit("heartbeat", "WHERE id = %(id)s AND status = 'executing' AND generation = %(token)s",

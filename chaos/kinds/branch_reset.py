@@ -466,7 +466,7 @@ class BranchResetCheck(KindCheck):
         for run_id in running:
             out.append(Offer(f"poll({run_id})", lambda m, r=run_id: m.poll(r, name),
                              lambda c, r=run_id: self.stores[w].poll(c, r),
-                             guarantee="lease-fence", runs=frozenset({run_id})))
+                             guarantee="lease-fence", runs=frozenset({run_id}), fenced=True))
             out.append(Offer(f"cancel({run_id})", lambda m, r=run_id: m.cancel(r),
                              lambda c, r=run_id: self.stores[w].cancel(c, r),
                              guarantee="conditional-transition", runs=frozenset({run_id})))

@@ -18,7 +18,7 @@ from knownstate.impl import errors
 from knownstate.impl import outbox as impl
 from knownstate.impl.errors import ExternalCallFailed
 from knownstate.model import outbox as model
-from knownstate.model.contract import LostRace, RetryView, Won
+from knownstate.model.contract import LostRace, RetryView, Won, Write
 
 from ..check import QUANTUM, Candidate, FaultPolicy, KindCheck, Offer, fmt, needs
 from ..sink import NotificationSink
@@ -40,7 +40,8 @@ class OutboxCheck(KindCheck):
     kind = "outbox"
     contract = model.CONTRACT
     schema = impl.SCHEMA
-    n_workers = 2
+    n_workers = 3  # w0, w1 run the worker loop; w2 is a reaper process (its own connection)
+    REAPER = 2
     # max_attempts 2 keeps "dead" within reach of a short program; the reference default is 3.
     config = model.Config(lease=5 * QUANTUM, backoff_base=QUANTUM, backoff_cap=60 * QUANTUM,
                           max_attempts=2)
@@ -48,8 +49,9 @@ class OutboxCheck(KindCheck):
     lock_wait_breaks = "claim"
     store_class = impl.OutboxStore
     queries: dict[str, str] | None = None  # the mutant catalogue replaces some
-    required_events = (
-        "lost race", "fence rejection", "reclaim", "backoff", "skip locked",
+    required_events = (  # a reclaim, and the fence it arms, need a lease to lapse
+        "lost race", needs("fence rejection", "time-shift"), needs("reclaim", "time-shift"),
+        "backoff", "skip locked",
         "worker died before commit", "connection lost", "indeterminate commit",
         "indeterminate resolved: committed", "indeterminate resolved: not committed",
         "duplicate delivery", "sink reply lost",
@@ -64,7 +66,7 @@ class OutboxCheck(KindCheck):
         self.sink.reset()
         self.store = self.store_class(self.config, self.queries)
         self.held: list[dict[int, Held]] = [{} for _ in self.workers]
-        for w in self.workers:
+        for w in self.workers[:2]:  # the reaper process never calls the sink
             w.sink_link = self.env.api.link(f"outbox-{w.name}-sink", self.sink.host, self.sink.port)
             w.links = [w.link, w.sink_link]
         self._duplicates = 0
@@ -123,15 +125,20 @@ class OutboxCheck(KindCheck):
     # -- concurrent blocks ---------------------------------------------------------------------
     def offers(self, w: int) -> list[Offer]:
         """What worker ``w`` can start together with the others: a claim, the fenced write of a
-        delivery it sent, a lease extension, the reaper."""
+        delivery it sent, a lease extension; the reaper process reaps (so a stale owner's write
+        can meet both a reclaim and a new claim of its row)."""
         now, rows = self.model.now, self.model.deliveries.values()
         due = frozenset(d.id for d in rows if d.status == model.P and d.next_attempt_at <= now)
         lapsed = frozenset(d.id for d in rows if d.status == model.R and d.lease_until <= now)
+        reap = Offer("reclaim_stale()", lambda m: m.reclaim_stale(),
+                     lambda c: self.store.reclaim_stale(c), guarantee="lease", runs=lapsed)
+        if w == self.REAPER:
+            return [reap]
         out = [Offer(f"claim(batch={b})", lambda m, b=b: m.claim(b),
                      lambda c, b=b: self.store.claim(c, b), after=self._took(w), guarantee="claim",
                      among_others=lambda m, got, b=b: m.claim_skipping(
                          b, tuple(c.id for c in got.value) if isinstance(got, Won) else ()),
-                     runs=due)
+                     runs=due | lapsed)  # a lapsed row may be reclaimed, then claimed, meanwhile
                for b in (1, 2)]
         for i, h in sorted(self.held[w].items()):
             c = h.claim
@@ -139,20 +146,21 @@ class OutboxCheck(KindCheck):
                 out.append(Offer(f"complete({c.id}, attempt={c.attempt})",
                                  lambda m, c=c: m.complete(c),
                                  lambda conn, c=c: self.store.complete(conn, c),
-                                 after=self._let_go(w, c.id), guarantee="lease-fence", runs=frozenset({c.id})))
+                                 after=self._let_go(w, c.id), guarantee="lease-fence", runs=frozenset({c.id}),
+                                 fenced=True))
             elif h.result is not None:
                 permanent = h.result == impl.PERMANENT
                 out.append(Offer(f"fail({c.id}, attempt={c.attempt}, permanent={permanent})",
                                  lambda m, c=c, p=permanent: m.fail(c, p),
                                  lambda conn, c=c, p=permanent, r=h.result:
                                  self.store.fail(conn, c, p, r),
-                                 after=self._let_go(w, c.id), guarantee="lease-fence", runs=frozenset({c.id})))
+                                 after=self._let_go(w, c.id), guarantee="lease-fence", runs=frozenset({c.id}),
+                                 fenced=True))
             out.append(Offer(f"extend_lease({c.id}, attempt={c.attempt})",
                              lambda m, c=c: m.extend_lease(c),
                              lambda conn, c=c: self.store.extend_lease(conn, c),
-                             guarantee="lease-fence", runs=frozenset({c.id})))
-        out.append(Offer("reclaim_stale()", lambda m: m.reclaim_stale(),
-                         lambda c: self.store.reclaim_stale(c), guarantee="lease", runs=lapsed))
+                             guarantee="lease-fence", runs=frozenset({c.id}),
+                                 fenced=True))
         return out
 
     def _took(self, w: int):
@@ -303,6 +311,43 @@ class OutboxCheck(KindCheck):
         elif got == Won(model.P):
             self.event("backoff")
 
+    def _batch_holders(self) -> list[int]:
+        """Workers holding two sent deliveries or more: a batch to record."""
+        sent = [w for w, _ in self._holding(sent=True)]
+        return sorted({w for w in sent if sent.count(w) > 1})
+
+    @precondition(lambda self: self._batch_holders())
+    @rule(data=st.data())
+    def record_batch(self, data) -> None:
+        """The batched fenced write: a worker records every delivery it has sent (two or more)
+        in one statement, each row fenced on its own claimed attempt; a stale row loses alone."""
+        w = data.draw(st.sampled_from(self._batch_holders()), label="worker")
+        sent = [i for v, i in self._holding(sent=True) if v == w]
+        ids = data.draw(st.permutations(sent), label="deliveries")  # all it sent, in any order
+        worker, held = self.workers[w], [self.held[w].pop(i) for i in ids]
+        reports = [model.Report(h.claim, h.result) for h in held]
+        if len({r.claim.attempt for r in reports}) > 1:
+            self.event("batch of mixed attempts")
+        label = f"record_batch(w{w}, " + ", ".join(f"{r.claim.id}@{r.claim.attempt} {r.result}"
+                                                     for r in reports) + ")"
+        owners = [self._fence(r.claim) for r in reports]
+
+        def impl_op(conn):
+            got = self.store.record_batch(conn, reports, [h.result for h in held])
+            if isinstance(got, Won):  # each row is a fenced write of its own
+                for (run, token, owner), row in zip(owners, got.value):
+                    if isinstance(row, (Won, LostRace)):
+                        self.writes.append(Write(str(run), token, isinstance(row, Won), owner))
+            return got
+
+        got = self.apply(worker, label, lambda m: m.record_batch(reports), impl_op,
+                         on_error=lambda: self.forget(worker))
+        for row in got.value if isinstance(got, Won) else ():
+            if isinstance(row, LostRace):
+                self.event("fence rejection")
+            elif row == Won(model.P):
+                self.event("backoff")
+
     @precondition(lambda self: self._holding())
     @rule(data=st.data())
     def extend_lease(self, data) -> None:
@@ -327,7 +372,7 @@ class OutboxCheck(KindCheck):
     def claim_race(self, ba: int, bb: int) -> None:
         """w0's claim holds its row locks (not yet committed) while w1 claims: SKIP LOCKED must let
         w1 take the next due rows at once, and never the same ones."""
-        wa, wb = self.workers
+        wa, wb = self.workers[:2]
         self.stats.steps += 1
         trial = self.model.copy()
         exp_a = trial.claim(ba)
@@ -418,10 +463,10 @@ MUTANTS = [
            _edit("claim_due", "FOR UPDATE SKIP LOCKED", "FOR UPDATE")),
     Mutant("reaper-app-clock", "outbox", "lease",
            "the reaper compares leases with the application clock (the database clock stamped them)",
-           with_attrs(store_class=_AppClockReaper)),
+           with_attrs(store_class=_AppClockReaper), needs=("db-clock",)),
     Mutant("lease-app-clock", "outbox", "lease",
            "the claim stamps its lease with the application clock (the reaper reads the database clock)",
-           with_attrs(store_class=_AppClockLease)),
+           with_attrs(store_class=_AppClockLease), needs=("db-clock",)),
     Mutant("reaper-ignores-lease", "outbox", "lease",
            "the reaper takes back every processing row, live leases included",
            _edit("reclaim_stale", "AND lease_until <= now()", "")),
@@ -433,6 +478,10 @@ MUTANTS = [
            "a retry is due at once instead of after an exponential backoff",
            _edit("fail", "ELSE now() + make_interval(secs => least(%(cap)s, %(base)s * 2 ^ greatest(attempts - 1, 0)))",
                  "ELSE now()")),
+    Mutant("batch-fenced-on-first-row", "outbox", "lease-fence",
+           "the batched completion matches every row against the first row's claimed attempt",
+           _edit("record_batch", "AND d.attempts = b.attempt",
+                 "AND d.attempts = (%(attempts)s::integer[])[1]")),
     Mutant("never-dead", "outbox", "retry-policy",
            "a failed send is retried forever: never dead at max attempts",
            _edit("fail", "WHEN attempts >= %(max_attempts)s THEN 'dead'", "WHEN false THEN 'dead'")),

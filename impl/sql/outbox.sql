@@ -1,6 +1,9 @@
 -- enqueue --
--- A new delivery with the producer's event id, due at once.
-INSERT INTO outbox_delivery (id, payload) VALUES (%(id)s, %(payload)s) RETURNING id
+-- A new delivery with the producer's event id, due at once. An id already taken returns no
+-- row (refused by the primary key) and changes nothing.
+INSERT INTO outbox_delivery (id, payload) VALUES (%(id)s, %(payload)s)
+ON CONFLICT (id) DO NOTHING
+RETURNING id
 
 -- enqueue_generated --
 -- A new delivery with an id from the sequence, due at once.
@@ -49,6 +52,29 @@ UPDATE outbox_delivery SET
     last_error = %(error)s
 WHERE id = %(id)s AND status = 'processing' AND attempts = %(attempt)s
 RETURNING status
+
+-- record_batch --
+-- The outcomes of a worker's batch in one statement, one commit. Each row is fenced on its own
+-- claimed attempt (d.attempts = b.attempt), so a stale row matches nothing — a lost race for
+-- that row alone — and the others still commit. Per row, as complete and fail one by one: ok
+-- is sent; permanent is failed; retryable is pending again after the backoff, or dead at the
+-- attempt limit. The arrays come sorted by id, so two batches lock shared rows in one order.
+UPDATE outbox_delivery d SET
+    status = CASE WHEN b.result = 'ok' THEN 'sent'
+                  WHEN b.result = 'permanent' THEN 'failed'
+                  WHEN d.attempts >= %(max_attempts)s THEN 'dead'
+                  ELSE 'pending' END,
+    next_attempt_at = CASE WHEN b.result <> 'retryable' OR d.attempts >= %(max_attempts)s
+                           THEN d.next_attempt_at
+                           ELSE now() + make_interval(secs => least(%(cap)s,
+                                    %(base)s * 2 ^ greatest(d.attempts - 1, 0)))
+                      END,
+    lease_until = NULL,
+    last_error = b.error
+FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(results)s::text[], %(errors)s::text[])
+    AS b (id, attempt, result, error)
+WHERE d.id = b.id AND d.status = 'processing' AND d.attempts = b.attempt
+RETURNING d.id, d.status
 
 -- reclaim_stale --
 -- The reaper: processing rows whose lease lapsed (database clock) go back to pending, due now,

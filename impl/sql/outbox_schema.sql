@@ -16,5 +16,11 @@ CREATE TABLE IF NOT EXISTS outbox_delivery (
 
 -- The claim reads due pending rows in id order.
 CREATE INDEX IF NOT EXISTS outbox_delivery_due ON outbox_delivery (id) WHERE status = 'pending';
--- The reaper reads processing rows by lease.
-CREATE INDEX IF NOT EXISTS outbox_delivery_lease ON outbox_delivery (lease_until) WHERE status = 'processing';
+-- The reaper reads processing rows by lease. The predicate is `lease_until IS NOT NULL` (true
+-- exactly while processing, by the CHECK above), not `status = 'processing'`: the fenced writes
+-- say `status = 'processing'`, and with an index whose predicate they imply the planner could
+-- take it instead of the primary key, scanning every row in flight for each write once ANALYZE
+-- ran with nothing in flight. The reaper's `lease_until <= now()` implies this predicate.
+DROP INDEX IF EXISTS outbox_delivery_lease;  -- its earlier form, on status = 'processing'
+CREATE INDEX IF NOT EXISTS outbox_delivery_leased ON outbox_delivery (lease_until)
+    WHERE lease_until IS NOT NULL;

@@ -1,0 +1,234 @@
+"""Stand-ins in processes of their own, killable from outside like every real part.
+
+A stand-in (the notification sink, the operations API) is a class with ``start()``, ``stop()``,
+``host`` and ``port``: an HTTP server on loopback, and methods the check calls to plan answers
+and read what it recorded. :class:`StandInProcess` runs one in a child process
+(``python -m knownstate.chaos.standin module:Class``) and forwards every attribute it does not
+have itself to the child over the child's stdin and stdout, one pickled frame each way: a
+method call returns what the method returned in the child, or raises what it raised there; any
+other attribute is read in the child. Only the two processes see the frames.
+
+Health like PostgreSQL's and Toxiproxy's: :attr:`StandInProcess.running` is whether the child
+lives, and a call to a child that died raises :class:`StandInDied`, an
+:class:`~knownstate.chaos.harness.EnvironmentFault` naming the part. The child dies with its
+parent (PDEATHSIG), ignores the terminal's Ctrl-C (its parent stops it), and stops when its
+stdin closes; :meth:`StandInProcess.stop` closes it, waits, and kills it if it has to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any, BinaryIO
+
+from . import tools
+from .cluster import process_alive
+from .harness import EnvironmentFault
+
+_HEADER = struct.Struct(">I")
+
+
+class StandInDied(EnvironmentFault):
+    """A stand-in's process died, and not by the harness."""
+
+
+def _send(stream: BinaryIO, message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        part = stream.read(n - len(data))
+        if not part:
+            return None
+        data += part
+    return data
+
+
+def _receive(stream: BinaryIO) -> Any:
+    """The next frame, or raises EOFError when the other side is gone."""
+    header = _read_exactly(stream, _HEADER.size)
+    data = header and _read_exactly(stream, _HEADER.unpack(header)[0])
+    if data is None:
+        raise EOFError
+    return pickle.loads(data)
+
+
+class StandInProcess:
+    """``cls`` (a stand-in class, importable by module and name) running in a child process."""
+
+    START_S = 60.0
+    """How long the child may take to import and start its server (a loaded CI machine)."""
+
+    def __init__(self, name: str, cls: type):
+        self.name, self.cls = name, cls
+        self.host: str | None = None
+        self.port: int | None = None
+        self.proc: subprocess.Popen | None = None
+        self._methods: set[str] = set()
+        self._lock = threading.Lock()
+        self._stopping = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return process_alive(self.proc)
+
+    def describe(self) -> str:
+        return f"the {self.name} stand-in ({self.cls.__name__}, pid {self.pid})"
+
+    # -- life cycle ------------------------------------------------------------------------
+    def start(self) -> "StandInProcess":
+        self._log = tempfile.TemporaryFile()
+        target = f"{self.cls.__module__}:{self.cls.__qualname__}"
+        self.proc = subprocess.Popen([sys.executable, "-m", __name__, target],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._log, start_new_session=True,
+                                     preexec_fn=tools.die_with_parent)
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.START_S)
+        try:
+            if not ready:
+                raise EOFError
+            kind, self.host, self.port = _receive(self.proc.stdout)
+        except (EOFError, pickle.UnpicklingError, ValueError):
+            problem = f"{self.describe()} did not start within {self.START_S:.0f} s"
+            self.stop()
+            raise EnvironmentFault(f"{problem}: {self._log_tail()}") from None
+        return self
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(OSError):
+            proc.stdout.close()
+        self.proc = None
+
+    def __enter__(self) -> "StandInProcess":
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _log_tail(self) -> str:
+        with contextlib.suppress(OSError, AttributeError):
+            self._log.seek(0)
+            text = self._log.read().decode(errors="replace").strip()
+            return text.splitlines()[-1] if text else "no output"
+        return "no output"
+
+    # -- calls into the child ------------------------------------------------------------------
+    def _ask(self, op: str, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:
+        proc = self.proc
+        if proc is None:
+            raise EnvironmentFault(f"{self.describe()} is not running: it was stopped")
+        with self._lock:
+            try:
+                _send(proc.stdin, (op, name, args, kwargs or {}))
+                kind, value = _receive(proc.stdout)
+            except (EOFError, OSError, pickle.UnpicklingError):
+                raise self._died() from None
+        if kind == "raise":
+            raise value
+        return kind, value
+
+    def _died(self) -> EnvironmentFault:
+        """What to raise when the child's pipe broke: it died (or stopped answering: killed)."""
+        proc = self.proc
+        try:
+            code = proc.wait(timeout=5) if proc is not None else None
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return StandInDied(f"{self.describe()} stopped answering its control pipe; killed")
+        how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
+               else f"exit code {code}")
+        return StandInDied(f"{self.describe()} died ({how}), and not by the harness: was it "
+                           "killed from outside?")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("name", "cls", "proc"):
+            raise AttributeError(name)
+        if name not in self._methods:
+            kind, value = self._ask("get", name)
+            if kind == "value":
+                return value
+            self._methods.add(name)
+
+        def call(*args, **kwargs):
+            return self._ask("call", name, args, kwargs)[1]
+
+        call.__name__ = name
+        return call
+
+
+# ---------------------------------------------------------------------------------------
+# The child.
+# ---------------------------------------------------------------------------------------
+
+
+def serve(target: str) -> None:
+    """Run ``module:Class`` and answer the parent's frames until its stdin closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it; a Ctrl-C is the parent's
+    frames_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # whatever the stand-in prints goes to the log, never into a frame
+    frames_in = os.fdopen(0, "rb")
+    module, _, qualname = target.partition(":")
+    part = getattr(importlib.import_module(module), qualname)().start()
+    try:
+        _send(frames_out, ("ready", part.host, part.port))
+        while True:
+            try:
+                op, name, args, kwargs = _receive(frames_in)
+            except EOFError:
+                return
+            _send(frames_out, _answer(part, op, name, args, kwargs))
+    finally:
+        part.stop()
+
+
+def _answer(part: Any, op: str, name: str, args: tuple, kwargs: dict) -> tuple[str, Any]:
+    try:
+        if name.startswith("_"):
+            raise AttributeError(f"{type(part).__name__} keeps {name} to itself")
+        value = getattr(part, name)
+        if op == "get":
+            return ("method", None) if callable(value) else ("value", value)
+        answer = ("value", value(*args, **kwargs))
+    except Exception as e:  # raised again in the parent
+        answer = ("raise", e)
+    try:
+        pickle.dumps(answer)
+    except Exception as e:
+        return "raise", RuntimeError(f"{type(part).__name__}.{name}: {type(e).__name__}: {e}")
+    return answer
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
