@@ -377,7 +377,7 @@ class AdapterWorker(Worker):
         conn = self.conn
         if conn is not None and not conn.closed and not conn.broken:
             return conn
-        self.app_name = f"ks-{self.env.run_id}-{self.kind}-{self.name}-{next(self._serial)}"
+        self.app_name = self.env.app_name(f"{self.kind}-{self.name}-{next(self._serial)}")
         kwargs = dict(application_name=self.app_name, connect_timeout=3)
         if self.mode == "async":
             conn = self._connect(lambda: AsyncTxConnection.connect(self.dsn(), **kwargs))

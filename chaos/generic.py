@@ -157,7 +157,7 @@ class GenericCheck(KindCheck):
             w.binding = self.adapter
         self.receiver = None
         if self.description.external != "none":
-            self.receiver = self.env.stand_in("receiver", Receiver)
+            self.receiver = self.env.stand_in("receiver", lambda: Receiver())  # in process
             self.receiver.reset()
             for w in self.workers:
                 w.ext_link = self.env.api.link(f"{self.kind}-{w.name}-ext", self.receiver.host,
