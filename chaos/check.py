@@ -518,6 +518,9 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
     policy: ClassVar[FaultPolicy] = FaultPolicy()
     own_invariants: ClassVar[dict[str, str]] = {}
     """Named properties the kind's check judges besides the contract's (name -> statement)."""
+    worker_class: ClassVar[type[Worker]] = Worker
+    """The workers' class: a kind whose implementation needs another connection (asyncio, a
+    driver of its own) gives its own subclass (see :mod:`.adapter`)."""
     lock_wait_breaks: ClassVar[str | None] = None
     """The invariant a worker's wait on another worker's lock breaks in this kind (None: such a
     wait is reported as a failure without naming one)."""
@@ -616,7 +619,8 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         if len(kept) != self.n_workers:
             for w in kept:
                 w.close()
-            kept[:] = [Worker(self.env, self.ws, self.kind, i) for i in range(self.n_workers)]
+            kept[:] = [self.worker_class(self.env, self.ws, self.kind, i)
+                       for i in range(self.n_workers)]
         for w in kept:
             w.links = [w.link]
             w.ready()

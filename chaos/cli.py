@@ -92,7 +92,12 @@ def _kinds(requested: list[str]) -> list[str]:
     unknown = [k for k in requested if k not in known]
     if unknown:
         raise UsageError(f"unknown kind {', '.join(unknown)}: choose from {', '.join(known)}")
-    return requested or known
+    try:
+        for name in requested or known:
+            kinds.check(name)  # a kind that cannot be imported: one line, before anything starts
+    except kinds.KindNotFound as e:
+        raise UsageError(str(e)) from None
+    return list(dict.fromkeys(requested)) or known
 
 
 class Progress:
@@ -460,6 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
                              f"counterexample (default {DEFAULT_SHRINKS}; a count, never a time)")
         sp.add_argument("--batch", type=int, default=0,
                         help="start at this batch of examples (a failure's replay command gives it)")
+        sp.add_argument("--kind", action="append", default=[], metavar="MODULE:CHECK",
+                        help="also a kind of your own: a check class, e.g. mypkg.kinds:WebhookKind")
         sp.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
         sp.add_argument("--profile", choices=sorted(PROFILES), default="ci",
                         help="how long each run goes on: " + "; ".join(
@@ -518,6 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench.add_parser(sub)
     from . import soak; soak.add_parser(sub)  # noqa: E702
+    from . import scaffold; scaffold.add_parser(sub)  # noqa: E702
     return p
 
 
@@ -535,6 +543,11 @@ def main(argv: list[str] | None = None) -> int:
     for s in previous:
         signal.signal(s, _on_signal)
     try:
+        try:
+            for spec in getattr(args, "kind", None) or []:
+                args.kinds.append(kinds.load(spec))
+        except kinds.KindNotFound as e:
+            raise UsageError(str(e)) from None
         return args.func(args)
     except UsageError as e:
         print(f"knownstate: {e}", file=sys.stderr)

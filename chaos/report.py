@@ -83,7 +83,10 @@ class Replay:
     dsn: bool = False
 
     def command(self, kind: str, seed: int, batch: int = 0, mutant: str | None = None) -> str:
-        words = ["knownstate", "verify", kind, "--seed", str(seed), "--profile", self.profile]
+        from . import kinds  # a kind named with --kind is named so again
+
+        words = ["knownstate", "verify", *kinds.argument(kind).split(), "--seed", str(seed),
+                 "--profile", self.profile]
         words += ["--batch", str(batch)] if batch else []
         words += ["--examples", str(self.examples)] if self.examples else []
         words += ["--steps", str(self.steps)] if self.steps else []

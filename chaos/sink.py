@@ -49,6 +49,9 @@ class _QuietServer(ThreadingHTTPServer):
 class NotificationSink:
     """Start/stop and a context manager, like every real part in chaos/."""
 
+    handler: type[BaseHTTPRequestHandler] = _Handler
+    """How a request is read (a stand-in for another external API gives its own)."""
+
     def __init__(self):
         self.host = "127.0.0.1"
         self.port: int | None = None
@@ -57,7 +60,7 @@ class NotificationSink:
         self.reset()
 
     def start(self) -> "NotificationSink":
-        self._server = _QuietServer((self.host, 0), _Handler)  # the port the kernel picks
+        self._server = _QuietServer((self.host, 0), self.handler)  # the port the kernel picks
         self.port = self._server.server_address[1]
         self._server.daemon_threads = True
         self._server.sink = self  # type: ignore[attr-defined]

@@ -1,4 +1,5 @@
-"""specs/ generated from model/: each protocol's state diagram, and the contract side by side.
+"""specs/ generated from model/: each protocol's state diagram, and the contract side by side
+(from each durable kind's description, :mod:`knownstate.model.descriptions`).
 
 A spec file holds prose written by people and blocks generated from the models, fenced by
 ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``. ``knownstate specs`` rewrites
@@ -13,6 +14,7 @@ import re
 from pathlib import Path
 
 from knownstate.model.contract import Contract
+from knownstate.model.descriptions import BUILT_IN
 
 from .tools import PROJECT_ROOT
 
@@ -25,7 +27,6 @@ DIAGRAMS = {
     "branch-reset.md": "knownstate.model.branch_reset",
     "document-session.md": "knownstate.model.document",
 }
-DURABLE_KINDS = ("knownstate.model.outbox", "knownstate.model.approved_plan", "knownstate.model.branch_reset")
 
 
 def diagram(module: str) -> str:
@@ -40,8 +41,9 @@ def _status_machine(c: Contract) -> str:
 
 
 def contract_table() -> str:
-    """The seed's contract table, one column per durable kind, generated from each CONTRACT."""
-    contracts: list[Contract] = [importlib.import_module(m).CONTRACT for m in DURABLE_KINDS]
+    """The seed's contract table, one column per durable kind, generated from each kind's
+    description (which a drift test holds equal to its model's CONTRACT)."""
+    contracts: list[Contract] = [d.contract() for d in BUILT_IN]
     rows = [
         ("Status machine", "every transition is a conditional UPDATE … WHERE status = <from>",
          [_status_machine(c) for c in contracts]),
@@ -56,6 +58,8 @@ def contract_table() -> str:
          [c.external_effect.value for c in contracts]),
         ("Recorded deviations", "where a kind departs from the contract, and why",
          ["; ".join(c.deviations) or "none" for c in contracts]),
+        ("Described as", "the description's structured facts (model/descriptions.py)",
+         [d.summary() for d in BUILT_IN]),
     ]
     head = "| Element | What it guarantees | " + " | ".join(f"`{c.kind}`" for c in contracts) + " |"
     sep = "|" + "---|" * (len(contracts) + 2)

@@ -19,7 +19,11 @@ _HEADER = re.compile(r"^-- ([a-z_0-9]+) --$", re.M)
 
 @cache
 def load(filename: str) -> dict[str, str]:
-    text = resources.files("knownstate.impl").joinpath("sql", filename).read_text()
+    return parse(resources.files("knownstate.impl").joinpath("sql", filename).read_text(), filename)
+
+
+def parse(text: str, filename: str = "<queries>") -> dict[str, str]:
+    """The named queries in ``text`` (a run kind of a user's own keeps its SQL this way too)."""
     parts = _HEADER.split(text)
     out: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2]):

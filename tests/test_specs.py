@@ -21,3 +21,14 @@ def test_drift_is_detected(tmp_path, monkeypatch):
     broken.write_text(broken.read_text().replace("    processing --> dead: give_up\n", ""))
     monkeypatch.setattr(specs, "SPECS", tmp_path)
     assert any("outbox.md" in p for p in specs.drift())
+
+
+def test_the_contract_table_is_generated_from_the_descriptions(monkeypatch):
+    """A description that changes (the outbox's fence, say) makes specs/contract.md drift."""
+    from knownstate.model import descriptions
+    from knownstate.model.describe import Fence
+
+    changed = descriptions.OUTBOX.model_copy(update={"fence": Fence(kind="status")})
+    monkeypatch.setattr(specs, "BUILT_IN", (changed, *descriptions.BUILT_IN[1:]))
+    assert "fence: status" in specs.contract_table()
+    assert any("contract.md" in p for p in specs.drift())

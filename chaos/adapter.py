@@ -1,0 +1,464 @@
+"""Binding a real system to the gate: the adapter, and what every adapter meets.
+
+An adapter is the user's side of a check built from a description
+(:mod:`knownstate.chaos.generic`): one method per operation of the queue, each calling the
+user's own code on the connection the gate gives it, and one query that reads the state back.
+The gate does the rest — the model, every fault, the invariants, the report.
+
+Operations may be plain functions or coroutines. A plain one gets a psycopg
+:class:`~psycopg.Connection`; a coroutine gets a psycopg :class:`~psycopg.AsyncConnection`,
+run on the worker's own event loop. Either way the connection goes through the worker's own
+Toxiproxy link, and every COMMIT on it — ``conn.commit()`` or the end of a
+``conn.transaction()`` block — meets the faults armed for it. A driver that brings its own
+connections (asyncpg, a pool) overrides :meth:`Adapter.connect` and :meth:`Adapter.close`;
+it still gets the worker's link, but since the gate cannot see its COMMIT, every connection it
+loses counts as *indeterminate* (the check keeps both outcomes).
+
+What every adapter meets, handled here once:
+
+- **lost races**: a library says "nobody matched" in its own way — a ``None`` or ``False``, a
+  status like ``UPDATE 0`` or ``INSERT 0 0``, a plpgsql ``RAISE`` (SQLSTATE ``P0001``), an
+  exception of its own. :class:`LostRaceSignals` lists them; the gate turns them into
+  :class:`~knownstate.model.contract.LostRace`.
+- **wrapped driver errors**: libraries wrap psycopg's errors in their own; :func:`unwrap`
+  follows ``__cause__``/``__context__`` to the driver's error, which decides: a lost
+  connection, a statement the server refused, a call the driver refused.
+- **rows deleted when finished**: :func:`merge_log` reads finished runs back from a log table,
+  so a queue that deletes its finished rows does not read as "run disappeared".
+- **tables** are found in the schema (the workspace lists them after running ``schema``).
+- **time**: the description's durations are in the user's units; :class:`Timing` gives them
+  as the check runs them — scaled, when needed, to whole minutes, the gate's quantum — and
+  the adapter configures its system with those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import inspect
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Iterable, Mapping
+
+import psycopg
+from psycopg import pq
+
+from knownstate.impl import queries as named_queries
+from knownstate.impl.errors import ConnectionLost, ExternalCallFailed
+from knownstate.model.contract import LostRace, Won
+from knownstate.model.generic import Timing
+
+from .harness import EnvironmentFault, Worker
+
+OK, RETRY, PERMANENT = "ok", "retry", "permanent"
+"""What an external call answered: done, failed for now, failed for good."""
+
+# ---------------------------------------------------------------------------------------
+# Values the adapter hands back.
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """One run a claim took: its key, the attempt it claimed (None when the system keeps no
+    attempt count), and ``handle``: whatever the adapter needs later to write for it."""
+
+    key: str
+    attempt: int | None = None
+    handle: Any = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One run as the system keeps it: ``due`` (when a waiting run may be claimed) and
+    ``lease_until`` (when its lease lapses: compute it in the query when the table keeps the
+    heartbeat's time instead) are database timestamps, or None."""
+
+    key: str
+    status: str
+    attempts: int | None = None
+    due: dt.datetime | None = None
+    lease_until: dt.datetime | None = None
+
+
+def merge_log(live: Iterable[Row | Mapping], finished: Iterable[Row | Mapping]) -> list[Row]:
+    """The runs of a queue that deletes finished rows: the live rows, and for every key no
+    longer among them its last entry in the log table (``finished``, oldest first)."""
+    out = {r.key: r for r in map(as_row, finished)}
+    out.update({r.key: r for r in map(as_row, live)})
+    return list(out.values())
+
+
+def as_row(r: Row | Mapping) -> Row:
+    if isinstance(r, Row):
+        return r
+    known = {k: r[k] for k in ("attempts", "due", "lease_until") if k in r}
+    return Row(str(r["key"]), str(r["status"]), **known)
+
+
+@dataclass(frozen=True)
+class LostRaceSignals:
+    """How a library says "your conditional write matched nothing"."""
+
+    values: tuple[Any, ...] = (None, False)
+    """Return values that mean a lost race (compared by identity or ``==``)."""
+    empty: bool = True
+    """An empty sequence, or a row count of 0, means a lost race."""
+    statuses: tuple[str, ...] = ("UPDATE 0", "INSERT 0 0", "DELETE 0", "SELECT 0")
+    """Command statuses (a cursor's ``statusmessage``, or the cursor itself) for a lost race."""
+    sqlstates: tuple[str, ...] = ()
+    """SQLSTATEs a refused statement raises for a lost race, e.g. ``P0001`` (plpgsql RAISE)."""
+    messages: tuple[str, ...] = ()
+    """Substrings of an error's message that mean a lost race."""
+    errors: tuple[type[BaseException], ...] = ()
+    """The library's own exceptions that mean a lost race."""
+
+    def returned(self, value: Any) -> bool:
+        if isinstance(value, (LostRace, Won)):  # an adapter that speaks in outcomes
+            return isinstance(value, LostRace)
+        if isinstance(value, psycopg.Cursor | psycopg.AsyncCursor):
+            value = value.statusmessage
+        if isinstance(value, str):
+            return value in self.statuses or value in self.values
+        if any(value is v for v in self.values):
+            return True
+        if self.empty and isinstance(value, (tuple, list)) and not value:
+            return True
+        return self.empty and isinstance(value, int) and not isinstance(value, bool) and value == 0
+
+    def raised(self, e: BaseException) -> bool:
+        if self.errors and isinstance(e, self.errors):
+            return True
+        pg = unwrap(e)
+        if pg is not None and pg.sqlstate and pg.sqlstate in self.sqlstates:
+            return True
+        text = str(pg or e)
+        return any(m in text for m in self.messages)
+
+
+def unwrap(e: BaseException) -> psycopg.Error | None:
+    """The driver's error behind a library's own (following ``__cause__``/``__context__``)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, psycopg.Error):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def load_queries(path: str | Path) -> dict[str, str]:
+    """Named queries from a ``.sql`` file in knownstate's format (``-- name --`` headers):
+    expose them as ``Adapter.queries`` and the gate derives mutants from your guards."""
+    path = Path(path)
+    return named_queries.parse(path.read_text(), path.name)
+
+
+# ---------------------------------------------------------------------------------------
+# The adapter.
+# ---------------------------------------------------------------------------------------
+
+
+class Adapter:
+    """Subclass it: set ``schema`` (and ``queries``/``guards`` to get mutants), implement the
+    operations your description has, sync or ``async``. Each gets the worker's connection;
+    keep no connection of your own across calls (the gate owns them)."""
+
+    schema: ClassVar[str] = ""
+    """SQL that creates the tables (run once per run in a schema of its own; every table it
+    creates is emptied between examples, none listed by hand)."""
+    read_query: ClassVar[str] = ""
+    """One query reading every run back, with columns ``key, status`` and, as the system has
+    them, ``attempts, due, lease_until``. Or override :meth:`read`."""
+    queries: ClassVar[dict[str, str]] = {}
+    """Named SQL the operations run (``self.queries[name]``); mutants edit copies of it."""
+    guards: ClassVar[dict[str, str]] = {}
+    """The SQL text of each guard, for the mutants the gate derives: ``fence`` (the attempt
+    match), ``status`` (the owned-status match), ``lease`` (the reaper's lapse test),
+    ``skip_locked`` (``SKIP LOCKED``). Each query containing one gets a mutant without it."""
+    lost_race: ClassVar[LostRaceSignals] = LostRaceSignals()
+    no_answer: ClassVar[tuple[type[BaseException], ...]] = (OSError, ExternalCallFailed)
+    """Exceptions of :meth:`send` that mean the external side never answered (it may still
+    have acted). httpx's transport errors are added when httpx is installed."""
+    connection_errors: ClassVar[tuple[type[BaseException], ...]] = ()
+    """A driver of your own: its exceptions for a lost connection (psycopg's are known)."""
+
+    def __init__(self, timing: Timing):
+        self.timing = timing
+
+    # -- the operations (implement those your description has) --------------------------------
+    def enqueue(self, conn, key: str) -> Any:
+        """Add a run under ``key`` (keep the key: ``read`` returns it)."""
+        raise NotImplementedError
+
+    def claim(self, conn, batch: int) -> Iterable[Claimed]:
+        """Claim up to ``batch`` due runs; return what was claimed."""
+        raise NotImplementedError
+
+    def extend_lease(self, conn, job: Claimed) -> Any:
+        """The owner's heartbeat."""
+        raise NotImplementedError
+
+    def complete(self, conn, job: Claimed) -> Any:
+        raise NotImplementedError
+
+    def fail(self, conn, job: Claimed, permanent: bool) -> Any:
+        """A failed attempt: for good (``permanent``), or to be retried per the policy."""
+        raise NotImplementedError
+
+    def reclaim_stale(self, conn) -> Iterable[str] | int | None:
+        """The reaper; return the keys it took back (or how many)."""
+        raise NotImplementedError
+
+    def send(self, job: Claimed, url: str) -> str:
+        """The external call for ``job``, to ``url``; return OK, RETRY or PERMANENT."""
+        raise NotImplementedError
+
+    def read(self, conn: psycopg.Connection) -> Iterable[Row | Mapping]:
+        """Every run, on the check's own connection (sync, autocommit, never faulted)."""
+        if not self.read_query:
+            raise NotImplementedError(f"{type(self).__name__}: set read_query or override read")
+        with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+            return cur.execute(self.read_query).fetchall()
+
+    # -- a driver of your own -------------------------------------------------------------------
+    def connect(self, dsn: str) -> Any:
+        """Override to open your driver's connection to ``dsn`` (the worker's link)."""
+        raise NotImplementedError
+
+    def close(self, conn: Any) -> Any:
+        """Override with :meth:`connect`: close what it opened."""
+
+    @classmethod
+    def mode(cls) -> str:
+        """``sync`` (psycopg), ``async`` (psycopg's AsyncConnection) or ``own`` (a driver of
+        its own, through :meth:`connect`)."""
+        if cls.connect is not Adapter.connect:
+            return "own"
+        ops = [getattr(cls, n) for n in OPERATIONS if getattr(cls, n) is not getattr(Adapter, n)]
+        kinds = {inspect.iscoroutinefunction(f) for f in ops}
+        if len(kinds) > 1:
+            raise TypeError(f"{cls.__name__}: make every operation async, or none (a worker has "
+                            "one connection, sync or async)")
+        return "async" if kinds == {True} else "sync"
+
+    @classmethod
+    def implements(cls, name: str) -> bool:
+        return getattr(cls, name) is not getattr(Adapter, name)
+
+
+OPERATIONS = ("enqueue", "claim", "extend_lease", "complete", "fail", "reclaim_stale", "send")
+
+
+def no_answer_errors(adapter: type[Adapter]) -> tuple[type[BaseException], ...]:
+    extra: tuple[type[BaseException], ...] = ()
+    with contextlib.suppress(ImportError):
+        import httpx
+
+        extra = (httpx.TransportError,)
+    return tuple(adapter.no_answer) + extra
+
+
+# ---------------------------------------------------------------------------------------
+# Connections whose every COMMIT meets the faults, sync and async.
+# ---------------------------------------------------------------------------------------
+
+COMMIT = b"COMMIT"
+
+
+def _exec_command(cls):
+    def hooked(self, command, result_format=pq.Format.TEXT):
+        gen = super(cls, self)._exec_command(command, result_format)
+        if command != COMMIT:
+            return gen
+        return _committing(self, gen)
+    return hooked
+
+
+def _committing(conn, gen):
+    """COMMIT as it leaves: the armed fault acts first; ``in_commit`` stays True if the answer
+    never comes, so the gate knows the outcome is indeterminate."""
+    conn.in_commit = True
+    owner = conn.owner
+    if owner is not None and owner.before_commit is not None:
+        hook, owner.before_commit = owner.before_commit, None
+        hook(_Socket(conn) if isinstance(conn, psycopg.AsyncConnection) else conn)
+    result = yield from gen
+    conn.in_commit = False
+    return result
+
+
+class _Socket:
+    """An async connection as a fault's hook sees it: its socket, and a close that needs no
+    event loop (a dying worker does not await anything)."""
+
+    def __init__(self, conn: psycopg.AsyncConnection):
+        self.pgconn = conn.pgconn
+
+    def close(self) -> None:
+        self.pgconn.finish()
+
+
+class TxConnection(psycopg.Connection):
+    """A psycopg connection whose every COMMIT (``commit()``, or the end of a
+    ``transaction()`` block) meets the fault armed on its worker."""
+
+    owner: "AdapterWorker | None" = None
+    in_commit = False
+
+
+class AsyncTxConnection(psycopg.AsyncConnection):
+    """The same, for asyncio. ``cancel_safe`` may also be called from the gate's watch thread
+    (a statement waiting on another worker's lock is cancelled from outside)."""
+
+    owner: "AdapterWorker | None" = None
+    in_commit = False
+
+    def cancel_safe(self, *, timeout: float = 30.0):  # type: ignore[override]
+        with contextlib.suppress(Exception):
+            self.cancel()
+        return asyncio.sleep(0)
+
+
+TxConnection._exec_command = _exec_command(TxConnection)  # type: ignore[method-assign]
+AsyncTxConnection._exec_command = _exec_command(AsyncTxConnection)  # type: ignore[method-assign]
+
+
+class AdapterWorker(Worker):
+    """A worker whose connection is the one the adapter wants: sync or async psycopg through
+    the worker's link, with its COMMIT hooked, or a driver's own (``Adapter.connect``)."""
+
+    mode: ClassVar[str] = "sync"
+    adapter: ClassVar[type[Adapter]] = Adapter
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loop = asyncio.new_event_loop() if self.mode != "sync" else None
+        self.own: Any = None
+        self.binding: Adapter | None = None  # the adapter instance of the current example
+
+    def run(self, value: Any) -> Any:
+        """A coroutine's result, run on this worker's own event loop; any other value as is.
+        Called while another worker's loop runs (inside that worker's COMMIT hook), it runs
+        this worker's loop on a thread of its own and waits for it."""
+        if not inspect.isawaitable(value):
+            return value
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self.loop.run_until_complete(value)
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["result"] = self.loop.run_until_complete(value)
+            except BaseException as e:  # handed back to the caller's thread as is
+                box["error"] = e
+
+        thread = threading.Thread(target=target, name=f"{self.name}-loop")
+        thread.start()
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    def dsn(self) -> str:
+        return self.ws.conninfo(host=self.link.host, port=self.link.port)
+
+    def connection(self) -> Any:
+        if self.mode == "own":
+            if self.own is None:
+                self.own = self._connect(lambda: self.binding.connect(self.dsn()))
+            return self.own
+        conn = self.conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        self.app_name = self.env.app_name(f"{self.kind}-{self.name}-{next(self._serial)}")
+        kwargs = dict(application_name=self.app_name, connect_timeout=3)
+        if self.mode == "async":
+            conn = self._connect(lambda: AsyncTxConnection.connect(self.dsn(), **kwargs))
+        else:
+            conn = self._connect(lambda: TxConnection.connect(self.dsn(), **kwargs))
+        conn.owner = self
+        self.conn = conn
+        return conn
+
+    def _connect(self, opener) -> Any:
+        try:
+            return self.run(opener())
+        except (psycopg.Error, OSError, *self.adapter.connection_errors) as e:
+            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConnectionLost(f"{self.name} connect: {text}") from None
+
+    def abandon(self) -> None:
+        if self.mode == "own":
+            own, self.own = self.own, None
+            if own is not None:
+                with contextlib.suppress(Exception):
+                    self.run(self.binding.close(own))
+            return
+        if self.mode == "async" and self.conn is not None:
+            _cut(self.conn)
+            self.conn = None
+        super().abandon()
+
+    def close(self) -> None:
+        if self.mode == "sync":
+            super().close()
+        else:
+            self.abandon()
+            if self.loop is not None and not self.loop.is_closed():
+                self.loop.close()
+
+    def ready(self) -> None:
+        if self.mode == "sync":
+            return super().ready()
+        self.before_commit = None
+        if self.mode == "own":
+            self.abandon()  # a driver's own connection is opened afresh for every example
+            return
+        conn = self.conn
+        if conn is not None:
+            try:
+                if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+                    raise psycopg.OperationalError("not idle")
+                self.run(conn.execute("select 1"))
+                self.run(conn.rollback())
+            except psycopg.Error:
+                self.abandon()
+        try:
+            self.connection()
+        except ConnectionLost as e:
+            raise EnvironmentFault(f"{self.name} could not connect through its clean link: "
+                                   f"{e}") from None
+
+    def settle_after_error(self) -> None:
+        """After an operation the adapter ended on an error it mapped to a lost race: leave no
+        transaction open (a refused statement aborts it)."""
+        conn = self.conn
+        if self.mode == "own" or conn is None or conn.closed:
+            return
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):
+                self.run(conn.rollback())
+
+
+def _cut(conn: psycopg.AsyncConnection) -> None:
+    """Close an async connection the way a dying process does, without an event loop."""
+    with contextlib.suppress(Exception):
+        s = socket.socket(fileno=os.dup(conn.pgconn.socket))
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
+        s.close()
+    with contextlib.suppress(Exception):
+        conn.pgconn.finish()
+
+
+def worker_class(adapter: type[Adapter]) -> type[AdapterWorker]:
+    return type(f"{adapter.__name__}Worker", (AdapterWorker,),
+                {"mode": adapter.mode(), "adapter": adapter})
+

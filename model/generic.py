@@ -1,0 +1,342 @@
+"""A claim/lease/fence/retry queue, as a pure state machine run from its description.
+
+Theory of operation
+-------------------
+
+Most durable run kinds are queues of one shape: a run waits (the *initial* status) until a
+worker claims it (the *owned* status), under a lease; the owner completes it, fails it for good,
+or fails it for now (a retry, spaced by a backoff, given up after a number of attempts); a
+reaper takes back a run whose lease lapsed. What differs from one queue to the next is data —
+the status names, the lease, the fence, the retry policy — and a
+:class:`~knownstate.model.describe.RunKind` holds that data. This module is the one machine
+those descriptions drive, so a user binds a queue to the gate without writing a model.
+
+The vocabulary is the events of the description's table, which must be these (the outbox's):
+
+========================  =============================================================
+``enqueue``               ``(new) -> initial``: a producer adds a run under its key
+``claim``                 ``initial -> owned``: due runs, oldest first, ``attempts + 1``
+``extend_lease``          ``owned -> owned``: the owner's heartbeat
+``complete``              ``owned -> terminal``: the work succeeded
+``fail_permanent``        ``owned -> terminal``: the work failed for good (or, without a
+                          retry policy, failed at all)
+``retry``, ``give_up``    ``owned -> initial`` after a backoff, or ``owned -> terminal``
+                          once ``max_attempts`` attempts were made
+``reclaim``,              the reaper: a lapsed lease's run goes back to ``initial``, due at
+``reclaim_dead``          once (``reclaim_dead`` at the attempt limit); without a retry
+                          policy ``reclaim`` ends the run
+========================  =============================================================
+
+The fence decides which writes by an owner land: ``attempt`` and ``row-lock`` match the
+claimed attempt, ``status`` only the owned status, ``none`` nothing at all. The model predicts
+what the described system does, so a queue described with a weak fence is predicted to accept
+a stale owner's write — and the contract's ``lease-fence`` invariant, which judges every write
+by *ownership* (:meth:`GenericModel.owns`: still owned, under the same claim), names it.
+
+Every operation looks its event up in the table (:meth:`TransitionTable.next`) and returns an
+outcome (``Won``, ``LostRace``), never raises for a lost race. Time is the database clock in
+whole seconds, moved by :meth:`GenericModel.advance`. Run keys are given by the caller (the
+check), never predicted from a sequence.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, replace
+
+from .contract import CREATED, LostRace, Outcome, RetryView, RunView, StepView, Won
+from .describe import RunKind
+
+ENQUEUE, CLAIM, EXTEND = "enqueue", "claim", "extend_lease"
+COMPLETE, FAIL = "complete", "fail_permanent"
+RETRY, GIVE_UP = "retry", "give_up"
+RECLAIM, RECLAIM_DEAD = "reclaim", "reclaim_dead"
+VOCABULARY = (ENQUEUE, CLAIM, EXTEND, COMPLETE, FAIL, RETRY, GIVE_UP, RECLAIM, RECLAIM_DEAD)
+OWNER_WRITES = frozenset({EXTEND, COMPLETE, FAIL, RETRY, GIVE_UP})
+STEP = "run"  # a queued run's single step; its identity is the run's key
+
+
+def fit_problems(d: RunKind) -> list[str]:
+    """Why the generic model cannot run this description (empty: it can), with hints."""
+    out: list[str] = []
+    names = ", ".join(VOCABULARY)
+    unknown = sorted(d.events() - set(VOCABULARY))
+    if unknown:
+        out.append(f"event(s) {', '.join(map(repr, unknown))} unknown to the generic queue, whose "
+                   f"events are {names}: rename them, or write a model by hand (README, "
+                   "'Validating your own run kind')")
+    if len(d.owned) != 1:
+        out.append(f"the generic queue has one owned status, not {len(d.owned)}")
+    if out:
+        return out
+    owned, events = d.owned[0], d.events()
+    moves = {e: (s, t) for s, e, t in d.transitions}
+    want = {ENQUEUE: (CREATED, d.initial), CLAIM: (d.initial, owned)}
+    for e, (s, t) in want.items():
+        if moves.get(e) != (s, t):
+            out.append(f"the generic queue needs '{s} -{e}-> {t}'")
+    for e in (COMPLETE, FAIL, GIVE_UP, RECLAIM_DEAD):
+        if e in moves and (moves[e][0] != owned or moves[e][1] not in d.terminal):
+            out.append(f"{e!r} must take an owned run to a terminal status ('{owned} -{e}-> "
+                       f"<terminal>')")
+    if COMPLETE not in moves:
+        out.append(f"the generic queue needs 'complete', e.g. '{owned} -complete-> done'")
+    if EXTEND in moves and moves[EXTEND] != (owned, owned):
+        out.append(f"'extend_lease' keeps the run owned: '{owned} -extend_lease-> {owned}'")
+    if d.retry is not None:
+        for e, target in ((RETRY, d.initial), (GIVE_UP, None), (RECLAIM_DEAD, None)):
+            if e == RECLAIM_DEAD and d.lease is None:
+                continue
+            if e not in moves:
+                out.append(f"with a retry policy the generic queue needs {e!r} ('{owned} -{e}-> "
+                           f"{target or '<terminal>'}')")
+            elif target and moves[e] != (owned, target):
+                out.append(f"{e!r} goes back to the initial status: '{owned} -{e}-> {target}'")
+    elif RETRY in events or GIVE_UP in events:
+        out.append("'retry'/'give_up' without a retry policy: declare retry=Retry(...)")
+    if d.lease is not None:
+        if RECLAIM not in moves:
+            out.append(f"a lease needs the reaper's 'reclaim' ('{owned} -reclaim-> ...')")
+        elif moves[RECLAIM][0] != owned:
+            out.append("'reclaim' takes back an owned run")
+        elif d.retry is not None and moves[RECLAIM][1] != d.initial:
+            out.append(f"with a retry policy 'reclaim' goes back to {d.initial!r}")
+        elif d.retry is None and moves[RECLAIM][1] not in d.terminal:
+            out.append("without a retry policy 'reclaim' ends the run (a terminal status)")
+        extra = set(d.lease.taken_back_by) - {RECLAIM, RECLAIM_DEAD}
+        if extra:
+            out.append(f"the generic queue's reaper events are 'reclaim' and 'reclaim_dead', "
+                       f"not {sorted(extra)}")
+        if d.lease.clock != "database":
+            out.append("the generic queue judges leases by the database clock: a lease in "
+                       "application time needs a model by hand (see the branch-reset kind)")
+        if d.lease.heartbeat is not None and EXTEND not in moves:
+            out.append(f"a heartbeat is the 'extend_lease' event: add "
+                       f"'{owned} -extend_lease-> {owned}'")
+    elif RECLAIM in events or RECLAIM_DEAD in events:
+        out.append("'reclaim' without a lease: describe the lease")
+    return out
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The description's durations as a check runs them, in seconds: each multiplied by
+    ``scale``, the smallest factor that makes every one a whole number of ``quantum`` seconds
+    (1 when they already are). The system under check is configured with these."""
+
+    lease: int | None
+    heartbeat: int | None
+    max_attempts: int | None
+    backoff_base: int | None
+    backoff_cap: int | None
+    scale: int = 1
+
+    @classmethod
+    def of(cls, d: RunKind, quantum: int = 1) -> "Timing":
+        spans = [s for s in (d.lease and d.lease.seconds, d.lease and d.lease.heartbeat,
+                             d.retry and d.retry.base, d.retry and d.retry.cap) if s]
+        k = quantum // math.gcd(quantum, *spans) if spans else 1
+        lease, r = d.lease, d.retry
+        return cls(lease=lease.seconds * k if lease else None,
+                   heartbeat=lease.heartbeat * k if lease and lease.heartbeat else None,
+                   max_attempts=r.max_attempts if r else None,
+                   backoff_base=r.base * k if r else None,
+                   backoff_cap=r.cap * k if r and r.cap else None, scale=k)
+
+
+@dataclass(frozen=True)
+class Run:
+    key: str
+    seq: int  # creation order
+    status: str
+    attempts: int
+    due: int
+    lease_until: int | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a claim hands a worker: the run's key and the attempt it claimed (its token)."""
+
+    key: str
+    attempt: int | None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A run as the check compares it: the fields the description says the system keeps, in
+    relative time (``due_in``: seconds until due, ``lease_left``: until the lease lapses)."""
+
+    key: str
+    status: str
+    attempts: int | None = None
+    due_in: int | None = None
+    lease_left: int | None = None
+
+
+class GenericModel:
+    """Every run of one described queue, the database clock, and what the external side got."""
+
+    def __init__(self, description: RunKind, timing: Timing | None = None):
+        problems = fit_problems(description)
+        if problems:
+            raise ValueError(f"run kind {description.name!r}: " + "; ".join(problems))
+        self.d = description
+        self.timing = timing or Timing.of(description)
+        self.table = description.table()
+        self.owned = description.owned[0]
+        self.now = 0
+        self.runs: dict[str, Run] = {}
+        self.received: dict[str, int] = {}
+        self.transitions: list[tuple[str, str, str, str]] = []  # drained by the check
+        self._next = 1
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def copy(self) -> "GenericModel":
+        return copy.deepcopy(self)
+
+    def advance(self, seconds: int) -> None:
+        self.now += seconds
+
+    def next_key(self) -> str:
+        return str(self._next)
+
+    def backoff(self, attempts: int) -> int:
+        return self.d.retry.wait(attempts, self.timing.scale) if self.d.retry else 0
+
+    def tracks_attempts(self) -> bool:
+        """Whether the system's rows keep the attempt count (its fence or its retries need it)."""
+        return self.d.fence.kind == "attempt" or self.d.retry is not None
+
+    def state(self) -> tuple[Observed, ...]:
+        return tuple(self.observe(r) for r in sorted(self.runs.values(), key=lambda r: r.seq))
+
+    def observe(self, r: Run) -> Observed:
+        due = max(0, r.due - self.now) if self.d.retry and r.status == self.d.initial else None
+        lease = (max(0, r.lease_until - self.now) if r.status == self.owned
+                 and r.lease_until is not None else None)
+        return Observed(r.key, r.status, r.attempts if self.tracks_attempts() else None,
+                        due, lease)
+
+    def _move(self, r: Run, event: str, **changes) -> Run:
+        if event in OWNER_WRITES and self.d.fence.kind == "none" and r.status != self.owned:
+            target = self.table.next(self.owned, event)  # an unconditional write lands anyway
+        else:
+            target = self.table.next(r.status, event)
+        new = replace(r, status=target, **changes)
+        self.runs[r.key] = new
+        self.transitions.append((r.key, r.status, event, target))
+        return new
+
+    def owns(self, job: Job) -> bool:
+        """Whether ``job``'s holder still owns its run: still owned, under the same claim."""
+        r = self.runs.get(job.key)
+        return r is not None and r.status == self.owned and r.attempts == job.attempt
+
+    def _fenced(self, job: Job) -> Run | None:
+        """The run a write by ``job``'s holder lands on, as the described fence decides."""
+        r = self.runs.get(job.key)
+        if r is None:
+            return None
+        kind = self.d.fence.kind
+        if kind == "none":
+            return r
+        if kind == "status":
+            return r if r.status == self.owned else None
+        return r if self.owns(job) else None
+
+    # -- operations -------------------------------------------------------------------------
+    def enqueue(self, key: str) -> Outcome:
+        """A new run under ``key``; a repeated key (with an idempotency key) is the same run."""
+        if key in self.runs and self.d.idempotency_key:
+            return Won(key)
+        r = Run(key, self._next, CREATED, 0, self.now)
+        self._next = max(self._next, int(key) + 1) if key.isdigit() else self._next + 1
+        self._move(r, ENQUEUE)
+        return Won(key)
+
+    def due(self) -> list[Run]:
+        runs = [r for r in self.runs.values() if r.status == self.d.initial and r.due <= self.now]
+        if self.d.claim.order == "due":
+            return sorted(runs, key=lambda r: (r.due, r.seq))
+        return sorted(runs, key=lambda r: r.seq)
+
+    def claim(self, batch: int) -> Outcome:
+        jobs = []
+        lease = self.timing.lease
+        for r in self.due()[:batch]:
+            self._move(r, CLAIM, attempts=r.attempts + 1,
+                       lease_until=None if lease is None else self.now + lease)
+            jobs.append(Job(r.key, r.attempts + 1))
+        return Won(tuple(jobs))
+
+    def extend_lease(self, job: Job) -> Outcome:
+        r = self._fenced(job)
+        if r is None:
+            return LostRace("fenced")
+        self._move(r, EXTEND, lease_until=self.now + (self.timing.lease or 0))
+        return Won()
+
+    def complete(self, job: Job) -> Outcome:
+        r = self._fenced(job)
+        if r is None:
+            return LostRace("fenced")
+        self._move(r, COMPLETE, lease_until=None)
+        return Won()
+
+    def fail(self, job: Job, permanent: bool) -> Outcome:
+        r = self._fenced(job)
+        if r is None:
+            return LostRace("fenced")
+        if permanent or self.d.retry is None:
+            self._move(r, FAIL, lease_until=None)
+        elif r.attempts >= self.timing.max_attempts:
+            self._move(r, GIVE_UP, lease_until=None)
+        else:
+            self._move(r, RETRY, lease_until=None, due=self.now + self.backoff(r.attempts))
+        return Won()
+
+    def reclaim_stale(self) -> Outcome:
+        taken = []
+        for r in sorted(self.runs.values(), key=lambda r: r.seq):
+            if r.status == self.owned and r.lease_until is not None and r.lease_until <= self.now:
+                limit = self.timing.max_attempts
+                if limit is not None and r.attempts >= limit:
+                    self._move(r, RECLAIM_DEAD, lease_until=None)
+                else:
+                    self._move(r, RECLAIM, lease_until=None, due=self.now)
+                taken.append(r.key)
+        return Won(tuple(taken))
+
+    def sent(self, key: str) -> None:
+        """The external side received one call for this run (at-least-once)."""
+        self.received[key] = self.received.get(key, 0) + 1
+
+    # -- the contract's view ------------------------------------------------------------------
+    def views(self) -> dict[str, RunView]:
+        return views(self.d, self.timing, self.state(), self.received)
+
+
+def views(d: RunKind, timing: Timing, rows: tuple[Observed, ...], received: dict[str, int],
+          owing: frozenset[str] = frozenset()) -> dict[str, RunView]:
+    """Observed runs in the contract's kind-neutral view. The row is the receipt: a completed
+    run counts one receipt and one effect of its single step. ``owing``: runs the step just
+    failed, which owe their backoff (a reclaimed run is due at once)."""
+    done = next((t for s, e, t in d.transitions if e == COMPLETE), None)
+    out = {}
+    for r in rows:
+        finished = 1 if r.status == done else 0
+        token = r.attempts if r.attempts is not None else int(r.status in d.owned)
+        retry = None
+        if d.retry is not None and r.attempts is not None:
+            waiting = r.status == d.initial and r.attempts > 0
+            owed = d.retry.wait(r.attempts, timing.scale) if r.key in owing and waiting else 0
+            retry = RetryView(r.attempts, timing.max_attempts or 0, waiting,
+                              due_in=r.due_in or 0, owed=owed)
+        out[r.key] = RunView(
+            run_id=r.key, status=r.status, fence_token=token,
+            steps={STEP: StepView(receipts=finished, effects=finished,
+                                  external_calls=received.get(r.key, 0))},
+            retry=retry)
+    return out

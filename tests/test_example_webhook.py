@@ -1,0 +1,77 @@
+"""The worked example, end to end: ``examples/webhook-kind`` installed with pip as the separate
+package it is, found through the ``knownstate.kinds`` entry point, checked by the gate.
+
+Its webhook queue (asyncio: psycopg's AsyncConnection and httpx) passes; its deliberately
+unfenced variant, named with ``--kind``, is caught on each of five seeds, naming lease-fence,
+with a counterexample of at most ten steps and a replay command that finds it again; and the
+package's own test suite passes through knownstate's pytest plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "webhook-kind"
+UNFENCED = "webhook_kind.unfenced:UnfencedWebhookKind"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> dict[str, str]:
+    """The example pip-installed into a folder of its own (the environment's knownstate is
+    the one it uses), and the environment that puts it on the path."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--no-build-isolation", "--target", str(target), str(EXAMPLE)],
+                   check=True, capture_output=True, timeout=300)
+    assert (target / "webhook_kind" / "binding.py").exists()
+    return {**os.environ, "PYTHONPATH": str(target), "CI": "1"}
+
+
+def knownstate(env, *args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "knownstate.chaos.cli", *args], env=env,
+                          cwd=cwd, capture_output=True, text=True, timeout=1200)
+
+
+def test_the_installed_kind_is_found_through_its_entry_point_and_passes(site, tmp_path):
+    report = tmp_path / "r.json"
+    run = knownstate(site, "verify", "webhook", "--seed", "1", "--json", str(report))
+    assert run.returncode == 0, run.stdout + run.stderr
+    kind = json.loads(report.read_text())["runs"][0]
+    assert kind["kind"] == "webhook" and kind["status"] == "passed" and kind["ok"]
+    assert kind["events"]["stale complete on a re-claimed run"] >= 3
+    assert kind["events"]["skip locked"] >= 3 and kind["events"]["indeterminate commit"] >= 3
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_the_unfenced_variant_is_caught_naming_lease_fence(site, tmp_path, seed):
+    run = knownstate(site, "verify", "--kind", UNFENCED, "--seed", str(seed),
+                     "--no-example-db", cwd=tmp_path)
+    out = run.stdout
+    assert run.returncode == 1, out + run.stderr
+    assert "failure: invariant violated: lease-fence: " in out, out
+    steps = int(re.search(r"counterexample \((\d+) steps", out).group(1))
+    assert steps <= 10, out
+    replay = re.search(r"replay: knownstate (verify .*)", out).group(1).split()
+    assert replay[1:3] == ["--kind", UNFENCED]
+    if seed == 1:  # the printed command finds the kind again, and the same counterexample
+        again = knownstate(site, *replay, cwd=tmp_path)
+        assert again.returncode == 1 and f"counterexample ({steps} steps" in again.stdout
+
+
+def test_the_examples_own_tests_pass_through_the_pytest_plugin(site):
+    """Its mutant test, in the package's own pytest run (the reference passing is the entry
+    point test's; the same check)."""
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "--knownstate-seed", "2", "-k", "catches", "tests"], cwd=EXAMPLE,
+                         env=site, capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout + run.stderr

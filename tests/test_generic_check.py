@@ -1,0 +1,167 @@
+"""A check built from a description and an adapter (``knownstate.chaos.generic``), on the real
+parts.
+
+The reference outbox, bound through an adapter of a few lines instead of a hand-written check,
+passes the gate — reaching the fence's own case (a stale owner writing on a run claimed again)
+and SKIP LOCKED — and the mutants derived from its SQL guards are each caught, naming the
+invariant the guard stands for. An adapter's own bugs are reported as the adapter's; a
+description and an adapter that cannot make a check are refused with what to do; a driver that
+brings its own connection is checked too, every lost connection kept as indeterminate.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import psycopg
+import pytest
+
+from knownstate.chaos.adapter import OK, PERMANENT, RETRY, Adapter, Claimed
+from knownstate.chaos.check import Profile, run_check
+from knownstate.chaos.generic import KindError, kind
+from knownstate.impl import outbox as impl
+from knownstate.impl import queries
+from knownstate.model import outbox as model
+from knownstate.model.describe import Retry
+from knownstate.model.descriptions import OUTBOX
+
+pytestmark = pytest.mark.slow
+
+
+class OutboxAdapter(Adapter):
+    """The reference outbox (impl/outbox.py), bound to the gate."""
+
+    schema = impl.SCHEMA
+    queries = queries.load("outbox.sql")
+    read_query = ("SELECT id::text AS key, status, attempts, next_attempt_at AS due, lease_until"
+                  " FROM outbox_delivery")
+    guards = {"fence": "AND attempts = %(attempt)s", "skip_locked": "SKIP LOCKED",
+              "lease": "AND lease_until <= now()"}
+
+    def store(self) -> impl.OutboxStore:
+        t = self.timing
+        config = model.Config(t.lease, t.backoff_base, t.backoff_cap, t.max_attempts)
+        return impl.OutboxStore(config, self.queries)
+
+    def enqueue(self, conn, key):
+        return self.store().enqueue(conn, int(key))
+
+    def claim(self, conn, batch):
+        return [Claimed(str(c.id), c.attempt, c) for c, _ in self.store().claim_batch(conn, batch)]
+
+    def extend_lease(self, conn, job):
+        return self.store().extend_lease(conn, job.handle)
+
+    def complete(self, conn, job):
+        return self.store().complete(conn, job.handle)
+
+    def fail(self, conn, job, permanent):
+        return self.store().fail(conn, job.handle, permanent, "failed")
+
+    def reclaim_stale(self, conn):
+        return [str(i) for i in self.store().reclaim_stale(conn).value]
+
+    def send(self, job, url):
+        request = urllib.request.Request(url, data=b"{}", method="POST",
+                                         headers={"Idempotency-Key": f"outbox-{job.key}"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as r:
+                r.read()
+                return OK
+        except urllib.error.HTTPError as e:
+            e.read()
+            return PERMANENT if e.code < 500 else RETRY
+
+
+DESCRIBED = OUTBOX.model_copy(update={
+    "name": "outbox-described", "external_key": True,
+    "retry": Retry(max_attempts=2, base="1m", cap="1h")})
+OutboxKind = kind(DESCRIBED, OutboxAdapter)
+
+
+def profile(**kw) -> Profile:
+    base = dict(name="test", min_examples=1, max_examples=400, steps=40, times_each=1,
+                budget_s=1e9, description="a test profile")
+    return Profile(**{**base, **kw})
+
+
+def test_the_reference_outbox_bound_through_its_description_passes(check_env):
+    r = run_check(OutboxKind, check_env, seed=3, profile=profile())
+    assert r.passed, r.failure or r.vacuous
+    assert r.coverage["stale complete on a re-claimed run"] >= 1 and r.coverage["skip locked"] >= 1
+    assert r.coverage["transition processing -reclaim_dead-> dead"] >= 1
+
+
+@pytest.mark.parametrize("name", ["no-fence-in-complete", "no-skip-locked-in-claim-due",
+                                  "no-lease-in-reclaim-stale"])
+def test_the_mutants_derived_from_the_adapters_guards_are_caught(check_env, name):
+    mutant = {m.name: m for m in OutboxKind.mutants}[name]
+    r = run_check(mutant.machine(OutboxKind), check_env, seed=3, require_all=False, shrinks=100)
+    assert r.failure is not None and mutant.invariant in r.invariants, r.failure
+
+
+class _Broken(OutboxAdapter):
+    def complete(self, conn, job):
+        raise KeyError("payload")
+
+
+class _Unfinished(OutboxAdapter):
+    def complete(self, conn, job):
+        conn.execute("UPDATE outbox_delivery SET status = 'sent', lease_until = NULL "
+                     "WHERE id = %s AND attempts = %s", (job.handle.id, job.attempt))
+        return True  # and no COMMIT
+
+
+@pytest.mark.parametrize("adapter, says", [
+    (_Broken, "complete: the adapter raised KeyError"),
+    (_Unfinished, "the adapter returned with its transaction still open"),
+])
+def test_an_adapters_own_bug_is_reported_as_the_adapters(check_env, adapter, says):
+    r = run_check(kind(DESCRIBED, adapter), check_env, seed=1, examples=10, require_all=False,
+                  shrinks=30)
+    assert r.failure is not None and says in r.failure, r.failure
+
+
+class _Partial(Adapter):
+    schema = "CREATE TABLE t (k text)"
+    queries = {"claim": "SELECT 1"}
+    guards = {"fence": "AND attempts = %(attempt)s"}
+
+    def enqueue(self, conn, key):
+        pass
+
+    async def claim(self, conn, batch):
+        return []
+
+
+def test_a_description_and_an_adapter_that_cannot_make_a_check_are_refused_with_hints():
+    with pytest.raises(KindError) as e:
+        kind(DESCRIBED, _Partial)
+    text = str(e.value)
+    for hint in ("_Partial has no complete(conn, job)", "has no reclaim_stale(conn)",
+                 "has no send(job, url)", "neither read_query nor read(conn)",
+                 "guards['fence'] = 'AND attempts = %(attempt)s' appears in none of its queries",
+                 "make every operation async, or none"):
+        assert hint in text, hint
+
+
+class OwnDriver(OutboxAdapter):
+    """The outbox through connections the adapter opens itself (a driver of its own): the
+    gate cannot see its COMMIT, so every connection it loses is indeterminate."""
+
+    def connect(self, dsn):
+        return psycopg.connect(dsn, connect_timeout=3)
+
+    def close(self, conn):
+        conn.close()
+
+
+def test_a_driver_that_brings_its_own_connection_is_checked(check_env):
+    own = kind(DESCRIBED.model_copy(update={"name": "outbox-own-driver"}), OwnDriver)
+    assert own.policy.commit_faults == () and "indeterminate commit" not in own.required_events
+    r = run_check(own, check_env, seed=2, profile=profile(max_examples=200))
+    assert r.passed, r.failure or r.vacuous
+    unfenced = {m.name: m for m in own.mutants}["no-fence-in-complete"]
+    caught = run_check(unfenced.machine(own), check_env, seed=2, require_all=False, shrinks=60)
+    assert "lease-fence" in caught.invariants, caught.failure

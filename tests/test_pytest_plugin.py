@@ -1,0 +1,77 @@
+"""knownstate's pytest plugin and ``knownstate init-kind``, as a user meets them: a scaffolded
+kind's package whose tests pass in a pytest run of its own, and the plugin's fixtures — a fresh
+database, the database clock, the application clock, Toxiproxy, ``check_run_kind`` failing a
+test with the gate's report — used from a user's test file.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from knownstate.chaos.cli import main
+
+pytestmark = pytest.mark.slow
+
+FIXTURES = textwrap.dedent('''
+    import psycopg
+    import pytest
+
+    from knownstate.chaos.generic import kind
+    from demo_queue_kind import binding
+
+
+    def test_a_fresh_database_the_clocks_and_toxiproxy(knownstate_db, knownstate_db_clock,
+                                                       knownstate_app_clock, knownstate_toxiproxy):
+        dsn = knownstate_db("CREATE TABLE t (x int)")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.execute("select count(*) from t").fetchone() == (0,)
+            before = conn.execute("select now()").fetchone()[0]
+            knownstate_db_clock.jump(3600)
+            after = conn.execute("select now()").fetchone()[0]
+        assert (after - before).total_seconds() >= 3599
+        start = knownstate_app_clock.now()
+        knownstate_app_clock.advance(90)
+        assert (knownstate_app_clock.now() - start).total_seconds() == 90
+        assert knownstate_toxiproxy.client().version()
+
+
+    class Unfenced(binding.DemoQueueAdapter):
+        queries = {k: q.replace(" AND attempts = %(attempt)s", "")
+                   for k, q in binding.DemoQueueAdapter.queries.items()}
+        guards = {}
+
+
+    UnfencedKind = kind(binding.DESCRIPTION.model_copy(update={"name": "demo-unfenced"}),
+                        Unfenced)
+
+
+    def test_check_run_kind_fails_the_test_with_the_gates_report(check_run_kind):
+        with pytest.raises(pytest.fail.Exception) as failed:
+            check_run_kind(UnfencedKind)
+        report = str(failed.value)
+        assert "demo-unfenced: FAILED" in report and "lease-fence" in report, report
+        assert "replay: knownstate verify --kind test_fixtures:UnfencedKind" in report, report
+''')
+
+
+def test_init_kind_scaffolds_a_package_whose_tests_pass_and_the_fixtures_work(tmp_path):
+    assert main(["init-kind", "demo-queue", "--dir", str(tmp_path)]) == 0
+    root = tmp_path / "demo-queue"
+    assert (root / "demo_queue_kind" / "binding.py").exists()
+    (root / "tests" / "test_fixtures.py").write_text(FIXTURES)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "--knownstate-seed", "1"],
+                         cwd=root, capture_output=True, text=True, timeout=1500)
+    assert run.returncode == 0 and "4 passed" in run.stdout, run.stdout[-4000:] + run.stderr
+
+
+def test_init_kind_refuses_a_bad_name_or_an_existing_folder(tmp_path, capsys):
+    assert main(["init-kind", "Bad_Name", "--dir", str(tmp_path)]) == 2
+    assert "lower-case letters, digits and dashes" in capsys.readouterr().err
+    (tmp_path / "taken").mkdir()
+    assert main(["init-kind", "taken", "--dir", str(tmp_path)]) == 2
+    assert "already exists" in capsys.readouterr().err
