@@ -71,6 +71,8 @@ MAX_NUMBER = 2**53
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 USER_PATTERN = r"^[A-Za-z0-9_.@-]{1,64}$"
 WRITER_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+"""Identifier patterns. Always matched in full (``re.fullmatch``): with ``re.match`` a ``$`` also
+matches before a trailing newline, so ``"A1\\n"`` would pass as ``A1``."""
 SERVER_AUTHOR = "server"
 
 Value = str | int | float | bool
@@ -137,6 +139,11 @@ class Kind:
     name: str = ""
     can_merge: bool = False
 
+    @staticmethod
+    def matches(pattern: re.Pattern, text: str) -> re.Match | None:
+        """An identifier against its pattern, in full: no trailing newline slips through."""
+        return pattern.fullmatch(text)
+
     def validate_schema(self, schema) -> dict:
         raise NotImplementedError
 
@@ -192,7 +199,7 @@ class RecordKind(Kind):
         if not isinstance(attrs, Mapping) or not attrs or len(attrs) > MAX_KEYS:
             raise KindError(f"a record schema needs 1..{MAX_KEYS} attributes")
         for a, t in attrs.items():
-            if not isinstance(a, str) or not self.ATTR.match(a):
+            if not isinstance(a, str) or not self.matches(self.ATTR, a):
                 raise KindError(f"attribute id {a!r} must match {self.ATTR.pattern}")
             if t not in self.TYPES:
                 raise KindError(f"attribute {a!r} has type {t!r}; expected one of {', '.join(self.TYPES)}")
@@ -262,7 +269,7 @@ class SheetKind(Kind):
     def validate_value(self, schema, key, value) -> None:
         if not isinstance(key, str):
             raise KindError(f"cell id {key!r} must be a string")
-        m = self.CELL.match(key)
+        m = self.matches(self.CELL, key)
         if not m:
             _check_text("cell id", key)
             raise KindError(f"unknown cell id {key!r}: a cell is a column letter and a row number, like B7")
@@ -289,9 +296,9 @@ RECORD, SHEET = RecordKind(), SheetKind()
 KINDS: dict[str, Kind] = {"record": RECORD, "sheet": SHEET}
 
 
-def kind_of(name: str) -> Kind:
+def kind_of(name: str, kinds: Mapping[str, Kind] = KINDS) -> Kind:
     try:
-        return KINDS[name]
+        return kinds[name]
     except KeyError:
         raise KindError(f"unknown document kind {name!r}; expected record or sheet") from None
 
@@ -366,6 +373,7 @@ TABLE = TransitionTable("document-session", [
     (S, "saved", C),
     (S, "saved_pending", D),
     (S, "save_failed", O),
+    (S, "seq_taken", D),
     (S, "version_conflict", X),
     (O, "edit", O),
     (O, "save", S),
@@ -480,6 +488,18 @@ class VersionConflict(LostRace):
 
 
 @dataclass(frozen=True)
+class SeqTaken(LostRace):
+    """The save's ``(writerId, saveSeq)`` already saved other content on this document (as
+    ``version``): a save identity names one save. ``last_seq`` is the writer's highest saveSeq
+    there, so the client can go on with a fresh one."""
+
+    writer_id: str = ""
+    seq: int = 0
+    version: int = 0
+    last_seq: int = 0
+
+
+@dataclass(frozen=True)
 class NoAnswer:
     """The request or its answer was lost (or the server failed): it may or may not have been applied."""
 
@@ -493,7 +513,7 @@ class Dropped:
     reason: str
 
 
-Answer = Won | VersionConflict | Rejected | NoAnswer
+Answer = Won | VersionConflict | SeqTaken | Rejected | NoAnswer
 
 NOT_FOUND = Rejected("not_found")
 FORBIDDEN = Rejected("forbidden")
@@ -518,9 +538,13 @@ class HistoryEntry:
 
 @dataclass(frozen=True)
 class SaveReceipt:
-    seq: int
+    """What one save (or create) of ``(user, writerId, saveSeq)`` was, and the version it made."""
+
     fingerprint: str
     version: int
+
+
+ReceiptKey = tuple[str, str, int]  # (user, writer_id, save_seq)
 
 
 @dataclass
@@ -532,9 +556,8 @@ class ServerDoc:
     version: int
     acl: dict[str, bool]  # user -> may write
     history: list[HistoryEntry]
-    receipts: dict[str, SaveReceipt] = field(default_factory=dict)  # writer -> last applied save
+    receipts: dict[ReceiptKey, SaveReceipt] = field(default_factory=dict)  # every applied save
     created_by: str = "seed"
-    create_fingerprint: str | None = None
 
 
 class ServerModel:
@@ -585,7 +608,7 @@ class ServerModel:
         return Won(Snapshot(doc.id, doc.kind, dict(doc.schema), doc.version, dict(doc.content)))
 
     def put(self, user: str, doc_id: str, expected: int | None, content: Mapping, writer_id: str,
-            seq: int) -> Won | VersionConflict | Rejected:
+            seq: int) -> Won | VersionConflict | SeqTaken | Rejected:
         doc = self._visible(user, doc_id)
         if doc is None:
             return NOT_FOUND                      # authorization first: nothing revealed
@@ -598,15 +621,18 @@ class ServerModel:
         except KindError as e:
             return Rejected(f"invalid: {e}")
         fp = save_fingerprint(user, expected, content)
+        r = doc.receipts.get((user, writer_id, seq))
+        if r is not None:
+            if r.fingerprint == fp:               # a retry: the original success, from the receipt
+                return Won(Saved(r.version, replayed=True))
+            last = max(s for (u, w, s) in doc.receipts if (u, w) == (user, writer_id))
+            return SeqTaken("save_seq_taken", writer_id, seq, r.version, last)
         if doc.version == expected:               # the one conditional UPDATE
             doc.content = dict(content)
             doc.version += 1
             doc.history.append(HistoryEntry(doc.version, expected, user, writer_id, seq))
-            doc.receipts[writer_id] = SaveReceipt(seq, fp, doc.version)
+            doc.receipts[(user, writer_id, seq)] = SaveReceipt(fp, doc.version)
             return Won(Saved(doc.version))
-        r = doc.receipts.get(writer_id)
-        if r is not None and r.seq == seq and r.fingerprint == fp:
-            return Won(Saved(r.version, replayed=True))  # the original success, from the receipt
         return VersionConflict("version_conflict", doc.version, dict(doc.content))
 
     def create(self, user: str, writer_id: str, seq: int, content: Mapping, *, copy_of: str | None = None,
@@ -626,12 +652,12 @@ class ServerModel:
         fp = create_fingerprint(user, kind, schema, content)
         existing = self.docs.get(new_id)
         if existing is not None:
-            if existing.create_fingerprint == fp:
+            if existing.receipts[(user, writer_id, seq)].fingerprint == fp:
                 return Won(Created(new_id, 1, replayed=True))
             return Rejected("create_conflict")
         self.docs[new_id] = ServerDoc(new_id, kind, dict(schema), dict(content), 1, {user: True},
                                       [HistoryEntry(1, 0, user, writer_id, seq)], created_by=user,
-                                      create_fingerprint=fp)
+                                      receipts={(user, writer_id, seq): SaveReceipt(fp, 1)})
         return Won(Created(new_id, 1))
 
     def handle(self, request: Request) -> Answer:
@@ -935,6 +961,15 @@ class TabModel:
             else:
                 self._go("saved_pending")
                 self._write_draft()
+        elif isinstance(answer, SeqTaken):
+            # an earlier life of this writer used the seq for other content: this snapshot did
+            # not land; it is sent again, at once, under a fresh seq
+            self.unconfirmed = None
+            self.next_seq = max(self.next_seq, answer.last_seq + 1)
+            self.due_at = self.now
+            self._count("seqs_taken")
+            self._go("seq_taken")
+            self._write_draft()
         elif isinstance(answer, VersionConflict):
             self.unconfirmed = None
             self.conflict = Snapshot(self.doc_id, self.kind, self.schema, answer.version, dict(answer.content))
@@ -1361,6 +1396,9 @@ INVARIANTS: dict[str, str] = {
     "no-edit-lost-silently": "Each edit is in the stored content, in a draft, or was explicitly discarded.",
     "no-stale-save-accepted": "No save based on a stale version is ever accepted.",
     "no-last-write-wins": "A conflict is never resolved by last-write-wins.",
+    "one-version-per-save":
+        "A save's identity (user, writerId, saveSeq) produces at most one version: a reused one "
+        "with other content is refused, never applied.",
 }
 
 
@@ -1398,6 +1436,22 @@ def no_stale_save_accepted(world: World) -> list[Violation]:
         if versions != list(range(1, len(versions) + 1)) or (versions and versions[-1] != d.version):
             out.append(Violation("no-stale-save-accepted",
                                  f"document {d.id}: history versions {versions} do not lead to v{d.version}"))
+    return out
+
+
+def one_version_per_save(world: World) -> list[Violation]:
+    out = []
+    for d in world.docs.values():
+        seen: dict[tuple, int] = {}
+        for h in d.history:
+            if h.writer_id is None:
+                continue
+            key = (h.author, h.writer_id, h.save_seq)
+            if key in seen:
+                out.append(Violation("one-version-per-save",
+                                     f"document {d.id}: save {h.writer_id}#{h.save_seq} of "
+                                     f"{h.author} produced v{seen[key]} and v{h.version}"))
+            seen[key] = h.version
     return out
 
 
@@ -1517,10 +1571,11 @@ def no_last_write_wins(world: World, expected: World) -> list[Violation]:
 
 def check_invariants(world: World, ledger: Ledger, *, expected: World | None = None,
                      sent: Iterable[SaveRequest] = ()) -> list[Violation]:
-    """All seven invariants over one world (the model's own, or a projection of the real one).
+    """All eight invariants over one world (the model's own, or a projection of the real one).
     ``expected`` is the model's world, for the comparisons only it can judge."""
     out = save_carries_base_version(world, sent)
     out += no_stale_save_accepted(world)
+    out += one_version_per_save(world)
     out += unsaved_work_in_one_place(world, ledger)
     out += no_edit_lost_silently(world, ledger)
     out += close_flushes_never_drops(world, ledger)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import pytest
 
 from knownstate.chaos.check import Env, run_check
-from knownstate.chaos.kinds.document_session import DocumentSessionCheck, MUTANTS
+from knownstate.chaos.kinds.document_session import CHECK_INVARIANTS, MUTANTS, DocumentSessionCheck
+from knownstate.model.document import INVARIANTS as SESSION_INVARIANTS
 
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +24,7 @@ def document_env():
         yield env
 
 
+@slow
 def test_reference_passes_a_small_run(document_env):
     r = run_check(DocumentSessionCheck, document_env, examples=15, steps=30, seed=1, require_all=False)
     assert r.failure is None, f"{r.failure}\n" + "\n".join(r.counterexample)
@@ -30,6 +32,7 @@ def test_reference_passes_a_small_run(document_env):
     assert sum(r.stats.faults.values()) > 0 and r.stats.transitions
 
 
+@slow
 @pytest.mark.parametrize("name", ["server-ignores-base-version", "success-wipes-pending-edit",
                                   "draft-key-without-writer"])
 def test_mutant_is_caught_with_a_short_counterexample(document_env, name):
@@ -41,14 +44,26 @@ def test_mutant_is_caught_with_a_short_counterexample(document_env, name):
     assert 0 < r.counterexample_steps <= 15, "\n".join(r.counterexample)
 
 
-def test_the_catalogue_covers_the_issue():
+def test_the_catalogue_covers_the_issues():
     names = {m.name for m in MUTANTS}
     assert {"server-ignores-base-version", "success-wipes-pending-edit", "draft-key-without-writer",
             "stale-read-applied", "reload-clears-before-fetch", "automatic-rebase-on-conflict",
             "close-drops-pending-edit", "retry-conflicts-with-itself"} <= names
+    # the server findings of issue 10, each put back as a mutant
+    assert {"ids-matched-with-dollar", "receipt-lookup-ignores-user", "reused-save-seq-applied",
+            "json-last-key-wins", "body-encoding-sniffed", "if-match-read-as-a-number",
+            "first-header-wins", "content-type-not-checked", "unparseable-body-is-422",
+            "trailing-slash-redirects"} <= names
     assert all(m.kind == "document-session" for m in MUTANTS)
+    assert len(names) == len(MUTANTS)
 
 
+def test_every_mutant_names_an_invariant_the_check_reports():
+    reported = set(SESSION_INVARIANTS) | set(CHECK_INVARIANTS)
+    assert {m.invariant for m in MUTANTS} <= reported
+
+
+@slow
 def test_a_seed_replays_the_same_run(document_env):
     traces = []
     for _ in range(2):

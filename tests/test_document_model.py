@@ -12,6 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from knownstate.model.contract import CREATED, IllegalTransition, LostRace, Rejected, Won
 from knownstate.model.document import (
     INVARIANTS,
+    SeqTaken,
     RECORD,
     SHEET,
     TABLE,
@@ -115,7 +116,8 @@ def test_spec_diagram_is_the_session_table():
 def test_invariant_names_are_stable():
     assert sorted(INVARIANTS) == sorted([
         "save-carries-base-version", "unsaved-work-in-one-place", "conflict-resolved-by-user",
-        "close-flushes-never-drops", "no-edit-lost-silently", "no-stale-save-accepted", "no-last-write-wins"])
+        "close-flushes-never-drops", "no-edit-lost-silently", "no-stale-save-accepted",
+        "no-last-write-wins", "one-version-per-save"])
 
 
 # -- kinds -------------------------------------------------------------------------------------
@@ -152,6 +154,8 @@ def test_sheet_does_not_merge():
     (SHEET, SHEET_SCHEMA, {"D1": 1}, "outside the sheet"),
     (SHEET, SHEET_SCHEMA, {"A11": 1}, "outside the sheet"),
     (SHEET, SHEET_SCHEMA, {"a1": 1}, "unknown cell id"),
+    (SHEET, SHEET_SCHEMA, {"A1\n": 1}, "unknown cell id"),  # in full: no "$" before "\n"
+    (SHEET, SHEET_SCHEMA, {"A1 ": 1}, "unknown cell id"),
     (SHEET, SHEET_SCHEMA, {"A1": True}, "must be a number"),
     (SHEET, SHEET_SCHEMA, {"A1": 2**60}, "out of range"),
 ])
@@ -172,8 +176,14 @@ def test_server_cas_replay_and_authorization(m):
     assert (stale.version, stale.content) == (2, {"title": "b"})
     # the retry of the applied save: the original success, not a conflict against itself
     assert s.put("alice", "r1", 1, {"title": "b"}, "w1", 1) == Won(Saved(2, replayed=True))
-    # same (writer, seq) but another request: a conflict
-    assert isinstance(s.put("alice", "r1", 1, {"title": "z"}, "w1", 1), VersionConflict)
+    # the same (writer, seq) with other content: refused, naming the receipt, whatever the base
+    for base in (1, 2):
+        assert s.put("alice", "r1", base, {"title": "z"}, "w1", 1) == SeqTaken(
+            "save_seq_taken", "w1", 1, 2, 1)
+    # another user's identity is another identity: bob's w1#1 is his own save
+    assert s.put("bob", "r1", 2, {"title": "c"}, "w1", 1) == Won(Saved(3))
+    assert s.put("alice", "r1", 1, {"title": "b"}, "w1", 1) == Won(Saved(2, replayed=True))
+    s.docs["r1"].version, s.docs["r1"].history = 2, s.docs["r1"].history[:2]  # back to v2
     assert s.put("alice", "r1", None, {"title": "b"}, "w1", 2) == Rejected("precondition_required")
     # authorization before any version check
     assert s.put("dave", "r1", None, {"title": "b"}, "w3", 1) == Rejected("not_found")
@@ -403,6 +413,37 @@ def test_last_write_wins_by_a_close_from_conflict_is_caught():
                                 ("dirty", "save", "saving"), ("saving", "saved", "clean"), ("clean", "close", "closed")))})
     assert _names(check_invariants(real, Ledger({}), expected=expected)) == {"no-last-write-wins"}
     assert check_invariants(expected, Ledger({}), expected=expected) == []
+
+
+def test_record_schema_ids_are_matched_in_full():
+    for attr in ("title\n", "title ", "Title"):
+        with pytest.raises(KindError, match="attribute id"):
+            RECORD.validate_schema({"attributes": {attr: "text"}})
+
+
+def test_a_save_identity_applied_twice_is_caught():
+    history = [HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "alice", "w1", 3),
+               HistoryEntry(3, 2, "alice", "w1", 3), HistoryEntry(4, 3, "bob", "w1", 3)]
+    w = World(_doc(history), {}, {})
+    violations = check_invariants(w, Ledger({}))
+    assert _names(violations) == {"one-version-per-save"} and len(violations) == 1
+    assert "w1#3" in str(violations[0]) and "v2 and v3" in str(violations[0])
+
+
+def test_a_writer_reopened_without_its_draft_goes_on_with_a_fresh_seq(m):
+    t = open_tab(m, writer="w1")
+    m.edit("t1", {"title": "one"}, now=0)
+    assert save(m, "t1") == Won(Saved(2))
+    m.close("t1")
+    t = open_tab(m, writer="w1")                 # the same writer again, its draft long gone
+    assert t.next_seq == 1
+    m.edit("t1", {"title": "two"}, now=0)
+    taken = save(m, "t1")
+    assert taken == SeqTaken("save_seq_taken", "w1", 1, 2, 1)
+    assert t.state is State.DIRTY and t.next_seq == 2 and t.local == {"title": "two"}
+    assert t.transitions[-1] == ("saving", "seq_taken", "dirty")
+    assert save(m, "t1") == Won(Saved(3)) and t.state is State.CLEAN
+    assert world_with(m) == []
 
 
 def test_save_without_base_is_caught():

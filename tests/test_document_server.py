@@ -14,7 +14,7 @@ from schemathesis.checks import not_a_server_error
 
 from knownstate.impl.documents import DocumentServer, DocumentStore, schema_sql
 from knownstate.model.contract import Won
-from knownstate.model.document import MAX_BODY_BYTES, Saved
+from knownstate.model.document import MAX_BODY_BYTES, Saved, SaveRequest
 
 REC_SCHEMA = {"attributes": {"title": "text", "qty": "number", "done": "bool"}}
 SHEET_SCHEMA = {"rows": 20, "cols": 4}
@@ -125,12 +125,52 @@ def test_if_match_carries_the_base_version(http, server):
     assert put(http, "rec1", "alice", body, **{"If-Match": '"1"'}).json()["version"] == 2
     before = stored(server)
     r = put(http, "rec1", "alice", save_body(None, {"title": "c"}, seq=2), **{"If-Match": '"1"'})
-    assert r.status_code == 409 and r.json()["version"] == 2
-    for bad in ("*", "1", 'W/"2"', '"-2"', '"2", "3"'):
-        r = put(http, "rec1", "alice", save_body(None, {"title": "c"}, seq=3), **{"If-Match": bad})
-        assert r.status_code == 422 and "If-Match" in r.json()["message"], bad
-    r = put(http, "rec1", "alice", save_body(3, {"title": "c"}, seq=3), **{"If-Match": '"2"'})
-    assert r.status_code == 422 and "disagree" not in r.json()["message"] and "different" in r.json()["message"]
+    assert r.status_code == 412 and r.json()["error"] == "precondition_failed"
+    assert (r.json()["version"], r.json()["content"]) == (2, {"title": "b"})
+    assert stored(server) == before
+
+
+@pytest.mark.parametrize("tag,status,error", [
+    ('"0002"', 412, "precondition_failed"),   # an opaque tag: not the ETag of version 2
+    ('"02"', 412, "precondition_failed"),
+    ('W/"2"', 412, "precondition_failed"),    # strong comparison: a weak tag never matches
+    ('"two"', 412, "precondition_failed"),
+    ('""', 412, "precondition_failed"),
+    ('"99999999999999999999"', 412, "precondition_failed"),
+    ("*", 428, "precondition_required"),      # names no base version
+    ("2", 400, "bad_request"),                # not an entity tag
+    ('"2", "3"', 400, "bad_request"),         # one tag, not a list
+    ('"2', 400, "bad_request"),
+], ids=["leading-zeros", "leading-zero", "weak", "word", "empty", "huge", "star", "unquoted",
+        "list", "unterminated"])
+def test_if_match_is_compared_as_rfc_9110_says(http, server, tag, status, error):
+    assert put(http, "rec1", "alice", save_body(1, {"title": "b"})).json()["version"] == 2
+    before = stored(server)
+    r = put(http, "rec1", "alice", save_body(None, {"title": "c"}, seq=2), **{"If-Match": tag})
+    assert (r.status_code, r.json()["error"]) == (status, error), r.text
+    assert "If-Match" in r.json()["message"]
+    assert stored(server) == before
+
+
+def test_if_match_and_expected_version_must_agree(http, server):
+    before = stored(server)
+    r = put(http, "rec1", "alice", save_body(1, {"title": "c"}), **{"If-Match": '"2"'})
+    assert r.status_code == 400 and "different versions" in r.json()["message"]
+    r = put(http, "rec1", "alice", save_body(1, {"title": "c"}), **{"If-Match": '"1"'})
+    assert r.status_code == 200 and r.json()["version"] == 2
+    assert stored(server)["rec1"].version == before["rec1"].version + 1
+
+
+@pytest.mark.parametrize("name", ["X-User", "If-Match"])
+def test_a_header_sent_twice_is_refused_not_guessed(http, server, name):
+    before = stored(server)
+    values = {"X-User": ("alice", "bob"), "If-Match": ('"1"', '"1"')}[name]
+    headers = [("X-User", "alice"), ("Content-Type", "application/json")]
+    headers = [h for h in headers if h[0] != name] + [(name, v) for v in values]
+    r = http.put(PATH.format("rec1"), headers=headers,
+                 content=json.dumps(save_body(1, {"title": "x"})).encode())
+    assert (r.status_code, r.json()["error"]) == (400, "bad_request")
+    assert f"2 {name} headers" in r.json()["message"]
     assert stored(server) == before
 
 
@@ -201,13 +241,49 @@ def test_retry_of_an_applied_save_gets_the_original_success(http, server):
     assert first.json() == {"id": "rec1", "version": 2, "replayed": False}
     assert server.store.server_write("rec1", {"qty": 99}) == Won(Saved(3))      # the world moves on
     retry = put(http, "rec1", "alice", body)
-    assert (retry.status_code, retry.json()) == (200, {"id": "rec1", "version": 2, "replayed": True})
+    assert retry.status_code == 200
+    assert retry.json() == {"id": "rec1", "version": 2, "replayed": True}
     assert stored(server)["rec1"].version == 3 and stored(server)["rec1"].content == {"title": "mine", "qty": 99}
-    # the same (writer, seq) with another request is not a retry: a conflict
-    other = put(http, "rec1", "alice", save_body(1, {"title": "else"}, writer="tab-a", seq=4))
-    assert other.status_code == 409
-    # another user cannot replay it
-    assert put(http, "rec1", "bob", body).status_code == 409
+    # another user cannot replay it: his own (writer, seq) never saved; his base is stale
+    r = put(http, "rec1", "bob", body)
+    assert (r.status_code, r.json()["error"]) == (409, "version_conflict")
+
+
+def test_a_reused_save_identity_is_refused_naming_the_receipt(http, server):
+    for seq, title in ((1, "A"), (2, "B")):
+        r = put(http, "rec1", "alice", save_body(seq, {"title": title}, writer="w", seq=seq))
+        assert r.status_code == 200
+    before = stored(server)
+    for seq in (1, 2):  # the same (writerId, saveSeq) with other content, on the current base
+        r = put(http, "rec1", "alice", save_body(3, {"title": "C"}, writer="w", seq=seq))
+        assert (r.status_code, r.json()["error"]) == (409, "save_seq_taken")
+        assert r.json()["receipt"] == {"writerId": "w", "saveSeq": seq, "version": seq + 1}
+        assert r.json()["lastSeq"] == 2
+        message = r.json()["message"]
+        assert f"saveSeq {seq}" in message and f"version {seq + 1}" in message
+        assert "saveSeq 3" in message
+    assert stored(server) == before
+    history = [(h.writer_id, h.save_seq) for h in before["rec1"].history if h.writer_id]
+    assert history == [("w", 1), ("w", 2)]        # one version per save identity
+    r = put(http, "rec1", "alice", save_body(3, {"title": "C"}, writer="w", seq=3))
+    assert r.status_code == 200
+
+
+def test_receipts_are_the_users_own(http, server):
+    """Another user saving under the same writerId and saveSeq neither replaces nor replays
+    alice's receipt: her retry of a save that landed still gets her original success."""
+    alice = save_body(1, {"title": "alice's"}, writer="tab", seq=5)
+    assert put(http, "rec1", "alice", alice).json()["version"] == 2      # its answer was lost
+    bob = save_body(2, {"title": "bob's"}, writer="tab", seq=5)
+    assert put(http, "rec1", "bob", bob).json() == {"id": "rec1", "version": 3, "replayed": False}
+    retry = put(http, "rec1", "alice", alice)
+    assert retry.status_code == 200
+    assert retry.json() == {"id": "rec1", "version": 2, "replayed": True}
+    again = put(http, "rec1", "bob", bob)
+    assert again.json() == {"id": "rec1", "version": 3, "replayed": True}
+    assert server.store.applied(SaveRequest("rec1", "alice", "tab", 5, 1, {}, 0)) == 2
+    assert server.store.applied(SaveRequest("rec1", "bob", "tab", 5, 2, {}, 0)) == 3
+    assert server.store.applied(SaveRequest("rec1", "carol", "tab", 5, 2, {}, 0)) is None
 
 
 def test_server_side_write_bumps_the_version_and_stales_the_base(http, server):
@@ -291,17 +367,21 @@ def test_bad_sheet_cells_are_refused(shared_http, shared, content, words):
     assert stored(shared) == before
 
 
-@pytest.mark.parametrize("raw,words", [
-    (b'{"expectedVersion": 1, "content": {"qty": NaN}, "writerId": "w", "saveSeq": 1}', "content"),
-    (b'{"expectedVersion": 1, "content": {"qty": Infinity}, "writerId": "w", "saveSeq": 1}', "content"),
-    (b'{"expectedVersion": 1, "content": {"title": "\\ud800"}, "writerId": "w", "saveSeq": 1}', "surrogate"),
-    (b'{"expectedVersion": 1, "content": {"title": "x"', "JSON"),
-    (b"", "body"),
+@pytest.mark.parametrize("raw,status,words", [
+    (b'{"expectedVersion": 1, "content": {"qty": NaN}, "writerId": "w", "saveSeq": 1}', 400,
+     "NaN is not a JSON number"),
+    (b'{"expectedVersion": 1, "content": {"qty": Infinity}, "writerId": "w", "saveSeq": 1}', 400,
+     "Infinity is not a JSON number"),
+    (b'{"expectedVersion": 1, "content": {"title": "\\ud800"}, "writerId": "w", "saveSeq": 1}',
+     422, "surrogate"),
+    (b'{"expectedVersion": 1, "content": {"title": "x"', 400, "not JSON"),
+    (b"", 400, "empty"),
 ], ids=["nan", "infinity", "lone surrogate", "truncated json", "empty"])
-def test_malformed_json_is_refused(shared_http, shared, raw, words):
+def test_malformed_json_is_refused(shared_http, shared, raw, status, words):
     before = stored(shared)
-    r = shared_http.put(PATH.format("rec1"), headers={"X-User": "alice", "Content-Type": "application/json"}, content=raw)
-    assert r.status_code == 422, r.text
+    r = shared_http.put(PATH.format("rec1"), content=raw,
+                        headers={"X-User": "alice", "Content-Type": "application/json"})
+    assert r.status_code == status, r.text
     assert words.lower() in r.json()["message"].lower(), r.json()
     assert stored(shared) == before
 

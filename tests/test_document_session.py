@@ -18,6 +18,7 @@ from knownstate.model.document import (
     MergeUnsupported,
     NoAnswer,
     Saved,
+    SeqTaken,
     State,
     UnsavedWork,
     VersionConflict,
@@ -301,6 +302,20 @@ def test_reopened_writer_restores_its_draft_and_retries_its_lost_save(env):
     assert again.state is State.DIRTY and again.counters["drafts_restored"] == 1
     assert again.tick(1) == Won(Saved(2, replayed=True))
     assert again.state is State.CLEAN and env.doc().version == 2
+
+
+def test_writer_reopened_without_its_draft_never_reuses_a_save_identity(env):
+    a = env.session(writer="tab-a")
+    a.edit({"title": "first life"}, now=0)
+    assert a.tick(1) == Won(Saved(2)) and a.close().flushed
+    again = env.session(writer="tab-a")                     # no draft: it counts from 1 again
+    again.edit({"title": "second life"}, now=2)
+    taken = again.tick(3)
+    assert isinstance(taken, SeqTaken) and (taken.seq, taken.version, taken.last_seq) == (1, 2, 1)
+    assert again.state is State.DIRTY and env.doc().version == 2   # refused, not applied
+    assert again.tick(3) == Won(Saved(3)) and env.doc().content["title"] == "second life"
+    history = [(h.writer_id, h.save_seq) for h in env.doc().history if h.writer_id]
+    assert history == [("tab-a", 1), ("tab-a", 2)]
 
 
 def test_failing_draft_store_is_visible_and_recovers(env):

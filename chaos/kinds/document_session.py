@@ -66,10 +66,14 @@ import psycopg
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
-from knownstate.impl.documents import server as server_impl
+import httpx
+
+from knownstate.impl.documents import store as store_impl
 from knownstate.impl.documents.drafts import DraftStore
-from knownstate.impl.documents.server import DocumentServer, DocumentStore
+from knownstate.impl.documents.reading import BadRequest, RequestReader
+from knownstate.impl.documents.server import DocumentServer
 from knownstate.impl.documents.session import HttpTransport, Session
+from knownstate.impl.documents.store import DocumentStore
 from knownstate.model.contract import IllegalTransition, Rejected, Won
 from knownstate.model.document import (
     TABLE,
@@ -82,9 +86,12 @@ from knownstate.model.document import (
     Dropped,
     KindError,
     NoAnswer,
+    RecordKind,
+    SheetKind,
     ReadRequest,
     Saved,
     SaveRequest,
+    SeqTaken,
     Snapshot,
     State,
     UnsavedWork,
@@ -100,6 +107,7 @@ from knownstate.model.document import (
 
 from ..check import KindCheck, _record_mismatch, toxics
 from ..toxi import Toxic
+from .document_requests import HOSTILE, REQUEST_INVARIANTS, Hostile, judge
 
 DOC = "r1"
 SCHEMA = {"attributes": {"title": "text", "qty": "number", "done": "bool"}}
@@ -109,13 +117,22 @@ DEBOUNCE = 1.0
 NETS = ("ok",) * 6 + ("offline", "answer lost")                      # for a step that reads
 NETS_WRITE = ("ok",) * 3 + ("offline", "answer lost", "answer lost")  # for a step that may write
 NETS_COPY = ("ok", "offline", "answer lost")                          # for keeping a copy
+RECEIPT_SQL = ("SELECT fingerprint, version FROM document_history WHERE document_id = %s "
+               "AND author = %s AND writer_id = %s AND save_seq = %s")
+CLIENT = "client"  # the wire of requests no session makes (see document_requests)
 FAULT_STEPS = 4  # a link fault heals by itself after this many operations (faults stay sparse, work flows)
 SERVER_APP = "ks-document-server"
 
 CHECK_INVARIANTS = {
-    "retry-answered-from-receipt": "A save that is its writer's last applied one (same seq, same request) is "
-                                   "answered with its original success, never a conflict against itself.",
+    "retry-answered-from-receipt":
+        "A save whose identity (user, writerId, saveSeq) already saved is answered from that "
+        "save's receipt: the same request with its original success, never a conflict against "
+        "itself; other content with save_seq_taken.",
+    "receipt-is-the-users-own":
+        "Only the user's own receipt answers a save: another user's save under the same writerId "
+        "neither answers nor replaces it.",
     "no-stale-read-applied": "A read a tab applies never takes its copy back to a version older than its base.",
+    **REQUEST_INVARIANTS,
 }
 """Judged on the real world besides the model's seven invariants (``SESSION_INVARIANTS``): the HTTP
 contract's idempotent retry, and the stale-read guard. Each is what a mutant of the catalogue breaks."""
@@ -172,6 +189,8 @@ def show(x: Any) -> str:
         return str(v)
     if isinstance(x, VersionConflict):
         return f"conflict (stored v{x.version})"
+    if isinstance(x, SeqTaken):
+        return f"refused: {x.writer_id}#{x.seq} already saved v{x.version} (last seq {x.last_seq})"
     if isinstance(x, NoAnswer):
         return "no answer"
     if isinstance(x, Rejected):
@@ -398,6 +417,10 @@ class Plant:
         self.links = {slot: env.api.link(f"document-session-{slot}", "127.0.0.1", self.server.port) for slot in SLOTS}
         self.http = {slot: HttpTransport(f"http://127.0.0.1:{link.port}", timeout=5)
                      for slot, link in self.links.items()}
+        # a client that is not a session (another user's, a buggy one), straight to the server
+        self.http[CLIENT] = HttpTransport(self.server.url, timeout=5)
+        self.raw = httpx.Client(base_url=self.server.url, timeout=5,
+                                limits=httpx.Limits(max_keepalive_connections=0))
         self.wires = {slot: Wire(self, slot, h) for slot, h in self.http.items()}
         # on tmpfs when there is one: the store fsyncs every write, and the check writes many
         shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -405,7 +428,7 @@ class Plant:
         return self
 
     def stop(self) -> None:
-        for h in getattr(self, "http", {}).values():
+        for h in [*getattr(self, "http", {}).values(), getattr(self, "raw", None)]:
             with contextlib.suppress(Exception):
                 h.close()
         if getattr(self, "server", None) is not None:
@@ -476,12 +499,13 @@ def _short(x: Any) -> str:
 class DocumentSessionCheck(KindCheck):
     kind = "document-session"
     contract = None
-    schema = server_impl.schema_sql()
-    tables = ("documents", "document_acl", "document_saves", "document_history")
+    schema = store_impl.schema_sql()
+    tables = ("documents", "document_acl", "document_history")
     n_workers = 0
     # The mutant catalogue replaces these (never the reference's behaviour).
     session_class: type[Session] = Session
     store_class: type[DocumentStore] = DocumentStore
+    reader_class: type[RequestReader] = RequestReader
     drafts_class: type[DraftStore] = DraftStore
     queries: dict[str, str] | None = None
     required_events = (
@@ -495,6 +519,7 @@ class DocumentSessionCheck(KindCheck):
         "draft_recoveries": "draft-store recovery", "lost responses": "lost response",
         "lost requests": "lost request", "drafts_restored": "own draft restored", "discarded": "discard",
         "save_failures": "save failed", "copy_failures": "copy failed",
+        "seqs_taken": "save seq taken",
     }
 
     @classmethod
@@ -505,7 +530,8 @@ class DocumentSessionCheck(KindCheck):
     def reset_example(self) -> None:
         plant = self.env.stand_in("document-session", lambda: Plant(self.env, self.dbname))
         self.plant = plant
-        plant.server.app.state.store = self.store_class(plant.server_dsn, connect_timeout=2, queries=self.queries)
+        store = self.store_class(plant.server_dsn, connect_timeout=2, queries=self.queries)
+        plant.server.use(store=store, reader=self.reader_class())
         self.observer = _Observer(self.env, self.dbname)
         self.observer.seed(DOC, "record", SCHEMA, INITIAL, "alice", {"bob": True})
         self.links = plant.links
@@ -522,6 +548,7 @@ class DocumentSessionCheck(KindCheck):
         self.seen_totals: Counter = Counter()
         self.drafts_failing = False
         self.fault_age = 0
+        self.hostile_n = 0
         plant.exchanges.clear()
 
     def new_model(self) -> CheckedModel:
@@ -721,9 +748,9 @@ class DocumentSessionCheck(KindCheck):
                                          f"\n  (none of the {len(self.candidates)} possible worlds matched)"))
             violations = self._violations(real, m)
             if violations:
-                raise _record_mismatch(self, "invariant violated: " + "; ".join(map(str, violations))
-                                       + "\n(" + why + ")")
-            raise _record_mismatch(self, why)
+                self._fail("invariant violated: " + "; ".join(map(str, violations))
+                           + "\n(" + why + ")")
+            self._fail(why)
         chosen = matching[0]
         if len(self.candidates) > 1 and all(x.fates == chosen.fates for x in matching):
             self.log(f"  (observed: {'; '.join(chosen.fates)})")
@@ -737,11 +764,15 @@ class DocumentSessionCheck(KindCheck):
         self.seen_totals = totals
         violations = self._violations(real, chosen)
         if violations:
-            raise _record_mismatch(self, "invariant violated: " + "; ".join(map(str, violations)))
+            self._fail("invariant violated: " + "; ".join(map(str, violations)))
+
+    def _fail(self, message: str) -> None:
+        """The one door every failure of this check goes through."""
+        raise _record_mismatch(self, message)
 
     def _violations(self, real: Seen, m: CheckedModel) -> list[Violation]:
         out = check_invariants(real.world, m.ledger(), expected=m.world(), sent=self.sent)
-        out += self._retry_against_itself(real)
+        out += self._receipt_answers()
         out += self._read_went_back(real)
         self.sent, self.answered = [], []
         self.stats.invariants_checked += len(SESSION_INVARIANTS) + len(CHECK_INVARIANTS)
@@ -768,21 +799,34 @@ class DocumentSessionCheck(KindCheck):
                                                               f"after it had v{newest}"))
         return out
 
-    def _retry_against_itself(self, real: Seen) -> list[Violation]:
-        """The HTTP contract's idempotent retry: a save that is the writer's last applied one (same
-        writer, seq and request fingerprint as the server's receipt) is answered with that success,
-        never with a conflict against itself."""
+    def _receipt_answers(self) -> list[Violation]:
+        """The HTTP contract's receipts, judged on each save answered in this step against the
+        history rows after it: a save identity (user, writerId, saveSeq) that saved is answered
+        from its own receipt — the same request with that success, other content with
+        save_seq_taken naming it — and no other user's receipt ever answers it."""
         out = []
         for _, req, answer in self.answered:
-            if not (isinstance(req, SaveRequest) and isinstance(answer, VersionConflict)):
+            if not isinstance(req, SaveRequest) or isinstance(answer, NoAnswer):
                 continue
-            rows = self.env.query(self.dbname, "SELECT save_seq, fingerprint, version FROM document_saves "
-                                  "WHERE document_id = %s AND writer_id = %s", (req.doc_id, req.writer_id))
-            if rows and rows[0][0] == req.seq and rows[0][1] == save_fingerprint(req.user, req.base_version,
-                                                                                 req.content):
-                out.append(Violation("retry-answered-from-receipt",
-                                     f"save {req.writer_id}#{req.seq} landed as v{rows[0][2]}, and its retry "
-                                     "was answered with a conflict against itself"))
+            rows = self.env.query(self.dbname, RECEIPT_SQL,
+                                  (req.doc_id, req.user, req.writer_id, req.seq))
+            save = f"{req.user}'s save {req.writer_id}#{req.seq}"
+            won = isinstance(answer, Won) and isinstance(answer.value, Saved)
+            saved = answer.value if won else None
+            if rows and rows[0][0] == save_fingerprint(req.user, req.base_version, req.content):
+                if saved is None or saved.version != rows[0][1]:
+                    out.append(Violation("retry-answered-from-receipt",
+                                         f"{save} landed as v{rows[0][1]}, and was answered "
+                                         f"{show(answer)}"))
+            elif rows:
+                if not (isinstance(answer, SeqTaken) and answer.version == rows[0][1]):
+                    out.append(Violation("retry-answered-from-receipt",
+                                         f"{save} reuses an identity that saved v{rows[0][1]} "
+                                         f"with other content, and was answered {show(answer)}"))
+            elif isinstance(answer, SeqTaken) or (saved is not None and saved.replayed):
+                out.append(Violation("receipt-is-the-users-own",
+                                     f"{save} never saved, and was answered from a receipt: "
+                                     f"{show(answer)}"))
         return out
 
     # -- helpers ---------------------------------------------------------------------------------------
@@ -1041,6 +1085,70 @@ class DocumentSessionCheck(KindCheck):
     resolve_more = resolve
     keep_copy_more = keep_copy
 
+    # -- clients that are not sessions (see document_requests) ------------------------------
+    def _server_calm(self) -> bool:
+        link = self.plant.db_link
+        return not link.toxics and link.enabled
+
+    def _version(self) -> int:
+        return self.candidates[0].server.docs[DOC].version
+
+    @precondition(lambda self: self._server_calm())
+    @rule(case=st.sampled_from(HOSTILE))
+    def hostile_request(self, case: Hostile) -> None:
+        """A client that is not a session sends a request the contract refuses (a lenient server
+        would apply it: it carries the current base and a fresh save identity)."""
+        self.stats.steps += 1
+        self.hostile_n += 1
+        writer = f"hostile-{self.hostile_n}"
+        method, path, headers, body = case.request(DOC, self._version(), writer)
+        before = self.observer.documents()
+        response = self.plant.raw.request(method, path, headers=headers, content=body)
+        after = self.observer.documents()
+        try:
+            error = response.json().get("error")
+        except (ValueError, AttributeError):
+            error = None
+        self.log(f"a client sends {case.name} -> {response.status_code} {error}")
+        violations = judge(case, response, before, after)
+        self.stats.invariants_checked += len(REQUEST_INVARIANTS)
+        if violations:
+            self._fail("invariant violated: " + "; ".join(map(str, violations)))
+        self.event("hostile request refused")
+
+    def _unanswered(self) -> list[tuple[str, SaveRequest]]:
+        return [(slot, s.unconfirmed) for slot, s in self.sessions.items()
+                if SLOTS[slot] == "alice" and s.state is State.OFFLINE
+                and s.unconfirmed is not None]
+
+    @precondition(lambda self: self._server_calm() and self._unanswered())
+    @rule(data=st.data())
+    def impostor_save(self, data) -> None:
+        """Another user's client saves under the writer id and seq of an alice tab's unanswered
+        save: it is his own save, and must leave hers (and its receipt) alone."""
+        slot, mine = data.draw(st.sampled_from(self._unanswered()), label="unanswered save")
+        self.edits += 1
+        bob = SaveRequest(DOC, "bob", mine.writer_id, mine.seq, self._version(),
+                          {"title": f"bob.{self.edits}"}, 0)
+        self._run(f"bob's client saves as writer {mine.writer_id}#{mine.seq} (the id of {slot}'s "
+                  "unanswered save)", lambda side: side.send(CLIENT, bob))
+
+    @precondition(lambda self: self._server_calm())
+    @rule()
+    def reused_save_seq(self) -> None:
+        """A client saves, then sends other content under the same (writerId, saveSeq): a save
+        identity names one save, so the second is refused, naming the first's receipt."""
+        self.hostile_n += 1
+        writer, base = f"reuser-{self.hostile_n}", self._version()
+        first = SaveRequest(DOC, "alice", writer, 1, base, {"title": f"{writer}.a"}, 0)
+        again = SaveRequest(DOC, "alice", writer, 1, base + 1, {"title": f"{writer}.b"}, 0)
+
+        def script(side):
+            side.send(CLIENT, first)
+            return side.send(CLIENT, again)
+
+        self._run(f"a client saves as {writer}#1, then sends other content as {writer}#1", script)
+
     # -- the rest of the world ----------------------------------------------------------------------------------
     @precondition(lambda self: self._slots(State.DIRTY, State.OFFLINE, State.CONFLICT))
     @rule(attr=st.sampled_from(["title", "qty", "done"]))
@@ -1078,7 +1186,7 @@ def _fmt_patch(patch: dict) -> str:
 
 from ..mutants import Mutant, sql_edit, with_attrs  # noqa: E402
 
-_Q = server_impl.Q
+_Q = store_impl.Q
 
 
 class _SuccessWipesPendingEdit(Session):
@@ -1177,6 +1285,66 @@ class _CloseDropsPending(Session):
         return super().close(max_failures)
 
 
+def _match_with_dollar(pattern, text):
+    return pattern.match(text)  # "$" also matches before a trailing newline
+
+
+class _DollarRecord(RecordKind):
+    matches = staticmethod(_match_with_dollar)
+
+
+class _DollarSheet(SheetKind):
+    matches = staticmethod(_match_with_dollar)
+
+
+class _DollarIdStore(DocumentStore):
+    kinds = {"record": _DollarRecord(), "sheet": _DollarSheet()}
+
+
+_RECEIPT_KEY = "AND h.writer_id = %(writer)s AND h.save_seq = %(seq)s\n) r"
+_SEQ_GUARD = """
+      AND NOT EXISTS (SELECT 1 FROM document_history h
+                      WHERE h.document_id = d.id AND h.author = %(user)s
+                        AND h.writer_id = %(writer)s AND h.save_seq = %(seq)s)"""
+_UNIQUE_SAVE = """create unique index if not exists document_history_save
+    on document_history (document_id, author, writer_id, save_seq) where writer_id is not null;"""
+
+
+class _LastKeyWins(RequestReader):
+    def object_from_pairs(self, pairs):
+        return dict(pairs)
+
+
+class _SniffedEncoding(RequestReader):
+    def decode(self, raw):
+        return raw.decode(json.detect_encoding(raw))
+
+
+class _NumericETag(RequestReader):
+    def tag_version(self, opaque, *, weak):
+        return int(opaque) if opaque.isdigit() and int(opaque) > 0 else None
+
+
+class _FirstHeaderWins(RequestReader):
+    def header(self, headers, name):
+        values = headers.getlist(name)
+        return values[0] if values else None
+
+
+class _AnyContentType(RequestReader):
+    def content_type(self, headers):
+        return None
+
+
+class _NotJson422(RequestReader):
+    def not_json(self, what):
+        return BadRequest(422, "invalid_request", f"0: JSON decode error ({what})")
+
+
+class _RedirectSlashes(RequestReader):
+    redirect_slashes = True
+
+
 MUTANTS = [
     Mutant("server-ignores-base-version", "document-session", "no-stale-save-accepted",
            "the save's UPDATE does not match the base version: a stale save overwrites",
@@ -1204,6 +1372,41 @@ MUTANTS = [
            with_attrs(session_class=_CloseDropsPending)),
     Mutant("retry-conflicts-with-itself", "document-session", "retry-answered-from-receipt",
            "the server keeps no save receipts: a retry whose first answer was lost gets a 409",
-           with_attrs(queries=sql_edit(_Q, "receipt", "WHERE document_id = %(id)s AND writer_id = %(writer)s",
-                                       "WHERE false"))),
+           with_attrs(queries=sql_edit(_Q, "missed", _RECEIPT_KEY, "AND false\n) r"))),
+    # The server findings of issue 10: each a bug the hardened server had, put back.
+    Mutant("ids-matched-with-dollar", "document-session", "refused-request-changes-nothing",
+           "attribute and cell ids are checked with re.match: 'A1\\n' passes as A1",
+           with_attrs(store_class=_DollarIdStore)),
+    Mutant("receipt-lookup-ignores-user", "document-session", "receipt-is-the-users-own",
+           "the receipt of (writerId, saveSeq) is looked up without the user: another user's save "
+           "under the same writer id answers",
+           with_attrs(queries=sql_edit(_Q, "missed",
+                                       "AND h.author = %(user)s\n      " + _RECEIPT_KEY,
+                                       _RECEIPT_KEY.replace(") r", "    ORDER BY h.version DESC "
+                                                                   "LIMIT 1\n) r")))),
+    Mutant("reused-save-seq-applied", "document-session", "one-version-per-save",
+           "a reused (writerId, saveSeq) with other content is applied as a new write",
+           with_attrs(queries=sql_edit(_Q, "save", _SEQ_GUARD, ""),
+                      schema=store_impl.schema_sql().replace(_UNIQUE_SAVE, ""))),
+    Mutant("json-last-key-wins", "document-session", "refused-request-changes-nothing",
+           "a key twice in a JSON object is read last-wins instead of refused",
+           with_attrs(reader_class=_LastKeyWins)),
+    Mutant("body-encoding-sniffed", "document-session", "refused-request-changes-nothing",
+           "a body that is not UTF-8 is decoded as whatever it looks like (UTF-16, UTF-32)",
+           with_attrs(reader_class=_SniffedEncoding)),
+    Mutant("if-match-read-as-a-number", "document-session", "refused-request-changes-nothing",
+           'If-Match: "0004" is read as version 4, not compared as an entity tag',
+           with_attrs(reader_class=_NumericETag)),
+    Mutant("first-header-wins", "document-session", "refused-request-changes-nothing",
+           "a header sent twice is read as its first value instead of refused",
+           with_attrs(reader_class=_FirstHeaderWins)),
+    Mutant("content-type-not-checked", "document-session", "refusal-answered-clearly",
+           "a body is read as JSON whatever its Content-Type says",
+           with_attrs(reader_class=_AnyContentType)),
+    Mutant("unparseable-body-is-422", "document-session", "refusal-answered-clearly",
+           "a body that is not JSON is answered 422 with a validation error, not 400",
+           with_attrs(reader_class=_NotJson422)),
+    Mutant("trailing-slash-redirects", "document-session", "refusal-answered-clearly",
+           "a request to /api/desk/files/ is redirected (307) instead of refused",
+           with_attrs(reader_class=_RedirectSlashes)),
 ]

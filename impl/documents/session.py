@@ -45,6 +45,7 @@ from knownstate.model.document import (
     Resolve,
     Saved,
     SaveRequest,
+    SeqTaken,
     Snapshot,
     State,
     TabView,
@@ -124,6 +125,10 @@ class HttpTransport:
         error, message = body.get("error") or f"http_{r.status_code}", body.get("message", "")
         if r.status_code == 409 and error == "version_conflict":
             return VersionConflict("version_conflict", body["version"], body["content"])
+        if r.status_code == 409 and error == "save_seq_taken":
+            receipt = body["receipt"]
+            return SeqTaken(error, receipt["writerId"], receipt["saveSeq"], receipt["version"],
+                            body["lastSeq"])
         if error in ("not_found", "forbidden", "precondition_required", "create_conflict"):
             return Rejected(error)          # the model's reasons, word for word
         if error == "invalid_content":
@@ -432,6 +437,15 @@ class Session:
             else:
                 self._go("saved_pending")  # edits made during the save stay pending
                 self._write_draft()
+        elif isinstance(answer, SeqTaken):
+            # an earlier life of this writer used the seq for other content: this snapshot did
+            # not land; it is sent again, at once, under a fresh seq
+            self.unconfirmed = None
+            self.next_seq = max(self.next_seq, answer.last_seq + 1)
+            self.due_at = self.now
+            self._count("seqs_taken")
+            self._go("seq_taken")
+            self._write_draft()
         elif isinstance(answer, VersionConflict):
             self.unconfirmed = None
             self.conflict = Snapshot(self.doc_id, self.kind, self.schema, answer.version, dict(answer.content))
