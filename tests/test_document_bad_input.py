@@ -283,14 +283,13 @@ def hostile(pg):
         admin.execute(f"drop database if exists {name} with (force)")
         admin.execute(f"create database {name}")
     dsn = pg.dsn(name)
-    store = DocumentStore(dsn)
-    store.install()
-    store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice",
-               {"bob": True, "carol": False})
-    store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1}, "alice")
+    with DocumentStore(dsn, pool_size=None) as store:
+        store.install()
+        store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice",
+                   {"bob": True, "carol": False})
+        store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1}, "alice")
     with DocumentServer(dsn) as server, httpx.Client(base_url=server.url, timeout=10) as http:
         yield server, http, server.store.documents()
-    store.close()
     if pg.running:
         with psycopg.connect(pg.dsn(), autocommit=True) as admin:
             admin.execute(f"drop database if exists {name} with (force)")

@@ -24,10 +24,15 @@ PATH = "/api/desk/files/{}"
 @pytest.fixture
 def dsn(fresh_db):
     dsn = fresh_db(schema_sql())
-    store = DocumentStore(dsn)
-    store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice", {"bob": True, "carol": False})
-    store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1, "B2": "=A1*2"}, "alice")
+    with DocumentStore(dsn, pool_size=None) as store:
+        seed(store)
     return dsn
+
+
+def seed(store):
+    store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice",
+               {"bob": True, "carol": False})
+    store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1, "B2": "=A1*2"}, "alice")
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +46,8 @@ def shared(pg):
     dsn = pg.dsn(name)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(schema_sql())
-    store = DocumentStore(dsn)
-    store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice", {"bob": True, "carol": False})
-    store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1, "B2": "=A1*2"}, "alice")
+    with DocumentStore(dsn, pool_size=None) as store:
+        seed(store)
     with DocumentServer(dsn) as s:
         yield s
     if pg.running:
@@ -428,6 +432,48 @@ def test_unreachable_database_is_503_and_recovers(pg, dsn, toxiproxy):
         link.up()
         assert c.put(PATH.format("rec1"), headers={"X-User": "alice"},
                      json=save_body(1, {"title": "x"})).json()["version"] == 2
+
+
+# -- the connection pool ------------------------------------------------------------------------------
+
+
+def test_the_store_reuses_its_connections(dsn):
+    with DocumentServer(dsn, pool_size=3) as s, httpx.Client(base_url=s.url, timeout=10) as c:
+        for seq in range(1, 41):
+            r = c.put(PATH.format("rec1"), headers={"X-User": "alice"},
+                      json=save_body(seq, {"title": f"t{seq}"}, seq=seq))
+            assert r.status_code == 200 and r.json()["version"] == seq + 1
+        stats = s.store.pool.get_stats()
+        assert stats["requests_num"] >= 40            # a connection asked for per PUT ...
+        assert stats["connections_num"] <= 3          # ... on at most pool_size connections
+
+
+def test_the_store_prepares_its_statements(dsn):
+    with DocumentServer(dsn, pool_size=1) as s, httpx.Client(base_url=s.url, timeout=10) as c:
+        for seq in (1, 2):
+            r = c.put(PATH.format("rec1"), headers={"X-User": "alice"},
+                      json=save_body(seq, {"title": f"t{seq}"}, seq=seq))
+            assert r.status_code == 200
+        with s.store.pool.connection() as conn:   # the one connection the two saves used
+            prepared = [q for (q,) in conn.execute("select statement from pg_prepared_statements",
+                                                   prepare=False)]
+    assert any("UPDATE documents d" in q for q in prepared), prepared
+    assert any("a.can_write" in q for q in prepared), prepared
+
+
+def test_a_dropped_database_link_costs_at_most_one_failed_request(pg, dsn, toxiproxy):
+    link = toxiproxy.link("documents-db-pool", pg.host, pg.port)
+    via_link = dsn.replace(f"port={pg.port}", f"port={link.port}")
+    with DocumentServer(via_link, pool_size=4, connect_timeout=2) as s, \
+            httpx.Client(base_url=s.url, timeout=10) as c:
+        def read():
+            return c.get(PATH.format("rec1"), headers={"X-User": "alice"}).status_code
+
+        assert [read() for _ in range(6)] == [200] * 6
+        link.down()   # every pooled connection dies with the link (as in a database restart)
+        link.up()
+        answers = [read() for _ in range(6)]
+        assert answers.count(503) <= 1 and answers[-5:] == [200] * 5, answers
 
 
 # -- schemathesis: generated requests, positive and malformed ------------------------------------------

@@ -68,10 +68,10 @@ class Env:
 @pytest.fixture
 def env(fresh_db, toxiproxy, tmp_path):
     dsn = fresh_db(schema_sql())
-    store = DocumentStore(dsn)
+    store = DocumentStore(dsn, pool_size=None)
     store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice", {"bob": True})
     store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1}, "alice", {"bob": True})
-    with DocumentServer(dsn) as server:
+    with store, DocumentServer(dsn) as server:
         link = toxiproxy.link(f"documents-http-{server.port}-{next(_links)}", "127.0.0.1", server.port)
         e = Env(store, server, link, DraftStore(tmp_path / "drafts"))
         yield e

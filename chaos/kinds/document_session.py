@@ -379,11 +379,14 @@ class _Observer(DocumentStore):
     plays the server-side writer, and reads the rows for the projection."""
 
     def __init__(self, env, dbname: str):
-        super().__init__(env.db.dsn(dbname))
         self.env, self.dbname = env, dbname
+        self.q = store_impl.Q
 
     def _connect(self):
         return contextlib.nullcontext(self.env.admin(self.dbname))
+
+    def close(self) -> None:
+        pass  # the connection is the check's own
 
 
 class Wire:
@@ -413,7 +416,8 @@ class Plant:
         self.db_link = env.api.link("document-session-server-pg", env.db.host, env.db.port)
         self.server_dsn = psycopg.conninfo.make_conninfo(
             env.db.dsn(self.dbname, host=self.db_link.host, port=self.db_link.port), application_name=SERVER_APP)
-        self.server = DocumentServer(self.server_dsn, connect_timeout=2).start()
+        # a connection per request: a fault meets each request the same way on every replay
+        self.server = DocumentServer(self.server_dsn, connect_timeout=2, pool_size=None).start()
         self.links = {slot: env.api.link(f"document-session-{slot}", "127.0.0.1", self.server.port) for slot in SLOTS}
         self.http = {slot: HttpTransport(f"http://127.0.0.1:{link.port}", timeout=5)
                      for slot, link in self.links.items()}
@@ -530,7 +534,8 @@ class DocumentSessionCheck(KindCheck):
     def reset_example(self) -> None:
         plant = self.env.stand_in("document-session", lambda: Plant(self.env, self.dbname))
         self.plant = plant
-        store = self.store_class(plant.server_dsn, connect_timeout=2, queries=self.queries)
+        store = self.store_class(plant.server_dsn, connect_timeout=2, pool_size=None,
+                                 queries=self.queries)
         plant.server.use(store=store, reader=self.reader_class())
         self.observer = _Observer(self.env, self.dbname)
         self.observer.seed(DOC, "record", SCHEMA, INITIAL, "alice", {"bob": True})

@@ -26,8 +26,11 @@ nothing (how a request is read: :mod:`.reading`). A database that cannot be reac
 
 from __future__ import annotations
 
+import inspect
+import re
 import threading
 import time
+import typing
 from typing import Annotated, Literal, Union
 
 import uvicorn
@@ -35,7 +38,9 @@ from fastapi import FastAPI, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr,
+                      ValidationError)
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from knownstate.chaos import tools
@@ -172,34 +177,51 @@ def _describe(errors) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# Reading requests strictly: the body is read once, by the reader, before FastAPI sees it.
+# Routes: FastAPI declares them (the OpenAPI document); a lean handler runs them.
 # ---------------------------------------------------------------------------------------
 
 
-class _ReadRequest(Request):
-    """A request whose JSON body the :class:`RequestReader` already read (FastAPI asks here)."""
+class _LeanRoute(APIRoute):
+    """A route FastAPI declares but does not run. What it does per request is only this: read
+    the body strictly (the :class:`RequestReader`), check the path's document id in full,
+    validate the body with its pydantic model, and call the endpoint in the threadpool with
+    them (headers it reads itself, through the reader). Everything else — which model, which
+    arguments — is worked out once, here, when the route is built; FastAPI's per-request
+    dependency solving is not on the path of a save."""
 
-    value: object = None
-
-    async def json(self) -> object:
-        return self.value
-
-
-class _StrictRoute(APIRoute):
     def get_route_handler(self):
-        handler = super().get_route_handler()
+        endpoint = self.endpoint
+        hints = typing.get_type_hints(endpoint)
+        params = inspect.signature(endpoint).parameters
+        path_names = [n for n in params if "{" + n + "}" in self.path]
+        models = [(n, _body_model(hints.get(n))) for n in params]
+        body_name, body_model = next(((n, m) for n, m in models if m is not None), (None, None))
 
-        async def route(request: Request):
-            strict = _ReadRequest(request.scope, request.receive)
-            if request.method in ("PUT", "POST"):
-                reader: RequestReader = request.app.state.reader
-                try:
-                    strict.value = reader.body(strict.headers, await strict.body())
-                except BadRequest as e:
-                    return e.response()
-            return await handler(strict)
+        async def handle(request: Request):
+            try:
+                kwargs: dict = {"request": request}
+                for name in path_names:
+                    value = request.path_params[name]
+                    if not re.fullmatch(ID_PATTERN, value):
+                        raise BadRequest(422, "invalid_request",
+                                         f"path.{name}: {ascii(value)} is not a document id "
+                                         f"({ID_PATTERN})")
+                    kwargs[name] = value
+                if body_model is not None:
+                    reader: RequestReader = request.app.state.reader
+                    value = reader.body(request.headers, await request.body())
+                    kwargs[body_name] = body_model.model_validate(value)
+            except BadRequest as e:
+                return e.response()
+            except ValidationError as e:
+                return error(422, "invalid_request", _describe(e.errors()))
+            return await run_in_threadpool(endpoint, **kwargs)
 
-        return route
+        return handle
+
+
+def _body_model(annotation) -> type[BaseModel] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
 class BodyLimit:
@@ -259,7 +281,7 @@ def create_app(store: DocumentStore, *, max_body_bytes: int = MAX_BODY_BYTES,
     swap either between requests (:meth:`DocumentServer.use`)."""
     app = FastAPI(title="knownstate documents", version="1",
                   description="Versioned documents: compare-and-swap saves, explicit conflicts.")
-    app.router.route_class = _StrictRoute
+    app.router.route_class = _LeanRoute
     app.state.store = store
     app.state.reader = reader or RequestReader()
     app.router.redirect_slashes = app.state.reader.redirect_slashes
@@ -375,9 +397,10 @@ class DocumentServer:
     closes it when it stops."""
 
     def __init__(self, dsn: str, *, host: str = "127.0.0.1", port: int | None = None,
-                 connect_timeout: float = 3.0, **app_options):
+                 connect_timeout: float = 3.0, pool_size: int | None = 8, **app_options):
         self.dsn, self.host, self.port = dsn, host, port
-        self.app = create_app(DocumentStore(dsn, connect_timeout=connect_timeout), **app_options)
+        store = DocumentStore(dsn, connect_timeout=connect_timeout, pool_size=pool_size)
+        self.app = create_app(store, **app_options)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 

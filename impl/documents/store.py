@@ -7,6 +7,16 @@ and the HTTP layer (:mod:`.server`) only maps outcomes to status codes. The SQL 
 ``impl/sql/documents.sql`` (named queries) and ``impl/sql/documents_schema.sql``; driver errors
 become domain errors in :func:`knownstate.impl.errors.boundary`, nowhere else.
 
+Connections come from a pool (``psycopg_pool``), each in autocommit (every operation is one
+statement, or a few reads and one statement) and preparing its statements on first use: a
+save is two round trips on an open connection — the access read and the compare-and-swap —
+and a third only when the swap misses. ``pool_size=None`` connects per call instead (through
+``NullConnectionPool``, in the calling thread): the check runs its server that way, so a fault
+on the database link meets every request the same way on a replay, whatever a pool's
+background threads were doing. After a connection error the pool checks its idle connections,
+so a database restart costs one failed request (503, which a session retries), not one per
+pooled connection.
+
 Seams (the mutant catalogue replaces one at a time; the reference never changes):
 ``queries`` (the named SQL) and ``kinds`` (what an id or a value of each document kind may be).
 """
@@ -14,13 +24,14 @@ Seams (the mutant catalogue replaces one at a time; the reference never changes)
 from __future__ import annotations
 
 import contextlib
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import psycopg
 from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool, NullConnectionPool
 
 from knownstate.impl import queries as named_queries
-from knownstate.impl.errors import boundary
+from knownstate.impl.errors import boundary, is_connection_error
 from knownstate.model.contract import Rejected, Won
 from knownstate.model.document import (
     FORBIDDEN,
@@ -52,29 +63,54 @@ def schema_sql() -> str:
 
 
 class DocumentStore:
-    """The documents at ``dsn`` (which may be a Toxiproxy link); one connection per call."""
+    """The documents at ``dsn`` (which may be a Toxiproxy link), over a pool of ``pool_size``
+    connections (``None``: a connection per call). ``close()`` when done."""
 
     kinds: Mapping[str, Kind] = KINDS
 
-    def __init__(self, dsn: str, *, connect_timeout: float = 3.0,
+    def __init__(self, dsn: str, *, pool_size: int | None = 8, connect_timeout: float = 3.0,
                  queries: Mapping[str, str] | None = None):
         self.dsn = dsn
         self.connect_timeout = connect_timeout
         self.q = dict(queries) if queries is not None else Q
+        kwargs = {"autocommit": True, "connect_timeout": max(1, round(connect_timeout)),
+                  "application_name": "knownstate-documents"}
+        if pool_size is None:
+            self.pool: ConnectionPool = NullConnectionPool(dsn, kwargs=kwargs, open=True,
+                                                           timeout=connect_timeout)
+        else:
+            self.pool = ConnectionPool(dsn, kwargs={**kwargs, "prepare_threshold": 0},
+                                       min_size=min(2, pool_size), max_size=pool_size,
+                                       timeout=connect_timeout, open=True,
+                                       name=f"documents-{id(self):x}")
 
-    def _connect(self) -> psycopg.Connection:
-        return psycopg.connect(self.dsn, autocommit=True,
-                               connect_timeout=max(1, round(self.connect_timeout)))
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[psycopg.Connection]:
+        try:
+            with self.pool.connection() as conn:
+                yield conn
+        except psycopg.Error as e:
+            if is_connection_error(e) and not isinstance(self.pool, NullConnectionPool):
+                with contextlib.suppress(Exception):
+                    self.pool.check()  # drop the idle connections a restart left dead
+            raise
 
     def close(self) -> None:
-        """Release what the store holds (nothing while it connects per call)."""
+        """Close the pool (its connections and its worker threads)."""
+        self.pool.close()
+
+    def __enter__(self) -> "DocumentStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def kind(self, name: str) -> Kind:
         return kind_of(name, self.kinds)
 
     def install(self) -> None:
         with boundary("install documents schema"), self._connect() as conn:
-            conn.execute(schema_sql())
+            conn.execute(schema_sql(), prepare=False)
 
     # -- administration -------------------------------------------------------------------
     def seed(self, doc_id: str, kind: str, schema: Mapping, content: Mapping, owner: str,
