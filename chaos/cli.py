@@ -251,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import bench
 
     bench.add_parser(sub)
+    from . import serve; serve.add_parser(sub)  # noqa: E702
     return p
 
 

@@ -518,6 +518,8 @@ Answer = Won | VersionConflict | SeqTaken | Rejected | NoAnswer
 NOT_FOUND = Rejected("not_found")
 FORBIDDEN = Rejected("forbidden")
 PRECONDITION_REQUIRED = Rejected("precondition_required")
+NOT_OWNER = Rejected("not_owner")
+OWNER_ACCESS = Rejected("owner_access")
 
 
 # ---------------------------------------------------------------------------------------
@@ -580,6 +582,32 @@ class ServerModel:
 
     def revoke(self, doc_id: str, user: str) -> None:
         self.docs[doc_id].acl.pop(user, None)
+
+    # -- sharing (over HTTP): only the owner changes who may read or write ---------------------
+    def _owned(self, owner: str, doc_id: str, user: str) -> ServerDoc | Rejected:
+        doc = self._visible(owner, doc_id)
+        if doc is None:
+            return NOT_FOUND
+        if doc.created_by != owner:
+            return NOT_OWNER
+        return OWNER_ACCESS if user == owner else doc
+
+    def share(self, owner: str, doc_id: str, user: str, can_write: bool) -> Won | Rejected:
+        doc = self._owned(owner, doc_id, user)
+        if isinstance(doc, Rejected):
+            return doc
+        doc.acl[user] = can_write
+        return Won(can_write)
+
+    def unshare(self, owner: str, doc_id: str, user: str) -> Won | Rejected:
+        doc = self._owned(owner, doc_id, user)
+        if isinstance(doc, Rejected):
+            return doc
+        return Won(doc.acl.pop(user, None) is not None)
+
+    def access_list(self, owner: str, doc_id: str) -> Won | Rejected:
+        doc = self._owned(owner, doc_id, "")
+        return doc if isinstance(doc, Rejected) else Won(dict(doc.acl))
 
     def server_write(self, doc_id: str, patch: Mapping) -> Won | Rejected:
         """The server-side writer (the seed's AI write): an atomic patch that bumps the version."""

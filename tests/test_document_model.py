@@ -193,6 +193,20 @@ def test_server_cas_replay_and_authorization(m):
     assert s.docs["r1"].version == 2
 
 
+def test_only_the_owner_shares(m):
+    s = m.server
+    assert s.share("alice", "r1", "erin", False) == Won(False) and s.docs["r1"].acl["erin"] is False
+    assert s.get("erin", "r1").value.version == 1
+    assert s.share("bob", "r1", "erin", True) == Rejected("not_owner")
+    assert s.share("dave", "r1", "erin", True) == Rejected("not_found")
+    assert s.share("alice", "r1", "alice", False) == Rejected("owner_access")
+    assert s.access_list("alice", "r1") == Won({"alice": True, "bob": True, "carol": False,
+                                                "erin": False})
+    assert s.unshare("alice", "r1", "erin") == Won(True) and s.get("erin", "r1") == Rejected(
+        "not_found")
+    assert s.unshare("alice", "r1", "erin") == Won(False)
+
+
 def test_server_create_is_idempotent(m):
     s = m.server
     first = s.create("alice", "w1", 7, {"title": "mine"}, copy_of="r1")

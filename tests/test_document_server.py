@@ -324,6 +324,69 @@ def test_create_with_kind_and_schema(http, server):
     assert http.get(PATH.format(r.json()["id"]), headers={"X-User": "erin"}).json()["content"] == {"name": "n"}
 
 
+# -- sharing: the owner decides who reads and who writes --------------------------------------------
+
+
+def share(http, doc, owner, user, can_write):
+    return http.put(f"{PATH.format(doc)}/acl/{user}", headers={"X-User": owner},
+                    json={"canWrite": can_write})
+
+
+def test_the_owner_shares_for_reading_then_for_writing(http, server):
+    assert http.get(PATH.format("sheet1"), headers={"X-User": "erin"}).status_code == 404
+    r = share(http, "sheet1", "alice", "erin", False)
+    assert (r.status_code, r.json()) == (200, {"id": "sheet1", "user": "erin", "canWrite": False})
+    assert http.get(PATH.format("sheet1"), headers={"X-User": "erin"}).status_code == 200
+    assert put(http, "sheet1", "erin", save_body(1, {"A1": 2})).status_code == 403
+    assert share(http, "sheet1", "alice", "erin", True).json()["canWrite"] is True
+    assert put(http, "sheet1", "erin", save_body(1, {"A1": 2})).json()["version"] == 2
+    r = http.get(f"{PATH.format('sheet1')}/acl", headers={"X-User": "alice"})
+    assert r.json() == {"id": "sheet1", "owner": "alice", "access": {"alice": True, "erin": True}}
+    r = http.delete(f"{PATH.format('sheet1')}/acl/erin", headers={"X-User": "alice"})
+    assert r.json() == {"id": "sheet1", "user": "erin", "revoked": True}
+    assert http.get(PATH.format("sheet1"), headers={"X-User": "erin"}).status_code == 404
+    r = http.delete(f"{PATH.format('sheet1')}/acl/erin", headers={"X-User": "alice"})
+    assert r.json()["revoked"] is False
+
+
+def test_only_the_owner_shares_and_a_stranger_learns_nothing(http, server):
+    before = stored(server)
+    acl = f"{PATH.format('rec1')}/acl"
+    cases = [
+        (share(http, "rec1", "bob", "erin", True), 403, "not_owner"),       # a writer, not the owner
+        (share(http, "rec1", "carol", "erin", False), 403, "not_owner"),    # a reader
+        (share(http, "rec1", "dave", "erin", False), 404, "not_found"),     # a stranger
+        (share(http, "nosuchdoc", "alice", "erin", False), 404, "not_found"),
+        (share(http, "rec1", "alice", "alice", False), 422, "owner_access"),  # never locks out
+        (http.delete(f"{acl}/alice", headers={"X-User": "alice"}), 422, "owner_access"),
+        (http.delete(f"{acl}/carol", headers={"X-User": "bob"}), 403, "not_owner"),
+        (http.get(acl, headers={"X-User": "bob"}), 403, "not_owner"),
+        (http.get(acl, headers={"X-User": "dave"}), 404, "not_found"),
+        (http.put(f"{acl}/erin", headers={"X-User": "alice"}, json={"canWrite": "yes"}), 422,
+         "invalid_request"),
+        (http.put(f"{acl}/erin%0A", headers={"X-User": "alice"}, json={"canWrite": True}), 422,
+         "invalid_request"),
+        (http.put(f"{acl}/erin", headers={"X-User": "alice"}, json={"canWrite": True, "x": 1}),
+         422, "invalid_request"),
+    ]
+    for r, status, error in cases:
+        assert (r.status_code, r.json()["error"]) == (status, error), r.text
+        assert r.json()["message"]
+    assert stored(server) == before
+    r = http.get(acl, headers={"X-User": "alice"})
+    assert r.json()["access"] == {"alice": True, "bob": True, "carol": False}  # unchanged
+
+
+def test_a_created_document_belongs_to_its_creator(http, server):
+    body = {"kind": "record", "schema": {"attributes": {"title": "text"}},
+            "content": {"title": "mine"}, "writerId": "w", "saveSeq": 1}
+    doc = http.post("/api/desk/files", headers={"X-User": "erin"}, json=body).json()["id"]
+    assert share(http, doc, "erin", "frank", False).status_code == 200
+    assert share(http, doc, "frank", "gina", False).json()["error"] == "not_owner"
+    assert http.get(PATH.format(doc), headers={"X-User": "frank"}).json()["content"] == {
+        "title": "mine"}
+
+
 # -- bad input: a clear 4xx, and nothing stored changes ---------------------------------------------
 
 

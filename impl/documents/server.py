@@ -51,6 +51,7 @@ from knownstate.model.document import (
     MAX_BODY_BYTES,
     MAX_KEYS,
     MAX_VERSION,
+    USER_PATTERN,
     WRITER_PATTERN,
     Created,
     Saved,
@@ -97,6 +98,31 @@ class CreateBody(BaseModel):
     schema_: dict | None = Field(default=None, alias="schema")
 
 
+class ShareBody(BaseModel):
+    """What a user may do with a shared document: read it, and write it when ``canWrite``."""
+
+    model_config = ConfigDict(extra="forbid")
+    canWrite: StrictBool
+
+
+class SharedOut(BaseModel):
+    id: str
+    user: str
+    canWrite: bool
+
+
+class RevokedOut(BaseModel):
+    id: str
+    user: str
+    revoked: bool
+
+
+class AccessOut(BaseModel):
+    id: str
+    owner: str
+    access: dict[str, bool]
+
+
 class DocumentOut(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
     id: str
@@ -128,6 +154,7 @@ UserHeader = Annotated[str | None, Header(alias="X-User",
 IfMatchHeader = Annotated[str | None, Header(alias="If-Match",
                                              description='The base version as its ETag, "3".')]
 IdPath = Annotated[str, Path(pattern=ID_PATTERN)]
+UserPath = Annotated[str, Path(pattern=USER_PATTERN)]
 
 _MESSAGES = {
     "not_found": (404, "no such document"),
@@ -136,6 +163,8 @@ _MESSAGES = {
                                    'the body or If-Match: "<version>"'),
     "create_conflict": (409, "this (writerId, saveSeq) already created a different document: "
                              "send a new saveSeq"),
+    "not_owner": (403, "only the document's owner may see or change who has access to it"),
+    "owner_access": (422, "the owner's own access cannot change: name another user"),
 }
 _STATUS_NAMES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
                  413: "body_too_large", 415: "unsupported_media_type"}
@@ -201,11 +230,11 @@ class _LeanRoute(APIRoute):
             try:
                 kwargs: dict = {"request": request}
                 for name in path_names:
-                    value = request.path_params[name]
-                    if not re.fullmatch(ID_PATTERN, value):
+                    value, (what, pattern) = request.path_params[name], _PATH[name]
+                    if not re.fullmatch(pattern, value):
                         raise BadRequest(422, "invalid_request",
-                                         f"path.{name}: {ascii(value)} is not a document id "
-                                         f"({ID_PATTERN})")
+                                         f"path.{name}: {ascii(value)} is not a {what} "
+                                         f"({pattern})")
                     kwargs[name] = value
                 if body_model is not None:
                     reader: RequestReader = request.app.state.reader
@@ -218,6 +247,10 @@ class _LeanRoute(APIRoute):
             return await run_in_threadpool(endpoint, **kwargs)
 
         return handle
+
+
+_PATH = {"id": ("document id", ID_PATTERN), "user": ("user name", USER_PATTERN)}
+"""Every path parameter, and the pattern it must match in full."""
 
 
 def _body_model(annotation) -> type[BaseModel] | None:
@@ -383,6 +416,46 @@ def create_app(store: DocumentStore, *, max_body_bytes: int = MAX_BODY_BYTES,
         return _ok({"id": c.id, "version": c.version, "replayed": c.replayed}, c.version,
                    status=200 if c.replayed else 201, Location=f"/api/desk/files/{c.id}")
 
+    # -- sharing: the owner decides who may read and who may write -----------------------------
+    owner_only = {403: {"model": ErrorOut}, **common}
+
+    @app.put("/api/desk/files/{id}/acl/{user}", responses={200: {"model": SharedOut}, **writes,
+                                                           **owner_only},
+             response_model=None, summary="Share a document: let a user read it, or write it")
+    def share_document(id: IdPath, user: UserPath, body: ShareBody, request: Request,
+                       x_user: UserHeader = None):
+        owner = app.state.reader.user(request.headers)
+        if owner is None:
+            return _unauthenticated()
+        out = app.state.store.share(owner, id, user, body.canWrite)
+        if isinstance(out, Rejected):
+            return _rejected(out)
+        return JSONResponse({"id": id, "user": user, "canWrite": out.value})
+
+    @app.delete("/api/desk/files/{id}/acl/{user}",
+                responses={200: {"model": RevokedOut}, **owner_only}, response_model=None,
+                summary="Stop sharing a document with a user")
+    def unshare_document(id: IdPath, user: UserPath, request: Request,
+                         x_user: UserHeader = None):
+        owner = app.state.reader.user(request.headers)
+        if owner is None:
+            return _unauthenticated()
+        out = app.state.store.unshare(owner, id, user)
+        if isinstance(out, Rejected):
+            return _rejected(out)
+        return JSONResponse({"id": id, "user": user, "revoked": out.value})
+
+    @app.get("/api/desk/files/{id}/acl", responses={200: {"model": AccessOut}, **owner_only},
+             response_model=None, summary="Who may read (false) and write (true) a document")
+    def access_list(id: IdPath, request: Request, x_user: UserHeader = None):
+        owner = app.state.reader.user(request.headers)
+        if owner is None:
+            return _unauthenticated()
+        out = app.state.store.access_list(owner, id)
+        if isinstance(out, Rejected):
+            return _rejected(out)
+        return JSONResponse({"id": id, "owner": owner, "access": out.value})
+
     return app
 
 
@@ -437,6 +510,12 @@ class DocumentServer:
                 raise RuntimeError(f"the document server did not start on {self.url}")
             time.sleep(0.01)
         return self
+
+    def wait(self) -> None:
+        """Block until the server stops (Ctrl-C interrupts the wait)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
 
     def stop(self) -> None:
         server, thread = self._server, self._thread

@@ -37,6 +37,8 @@ from knownstate.model.document import (
     FORBIDDEN,
     KINDS,
     NOT_FOUND,
+    NOT_OWNER,
+    OWNER_ACCESS,
     PRECONDITION_REQUIRED,
     CopyRequest,
     Created,
@@ -131,6 +133,39 @@ class DocumentStore:
     def revoke(self, doc_id: str, user: str) -> None:
         with boundary("revoke"), self._connect() as conn:
             conn.execute(self.q["revoke"], {"id": doc_id, "user": user})
+
+    # -- sharing: only the owner changes who may read or write ------------------------------------
+    def share(self, owner: str, doc_id: str, user: str, can_write: bool) -> Won | Rejected:
+        """Let ``user`` read ``doc_id`` (and write it, with ``can_write``); the owner only."""
+        args = {"id": doc_id, "owner": owner, "user": user, "can_write": can_write}
+        with boundary("share"), self._connect() as conn:
+            row = conn.execute(self.q["share"], args).fetchone()
+            return Won(row[0]) if row else self._not_shared(conn, owner, doc_id, user)
+
+    def unshare(self, owner: str, doc_id: str, user: str) -> Won | Rejected:
+        """Take ``user``'s access to ``doc_id`` away; ``Won(False)`` if there was none."""
+        args = {"id": doc_id, "owner": owner, "user": user}
+        with boundary("unshare"), self._connect() as conn:
+            if conn.execute(self.q["unshare"], args).fetchone():
+                return Won(True)
+            refused = self._not_shared(conn, owner, doc_id, user)
+        return Won(False) if refused is None else refused
+
+    def access_list(self, owner: str, doc_id: str) -> Won | Rejected:
+        """Who may read (False) and write (True) ``doc_id``, for its owner."""
+        with boundary("access list"), self._connect() as conn:
+            row = conn.execute(self.q["owner"], {"id": doc_id, "user": owner}).fetchone()
+        if row is None:
+            return NOT_FOUND
+        return Won(row[1]) if row[0] == owner else NOT_OWNER
+
+    def _not_shared(self, conn, owner: str, doc_id: str, user: str) -> Rejected | None:
+        row = conn.execute(self.q["owner"], {"id": doc_id, "user": owner}).fetchone()
+        if row is None:
+            return NOT_FOUND
+        if row[0] != owner:
+            return NOT_OWNER
+        return OWNER_ACCESS if user == owner else None
 
     def server_write(self, doc_id: str, patch: Mapping) -> Won | Rejected:
         """The server-side writer (the seed's "AI write"): patch a document at any time; ``None``

@@ -116,6 +116,31 @@ ON CONFLICT (document_id, user_id) DO UPDATE SET can_write = excluded.can_write
 -- revoke --
 DELETE FROM document_acl WHERE document_id = %(id)s AND user_id = %(user)s
 
+-- share --
+-- The owner lets %(user)s read the document, and write it when can_write. Guarded: only the
+-- document's creator, and never the owner's own row.
+INSERT INTO document_acl (document_id, user_id, can_write)
+SELECT d.id, %(user)s, %(can_write)s FROM documents d
+WHERE d.id = %(id)s AND d.created_by = %(owner)s AND %(user)s <> %(owner)s
+ON CONFLICT (document_id, user_id) DO UPDATE SET can_write = excluded.can_write
+RETURNING can_write
+
+-- unshare --
+-- The owner takes %(user)s's access away (guarded like share). No row: it had none.
+DELETE FROM document_acl a USING documents d
+WHERE a.document_id = %(id)s AND a.user_id = %(user)s AND d.id = a.document_id
+  AND d.created_by = %(owner)s AND %(user)s <> %(owner)s
+RETURNING a.user_id
+
+-- owner --
+-- Who created the document, as %(user)s may see it (no ACL row: no result, nothing revealed),
+-- and everyone's access: what a refused share is told, and what the owner is shown.
+SELECT d.created_by, (SELECT jsonb_object_agg(user_id, can_write) FROM document_acl
+                      WHERE document_id = d.id)
+FROM documents d
+JOIN document_acl a ON a.document_id = d.id AND a.user_id = %(user)s
+WHERE d.id = %(id)s
+
 -- all_documents --
 -- Every document, for projections and for "nothing stored changed" checks.
 SELECT id, kind, version, content FROM documents ORDER BY id
