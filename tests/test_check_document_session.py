@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from knownstate.chaos.check import Env, run_check
-from knownstate.chaos.kinds.document_session import CHECK_INVARIANTS, MUTANTS, DocumentSessionCheck
+from knownstate.chaos.kinds.document_judge import CHECK_INVARIANTS
+from knownstate.chaos.kinds.document_session import MUTANTS, DocumentSessionCheck
 from knownstate.model.document import INVARIANTS as SESSION_INVARIANTS
 
 slow = pytest.mark.slow

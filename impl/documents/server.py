@@ -45,20 +45,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from knownstate.chaos import tools
 from knownstate.impl.errors import KnownstateError
-from knownstate.model.contract import Rejected
-from knownstate.model.document import (
-    ID_PATTERN,
-    MAX_BODY_BYTES,
-    MAX_KEYS,
-    MAX_VERSION,
-    USER_PATTERN,
-    WRITER_PATTERN,
-    Created,
-    Saved,
-    SeqTaken,
-    Snapshot,
-    VersionConflict,
-)
+from knownstate.model.contract import Rejected, Won
+from knownstate.model.document import (ID_PATTERN, MAX_BODY_BYTES, MAX_KEYS, MAX_VERSION,
+                                       USER_PATTERN, WRITER_PATTERN, Created, Saved, SeqTaken,
+                                       Snapshot, VersionConflict)
 
 from .reading import BadRequest, RequestReader, error
 from .store import DocumentStore, schema_sql
@@ -170,11 +160,15 @@ _STATUS_NAMES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"
                  413: "body_too_large", 415: "unsupported_media_type"}
 
 
-def _rejected(r: Rejected):
-    if r.reason.startswith("invalid: "):
-        return error(422, "invalid_content", r.reason.removeprefix("invalid: "))
-    status, message = _MESSAGES.get(r.reason, (400, r.reason))
-    return error(status, r.reason, message)
+def _won(out: Won | Rejected):
+    """The value of a store's success; a refusal becomes its 4xx (raised, answered in the one
+    format by the app's handler)."""
+    if not isinstance(out, Rejected):
+        return out.value
+    if out.reason.startswith("invalid: "):
+        raise BadRequest(422, "invalid_content", out.reason.removeprefix("invalid: "))
+    status, message = _MESSAGES.get(out.reason, (400, out.reason))
+    raise BadRequest(status, out.reason, message)
 
 
 def _seq_taken(t: SeqTaken):
@@ -188,11 +182,6 @@ def _seq_taken(t: SeqTaken):
 
 def _ok(body: dict, version: int, status: int = 200, **headers) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers={"ETag": f'"{version}"', **headers})
-
-
-def _unauthenticated():
-    return error(401, "unauthenticated",
-                 "name the user in one X-User header ([A-Za-z0-9_.@-]{1,64})")
 
 
 def _describe(errors) -> str:
@@ -254,7 +243,8 @@ _PATH = {"id": ("document id", ID_PATTERN), "user": ("user name", USER_PATTERN)}
 
 
 def _body_model(annotation) -> type[BaseModel] | None:
-    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    return annotation if is_model else None
 
 
 class BodyLimit:
@@ -350,16 +340,18 @@ def create_app(store: DocumentStore, *, max_body_bytes: int = MAX_BODY_BYTES,
               422: {"model": ErrorOut}, 503: {"model": ErrorOut}}
     writes = {403: {"model": ErrorOut}, 413: {"model": ErrorOut}, 415: {"model": ErrorOut}}
 
+    def user_of(request: Request) -> str:
+        """Who the request acts for (``X-User``, read strictly), or a 401."""
+        user = app.state.reader.user(request.headers)
+        if user is None:
+            raise BadRequest(401, "unauthenticated",
+                             "name the user in one X-User header ([A-Za-z0-9_.@-]{1,64})")
+        return user
+
     @app.get("/api/desk/files/{id}", responses={200: {"model": DocumentOut}, **common},
              response_model=None, summary="Read a document")
     def read_document(id: IdPath, request: Request, x_user: UserHeader = None):
-        user = app.state.reader.user(request.headers)
-        if user is None:
-            return _unauthenticated()
-        out = app.state.store.get(user, id)
-        if isinstance(out, Rejected):
-            return _rejected(out)
-        snap: Snapshot = out.value
+        snap: Snapshot = _won(app.state.store.get(user_of(request), id))
         return _ok({"id": snap.id, "kind": snap.kind, "schema": snap.schema,
                     "version": snap.version, "content": snap.content}, snap.version)
 
@@ -370,11 +362,8 @@ def create_app(store: DocumentStore, *, max_body_bytes: int = MAX_BODY_BYTES,
              response_model=None, summary="Save a document against its base version")
     def save_document(id: IdPath, body: SaveBody, request: Request, x_user: UserHeader = None,
                       if_match: IfMatchHeader = None):
-        reader: RequestReader = app.state.reader
-        user = reader.user(request.headers)
-        if user is None:
-            return _unauthenticated()
-        expected, tag = body.expectedVersion, reader.if_match(request.headers)
+        user = user_of(request)
+        expected, tag = body.expectedVersion, app.state.reader.if_match(request.headers)
         if tag is not None:
             if expected is not None and expected != tag.version:
                 raise BadRequest(400, "bad_request",
@@ -391,28 +380,22 @@ def create_app(store: DocumentStore, *, max_body_bytes: int = MAX_BODY_BYTES,
                          version=out.version, content=out.content)
         if isinstance(out, SeqTaken):
             return _seq_taken(out)
-        if isinstance(out, Rejected):
-            return _rejected(out)
-        saved: Saved = out.value
+        saved: Saved = _won(out)
         return _ok({"id": id, "version": saved.version, "replayed": saved.replayed}, saved.version)
 
     @app.post("/api/desk/files", status_code=201,
               responses={201: {"model": SavedOut}, 409: {"model": ErrorOut}, **writes, **common},
               response_model=None, summary="Create a document (or keep a local copy as a new one)")
     def create_document(body: CreateBody, request: Request, x_user: UserHeader = None):
-        user = app.state.reader.user(request.headers)
-        if user is None:
-            return _unauthenticated()
+        user = user_of(request)
         if body.copyOf is None and body.kind is None:
             return error(422, "invalid_request", 'name "copyOf", or "kind" and "schema"')
         if body.copyOf is not None and (body.kind is not None or body.schema_ is not None):
             return error(422, "invalid_request", '"copyOf" takes the kind and schema of the '
                                                  'original: do not send "kind" or "schema" with it')
-        out = app.state.store.create(user, body.writerId, body.saveSeq, body.content,
-                                     copy_of=body.copyOf, kind=body.kind, schema=body.schema_)
-        if isinstance(out, Rejected):
-            return _rejected(out)
-        c: Created = out.value
+        c: Created = _won(app.state.store.create(user, body.writerId, body.saveSeq, body.content,
+                                                 copy_of=body.copyOf, kind=body.kind,
+                                                 schema=body.schema_))
         return _ok({"id": c.id, "version": c.version, "replayed": c.replayed}, c.version,
                    status=200 if c.replayed else 201, Location=f"/api/desk/files/{c.id}")
 
@@ -424,37 +407,23 @@ def create_app(store: DocumentStore, *, max_body_bytes: int = MAX_BODY_BYTES,
              response_model=None, summary="Share a document: let a user read it, or write it")
     def share_document(id: IdPath, user: UserPath, body: ShareBody, request: Request,
                        x_user: UserHeader = None):
-        owner = app.state.reader.user(request.headers)
-        if owner is None:
-            return _unauthenticated()
-        out = app.state.store.share(owner, id, user, body.canWrite)
-        if isinstance(out, Rejected):
-            return _rejected(out)
-        return JSONResponse({"id": id, "user": user, "canWrite": out.value})
+        can_write = _won(app.state.store.share(user_of(request), id, user, body.canWrite))
+        return JSONResponse({"id": id, "user": user, "canWrite": can_write})
 
     @app.delete("/api/desk/files/{id}/acl/{user}",
                 responses={200: {"model": RevokedOut}, **owner_only}, response_model=None,
                 summary="Stop sharing a document with a user")
     def unshare_document(id: IdPath, user: UserPath, request: Request,
                          x_user: UserHeader = None):
-        owner = app.state.reader.user(request.headers)
-        if owner is None:
-            return _unauthenticated()
-        out = app.state.store.unshare(owner, id, user)
-        if isinstance(out, Rejected):
-            return _rejected(out)
-        return JSONResponse({"id": id, "user": user, "revoked": out.value})
+        revoked = _won(app.state.store.unshare(user_of(request), id, user))
+        return JSONResponse({"id": id, "user": user, "revoked": revoked})
 
     @app.get("/api/desk/files/{id}/acl", responses={200: {"model": AccessOut}, **owner_only},
              response_model=None, summary="Who may read (false) and write (true) a document")
     def access_list(id: IdPath, request: Request, x_user: UserHeader = None):
-        owner = app.state.reader.user(request.headers)
-        if owner is None:
-            return _unauthenticated()
-        out = app.state.store.access_list(owner, id)
-        if isinstance(out, Rejected):
-            return _rejected(out)
-        return JSONResponse({"id": id, "owner": owner, "access": out.value})
+        owner = user_of(request)
+        access = _won(app.state.store.access_list(owner, id))
+        return JSONResponse({"id": id, "owner": owner, "access": access})
 
     return app
 

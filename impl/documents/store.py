@@ -33,29 +33,11 @@ from psycopg_pool import ConnectionPool, NullConnectionPool
 from knownstate.impl import queries as named_queries
 from knownstate.impl.errors import boundary, is_connection_error
 from knownstate.model.contract import Rejected, Won
-from knownstate.model.document import (
-    FORBIDDEN,
-    KINDS,
-    NOT_FOUND,
-    NOT_OWNER,
-    OWNER_ACCESS,
-    PRECONDITION_REQUIRED,
-    CopyRequest,
-    Created,
-    DocView,
-    HistoryEntry,
-    Kind,
-    KindError,
-    Saved,
-    SaveRequest,
-    SeqTaken,
-    Snapshot,
-    VersionConflict,
-    create_fingerprint,
-    created_id,
-    kind_of,
-    save_fingerprint,
-)
+from knownstate.model.document import (FORBIDDEN, KINDS, NOT_FOUND, NOT_OWNER, OWNER_ACCESS,
+                                       PRECONDITION_REQUIRED, CopyRequest, Created, DocView,
+                                       HistoryEntry, Kind, KindError, Saved, SaveRequest,
+                                       SeqTaken, Snapshot, VersionConflict, create_fingerprint,
+                                       created_id, kind_of, new_document, save_fingerprint)
 
 Q = named_queries.load("documents.sql")
 
@@ -117,9 +99,7 @@ class DocumentStore:
     # -- administration -------------------------------------------------------------------
     def seed(self, doc_id: str, kind: str, schema: Mapping, content: Mapping, owner: str,
              share: Mapping[str, bool] | None = None) -> None:
-        k = self.kind(kind)
-        schema = k.validate_schema(schema)
-        k.validate_content(schema, content)
+        schema = new_document(kind, schema, content, self.kinds)
         with boundary("seed document"), self._connect() as conn, conn.transaction():
             conn.execute(self.q["seed"], {"id": doc_id, "kind": kind, "schema": Jsonb(schema),
                                           "content": Jsonb(dict(content)), "owner": owner})
@@ -267,9 +247,7 @@ class DocumentStore:
                     return NOT_FOUND
                 kind, schema = row[0], row[1]
             try:
-                k = self.kind(kind or "")
-                schema = k.validate_schema(schema)
-                k.validate_content(schema, content)
+                schema = new_document(kind, schema, content, self.kinds)
             except KindError as e:
                 return Rejected(f"invalid: {e}")
             new_id = created_id(user, writer_id, seq)
