@@ -921,10 +921,20 @@ def documents_lines(r: dict) -> list[str]:
         f"validation, JSON, psycopg), the clients {u['bench']:.0f} us, PostgreSQL "
         f"{u['postgres']:.0f} us",
         f"  (two statements, against {c['cpu_us_per_op']['postgres']:.0f} us for the ceiling's "
-        "one). The app's Python is the largest share: a save spends more CPU in the",
-        "  HTTP stack than in the database, and the database's commit rate is not the bound.",
+        f"one). The largest share is {_largest(u)}; the",
+        f"  machine's other load took {u['others']:.0f} us per save in the same windows. "
+        + ("The database's commit rate is not the bound: the ceiling is "
+           f"{c['per_second'] / d['per_second']:.0f}x the saves." if d["per_second"]
+           and c["per_second"] > 5 * d["per_second"] else
+           "The saves come close to the ceiling: the database's commit rate is near the bound."),
     ]
     return lines
+
+
+def _largest(u: dict) -> str:
+    shares = {"the document server's Python": u.get("app", 0.0), "the clients": u["bench"],
+              "PostgreSQL": u["postgres"]}
+    return max(shares, key=shares.get)
 
 
 # ---------------------------------------------------------------------------------------

@@ -176,6 +176,7 @@ class ReplayCheck(KindCheck):
     def start_example(self) -> None:
         super().start_example()
         self.worlds = [Candidate(self.model)]
+        self.before_step = self.worlds
         self.divergence: str | None = None
         self.step_exchanges: list[Exchange] = []
 
@@ -189,6 +190,7 @@ class ReplayCheck(KindCheck):
         the implementation did (answers, requests, outcome)."""
         self.stats.steps += 1
         self.recorder.take()
+        self.before_step = self.worlds
         with fault if fault is not None else contextlib.nullcontext("") as tag:
             real = outcome(lambda: script(self.real_side()), self.domain_errors)
         exchanges = self.recorder.take()
@@ -291,6 +293,10 @@ class ReplayCheck(KindCheck):
                 + ("" if len(self.worlds) == 1 else
                    f"\n  (none of the {len(self.worlds)} possible worlds matched)"))
             violations = self.judge(real, w.model, exchanges)
+            if not violations and self.before_step is not self.worlds:
+                # what the model can no longer follow, judged against the last world both agreed
+                # on (its ledger knows which edits nothing had covered yet)
+                violations = self.judge(real, self.before_step[0].model, exchanges)
             if violations:
                 self.fail("invariant violated: " + "; ".join(map(str, violations))
                           + "\n(" + why + ")")

@@ -35,6 +35,7 @@ def test_reference_passes_a_small_run(document_env):
 
 @slow
 @pytest.mark.parametrize("name", ["server-ignores-base-version", "success-wipes-pending-edit",
+                                  "reused-save-seq-applied", "trailing-slash-redirects",
                                   "draft-key-without-writer"])
 def test_mutant_is_caught_with_a_short_counterexample(document_env, name):
     mutant = next(m for m in MUTANTS if m.name == name)

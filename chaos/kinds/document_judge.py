@@ -178,7 +178,7 @@ def receipt_answers(query, exchanges: list[Exchange]) -> list[Violation]:
 class ReadsApplied:
     """The stale-read guard, judged from outside: a tab that applied a read in a step (and
     adopted nothing) ends it with a base no older than it had before, and no older than any
-    copy of the document it was sent in the step."""
+    version it was told in the step (a copy it was sent, a save of its that landed)."""
 
     def __init__(self) -> None:
         self.bases: dict[str, tuple[str, int, int]] = {}
@@ -194,9 +194,12 @@ class ReadsApplied:
             events = {e for _, e, _ in t.transitions[prev[1]:]}
             if not events & {"reloaded", "discard_reloaded"} or "adopt" in events:
                 continue
+            # every version the tab was told in the step: reads it was sent, saves that landed
             seen = [a.value.version for s, r, a in exchanges
-                    if s == slot and isinstance(r, ReadRequest) and r.purpose != "load"
-                    and isinstance(a, Won) and isinstance(a.value, Snapshot)]
+                    if s == slot and isinstance(a, Won) and (
+                        isinstance(r, ReadRequest) and r.purpose != "load"
+                        and isinstance(a.value, Snapshot)
+                        or isinstance(r, SaveRequest) and isinstance(a.value, Saved))]
             newest = max([prev[2], *seen])
             if t.base_version < newest:
                 out.append(Violation("no-stale-read-applied",

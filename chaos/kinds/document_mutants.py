@@ -61,7 +61,7 @@ class _ReloadClearsFirst(Session):
     def begin_read(self, purpose="refresh"):
         req = super().begin_read(purpose)
         if purpose == "replace":
-            self.local, self.unconfirmed = dict(self.base_content), None
+            self.local = dict(self.base_content)
             self._delete_draft()
         return req
 

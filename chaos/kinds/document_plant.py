@@ -171,6 +171,9 @@ class ModelSide:
     def crash(self, slot: str) -> None:
         self.m.crash_tab(slot)
 
+    def offline(self, slot: str):
+        return contextlib.nullcontext("")   # the recording says what the network did
+
     def server_write(self, patch):
         return self.m.server_write(DOC, patch)
 
@@ -197,6 +200,10 @@ class RealSide:
 
     def crash(self, slot: str) -> None:
         del self.check.sessions[slot]
+
+    def offline(self, slot: str):
+        """The tab's link is down inside the block (its requests never reach the server)."""
+        return self.check._net(slot, "offline")
 
     def server_write(self, patch):
         return self.check.observer.server_write(DOC, patch)

@@ -74,6 +74,10 @@ from .document_requests import HOSTILE, REQUEST_INVARIANTS, Hostile, judge
 NETS = ("ok",) * 6 + ("offline", "answer lost")                      # for a step that reads
 NETS_WRITE = ("ok",) * 3 + ("offline", "answer lost", "answer lost")  # for a step that may write
 NETS_COPY = ("ok", "offline", "answer lost")                          # for keeping a copy
+REUSE = "a save identity reused for other content"
+BUDGET = {"other client": 2, "impostor": 1, "reopen": 1}
+"""Steps per example for the rules that are not the session's own work: they share the example
+with it, and the vacuity rule wants the session's every transition in a CI-size run."""
 FAULT_STEPS = 4  # a link fault heals by itself after this many operations (work keeps flowing)
 DEBOUNCE = 1.0
 
@@ -132,6 +136,7 @@ class DocumentSessionCheck(ReplayCheck):
         self.drafts_failing = False
         self.fault_age = 0
         self.hostile_n = 0
+        self.budget = dict(BUDGET)
         self.refusals: list = []   # the verdict on a hostile request, judged after its step
         plant.recorder.take()
 
@@ -331,6 +336,33 @@ class DocumentSessionCheck(ReplayCheck):
         of the user's other writers are offered as siblings)."""
         self._open(self._pick(data, self._free_slots()), fresh, net)
 
+    def _reopenable(self) -> list[str]:
+        return [slot for slot in self._slots(State.CLEAN) if self.sessions[slot].next_seq > 1]
+
+    @precondition(lambda self: self._reopenable() and self.budget["reopen"])
+    @rule(data=st.data())
+    def reopen_without_draft(self, data) -> None:
+        """A tab that saved closes clean, and its writer opens the document again: no draft is
+        left, so it counts its saves from 1 again. Its next save reuses an identity that saved:
+        the server says so (409 save_seq_taken) and the tab goes on under a fresh seq."""
+        slot = self._pick(data, self._reopenable())
+        self.budget["reopen"] -= 1
+        user, writer = SLOTS[slot], self.sessions[slot].writer_id
+        patch, now = self._patch(slot, "title"), self.clock
+        self.clock += DEBOUNCE
+        later = self.clock
+
+        def script(side):
+            side.tab(slot).close()
+            t = side.open(slot, user, writer)
+            req = t.begin_read("load")
+            t.finish_read(req, side.send(slot, req))
+            t.edit(patch, now)
+            return t.tick(later)
+
+        self._run(f"close {slot} and open it again (writer {writer}, no draft), edit "
+                  f"{_fmt_patch(patch)}, then wait {DEBOUNCE}s", script)
+
     @precondition(lambda self: self._slots(State.LOADING))
     @rule(data=st.data(), give_up=st.sampled_from([False, False, True]), net=st.sampled_from(NETS))
     def load(self, data, give_up: bool, net: str) -> None:
@@ -409,6 +441,19 @@ class DocumentSessionCheck(ReplayCheck):
         fetches first and replaces the local state only once the fetch succeeded."""
         slot = self._pick(data, self._slots(*self.PENDING))
         self._discard(slot, reload, net)
+
+    @precondition(lambda self: self._slots(State.OFFLINE))
+    @rule(data=st.data(), how=st.sampled_from(["discard", "discard and reload", "close", "discard"]),
+          net=st.sampled_from(NETS_WRITE))
+    def leave_offline_work(self, data, how: str, net: str) -> None:
+        """While a tab waits to retry a save, the user leaves its work: discards it (the retry is
+        dropped, not the server's copy), discards and reloads (offline, nothing changes), or
+        closes the tab (the close flushes; what the server does not take is parked)."""
+        slot = self._pick(data, self._slots(State.OFFLINE))
+        if how == "close":
+            self._run(f"close {slot}", lambda side: side.tab(slot).close(), (slot, net))
+        else:
+            self._discard(slot, how.endswith("reload"), net)
 
     def _discard(self, slot: str, reload: bool, net: str) -> None:
         if not reload:
@@ -565,11 +610,19 @@ class DocumentSessionCheck(ReplayCheck):
     def _version(self) -> int:
         return self.worlds[0].model.server.docs[DOC].version
 
-    @precondition(lambda self: self._server_calm())
-    @rule(case=st.sampled_from(HOSTILE))
-    def hostile_request(self, case: Hostile) -> None:
+    @precondition(lambda self: self._server_calm() and self.budget["other client"])
+    @rule(case=st.sampled_from((*HOSTILE, REUSE)))
+    def other_client(self, case: Hostile | str) -> None:
         """A client that is not a session sends a request the contract refuses (a lenient server
-        would apply it: it carries the current base and a fresh save identity)."""
+        would apply it: it carries the current base and a fresh save identity), or reuses a save
+        identity (one rule for all of them: they share one rule's share of the steps)."""
+        self.budget["other client"] -= 1
+        if case == REUSE:
+            self._reused_save_seq()
+        else:
+            self._hostile_request(case)
+
+    def _hostile_request(self, case: Hostile) -> None:
         self.stats.steps += 1
         self.hostile_n += 1
         writer = f"hostile-{self.hostile_n}"
@@ -589,26 +642,35 @@ class DocumentSessionCheck(ReplayCheck):
         if not self.refusals:
             self.event("hostile request refused")
 
-    def _unanswered(self) -> list[tuple[str, SaveRequest]]:
-        return [(slot, s.unconfirmed) for slot, s in self.sessions.items()
-                if SLOTS[slot] == "alice" and s.state is State.OFFLINE
-                and s.unconfirmed is not None]
+    def _alice_pending(self) -> list[str]:
+        return [slot for slot in self._slots(*self.PENDING) if SLOTS[slot] == "alice"]
 
-    @precondition(lambda self: self._server_calm() and self._unanswered())
+    @precondition(lambda self: self._server_calm() and self._alice_pending()
+                  and self.budget["impostor"])
     @rule(data=st.data())
     def impostor_save(self, data) -> None:
-        """Another user's client saves under the writer id and seq of an alice tab's unanswered
-        save: it is his own save, and must leave hers (and its receipt) alone."""
-        slot, mine = data.draw(st.sampled_from(self._unanswered()), label="unanswered save")
+        """An alice tab saves while offline (the request never arrives); bob's client then
+        saves under that tab's writer id and seq, and the tab retries: bob's save is his own,
+        and must neither answer nor replace her receipt — her retry is answered as if bob had
+        saved under another id."""
+        slot = self._pick(data, self._alice_pending())
+        self.budget["impostor"] -= 1
         self.edits += 1
-        bob = SaveRequest(DOC, "bob", mine.writer_id, mine.seq, self._version(),
-                          {"title": f"bob.{self.edits}"}, 0)
-        self._run(f"bob's client saves as writer {mine.writer_id}#{mine.seq} (the id of {slot}'s "
-                  "unanswered save)", lambda side: side.send(CLIENT, bob))
+        base, title, now = self._version(), f"bob.{self.edits}", self.clock
 
-    @precondition(lambda self: self._server_calm())
-    @rule()
-    def reused_save_seq(self) -> None:
+        def script(side):
+            t = side.tab(slot)
+            with side.offline(slot):
+                req = t.begin_save(now)
+                t.finish_save(req, side.send(slot, req))
+            side.send(CLIENT, SaveRequest(DOC, "bob", req.writer_id, req.seq, base,
+                                          {"title": title}, 0))
+            return t.tick(now)   # the retry is due at once
+
+        self._run(f"{slot} saves offline; bob's client saves as its writer and seq; {slot} "
+                  "retries", script)
+
+    def _reused_save_seq(self) -> None:
         """A client saves, then sends other content under the same (writerId, saveSeq): a save
         identity names one save, so the second is refused, naming the first's receipt."""
         self.hostile_n += 1
@@ -633,18 +695,27 @@ class DocumentSessionCheck(ReplayCheck):
         patch = {attr: {"title": f"ai.{k}", "qty": 1000 + k, "done": k % 2 == 0}[attr]}
         self._run(f"server-side write {_fmt_patch(patch)}", lambda side: side.server_write(patch))
 
-    @precondition(lambda self: self.drafts_failing or (self.calm() and self._slots(*self.EDITABLE)))
+    @precondition(lambda self: self.drafts_failing
+                  or (self.calm() and self._slots(*self.EDITABLE)))
     @rule()
     def fault_drafts(self) -> None:
         """The draft store starts refusing writes and deletes (quota, full disk, private mode), or
-        works again."""
+        works again — and then the user goes on typing in a tab that showed the failure (the
+        first one): its next write retries, and the status must come back."""
         self.drafts_failing = self.drafts.fail_writes = not self.drafts_failing
         for w in self.worlds:
             w.model.set_drafts_failing(self.drafts_failing)
         if self.drafts_failing:
             self.fault("draft-store", "the draft store starts failing")
-        else:
-            self.log("the draft store works again")
+            return
+        self.log("the draft store works again")
+        failing = [slot for slot in self._slots(*self.EDITABLE)
+                   if self.sessions[slot].draft_status == "failing"]
+        if failing:
+            slot, now = failing[0], self.clock
+            patch = self._patch(slot, "title")
+            self._run(f"edit {slot} {_fmt_patch(patch)}",
+                      lambda side: side.tab(slot).edit(patch, now))
 
 
 def _fmt_patch(patch: dict) -> str:
