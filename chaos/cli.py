@@ -526,6 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(sub)
     from . import soak; soak.add_parser(sub)  # noqa: E702
     from . import scaffold; scaffold.add_parser(sub)  # noqa: E702
+    from . import serve; serve.add_parser(sub)  # noqa: E702
     return p
 
 

@@ -46,7 +46,7 @@ def test_cli_defaults_and_sub_commands():
     assert (a.workers, a.seconds, a.batch, a.effect, a.durability, a.peers, a.func) == (
         4, 10.0, (1, 10, 100), "noop", "fsync", (), bench.run_outbox)
     a = parser().parse_args(["bench", "documents"])
-    assert (a.clients, a.seconds, a.func) == (8, 10.0, bench.run_documents)
+    assert (a.clients, a.seconds, a.rate, a.func) == (8, 10.0, None, bench.run_documents)
     a = parser().parse_args(["bench", "outbox", "--workers", "2", "--seconds", "1.5",
                              "--batch", "3,30", "--effect", "both", "--durability", "no-fsync",
                              "--peers", "procrastinate,pgqueuer"])
@@ -86,6 +86,10 @@ def test_bounds_are_checked_before_anything_starts():
         bench.bench_outbox(workers=1, seconds=1, peers=("celery",))
     with pytest.raises(ValueError, match="--clients"):
         bench.bench_documents(clients=bench.MAX_LOOPS + 1, seconds=1)
+    with pytest.raises(ValueError, match="--rate"):
+        bench.bench_documents(clients=1, seconds=1, rate=0)
+    with pytest.raises(SystemExit):
+        parser().parse_args(["bench", "documents", "--rate", "fast"])
 
 
 def positive(*values) -> bool:
@@ -150,19 +154,24 @@ def test_a_peer_not_installed_is_one_line_not_a_traceback(monkeypatch, capsys):
 @pytest.mark.slow
 def test_bench_documents_reports_throughput_latency_and_ratio(monkeypatch, capsys):
     before = children()
-    r = bench.bench_documents(clients=2, seconds=1)
+    r = bench.bench_documents(clients=2, seconds=1, rate=50)
     assert children() <= before, "the document server process outlived the bench"
     d = r["documents"]
-    assert positive(r["ceiling"]["per_second"], d["per_second"], d["count"], d["ratio"], d["p50_ms"], d["p99_ms"])
+    assert positive(r["ceiling"]["per_second"], d["per_second"], d["count"], d["ratio"],
+                    d["p50_ms"], d["p99_ms"])
     assert d["p50_ms"] <= d["p99_ms"]
-    assert d["conflicts"] == 0 and d["errors"] == 0  # one document per client: nothing to conflict with
-    assert positive(r["connect_ms"], r["fresh_read_server_ms"])
+    assert d["conflicts"] == 0 and d["errors"] == 0  # one document per client: nothing to conflict
+    o = r["open_loop"]                               # 50 PUT/s for 1 s, every one answered
+    assert (o["requests"], o["saves"], o["errors"], o["conflicts"]) == (50, 50, 0, 0)
+    assert 0 < o["p50_ms"] <= o["p99_ms"] <= o["max_ms"]
 
     monkeypatch.setattr(bench, "bench_documents", lambda *a, **k: r)
-    args = parser().parse_args(["bench", "documents", "--clients", "2", "--seconds", "1"])
-    assert args.func(args) == 0
+    args = parser().parse_args(["bench", "documents", "--clients", "2", "--seconds", "1",
+                                "--rate", "50"])
+    assert args.rate == 50.0 and args.func(args) == 0
     out = capsys.readouterr().out
     assert "ratio documents = " in out and "PUT/s" in out and "p50" in out and "p99" in out
+    assert "PUT latency at 50/s" in out and "what limits it" in out
 
 
 # -- the loop the outbox bench measures ------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from knownstate.model.contract import CREATED, IllegalTransition, LostRace, Rejected, Won
 from knownstate.model.document import (
     INVARIANTS,
+    SeqTaken,
     RECORD,
     SHEET,
     TABLE,
@@ -49,13 +51,23 @@ def world_with(m: DocumentModel) -> list:
 def open_tab(m: DocumentModel, tab="t1", user="alice", doc="r1", kind="record", writer=None):
     t = m.open_tab(tab, user, doc, kind, writer or f"w-{tab}")
     req = t.begin_read("load")
-    assert isinstance(m.finish_read(tab, req, m.deliver(req)), Won)
+    assert isinstance(m.tabs[tab].finish_read(req, m.deliver(req)), Won)
     return t
 
 
 def save(m: DocumentModel, tab: str, answer=None):
     req = m.tabs[tab].begin_save()
-    return m.finish_save(tab, req, m.deliver(req) if answer is None else answer)
+    return m.tabs[tab].finish_save(req, m.deliver(req) if answer is None else answer)
+
+
+@contextlib.contextmanager
+def network(tab, send):
+    """The tab's requests go through ``send`` inside the block (its port, swapped)."""
+    before, tab.send = tab.send, send
+    try:
+        yield tab
+    finally:
+        tab.send = before
 
 
 @pytest.fixture
@@ -115,7 +127,8 @@ def test_spec_diagram_is_the_session_table():
 def test_invariant_names_are_stable():
     assert sorted(INVARIANTS) == sorted([
         "save-carries-base-version", "unsaved-work-in-one-place", "conflict-resolved-by-user",
-        "close-flushes-never-drops", "no-edit-lost-silently", "no-stale-save-accepted", "no-last-write-wins"])
+        "close-flushes-never-drops", "no-edit-lost-silently", "no-stale-save-accepted",
+        "no-last-write-wins", "one-version-per-save"])
 
 
 # -- kinds -------------------------------------------------------------------------------------
@@ -152,6 +165,8 @@ def test_sheet_does_not_merge():
     (SHEET, SHEET_SCHEMA, {"D1": 1}, "outside the sheet"),
     (SHEET, SHEET_SCHEMA, {"A11": 1}, "outside the sheet"),
     (SHEET, SHEET_SCHEMA, {"a1": 1}, "unknown cell id"),
+    (SHEET, SHEET_SCHEMA, {"A1\n": 1}, "unknown cell id"),  # in full: no "$" before "\n"
+    (SHEET, SHEET_SCHEMA, {"A1 ": 1}, "unknown cell id"),
     (SHEET, SHEET_SCHEMA, {"A1": True}, "must be a number"),
     (SHEET, SHEET_SCHEMA, {"A1": 2**60}, "out of range"),
 ])
@@ -172,8 +187,14 @@ def test_server_cas_replay_and_authorization(m):
     assert (stale.version, stale.content) == (2, {"title": "b"})
     # the retry of the applied save: the original success, not a conflict against itself
     assert s.put("alice", "r1", 1, {"title": "b"}, "w1", 1) == Won(Saved(2, replayed=True))
-    # same (writer, seq) but another request: a conflict
-    assert isinstance(s.put("alice", "r1", 1, {"title": "z"}, "w1", 1), VersionConflict)
+    # the same (writer, seq) with other content: refused, naming the receipt, whatever the base
+    for base in (1, 2):
+        assert s.put("alice", "r1", base, {"title": "z"}, "w1", 1) == SeqTaken(
+            "save_seq_taken", "w1", 1, 2, 1)
+    # another user's identity is another identity: bob's w1#1 is his own save
+    assert s.put("bob", "r1", 2, {"title": "c"}, "w1", 1) == Won(Saved(3))
+    assert s.put("alice", "r1", 1, {"title": "b"}, "w1", 1) == Won(Saved(2, replayed=True))
+    s.docs["r1"].version, s.docs["r1"].history = 2, s.docs["r1"].history[:2]  # back to v2
     assert s.put("alice", "r1", None, {"title": "b"}, "w1", 2) == Rejected("precondition_required")
     # authorization before any version check
     assert s.put("dave", "r1", None, {"title": "b"}, "w3", 1) == Rejected("not_found")
@@ -181,6 +202,20 @@ def test_server_cas_replay_and_authorization(m):
     assert s.put("carol", "r1", 1, {"title": "b"}, "w3", 1) == Rejected("forbidden")
     assert s.get("dave", "r1") == Rejected("not_found")
     assert s.docs["r1"].version == 2
+
+
+def test_only_the_owner_shares(m):
+    s = m.server
+    assert s.share("alice", "r1", "erin", False) == Won(False) and s.docs["r1"].acl["erin"] is False
+    assert s.get("erin", "r1").value.version == 1
+    assert s.share("bob", "r1", "erin", True) == Rejected("not_owner")
+    assert s.share("dave", "r1", "erin", True) == Rejected("not_found")
+    assert s.share("alice", "r1", "alice", False) == Rejected("owner_access")
+    assert s.access_list("alice", "r1") == Won({"alice": True, "bob": True, "carol": False,
+                                                "erin": False})
+    assert s.unshare("alice", "r1", "erin") == Won(True) and s.get("erin", "r1") == Rejected(
+        "not_found")
+    assert s.unshare("alice", "r1", "erin") == Won(False)
 
 
 def test_server_create_is_idempotent(m):
@@ -197,10 +232,10 @@ def test_server_create_is_idempotent(m):
 
 def test_edit_during_in_flight_save_stays_pending(m):
     t = open_tab(m)
-    m.edit("t1", {"title": "one"}, now=0)
+    m.tabs["t1"].edit({"title": "one"}, now=0)
     req = t.begin_save()
-    m.edit("t1", {"qty": 5}, now=0.5)                       # typed while the save is in flight
-    assert m.finish_save("t1", req, m.deliver(req)) == Won(Saved(2))
+    m.tabs["t1"].edit({"qty": 5}, now=0.5)                       # typed while the save is in flight
+    assert m.tabs["t1"].finish_save(req, m.deliver(req)) == Won(Saved(2))
     assert t.state is State.DIRTY and t.local == {"title": "one", "qty": 5}
     assert m.drafts.read(t.key)["content"] == {"title": "one", "qty": 5}
     assert world_with(m) == []
@@ -212,24 +247,24 @@ def test_edit_during_in_flight_save_stays_pending(m):
 
 def test_lost_response_is_retried_unchanged_and_answered_from_the_receipt(m):
     t = open_tab(m)
-    m.edit("t1", {"title": "one"}, now=0)
+    m.tabs["t1"].edit({"title": "one"}, now=0)
     req = t.begin_save()
     m.deliver(req)                                          # applied ...
-    m.finish_save("t1", req, LOST)                          # ... but the answer was lost
+    m.tabs["t1"].finish_save(req, LOST)                          # ... but the answer was lost
     assert t.state is State.OFFLINE and t.local == {"title": "one"}
     assert m.drafts.read(t.key)["inflight"]["seq"] == req.seq
     m.server_write("r1", {"qty": 9})                        # someone else writes meanwhile
     retry = t.begin_save()
     assert retry == req
-    assert m.finish_save("t1", retry, m.deliver(retry)) == Won(Saved(2, replayed=True))
+    assert m.tabs["t1"].finish_save(retry, m.deliver(retry)) == Won(Saved(2, replayed=True))
     assert t.state is State.CLEAN and t.counters["idempotent_replays"] == 1
     assert world_with(m) == []
 
 
 def test_conflict_is_explicit_and_rebase_merges_records(m):
     a, b = open_tab(m, "a", "alice"), open_tab(m, "b", "bob")
-    m.edit("a", {"title": "A"}, 0)
-    m.edit("b", {"qty": 3}, 0)
+    m.tabs["a"].edit({"title": "A"}, 0)
+    m.tabs["b"].edit({"qty": 3}, 0)
     save(m, "a")
     out = save(m, "b")
     assert isinstance(out, VersionConflict) and b.state is State.CONFLICT
@@ -237,7 +272,7 @@ def test_conflict_is_explicit_and_rebase_merges_records(m):
     assert world_with(m) == []
     with pytest.raises(IllegalTransition):
         b.begin_save()                                            # no save from conflict
-    m.rebase("b", prefer_local)
+    m.tabs["b"].rebase(prefer_local)
     assert b.state is State.DIRTY and b.local == {"title": "A", "qty": 3} and b.base_version == 2
     save(m, "b")
     assert m.server.docs["r1"].content == {"title": "A", "qty": 3}
@@ -246,15 +281,15 @@ def test_conflict_is_explicit_and_rebase_merges_records(m):
 
 def test_sheet_conflict_keeps_a_copy(m):
     a, b = open_tab(m, "a", doc="s1", kind="sheet"), open_tab(m, "b", doc="s1", kind="sheet")
-    m.edit("a", {"A1": 2}, 0)
-    m.edit("b", {"B2": "=A1*2"}, 0)
+    m.tabs["a"].edit({"A1": 2}, 0)
+    m.tabs["b"].edit({"B2": "=A1*2"}, 0)
     save(m, "a")
     save(m, "b")
     with pytest.raises(MergeUnsupported):
         b.rebase(prefer_local)
     assert b.state is State.CONFLICT
     req = b.begin_copy()
-    out = m.finish_copy("b", req, m.deliver(req))
+    out = m.tabs["b"].finish_copy(req, m.deliver(req))
     assert b.state is State.CLEAN and b.local == {"A1": 2}
     assert m.server.docs[out.value.id].content == {"A1": 1, "B2": "=A1*2"}
     assert world_with(m) == []
@@ -267,34 +302,35 @@ def test_stale_reads_are_dropped(m):
     m.server_write("r1", {"qty": 1})
     r2 = t.begin_read()
     a2 = m.deliver(r2)
-    assert m.finish_read("t1", r2, a2) == Won("clean") and t.base_version == 2
-    assert m.finish_read("t1", r1, a1).reason == "out_of_order"
+    assert m.tabs["t1"].finish_read(r2, a2) == Won("clean") and t.base_version == 2
+    assert m.tabs["t1"].finish_read(r1, a1).reason == "out_of_order"
     assert t.base_version == 2 and t.local == {"title": "a", "qty": 1}
     r3 = t.begin_read()
     a3 = m.deliver(r3)
-    m.edit("t1", {"title": "mine"}, 0)
-    assert m.finish_read("t1", r3, a3).reason == "raced_local_edit"
+    m.tabs["t1"].edit({"title": "mine"}, 0)
+    assert m.tabs["t1"].finish_read(r3, a3).reason == "raced_local_edit"
     assert t.local["title"] == "mine" and t.counters["stale_reads_dropped"] == 2
 
 
 def test_discard_and_reload_offline_keeps_local_state(m):
     t = open_tab(m)
-    m.edit("t1", {"title": "mine"}, 0)
+    m.tabs["t1"].edit({"title": "mine"}, 0)
     req = t.begin_read("replace")
-    assert m.finish_read("t1", req, LOST) == LOST
+    assert m.tabs["t1"].finish_read(req, LOST) == LOST
     assert t.state is State.DIRTY and t.local == {"title": "mine"} and m.drafts.read(t.key) is not None
     req = t.begin_read("replace")
-    assert m.finish_read("t1", req, m.deliver(req)) == Won("clean")
+    assert m.tabs["t1"].finish_read(req, m.deliver(req)) == Won("clean")
     assert t.local == {"title": "a"} and m.drafts.read(t.key) is None and m.ledger().unsaved == {}
 
 
 def test_close_flushes_or_parks_never_drops(m):
     t = open_tab(m)
-    m.edit("t1", {"title": "x"}, 0)
-    assert m.close("t1").flushed and m.server.docs["r1"].content == {"title": "x"}
+    m.tabs["t1"].edit({"title": "x"}, 0)
+    assert m.tabs["t1"].close().flushed and m.server.docs["r1"].content == {"title": "x"}
     t2 = open_tab(m, "t2")
-    m.edit("t2", {"title": "y"}, 0)
-    res = m.close("t2", deliver=lambda r: LOST)
+    m.tabs["t2"].edit({"title": "y"}, 0)
+    with network(m.tabs["t2"], lambda r: LOST):
+        res = m.tabs["t2"].close()
     assert res.parked_in_draft and t2.state is State.CLOSED
     assert m.drafts.read(t2.key)["content"] == {"title": "y"}
     assert world_with(m) == []
@@ -308,31 +344,33 @@ def test_close_flushes_or_parks_never_drops(m):
 def test_close_refuses_when_nothing_durable_holds_the_edit(m):
     t = open_tab(m)
     m.set_drafts_failing(True)
-    m.edit("t1", {"title": "x"}, 0)
+    m.tabs["t1"].edit({"title": "x"}, 0)
     assert t.draft_status == "failing"
     with pytest.raises(UnsavedWork):
-        m.close("t1", deliver=lambda r: LOST)
+        with network(m.tabs["t1"], lambda r: LOST):
+            m.tabs["t1"].close()
     assert t.state is State.OFFLINE and t.local == {"title": "x"}
     m.set_drafts_failing(False)
-    assert m.close("t1", deliver=lambda r: LOST).parked_in_draft
+    with network(m.tabs["t1"], lambda r: LOST):
+        assert m.tabs["t1"].close().parked_in_draft
     assert t.draft_status == "ok" and t.counters["draft_recoveries"] == 1
 
 
 def test_siblings_are_offered_not_applied(m):
     t = open_tab(m, "t1")
-    m.edit("t1", {"title": "draft of t1"}, 0)
+    m.tabs["t1"].edit({"title": "draft of t1"}, 0)
     m.crash_tab("t1")
     t2 = open_tab(m, "t2")                                         # another writer, same user
     assert t2.state is State.CLEAN and t2.local == {"title": "a"}
     assert [d["writerId"] for d in t2.siblings] == ["w-t1"]
     assert world_with(m) == []
-    assert m.adopt("t2", "w-t1") == Won("w-t1")
+    assert m.tabs["t2"].adopt("w-t1") == Won("w-t1")
     assert t2.local == {"title": "draft of t1"} and t2.state is State.DIRTY
     assert m.drafts.read(draft_key("record", "alice", "r1", "w-t1")) is None
     assert world_with(m) == []
     t3 = open_tab(m, "t3")
     assert [d["writerId"] for d in t3.siblings] == ["w-t2"]
-    assert m.discard_sibling("t3", "w-t2") == Won("w-t2")
+    assert m.tabs["t3"].discard_sibling("w-t2") == Won("w-t2")
 
 
 # -- the invariants catch what they name -------------------------------------------------------
@@ -405,6 +443,37 @@ def test_last_write_wins_by_a_close_from_conflict_is_caught():
     assert check_invariants(expected, Ledger({}), expected=expected) == []
 
 
+def test_record_schema_ids_are_matched_in_full():
+    for attr in ("title\n", "title ", "Title"):
+        with pytest.raises(KindError, match="attribute id"):
+            RECORD.validate_schema({"attributes": {attr: "text"}})
+
+
+def test_a_save_identity_applied_twice_is_caught():
+    history = [HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "alice", "w1", 3),
+               HistoryEntry(3, 2, "alice", "w1", 3), HistoryEntry(4, 3, "bob", "w1", 3)]
+    w = World(_doc(history), {}, {})
+    violations = check_invariants(w, Ledger({}))
+    assert _names(violations) == {"one-version-per-save"} and len(violations) == 1
+    assert "w1#3" in str(violations[0]) and "v2 and v3" in str(violations[0])
+
+
+def test_a_writer_reopened_without_its_draft_goes_on_with_a_fresh_seq(m):
+    t = open_tab(m, writer="w1")
+    m.tabs["t1"].edit({"title": "one"}, now=0)
+    assert save(m, "t1") == Won(Saved(2))
+    m.tabs["t1"].close()
+    t = open_tab(m, writer="w1")                 # the same writer again, its draft long gone
+    assert t.next_seq == 1
+    m.tabs["t1"].edit({"title": "two"}, now=0)
+    taken = save(m, "t1")
+    assert taken == SeqTaken("save_seq_taken", "w1", 1, 2, 1)
+    assert t.state is State.DIRTY and t.next_seq == 2 and t.local == {"title": "two"}
+    assert t.transitions[-1] == ("saving", "seq_taken", "dirty")
+    assert save(m, "t1") == Won(Saved(3)) and t.state is State.CLEAN
+    assert world_with(m) == []
+
+
 def test_save_without_base_is_caught():
     from knownstate.model.document import SaveRequest
     w = World(_doc([HistoryEntry(1, 0, "a")]), {}, {})
@@ -438,15 +507,15 @@ class ModelWalk(RuleBasedStateMachine):
         self.n += 1
         tab = f"t{self.n}"
         self.m.open_tab(tab, user, "r1", "record", writer)
-        req = self.m.begin_read(tab, "load")
-        self.m.finish_read(tab, req, self.m.deliver(req) if online else LOST)
+        req = self.m.tabs[tab].begin_read("load")
+        self.m.tabs[tab].finish_read(req, self.m.deliver(req) if online else LOST)
 
     @precondition(lambda self: any(t.state is State.LOADING for t in self.m.tabs.values()))
     @rule(data=st.data())
     def load_again(self, data):
         tab = data.draw(st.sampled_from(sorted(k for k, t in self.m.tabs.items() if t.state is State.LOADING)))
-        req = self.m.begin_read(tab, "load")
-        self.m.finish_read(tab, req, self.m.deliver(req))
+        req = self.m.tabs[tab].begin_read("load")
+        self.m.tabs[tab].finish_read(req, self.m.deliver(req))
 
     @precondition(lambda self: self._live())
     @rule(data=st.data(), attr=st.sampled_from(["title", "qty"]), v=st.integers(0, 3))
@@ -455,7 +524,7 @@ class ModelWalk(RuleBasedStateMachine):
         t = self.m.tabs[tab]
         if t.state in (State.LOADING, State.COPYING):
             return
-        self.m.edit(tab, {attr: f"v{v}" if attr == "title" else v}, now=0)
+        self.m.tabs[tab].edit({attr: f"v{v}" if attr == "title" else v}, now=0)
 
     @precondition(lambda self: self._live())
     @rule(data=st.data(), fate=st.sampled_from(["ok", "ok", "lost_request", "lost_answer"]))
@@ -466,7 +535,8 @@ class ModelWalk(RuleBasedStateMachine):
             answer = LOST if fate == "lost_request" else self.m.deliver(req)
             return LOST if fate == "lost_answer" else answer
 
-        self.m.tick(tab, 0, net)
+        with network(self.m.tabs[tab], net):
+            self.m.tabs[tab].tick(0)
 
     @precondition(lambda self: self._live())
     @rule(data=st.data(), v=st.integers(0, 3), lost=st.booleans())
@@ -475,10 +545,10 @@ class ModelWalk(RuleBasedStateMachine):
         t = self.m.tabs[tab]
         if not t.due(0):
             return
-        req = self.m.begin_save(tab)
-        self.m.edit(tab, {"qty": v}, now=0)
+        req = self.m.tabs[tab].begin_save()
+        self.m.tabs[tab].edit({"qty": v}, now=0)
         answer = self.m.deliver(req)
-        self.m.finish_save(tab, req, LOST if lost else answer)
+        self.m.tabs[tab].finish_save(req, LOST if lost else answer)
 
     @precondition(lambda self: self._live())
     @rule(data=st.data(), how=st.sampled_from(["rebase_local", "rebase_stored", "copy", "discard", "reload"]))
@@ -488,15 +558,15 @@ class ModelWalk(RuleBasedStateMachine):
         if t.state is not State.CONFLICT:
             return
         if how.startswith("rebase"):
-            self.m.rebase(tab, prefer_local if how == "rebase_local" else prefer_stored)
+            self.m.tabs[tab].rebase(prefer_local if how == "rebase_local" else prefer_stored)
         elif how == "copy":
             req = t.begin_copy()
-            self.m.finish_copy(tab, req, self.m.deliver(req))
+            self.m.tabs[tab].finish_copy(req, self.m.deliver(req))
         elif how == "discard":
-            self.m.discard(tab)
+            self.m.tabs[tab].discard()
         else:
             req = t.begin_read("replace")
-            self.m.finish_read(tab, req, self.m.deliver(req))
+            self.m.tabs[tab].finish_read(req, self.m.deliver(req))
 
     @precondition(lambda self: self._live())
     @rule(data=st.data(), adopt=st.booleans())
@@ -507,9 +577,9 @@ class ModelWalk(RuleBasedStateMachine):
             return
         writer = data.draw(st.sampled_from([d["writerId"] for d in t.siblings]))
         if adopt:
-            self.m.adopt(tab, writer)
+            self.m.tabs[tab].adopt(writer)
         else:
-            self.m.discard_sibling(tab, writer)
+            self.m.tabs[tab].discard_sibling(writer)
 
     @precondition(lambda self: self._live())
     @rule(data=st.data(), swap=st.booleans())
@@ -523,7 +593,7 @@ class ModelWalk(RuleBasedStateMachine):
         r2 = t.begin_read()
         a2 = self.m.deliver(r2)
         for r, a in ([(r2, a2), (r1, a1)] if swap else [(r1, a1), (r2, a2)]):
-            self.m.finish_read(tab, r, a)
+            self.m.tabs[tab].finish_read(r, a)
 
     @rule(v=st.integers(0, 3))
     def ai_write(self, v):
@@ -540,7 +610,8 @@ class ModelWalk(RuleBasedStateMachine):
         if self.m.tabs[tab].state in (State.SAVING, State.COPYING):
             return
         try:
-            self.m.close(tab, None if online else (lambda r: LOST))
+            with network(self.m.tabs[tab], self.m.deliver if online else (lambda r: LOST)):
+                self.m.tabs[tab].close()
         except UnsavedWork:
             pass
 

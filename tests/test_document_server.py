@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -14,7 +15,7 @@ from schemathesis.checks import not_a_server_error
 
 from knownstate.impl.documents import DocumentServer, DocumentStore, schema_sql
 from knownstate.model.contract import Won
-from knownstate.model.document import MAX_BODY_BYTES, Saved
+from knownstate.model.document import MAX_BODY_BYTES, Saved, SaveRequest
 
 REC_SCHEMA = {"attributes": {"title": "text", "qty": "number", "done": "bool"}}
 SHEET_SCHEMA = {"rows": 20, "cols": 4}
@@ -24,10 +25,15 @@ PATH = "/api/desk/files/{}"
 @pytest.fixture
 def dsn(fresh_db):
     dsn = fresh_db(schema_sql())
-    store = DocumentStore(dsn)
-    store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice", {"bob": True, "carol": False})
-    store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1, "B2": "=A1*2"}, "alice")
+    with DocumentStore(dsn, pool_size=None) as store:
+        seed(store)
     return dsn
+
+
+def seed(store):
+    store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice",
+               {"bob": True, "carol": False})
+    store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1, "B2": "=A1*2"}, "alice")
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +47,8 @@ def shared(pg):
     dsn = pg.dsn(name)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(schema_sql())
-    store = DocumentStore(dsn)
-    store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice", {"bob": True, "carol": False})
-    store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1, "B2": "=A1*2"}, "alice")
+    with DocumentStore(dsn, pool_size=None) as store:
+        seed(store)
     with DocumentServer(dsn) as s:
         yield s
     if pg.running:
@@ -125,12 +130,52 @@ def test_if_match_carries_the_base_version(http, server):
     assert put(http, "rec1", "alice", body, **{"If-Match": '"1"'}).json()["version"] == 2
     before = stored(server)
     r = put(http, "rec1", "alice", save_body(None, {"title": "c"}, seq=2), **{"If-Match": '"1"'})
-    assert r.status_code == 409 and r.json()["version"] == 2
-    for bad in ("*", "1", 'W/"2"', '"-2"', '"2", "3"'):
-        r = put(http, "rec1", "alice", save_body(None, {"title": "c"}, seq=3), **{"If-Match": bad})
-        assert r.status_code == 422 and "If-Match" in r.json()["message"], bad
-    r = put(http, "rec1", "alice", save_body(3, {"title": "c"}, seq=3), **{"If-Match": '"2"'})
-    assert r.status_code == 422 and "disagree" not in r.json()["message"] and "different" in r.json()["message"]
+    assert r.status_code == 412 and r.json()["error"] == "precondition_failed"
+    assert (r.json()["version"], r.json()["content"]) == (2, {"title": "b"})
+    assert stored(server) == before
+
+
+@pytest.mark.parametrize("tag,status,error", [
+    ('"0002"', 412, "precondition_failed"),   # an opaque tag: not the ETag of version 2
+    ('"02"', 412, "precondition_failed"),
+    ('W/"2"', 412, "precondition_failed"),    # strong comparison: a weak tag never matches
+    ('"two"', 412, "precondition_failed"),
+    ('""', 412, "precondition_failed"),
+    ('"99999999999999999999"', 412, "precondition_failed"),
+    ("*", 428, "precondition_required"),      # names no base version
+    ("2", 400, "bad_request"),                # not an entity tag
+    ('"2", "3"', 400, "bad_request"),         # one tag, not a list
+    ('"2', 400, "bad_request"),
+], ids=["leading-zeros", "leading-zero", "weak", "word", "empty", "huge", "star", "unquoted",
+        "list", "unterminated"])
+def test_if_match_is_compared_as_rfc_9110_says(http, server, tag, status, error):
+    assert put(http, "rec1", "alice", save_body(1, {"title": "b"})).json()["version"] == 2
+    before = stored(server)
+    r = put(http, "rec1", "alice", save_body(None, {"title": "c"}, seq=2), **{"If-Match": tag})
+    assert (r.status_code, r.json()["error"]) == (status, error), r.text
+    assert "If-Match" in r.json()["message"]
+    assert stored(server) == before
+
+
+def test_if_match_and_expected_version_must_agree(http, server):
+    before = stored(server)
+    r = put(http, "rec1", "alice", save_body(1, {"title": "c"}), **{"If-Match": '"2"'})
+    assert r.status_code == 400 and "different versions" in r.json()["message"]
+    r = put(http, "rec1", "alice", save_body(1, {"title": "c"}), **{"If-Match": '"1"'})
+    assert r.status_code == 200 and r.json()["version"] == 2
+    assert stored(server)["rec1"].version == before["rec1"].version + 1
+
+
+@pytest.mark.parametrize("name", ["X-User", "If-Match"])
+def test_a_header_sent_twice_is_refused_not_guessed(http, server, name):
+    before = stored(server)
+    values = {"X-User": ("alice", "bob"), "If-Match": ('"1"', '"1"')}[name]
+    headers = [("X-User", "alice"), ("Content-Type", "application/json")]
+    headers = [h for h in headers if h[0] != name] + [(name, v) for v in values]
+    r = http.put(PATH.format("rec1"), headers=headers,
+                 content=json.dumps(save_body(1, {"title": "x"})).encode())
+    assert (r.status_code, r.json()["error"]) == (400, "bad_request")
+    assert f"2 {name} headers" in r.json()["message"]
     assert stored(server) == before
 
 
@@ -201,13 +246,49 @@ def test_retry_of_an_applied_save_gets_the_original_success(http, server):
     assert first.json() == {"id": "rec1", "version": 2, "replayed": False}
     assert server.store.server_write("rec1", {"qty": 99}) == Won(Saved(3))      # the world moves on
     retry = put(http, "rec1", "alice", body)
-    assert (retry.status_code, retry.json()) == (200, {"id": "rec1", "version": 2, "replayed": True})
+    assert retry.status_code == 200
+    assert retry.json() == {"id": "rec1", "version": 2, "replayed": True}
     assert stored(server)["rec1"].version == 3 and stored(server)["rec1"].content == {"title": "mine", "qty": 99}
-    # the same (writer, seq) with another request is not a retry: a conflict
-    other = put(http, "rec1", "alice", save_body(1, {"title": "else"}, writer="tab-a", seq=4))
-    assert other.status_code == 409
-    # another user cannot replay it
-    assert put(http, "rec1", "bob", body).status_code == 409
+    # another user cannot replay it: his own (writer, seq) never saved; his base is stale
+    r = put(http, "rec1", "bob", body)
+    assert (r.status_code, r.json()["error"]) == (409, "version_conflict")
+
+
+def test_a_reused_save_identity_is_refused_naming_the_receipt(http, server):
+    for seq, title in ((1, "A"), (2, "B")):
+        r = put(http, "rec1", "alice", save_body(seq, {"title": title}, writer="w", seq=seq))
+        assert r.status_code == 200
+    before = stored(server)
+    for seq in (1, 2):  # the same (writerId, saveSeq) with other content, on the current base
+        r = put(http, "rec1", "alice", save_body(3, {"title": "C"}, writer="w", seq=seq))
+        assert (r.status_code, r.json()["error"]) == (409, "save_seq_taken")
+        assert r.json()["receipt"] == {"writerId": "w", "saveSeq": seq, "version": seq + 1}
+        assert r.json()["lastSeq"] == 2
+        message = r.json()["message"]
+        assert f"saveSeq {seq}" in message and f"version {seq + 1}" in message
+        assert "saveSeq 3" in message
+    assert stored(server) == before
+    history = [(h.writer_id, h.save_seq) for h in before["rec1"].history if h.writer_id]
+    assert history == [("w", 1), ("w", 2)]        # one version per save identity
+    r = put(http, "rec1", "alice", save_body(3, {"title": "C"}, writer="w", seq=3))
+    assert r.status_code == 200
+
+
+def test_receipts_are_the_users_own(http, server):
+    """Another user saving under the same writerId and saveSeq neither replaces nor replays
+    alice's receipt: her retry of a save that landed still gets her original success."""
+    alice = save_body(1, {"title": "alice's"}, writer="tab", seq=5)
+    assert put(http, "rec1", "alice", alice).json()["version"] == 2      # its answer was lost
+    bob = save_body(2, {"title": "bob's"}, writer="tab", seq=5)
+    assert put(http, "rec1", "bob", bob).json() == {"id": "rec1", "version": 3, "replayed": False}
+    retry = put(http, "rec1", "alice", alice)
+    assert retry.status_code == 200
+    assert retry.json() == {"id": "rec1", "version": 2, "replayed": True}
+    again = put(http, "rec1", "bob", bob)
+    assert again.json() == {"id": "rec1", "version": 3, "replayed": True}
+    assert server.store.applied(SaveRequest("rec1", "alice", "tab", 5, 1, {}, 0)) == 2
+    assert server.store.applied(SaveRequest("rec1", "bob", "tab", 5, 2, {}, 0)) == 3
+    assert server.store.applied(SaveRequest("rec1", "carol", "tab", 5, 2, {}, 0)) is None
 
 
 def test_server_side_write_bumps_the_version_and_stales_the_base(http, server):
@@ -242,6 +323,69 @@ def test_create_with_kind_and_schema(http, server):
     r = http.post("/api/desk/files", headers={"X-User": "erin"}, json=body)
     assert r.status_code == 201
     assert http.get(PATH.format(r.json()["id"]), headers={"X-User": "erin"}).json()["content"] == {"name": "n"}
+
+
+# -- sharing: the owner decides who reads and who writes --------------------------------------------
+
+
+def share(http, doc, owner, user, can_write):
+    return http.put(f"{PATH.format(doc)}/acl/{user}", headers={"X-User": owner},
+                    json={"canWrite": can_write})
+
+
+def test_the_owner_shares_for_reading_then_for_writing(http, server):
+    assert http.get(PATH.format("sheet1"), headers={"X-User": "erin"}).status_code == 404
+    r = share(http, "sheet1", "alice", "erin", False)
+    assert (r.status_code, r.json()) == (200, {"id": "sheet1", "user": "erin", "canWrite": False})
+    assert http.get(PATH.format("sheet1"), headers={"X-User": "erin"}).status_code == 200
+    assert put(http, "sheet1", "erin", save_body(1, {"A1": 2})).status_code == 403
+    assert share(http, "sheet1", "alice", "erin", True).json()["canWrite"] is True
+    assert put(http, "sheet1", "erin", save_body(1, {"A1": 2})).json()["version"] == 2
+    r = http.get(f"{PATH.format('sheet1')}/acl", headers={"X-User": "alice"})
+    assert r.json() == {"id": "sheet1", "owner": "alice", "access": {"alice": True, "erin": True}}
+    r = http.delete(f"{PATH.format('sheet1')}/acl/erin", headers={"X-User": "alice"})
+    assert r.json() == {"id": "sheet1", "user": "erin", "revoked": True}
+    assert http.get(PATH.format("sheet1"), headers={"X-User": "erin"}).status_code == 404
+    r = http.delete(f"{PATH.format('sheet1')}/acl/erin", headers={"X-User": "alice"})
+    assert r.json()["revoked"] is False
+
+
+def test_only_the_owner_shares_and_a_stranger_learns_nothing(http, server):
+    before = stored(server)
+    acl = f"{PATH.format('rec1')}/acl"
+    cases = [
+        (share(http, "rec1", "bob", "erin", True), 403, "not_owner"),       # a writer, not the owner
+        (share(http, "rec1", "carol", "erin", False), 403, "not_owner"),    # a reader
+        (share(http, "rec1", "dave", "erin", False), 404, "not_found"),     # a stranger
+        (share(http, "nosuchdoc", "alice", "erin", False), 404, "not_found"),
+        (share(http, "rec1", "alice", "alice", False), 422, "owner_access"),  # never locks out
+        (http.delete(f"{acl}/alice", headers={"X-User": "alice"}), 422, "owner_access"),
+        (http.delete(f"{acl}/carol", headers={"X-User": "bob"}), 403, "not_owner"),
+        (http.get(acl, headers={"X-User": "bob"}), 403, "not_owner"),
+        (http.get(acl, headers={"X-User": "dave"}), 404, "not_found"),
+        (http.put(f"{acl}/erin", headers={"X-User": "alice"}, json={"canWrite": "yes"}), 422,
+         "invalid_request"),
+        (http.put(f"{acl}/erin%0A", headers={"X-User": "alice"}, json={"canWrite": True}), 422,
+         "invalid_request"),
+        (http.put(f"{acl}/erin", headers={"X-User": "alice"}, json={"canWrite": True, "x": 1}),
+         422, "invalid_request"),
+    ]
+    for r, status, error in cases:
+        assert (r.status_code, r.json()["error"]) == (status, error), r.text
+        assert r.json()["message"]
+    assert stored(server) == before
+    r = http.get(acl, headers={"X-User": "alice"})
+    assert r.json()["access"] == {"alice": True, "bob": True, "carol": False}  # unchanged
+
+
+def test_a_created_document_belongs_to_its_creator(http, server):
+    body = {"kind": "record", "schema": {"attributes": {"title": "text"}},
+            "content": {"title": "mine"}, "writerId": "w", "saveSeq": 1}
+    doc = http.post("/api/desk/files", headers={"X-User": "erin"}, json=body).json()["id"]
+    assert share(http, doc, "erin", "frank", False).status_code == 200
+    assert share(http, doc, "frank", "gina", False).json()["error"] == "not_owner"
+    assert http.get(PATH.format(doc), headers={"X-User": "frank"}).json()["content"] == {
+        "title": "mine"}
 
 
 # -- bad input: a clear 4xx, and nothing stored changes ---------------------------------------------
@@ -291,17 +435,21 @@ def test_bad_sheet_cells_are_refused(shared_http, shared, content, words):
     assert stored(shared) == before
 
 
-@pytest.mark.parametrize("raw,words", [
-    (b'{"expectedVersion": 1, "content": {"qty": NaN}, "writerId": "w", "saveSeq": 1}', "content"),
-    (b'{"expectedVersion": 1, "content": {"qty": Infinity}, "writerId": "w", "saveSeq": 1}', "content"),
-    (b'{"expectedVersion": 1, "content": {"title": "\\ud800"}, "writerId": "w", "saveSeq": 1}', "surrogate"),
-    (b'{"expectedVersion": 1, "content": {"title": "x"', "JSON"),
-    (b"", "body"),
+@pytest.mark.parametrize("raw,status,words", [
+    (b'{"expectedVersion": 1, "content": {"qty": NaN}, "writerId": "w", "saveSeq": 1}', 400,
+     "NaN is not a JSON number"),
+    (b'{"expectedVersion": 1, "content": {"qty": Infinity}, "writerId": "w", "saveSeq": 1}', 400,
+     "Infinity is not a JSON number"),
+    (b'{"expectedVersion": 1, "content": {"title": "\\ud800"}, "writerId": "w", "saveSeq": 1}',
+     422, "surrogate"),
+    (b'{"expectedVersion": 1, "content": {"title": "x"', 400, "not JSON"),
+    (b"", 400, "empty"),
 ], ids=["nan", "infinity", "lone surrogate", "truncated json", "empty"])
-def test_malformed_json_is_refused(shared_http, shared, raw, words):
+def test_malformed_json_is_refused(shared_http, shared, raw, status, words):
     before = stored(shared)
-    r = shared_http.put(PATH.format("rec1"), headers={"X-User": "alice", "Content-Type": "application/json"}, content=raw)
-    assert r.status_code == 422, r.text
+    r = shared_http.put(PATH.format("rec1"), content=raw,
+                        headers={"X-User": "alice", "Content-Type": "application/json"})
+    assert r.status_code == status, r.text
     assert words.lower() in r.json()["message"].lower(), r.json()
     assert stored(shared) == before
 
@@ -338,16 +486,69 @@ def test_bad_create_is_refused(shared_http, shared):
 
 
 def test_unreachable_database_is_503_and_recovers(pg, dsn, toxiproxy):
+    """While the database is unreachable every request is a 503 (a session retries it); once it
+    is back the pool reconnects on its own, within its reconnection backoff (polled)."""
     link = toxiproxy.link("documents-db-503", pg.host, pg.port)
     via_link = dsn.replace(f"port={pg.port}", f"port={link.port}")
-    with DocumentServer(via_link, connect_timeout=1) as s, httpx.Client(base_url=s.url, timeout=10) as c:
+    with DocumentServer(via_link, connect_timeout=1) as s, \
+            httpx.Client(base_url=s.url, timeout=10) as c:
+        def save():
+            return c.put(PATH.format("rec1"), headers={"X-User": "alice"},
+                         json=save_body(1, {"title": "x"}))
+
         assert c.get(PATH.format("rec1"), headers={"X-User": "alice"}).status_code == 200
         link.down()
-        r = c.put(PATH.format("rec1"), headers={"X-User": "alice"}, json=save_body(1, {"title": "x"}))
+        r = save()
         assert r.status_code == 503 and r.json()["error"] == "unavailable"
+        assert "retry" in r.json()["message"]
         link.up()
-        assert c.put(PATH.format("rec1"), headers={"X-User": "alice"},
-                     json=save_body(1, {"title": "x"})).json()["version"] == 2
+        answers, deadline = [save()], time.monotonic() + 30
+        while answers[-1].status_code == 503 and time.monotonic() < deadline:
+            answers.append(save())
+        assert {r.status_code for r in answers[:-1]} <= {503}
+        assert answers[-1].json() == {"id": "rec1", "version": 2, "replayed": False}
+
+
+# -- the connection pool ------------------------------------------------------------------------------
+
+
+def test_the_store_reuses_its_connections(dsn):
+    with DocumentServer(dsn, pool_size=3) as s, httpx.Client(base_url=s.url, timeout=10) as c:
+        for seq in range(1, 41):
+            r = c.put(PATH.format("rec1"), headers={"X-User": "alice"},
+                      json=save_body(seq, {"title": f"t{seq}"}, seq=seq))
+            assert r.status_code == 200 and r.json()["version"] == seq + 1
+        stats = s.store.pool.get_stats()
+        assert stats["requests_num"] >= 40            # a connection asked for per PUT ...
+        assert stats["connections_num"] <= 3          # ... on at most pool_size connections
+
+
+def test_the_store_prepares_its_statements(dsn):
+    with DocumentServer(dsn, pool_size=1) as s, httpx.Client(base_url=s.url, timeout=10) as c:
+        for seq in (1, 2):
+            r = c.put(PATH.format("rec1"), headers={"X-User": "alice"},
+                      json=save_body(seq, {"title": f"t{seq}"}, seq=seq))
+            assert r.status_code == 200
+        with s.store.pool.connection() as conn:   # the one connection the two saves used
+            prepared = [q for (q,) in conn.execute("select statement from pg_prepared_statements",
+                                                   prepare=False)]
+    assert any("UPDATE documents d" in q for q in prepared), prepared
+    assert any("a.can_write" in q for q in prepared), prepared
+
+
+def test_a_dropped_database_link_costs_at_most_one_failed_request(pg, dsn, toxiproxy):
+    link = toxiproxy.link("documents-db-pool", pg.host, pg.port)
+    via_link = dsn.replace(f"port={pg.port}", f"port={link.port}")
+    with DocumentServer(via_link, pool_size=4, connect_timeout=2) as s, \
+            httpx.Client(base_url=s.url, timeout=10) as c:
+        def read():
+            return c.get(PATH.format("rec1"), headers={"X-User": "alice"}).status_code
+
+        assert [read() for _ in range(6)] == [200] * 6
+        link.down()   # every pooled connection dies with the link (as in a database restart)
+        link.up()
+        answers = [read() for _ in range(6)]
+        assert answers.count(503) <= 1 and answers[-5:] == [200] * 5, answers
 
 
 # -- schemathesis: generated requests, positive and malformed ------------------------------------------

@@ -18,6 +18,8 @@ from knownstate.model.document import (
     MergeUnsupported,
     NoAnswer,
     Saved,
+    SeqTaken,
+    SessionCore,
     State,
     UnsavedWork,
     VersionConflict,
@@ -67,10 +69,10 @@ class Env:
 @pytest.fixture
 def env(fresh_db, toxiproxy, tmp_path):
     dsn = fresh_db(schema_sql())
-    store = DocumentStore(dsn)
+    store = DocumentStore(dsn, pool_size=None)
     store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice", {"bob": True})
     store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1}, "alice", {"bob": True})
-    with DocumentServer(dsn) as server:
+    with store, DocumentServer(dsn) as server:
         link = toxiproxy.link(f"documents-http-{server.port}-{next(_links)}", "127.0.0.1", server.port)
         e = Env(store, server, link, DraftStore(tmp_path / "drafts"))
         yield e
@@ -82,6 +84,20 @@ def lose_responses(link):
     toxic = Toxic("limit_data", "downstream", {"bytes": 0})
     link.add(toxic)
     return toxic
+
+
+# -- one machine ---------------------------------------------------------------------------------
+
+
+def test_the_session_is_the_models_machine_with_real_ports(env):
+    """h11's rule: everything that affects the session's state lives in the model's machine; the
+    real session only plugs in ports (HTTP, a clock, the draft files) and adds no transition."""
+    assert issubclass(Session, SessionCore)
+    assert {n for n in vars(Session) if not n.startswith("__")} == {"aclose"}
+    s = env.session()
+    assert s.send == s.transport.send and s.clock is env.clock and s.drafts is env.drafts
+    for method in ("key", "write", "delete", "read", "siblings"):   # the draft-store port
+        assert callable(getattr(env.drafts, method))
 
 
 # -- the save queue --------------------------------------------------------------------------------
@@ -303,6 +319,20 @@ def test_reopened_writer_restores_its_draft_and_retries_its_lost_save(env):
     assert again.state is State.CLEAN and env.doc().version == 2
 
 
+def test_writer_reopened_without_its_draft_never_reuses_a_save_identity(env):
+    a = env.session(writer="tab-a")
+    a.edit({"title": "first life"}, now=0)
+    assert a.tick(1) == Won(Saved(2)) and a.close().flushed
+    again = env.session(writer="tab-a")                     # no draft: it counts from 1 again
+    again.edit({"title": "second life"}, now=2)
+    taken = again.tick(3)
+    assert isinstance(taken, SeqTaken) and (taken.seq, taken.version, taken.last_seq) == (1, 2, 1)
+    assert again.state is State.DIRTY and env.doc().version == 2   # refused, not applied
+    assert again.tick(3) == Won(Saved(3)) and env.doc().content["title"] == "second life"
+    history = [(h.writer_id, h.save_seq) for h in env.doc().history if h.writer_id]
+    assert history == [("tab-a", 1), ("tab-a", 2)]
+
+
 def test_failing_draft_store_is_visible_and_recovers(env):
     s = env.session()
     env.drafts.fail_writes = True
@@ -432,37 +462,38 @@ def test_real_session_matches_the_model_and_keeps_the_invariants(env):
     real = {"a": env.session(writer="wa", open_it=False), "b": env.session(user="bob", writer="wb", open_it=False)}
     for tab, s in real.items():
         model.open_tab(tab, s.user, "rec1", "record", s.writer_id)
+    sent = []
 
     def step(tab, op, *args, fate="ok"):
         s, m = real[tab], model.tabs[tab]
         if op == "load":
             req, mreq = s.begin_read("load"), m.begin_read("load")
             out = s.finish_read(req, s.transport.send(req))
-            mout = model.finish_read(tab, mreq, model.deliver(mreq))
+            mout = m.finish_read(mreq, model.deliver(mreq))
         elif op == "edit":
-            out, mout = s.edit(*args), model.edit(tab, *args)
+            out, mout = s.edit(*args), m.edit(*args)
         elif op == "save":
             req, mreq = s.begin_save(), m.begin_save()
             assert req == mreq
+            sent.append(req)
             toxic = lose_responses(env.link) if fate == "lost" else None
             answer = s.transport.send(req)
             if toxic:
                 env.link.remove(toxic)
             mans = model.deliver(mreq)
             out = s.finish_save(req, answer)
-            mout = model.finish_save(tab, mreq, NoAnswer(answer.reason) if fate == "lost" else mans)
+            mout = m.finish_save(mreq, NoAnswer(answer.reason) if fate == "lost" else mans)
         elif op == "rebase":
-            out, mout = s.rebase(*args), model.rebase(tab, *args)
+            out, mout = s.rebase(*args), m.rebase(*args)
         elif op == "close":
-            out, mout = s.close(), model.close(tab)
+            out, mout = s.close(), m.close()
         assert type(out) is type(mout) and (isinstance(out, NoAnswer) or out == mout), (op, out, mout)
-        assert (s.state, s.local, s.base_version, s.generation) == (m.state, m.local, m.base_version, m.generation)
+        assert s.view(tab) == m.view(tab)
         projected = World(env.store.documents(), env.drafts.views(),
                           {t: x.view(t) for t, x in real.items()})
         assert {k: (d.version, d.content) for k, d in projected.docs.items()} == {
             k: (d.version, d.content) for k, d in model.world().docs.items()}
-        assert check_invariants(projected, model.ledger(), expected=model.world(),
-                                sent=[r for x in real.values() for r in x.sent]) == []
+        assert check_invariants(projected, model.ledger(), expected=model.world(), sent=sent) == []
 
     step("a", "load")
     step("b", "load")

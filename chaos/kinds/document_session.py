@@ -4,526 +4,141 @@ What runs
 ---------
 
 Real client sessions (:class:`~knownstate.impl.documents.session.Session`), tabs of two users
-(alice in slots ``a1`` and ``a2``, bob in ``b1``), talk HTTP to the real
-:class:`~knownstate.impl.documents.server.DocumentServer` over real PostgreSQL. Each slot's
-requests go through its own Toxiproxy link, and so do the server's database connections, so a
-single tab can go offline or lose an answer while the others carry on. The per-writer drafts are
-the real file-backed :class:`~knownstate.impl.documents.drafts.DraftStore`. The pure
-:class:`~knownstate.model.document.DocumentModel` is driven with the very same operations.
+(alice in slots ``a1`` and ``a2``, bob in ``b1``), talk HTTP to the real document server over
+real PostgreSQL; each slot's requests go through its own Toxiproxy link, and so do the
+server's database connections; the drafts are the real files. Clients that are not sessions
+send what the contract refuses, save under someone else's writer id, or reuse a save identity
+(:mod:`.document_requests`). The real parts are in :mod:`.document_plant`.
 
 Rules are the user's and the world's actions: open (a fresh writer, or the same writer again,
 which restores its draft), load, edit, the debounce tick (which saves when due), an edit made
 while a save is in flight, discard, discard-and-reload, reload, reads that race (out of order,
 against a local edit, against a save), conflict resolution by rebase, copy or discard, adopting
-or discarding a sibling draft, close, a tab killed mid-save, the server-side writer, and the
-draft store failing and recovering. Faults are rules too: a request made offline or whose answer
-is lost (per step), toxics with concrete values and links taken down (on a tab's link or on the
-server's database link), and a database crash.
+or discarding a sibling draft, close, a tab killed mid-save, the server-side writer, the draft
+store failing and recovering, and the other clients. Faults are rules too: a request made
+offline or whose answer is lost (per step), toxics with concrete values and links taken down
+(on a tab's link or on the server's database link), and a database crash.
 
 How model and implementation are compared
 -----------------------------------------
 
-Each rule is one script run twice: against the real parts, and against the model. Every HTTP
-exchange the real sessions make is recorded (request and answer); the model replays the script
-with a ``deliver`` that requires the model to send the same requests in the same order and
-the server to give the same answers. A request whose answer never arrived may or may not have
-been applied by the server: the model then keeps both possible worlds and the next observation
-decides (the check logs which). After every step the real world — rows, draft files, sessions —
-is projected and must equal the model's, and the seven invariants of the model
-(:func:`knownstate.model.document.check_invariants`) are evaluated on the *real* world, plus two
-the check states itself (:data:`CHECK_INVARIANTS`: a retry is answered from its receipt, an
-applied read never goes back to an older version). When the implementation disagrees with the
-model the invariants are evaluated first, so a failure names the invariant it broke when it broke
-one; otherwise it shows the difference.
+Each rule is one script, run on the real parts and replayed on the model by the engine of
+:mod:`knownstate.chaos.replay` (lost answers keep both worlds until an observation decides).
+The model's sessions are the same machine as the real ones
+(:class:`~knownstate.model.document_session.SessionCore`); what is compared is only what can
+be observed, and what makes the check independent is what it judges on the real world after
+every step — the model's eight invariants over the ledger of unsaved edits, and the check's own
+(:mod:`.document_judge`). When the implementation disagrees with the model the judge runs
+first, so a failure names the invariant it broke; otherwise it shows the difference.
 
 What this check overrides of :class:`~knownstate.chaos.check.KindCheck`
 -----------------------------------------------------------------------
 
 The session is not a durable run kind: ``contract`` is None, :meth:`table` is the session's
-:data:`~knownstate.model.document.TABLE` (vacuity counts its every row), and ``model_agrees`` is
-replaced (judge before reporting, count the transitions of every tab, including tabs that died).
-There are no workers: the base's link faults act on the tabs' links and the server's database
-link (``all_links``), paced by the kind's :class:`FaultPolicy` (a few operations of calm between
-two faults, a heal after ``FAULT_STEPS`` operations); a database crash is drawn only while a tab
+:data:`~knownstate.model.document_session.TABLE` (vacuity counts its every row). There are no
+workers: the base's link faults act on the tabs' links and the server's database link
+(``all_links``), paced by the kind's :class:`FaultPolicy` (a few operations of calm between two
+faults, a heal after ``FAULT_STEPS`` operations); a database crash is drawn only while a tab
 waits to retry a save (``crash_matters``); the database clock plays no role (``clock_matters``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
-import itertools
-import json
-import os
 import shutil
-import tempfile
-from collections import Counter
-from dataclasses import dataclass
 from typing import Any, Callable
 
-import psycopg
 from hypothesis import strategies as st
-from hypothesis.stateful import invariant, precondition, rule
+from hypothesis.stateful import precondition, rule
 
-from knownstate.impl.documents import server as server_impl
+from knownstate.impl.documents import store as store_impl
 from knownstate.impl.documents.drafts import DraftStore
-from knownstate.impl.documents.server import DocumentServer, DocumentStore
-from knownstate.impl.documents.session import HttpTransport, Session
-from knownstate.model.contract import IllegalTransition, Rejected, Won
-from knownstate.model.document import (
-    TABLE,
-    CloseResult,
-    CopyRequest,
-    INVARIANTS as SESSION_INVARIANTS,
-    Created,
-    DocumentModel,
-    DraftView,
-    Dropped,
-    KindError,
-    NoAnswer,
-    ReadRequest,
-    Saved,
-    SaveRequest,
-    Snapshot,
-    State,
-    UnsavedWork,
-    VersionConflict,
-    Violation,
-    TabModel,
-    World,
-    check_invariants,
-    prefer_local,
-    prefer_stored,
-    save_fingerprint,
-)
+from knownstate.impl.documents.reading import RequestReader
+from knownstate.impl.documents.session import Session
+from knownstate.impl.documents.store import DocumentStore
+from knownstate.model.contract import IllegalTransition, Won
+from knownstate.model.document import (INVARIANTS as SESSION_INVARIANTS, TABLE, DraftView,
+                                       KindError, NoAnswer, ReadRequest, SaveRequest, State,
+                                       UnsavedWork, World, check_invariants, prefer_local,
+                                       prefer_stored)
 
-from ..check import Candidate, FaultPolicy, KindCheck
+from ..check import FaultPolicy
 from ..toxi import Toxic
+from ..replay import Candidate, Exchange, ReplayCheck
+from .document_judge import (CHECK_INVARIANTS, ReadsApplied, Seen, describe_difference,
+                             receipt_answers, show, show_request)
+from .document_plant import (CLIENT, DOC, INITIAL, SCHEMA, SLOTS, CheckedModel,
+                             ModelSide, Observer, Plant, RealSide)
+from .document_requests import HOSTILE, REQUEST_INVARIANTS, Hostile, judge
 
-DOC = "r1"
-SCHEMA = {"attributes": {"title": "text", "qty": "number", "done": "bool"}}
-INITIAL = {"title": "first", "qty": 0}
-SLOTS = {"a1": "alice", "a2": "alice", "b1": "bob"}  # tab slot -> user; every tab edits DOC
-DEBOUNCE = 1.0
 NETS = ("ok",) * 6 + ("offline", "answer lost")                      # for a step that reads
 NETS_WRITE = ("ok",) * 3 + ("offline", "answer lost", "answer lost")  # for a step that may write
 NETS_COPY = ("ok", "offline", "answer lost")                          # for keeping a copy
-FAULT_STEPS = 4  # a link fault heals by itself after this many operations (faults stay sparse, work flows)
-
-CHECK_INVARIANTS = {
-    "retry-answered-from-receipt": "A save that is its writer's last applied one (same seq, same request) is "
-                                   "answered with its original success, never a conflict against itself.",
-    "no-stale-read-applied": "A read a tab applies never takes its copy back to a version older than its base.",
-}
-"""Judged on the real world besides the model's seven invariants (``SESSION_INVARIANTS``): the HTTP
-contract's idempotent retry, and the stale-read guard. Each is what a mutant of the catalogue breaks."""
-
-
-# ---------------------------------------------------------------------------------------
-# Outcomes, canonical forms, and one-line descriptions for the trace.
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Raised:
-    """An operation refused with an exception (the model must refuse it the same way)."""
-
-    error: str
-
-
-DOMAIN_ERRORS = (UnsavedWork, IllegalTransition, KindError, KeyError)
-
-
-def outcome(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except DOMAIN_ERRORS as e:
-        return Raised(type(e).__name__)
-
-
-def _encode(o: Any) -> Any:
-    if dataclasses.is_dataclass(o) and not isinstance(o, type):
-        return [type(o).__name__, *(getattr(o, f.name) for f in dataclasses.fields(o))]
-    if isinstance(o, (set, frozenset)):
-        return sorted(o, key=repr)
-    raise TypeError(f"cannot compare a {type(o).__name__}")
-
-
-def canon(x: Any) -> str:
-    """A strict canonical form (JSON): ``true`` is not ``1``, ``1`` is not ``1.0``, and dict order
-    does not count."""
-    return json.dumps(x, sort_keys=True, separators=(",", ":"), default=_encode)
-
-
-def show(x: Any) -> str:
-    """An outcome in a few words: no driver error text, no ports (a seed replays the same trace)."""
-    if x is None:
-        return "not due"
-    if isinstance(x, Won):
-        v = x.value
-        if isinstance(v, Saved):
-            return f"saved v{v.version}" + (" (replayed from the receipt)" if v.replayed else "")
-        if isinstance(v, Created):
-            return f"copy {v.id[:7]} created" + (" (replayed)" if v.replayed else "")
-        if isinstance(v, Snapshot):
-            return f"v{v.version}"
-        return str(v)
-    if isinstance(x, VersionConflict):
-        return f"conflict (stored v{x.version})"
-    if isinstance(x, NoAnswer):
-        return "no answer"
-    if isinstance(x, Rejected):
-        return f"rejected ({x.reason})"
-    if isinstance(x, Dropped):
-        return f"dropped ({x.reason})"
-    if isinstance(x, CloseResult):
-        return "closed, flushed" if x.flushed else "closed, work parked in its draft"
-    if isinstance(x, Raised):
-        return f"refused: {x.error}"
-    return str(x)
-
-
-def show_request(r: Any) -> str:
-    if isinstance(r, SaveRequest):
-        return f"PUT {r.writer_id}#{r.seq} base v{r.base_version}"
-    if isinstance(r, ReadRequest):
-        return f"GET ({r.purpose})"
-    if isinstance(r, CopyRequest):
-        return f"POST copy {r.writer_id}#{r.seq}"
-    return str(r)
-
-
-class Diverged(Exception):
-    """The model cannot follow what the implementation did."""
-
-
-class Redundant(Exception):
-    """A 'the lost request landed' world that equals the 'it did not' one: not kept twice."""
-
-
-# ---------------------------------------------------------------------------------------
-# The model side: DocumentModel plus what the check counts on it.
-# ---------------------------------------------------------------------------------------
-
-
-class CheckedModel(DocumentModel):
-    """The model of the whole world, and the bookkeeping the check keeps with each possible world:
-    which transitions and counters were already counted, and how many lost answers landed."""
-
-    def __init__(self):
-        super().__init__(debounce=DEBOUNCE, retry_delay=0.0)
-        self.counted: dict[str, int] = {}          # tab -> transitions already counted
-        self.retired_transitions: list[tuple[str, str, str]] = []
-        self.retired_counters: Counter = Counter()
-        self.lost_landed = 0
-        self.lost_not_landed = 0
-        self.fates: list[str] = []  # what became of each lost request in the last step, in this world
-
-    def _retire(self, tab: str) -> None:
-        t = self.tabs.get(tab)
-        if t is None:
-            return
-        self.retired_transitions += t.transitions[self.counted.pop(tab, 0):]
-        self.retired_counters.update(t.counters)
-
-    def open_tab(self, tab, user, doc_id, kind, writer_id):
-        if tab in self.tabs and self.tabs[tab].state is State.CLOSED:
-            self._retire(tab)
-        return super().open_tab(tab, user, doc_id, kind, writer_id)
-
-    def crash_tab(self, tab: str) -> None:
-        self._retire(tab)
-        super().crash_tab(tab)
-
-    def drain(self) -> list[tuple[str, str, str]]:
-        """Transitions not counted yet (and marks them counted)."""
-        out, self.retired_transitions = self.retired_transitions, []
-        for name, t in self.tabs.items():
-            out += t.transitions[self.counted.get(name, 0):]
-            self.counted[name] = len(t.transitions)
-        return out
-
-    def totals(self) -> Counter:
-        c = Counter(self.retired_counters)
-        for t in self.tabs.values():
-            c.update(t.counters)
-        c["lost responses"] = self.lost_landed
-        c["lost requests"] = self.lost_not_landed
-        return c
-
-
-class ModelTab:
-    """A model tab with the session's method names (the model's ledger-keeping methods take the tab)."""
-
-    def __init__(self, m: CheckedModel, tab: str, deliver):
-        self.m, self.tab, self.deliver = m, tab, deliver
-
-    @property
-    def state(self) -> State:
-        return self.m.tabs[self.tab].state
-
-    def edit(self, patch, now=None):
-        return self.m.edit(self.tab, patch, now)
-
-    def begin_read(self, purpose="refresh"):
-        return self.m.begin_read(self.tab, purpose)
-
-    def finish_read(self, req, answer):
-        return self.m.finish_read(self.tab, req, answer)
-
-    def begin_save(self, now=None):
-        return self.m.begin_save(self.tab, now)
-
-    def finish_save(self, req, answer):
-        return self.m.finish_save(self.tab, req, answer)
-
-    def tick(self, now=None):
-        return self.m.tick(self.tab, now, self.deliver)
-
-    def begin_copy(self):
-        return self.m.begin_copy(self.tab)
-
-    def finish_copy(self, req, answer):
-        return self.m.finish_copy(self.tab, req, answer)
-
-    def rebase(self, resolve):
-        return self.m.rebase(self.tab, resolve)
-
-    def discard(self):
-        return self.m.discard(self.tab)
-
-    def adopt(self, writer_id):
-        return self.m.adopt(self.tab, writer_id)
-
-    def discard_sibling(self, writer_id):
-        return self.m.discard_sibling(self.tab, writer_id)
-
-    def close(self):
-        return self.m.close(self.tab, self.deliver)
-
-
-class ModelSide:
-    def __init__(self, check: "DocumentSessionCheck", m: CheckedModel, deliver):
-        self.check, self.m, self.deliver = check, m, deliver
-
-    def tab(self, slot: str) -> ModelTab:
-        return ModelTab(self.m, slot, self.deliver)
-
-    def send(self, slot: str, req):
-        return self.deliver(req)
-
-    def open(self, slot: str, user: str, writer: str) -> ModelTab:
-        self.m.open_tab(slot, user, DOC, "record", writer)
-        self.m.tabs[slot].now = self.check.clock
-        return self.tab(slot)
-
-    def crash(self, slot: str) -> None:
-        self.m.crash_tab(slot)
-
-    def server_write(self, patch):
-        return self.m.server_write(DOC, patch)
-
-
-class RealSide:
-    def __init__(self, check: "DocumentSessionCheck"):
-        self.check = check
-
-    def tab(self, slot: str) -> Session:
-        return self.check.sessions[slot]
-
-    def send(self, slot: str, req):
-        return self.check.wires[slot].send(req)
-
-    def open(self, slot: str, user: str, writer: str) -> Session:
-        c = self.check
-        s = c.session_class(DOC, user=user, kind="record", drafts=c.drafts, transport=c.wires[slot], writer_id=writer,
-                            debounce=DEBOUNCE, retry_delay=0.0, clock=lambda: c.clock)
-        c.sessions[slot] = s
-        return s
-
-    def crash(self, slot: str) -> None:
-        del self.check.sessions[slot]
-
-    def server_write(self, patch):
-        return self.check.observer.server_write(DOC, patch)
-
-
-# ---------------------------------------------------------------------------------------
-# The real parts of a run: the server, its links, the tabs' links, the draft directory.
-# ---------------------------------------------------------------------------------------
-
-
-class _Observer(DocumentStore):
-    """The reference store on the check's own kept-open, unfaulted connection: seeds each example,
-    plays the server-side writer, and reads the rows for the projection."""
-
-    def __init__(self, ws):
-        super().__init__(ws.conninfo())
-        self.ws = ws
-
-    def _connect(self):
-        return contextlib.nullcontext(self.ws.admin())
-
-
-class Wire:
-    """A tab's transport: real HTTP through the tab's own Toxiproxy link, every exchange recorded."""
-
-    def __init__(self, plant: "Plant", slot: str, http: HttpTransport):
-        self.plant, self.slot, self.http = plant, slot, http
-
-    def send(self, request):
-        answer = self.http.send(request)
-        self.plant.exchanges.append((request, answer))
-        self.plant.slots.append(self.slot)
-        return answer
-
-
-class Plant:
-    """Started once per run (``Env.stand_in``): the document server, whose database connections go
-    through their own link, one link and transport per tab slot, and the draft directory."""
-
-    def __init__(self, env, ws):
-        self.env, self.ws = env, ws
-        self.server_app = f"ks-{env.run_id}-document-server"
-        self.exchanges: list[tuple[Any, Any]] = []  # (request, answer) in the order they happened
-        self.slots: list[str] = []                   # the tab slot that made each exchange
-
-    def start(self) -> "Plant":
-        env = self.env
-        self.db_link = env.api.link("document-session-server-pg", env.db.host, env.db.port)
-        self.server_dsn = psycopg.conninfo.make_conninfo(
-            self.ws.conninfo(host=self.db_link.host, port=self.db_link.port),
-            application_name=self.server_app)
-        self.server = DocumentServer(self.server_dsn, connect_timeout=2).start()
-        self.links = {slot: env.api.link(f"document-session-{slot}", "127.0.0.1", self.server.port) for slot in SLOTS}
-        self.http = {slot: HttpTransport(f"http://127.0.0.1:{link.port}", timeout=5)
-                     for slot, link in self.links.items()}
-        self.wires = {slot: Wire(self, slot, h) for slot, h in self.http.items()}
-        # on tmpfs when there is one: the store fsyncs every write, and the check writes many
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        self.draft_dir = tempfile.mkdtemp(prefix="knownstate-drafts-", dir=shm)
-        return self
-
-    def stop(self) -> None:
-        for h in getattr(self, "http", {}).values():
-            with contextlib.suppress(Exception):
-                h.close()
-        if getattr(self, "server", None) is not None:
-            self.server.stop()
-        if getattr(self, "draft_dir", None):
-            shutil.rmtree(self.draft_dir, ignore_errors=True)
-
-
-# ---------------------------------------------------------------------------------------
-# What the check compares: the world as the invariants read it, plus each tab's inner state.
-# ---------------------------------------------------------------------------------------
-
-
-def tab_inner(t) -> dict:
-    """The parts of a session (real or model: the field names are shared) the world view omits."""
-    conflict = t.conflict
-    return {"siblings": [d["writerId"] for d in t.siblings], "base_content": t.base_content,
-            "conflict": None if conflict is None else (conflict.version, conflict.content),
-            "unconfirmed": t.unconfirmed, "unconfirmed_copy": t.unconfirmed_copy, "next_seq": t.next_seq,
-            "draft_generation": t.draft_generation, "saved_generation": t.saved_generation,
-            "due_at": t.due_at, "read_seq": t.read_seq, "applied_read_seq": t.applied_read_seq,
-            "pending_deletes": sorted(t.pending_deletes if isinstance(t, TabModel) else t._pending_deletes)}
-
-
-@dataclass(eq=False)
-class Seen:
-    world: World
-    drafts: dict[str, dict]
-    inner: dict[str, dict]
-
-    def __post_init__(self):
-        self.key = (canon(dict(self.world.docs)), canon(self.drafts),
-                    canon({k: dataclasses.replace(v, transitions=()) for k, v in self.world.tabs.items()}),
-                    canon({k: v.transitions for k, v in self.world.tabs.items()}), canon(self.inner))
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Seen) and self.key == other.key
-
-    __hash__ = None
-
-
-def describe_difference(model: Seen, real: Seen) -> str:
-    lines = []
-
-    def compare(what: str, a: dict, b: dict) -> None:
-        for k in sorted(set(a) | set(b)):
-            x, y = a.get(k), b.get(k)
-            if canon(x) != canon(y):
-                lines.append(f"  {what} {k}:\n    model:          {_short(x)}\n    implementation: {_short(y)}")
-
-    compare("document", dict(model.world.docs), dict(real.world.docs))
-    compare("draft", model.drafts, real.drafts)
-    compare("tab", dict(model.world.tabs), dict(real.world.tabs))
-    compare("tab (inside)", model.inner, real.inner)
-    return "\n".join(lines) or "  (no difference found in the projection)"
-
-
-def _short(x: Any) -> str:
-    text = repr(x)
-    return text if len(text) < 400 else text[:397] + "..."
-
-
-# ---------------------------------------------------------------------------------------
-# The check.
-# ---------------------------------------------------------------------------------------
-
-
-class DocumentSessionCheck(KindCheck):
+REUSE = "a save identity reused for other content"
+BUDGET = {"other client": 2, "impostor": 1, "reopen": 1}
+"""Steps per example for the rules that are not the session's own work: they share the example
+with it, and the vacuity rule wants the session's every transition in a CI-size run."""
+FAULT_STEPS = 4  # a link fault heals by itself after this many operations (work keeps flowing)
+DEBOUNCE = 1.0
+
+
+class DocumentSessionCheck(ReplayCheck):
     kind = "document-session"
     contract = None
-    schema = server_impl.schema_sql()
+    schema = store_impl.schema_sql()
     n_workers = 0
     policy = FaultPolicy(gap=2, heal_after=FAULT_STEPS, commit_faults=())
     own_invariants = {**SESSION_INVARIANTS, **CHECK_INVARIANTS}
+    domain_errors = (UnsavedWork, IllegalTransition, KindError, KeyError)
     # The mutant catalogue replaces these (never the reference's behaviour).
     session_class: type[Session] = Session
     store_class: type[DocumentStore] = DocumentStore
+    reader_class: type[RequestReader] = RequestReader
     drafts_class: type[DraftStore] = DraftStore
     queries: dict[str, str] | None = None
     required_events = (
-        "conflict", "rebase", "copy", "sibling draft adopted", "sibling draft discarded", "stale read dropped",
-        "idempotent retry answered", "draft-store failure", "draft-store recovery", "lost response",
+        "conflict", "rebase", "copy", "sibling draft adopted", "sibling draft discarded",
+        "stale read dropped", "idempotent retry answered", "draft-store failure",
+        "draft-store recovery", "lost response", "hostile request refused",
     )
     EVENTS = {  # counter of the model -> event name
-        "conflicts": "conflict", "rebases": "rebase", "copies": "copy", "siblings_adopted": "sibling draft adopted",
-        "siblings_discarded": "sibling draft discarded", "stale_reads_dropped": "stale read dropped",
+        "conflicts": "conflict", "rebases": "rebase", "copies": "copy",
+        "siblings_adopted": "sibling draft adopted",
+        "siblings_discarded": "sibling draft discarded",
+        "stale_reads_dropped": "stale read dropped",
         "idempotent_replays": "idempotent retry answered", "draft_failures": "draft-store failure",
-        "draft_recoveries": "draft-store recovery", "lost responses": "lost response",
-        "lost requests": "lost request", "drafts_restored": "own draft restored", "discarded": "discard",
-        "save_failures": "save failed", "copy_failures": "copy failed",
+        "draft_recoveries": "draft-store recovery", "drafts_restored": "own draft restored",
+        "discarded": "discard", "save_failures": "save failed", "copy_failures": "copy failed",
+        "seqs_taken": "save seq taken",
     }
 
     @classmethod
     def table(cls):
         return TABLE
 
-    # -- hooks ------------------------------------------------------------------------------
+    # -- hooks of KindCheck ------------------------------------------------------------------
     def reset_example(self) -> None:
         plant = self.env.stand_in("document-session", lambda: Plant(self.env, self.ws))
-        self.plant = plant
-        plant.server.app.state.store = self.store_class(plant.server_dsn, connect_timeout=2, queries=self.queries)
-        self.observer = _Observer(self.ws)
+        self.plant, self.recorder, self.links = plant, plant.recorder, plant.links
+        store = self.store_class(plant.server_dsn, connect_timeout=2, pool_size=None,
+                                 queries=self.queries)
+        plant.server.use(store=store, reader=self.reader_class())
+        self.observer = Observer(self.ws)
         self.observer.seed(DOC, "record", SCHEMA, INITIAL, "alice", {"bob": True})
-        self.links = plant.links
-        self.wires = plant.wires
         shutil.rmtree(plant.draft_dir, ignore_errors=True)
         self.drafts = self.drafts_class(plant.draft_dir)
         self.sessions: dict[str, Session] = {}
         self.writer_n = {slot: 0 for slot in SLOTS}
         self.clock = 0.0
+        self.time = lambda: self.clock  # the sessions' clock port (a function, not a method)
         self.edits = 0
-        self.sent: list[SaveRequest] = []
-        self.answered: list[tuple[Any, Any]] = []
-        self.divergence: str | None = None
-        self.seen_totals: Counter = Counter()
+        self.seen_totals: dict[str, int] = {}
+        self.reads = ReadsApplied()
         self.drafts_failing = False
-        plant.exchanges.clear()
+        self.hostile_n = 0
+        self.budget = dict(BUDGET)
+        self.refusals: list = []   # the verdict on a hostile request, judged after its step
+        plant.recorder.take()
 
     def new_model(self) -> CheckedModel:
         m = CheckedModel()
@@ -531,8 +146,7 @@ class DocumentSessionCheck(KindCheck):
         return m
 
     def observe_model(self, m: CheckedModel) -> Seen:
-        w = m.world()
-        return Seen(w, {k: r for k, r in m.drafts.slots.items()}, {k: tab_inner(t) for k, t in m.tabs.items()})
+        return Seen(m.world(), dict(m.drafts.slots))
 
     def observe_impl(self) -> Seen:
         if self.plant.db_link.toxics or not self.plant.db_link.enabled:
@@ -542,113 +156,85 @@ class DocumentSessionCheck(KindCheck):
         drafts = {k: self.drafts.read(k) for k in self.drafts.keys()}
         drafts = {k: r for k, r in drafts.items() if r is not None}
         views = {k: DraftView.from_record(k, r) for k, r in drafts.items()}
-        world = World(docs, views, {slot: s.view(slot) for slot, s in self.sessions.items()})
-        return Seen(world, drafts, {slot: tab_inner(s) for slot, s in self.sessions.items()})
+        tabs = {slot: s.view(slot) for slot, s in self.sessions.items()}
+        return Seen(World(docs, views, tabs), drafts)
 
     def clock_matters(self) -> bool:
         return False  # session time is a number the check passes; the database clock plays no role
+
+    # -- hooks of the replay engine ------------------------------------------------------------
+    def real_side(self) -> RealSide:
+        return RealSide(self)
+
+    def model_side(self, model: CheckedModel, deliver: Callable) -> ModelSide:
+        return ModelSide(self, model, deliver)
+
+    def lost(self, answer: Any) -> bool:
+        return isinstance(answer, NoAnswer)
+
+    def may_change(self, request: Any) -> bool:
+        return not isinstance(request, ReadRequest)
+
+    def unanswered(self, why: str) -> NoAnswer:
+        return NoAnswer(why)
+
+    def deliver_to_model(self, model: CheckedModel, request: Any) -> Any:
+        return model.deliver(request)
+
+    def landing_changes(self, answer: Any) -> bool:
+        return isinstance(answer, Won) and not getattr(answer.value, "replayed", False)
+
+    def describe(self, x: Any) -> str:
+        return show(x)
+
+    def describe_request(self, request: Any) -> str:
+        return show_request(request)
+
+    def difference(self, expected: Seen, real: Seen) -> str:
+        return describe_difference(expected, real)
+
+    def after_step(self) -> None:
+        self._age_faults()
+
+    def judge(self, real: Seen, m: CheckedModel, exchanges: list[Exchange]) -> list:
+        sent = [x.request for x in exchanges if isinstance(x.request, SaveRequest)]
+        out = check_invariants(real.world, m.ledger(), expected=m.world(), sent=sent)
+        out += receipt_answers(self.ws.query, exchanges)
+        out += self.reads.judge(real.world, exchanges)
+        out += self.refusals
+        self.refusals = []
+        self.stats.invariants_checked += (len(SESSION_INVARIANTS) + len(CHECK_INVARIANTS)
+                                          - len(REQUEST_INVARIANTS))
+        return out
+
+    def counted(self, chosen: Candidate) -> None:
+        for t in chosen.model.drain():
+            self.stats.transitions[t] += 1
+        totals = chosen.model.totals()
+        for counter, event in self.EVENTS.items():
+            self.event(event, totals.get(counter, 0) - self.seen_totals.get(counter, 0))
+        self.event("lost response", chosen.landed - self.seen_totals.get("landed", 0))
+        self.event("lost request", chosen.not_landed - self.seen_totals.get("not landed", 0))
+        self.seen_totals = {**totals, "landed": chosen.landed, "not landed": chosen.not_landed}
 
     # -- the base's faults act on the tabs' links and the server's database link ---------------
     def all_links(self):
         return [*self.links.values(), self.plant.db_link]
 
     def crash_matters(self) -> bool:
-        """A database crash and restart while a tab waits to retry a save: the receipt that answers
-        the retry must have survived."""
+        """A database crash and restart while a tab waits to retry a save: the receipt that
+        answers the retry must have survived."""
         return bool(self._slots(State.OFFLINE))
 
-    # -- the step ------------------------------------------------------------------------------
-    def _run(self, label: str, script: Callable[[Any], Any], net: tuple[str, str] | None = None) -> Any:
-        """Run ``script`` on the real parts, then on every possible model world; keep the worlds
-        that agree with what the implementation did (answers, requests, outcome)."""
-        self.stats.steps += 1
-        plant = self.plant
-        plant.exchanges.clear()
-        plant.slots.clear()
-        with self._net(*net) if net else contextlib.nullcontext("") as tag:
-            real = outcome(lambda: script(RealSide(self)))
-        exchanges = list(plant.exchanges)
-        self.sent += [r for r, _ in exchanges if isinstance(r, SaveRequest)]
-        self.answered += [(slot, r, a) for slot, (r, a) in zip(plant.slots, exchanges)]
-        plant.exchanges.clear()
-        plant.slots.clear()
-        wire = "; ".join(f"{show_request(r)} -> {show(a)}" for r, a in exchanges)
-        self.log(f"{label}{tag}{': ' + wire if wire else ''} => {show(real)}")
-        self._age_faults()
-        unknown = [i for i, (r, a) in enumerate(exchanges)
-                   if isinstance(a, NoAnswer) and not isinstance(r, ReadRequest)]  # may have landed
-        kept, problems = [], []
-        for base in [c.model for c in self.candidates]:
-            for fates in itertools.product((False, True), repeat=len(unknown)):
-                m = copy.deepcopy(base)
-                m.fates = []
-                try:
-                    got = self._replay(m, script, exchanges, dict(zip(unknown, fates)))
-                except Redundant:
-                    continue
-                except Diverged as e:
-                    problems.append(f"{label}: {e}")
-                    continue
-                if canon(got) != canon(real):
-                    problems.append(f"{label}: the implementation's outcome is {show(real)} ({_short(real)}), "
-                                    f"the model's is {show(got)} ({_short(got)})")
-                    continue
-                kept.append(m)
-        if kept:
-            self.candidates = [Candidate(m) for m in kept]
-            return real
-        # The model cannot follow. Keep the world in which the model's tabs got the answers the real
-        # ones got (requests never sent reach nothing), so the invariants can judge the real world.
-        self.divergence = problems[0]
-        follow = copy.deepcopy(self.candidates[0].model)
-        with contextlib.suppress(Exception):
-            self._replay(follow, script, exchanges, {}, follow=True)
-        self.candidates = [Candidate(follow)]
-        return real
-
-    def _replay(self, m: CheckedModel, script, exchanges, landed: dict[int, bool], follow: bool = False):
-        pos = 0
-
-        def deliver(req):
-            nonlocal pos
-            i, pos = pos, pos + 1
-            if i >= len(exchanges):
-                if follow:
-                    return NoAnswer("never sent")
-                raise Diverged(f"the model sends {show_request(req)}, which the implementation never sent")
-            rreq, rans = exchanges[i]
-            if canon(req) != canon(rreq):
-                if follow:
-                    return NoAnswer("diverged")
-                raise Diverged(f"the implementation sent {show_request(rreq)} ({_short(rreq)}), "
-                               f"the model sends {show_request(req)} ({_short(req)})")
-            if isinstance(rans, NoAnswer):
-                if follow or isinstance(req, ReadRequest):
-                    return rans
-                if landed.get(i):
-                    exp = m.deliver(req)
-                    if not isinstance(exp, Won) or getattr(exp.value, "replayed", False):
-                        raise Redundant()
-                    m.lost_landed += 1
-                else:
-                    m.lost_not_landed += 1
-                m.fates.append(f"{show_request(req)} {'landed' if landed.get(i) else 'left nothing stored'}")
-                return rans
-            exp = m.deliver(req)
-            if not follow and canon(exp) != canon(rans):
-                raise Diverged(f"{show_request(req)}: the server answered {show(rans)} ({_short(rans)}), "
-                               f"the model's server answers {show(exp)} ({_short(exp)})")
-            return rans
-
-        got = outcome(lambda: script(ModelSide(self, m, deliver)))
-        if pos < len(exchanges) and not follow:
-            raise Diverged(f"the implementation sent {show_request(exchanges[pos][0])}, which the model never sends")
-        return got
+    # -- a step --------------------------------------------------------------------------------
+    def _run(self, label: str, script: Callable[[Any], Any],
+             net: tuple[str, str] | None = None) -> Any:
+        return self.play(label, script, self._net(*net) if net else None)
 
     @contextlib.contextmanager
     def _net(self, slot: str, net: str):
-        """A per-step network fate on one tab's link: offline (the link is down) or the answer lost
-        (the server gets the request and answers; the answer never arrives)."""
+        """A per-step network fate on one tab's link: offline (the link is down) or the answer
+        lost (the server gets the request and answers; the answer never arrives)."""
         link = self.links[slot]
         if net == "ok" or link.toxics or not link.enabled:
             yield ""
@@ -666,85 +252,7 @@ class DocumentSessionCheck(KindCheck):
         finally:
             self._toxi(undo)
 
-    # -- observation: narrow, count, judge ---------------------------------------------------------
-    @invariant()
-    def model_agrees(self) -> None:
-        """The real world equals one possible model world, and the invariants hold on the real world.
-        (Overrides the base: the invariants are judged before a disagreement is reported, so a
-        failure names the invariant it broke.)"""
-        if not hasattr(self, "candidates"):
-            return
-        real = self.observe_impl()
-        matching = [c.model for c in self.candidates if self.observe_model(c.model) == real]
-        if self.divergence is not None or not matching:
-            m = self.candidates[0].model
-            why = self.divergence or ("the implementation disagrees with the model after this step:\n"
-                                      + describe_difference(self.observe_model(m), real)
-                                      + ("" if len(self.candidates) == 1 else
-                                         f"\n  (none of the {len(self.candidates)} possible worlds matched)"))
-            self.fail(why, self._violations(real, m))
-        chosen = matching[0]
-        if len(self.candidates) > 1 and all(x.fates == chosen.fates for x in matching):
-            self.log(f"  (observed: {'; '.join(chosen.fates)})")
-        self.candidates = [Candidate(chosen)]
-        self.model = chosen
-        for t in chosen.drain():
-            self.stats.transitions[t] += 1
-        totals = chosen.totals()
-        for counter, event in self.EVENTS.items():
-            self.event(event, totals[counter] - self.seen_totals[counter])
-        self.seen_totals = totals
-        violations = self._violations(real, chosen)
-        if violations:
-            self.fail("", violations)
-
-    def _violations(self, real: Seen, m: CheckedModel) -> list[Violation]:
-        out = check_invariants(real.world, m.ledger(), expected=m.world(), sent=self.sent)
-        out += self._retry_against_itself(real)
-        out += self._read_went_back(real)
-        self.sent, self.answered = [], []
-        self.stats.invariants_checked += len(SESSION_INVARIANTS) + len(CHECK_INVARIANTS)
-        return out
-
-    def _read_went_back(self, real: Seen) -> list[Violation]:
-        """A tab that applied a read in this step (and adopted nothing) ends it with a base no older
-        than it had before, and no older than any copy of the document it was sent in the step."""
-        out, before = [], getattr(self, "bases", {})
-        self.bases = {slot: (t.writer_id, len(t.transitions), t.base_version) for slot, t in real.world.tabs.items()}
-        for slot, t in real.world.tabs.items():
-            prev = before.get(slot)
-            if prev is None or prev[0] != t.writer_id or len(t.transitions) < prev[1]:
-                continue
-            events = {e for _, e, _ in t.transitions[prev[1]:]}
-            if not events & {"reloaded", "discard_reloaded"} or "adopt" in events:
-                continue
-            seen = [a.value.version for s, r, a in self.answered
-                    if s == slot and isinstance(r, ReadRequest) and r.purpose != "load"
-                    and isinstance(a, Won) and isinstance(a.value, Snapshot)]
-            newest = max([prev[2], *seen])
-            if t.base_version < newest:
-                out.append(Violation("no-stale-read-applied", f"tab {slot} applied a read of v{t.base_version} "
-                                                              f"after it had v{newest}"))
-        return out
-
-    def _retry_against_itself(self, real: Seen) -> list[Violation]:
-        """The HTTP contract's idempotent retry: a save that is the writer's last applied one (same
-        writer, seq and request fingerprint as the server's receipt) is answered with that success,
-        never with a conflict against itself."""
-        out = []
-        for _, req, answer in self.answered:
-            if not (isinstance(req, SaveRequest) and isinstance(answer, VersionConflict)):
-                continue
-            rows = self.ws.query("SELECT save_seq, fingerprint, version FROM document_saves "
-                                 "WHERE document_id = %s AND writer_id = %s", (req.doc_id, req.writer_id))
-            if rows and rows[0][0] == req.seq and rows[0][1] == save_fingerprint(req.user, req.base_version,
-                                                                                 req.content):
-                out.append(Violation("retry-answered-from-receipt",
-                                     f"save {req.writer_id}#{req.seq} landed as v{rows[0][2]}, and its retry "
-                                     "was answered with a conflict against itself"))
-        return out
-
-    # -- helpers ---------------------------------------------------------------------------------------
+    # -- helpers --------------------------------------------------------------------------------
     def _state(self, slot: str) -> State | None:
         s = self.sessions.get(slot)
         return None if s is None else s.state
@@ -766,7 +274,7 @@ class DocumentSessionCheck(KindCheck):
     def _pick(self, data, slots: list[str]) -> str:
         return data.draw(st.sampled_from(slots), label="tab")
 
-    # -- opening and loading ---------------------------------------------------------------------------
+    # -- opening and loading --------------------------------------------------------------------
     def _open(self, slot: str, fresh: bool, net: str = "ok") -> None:
         fresh = fresh or self.writer_n[slot] == 0
         if fresh:
@@ -779,7 +287,8 @@ class DocumentSessionCheck(KindCheck):
             req = t.begin_read("load")
             return t.finish_read(req, side.send(slot, req))
 
-        self._run(f"open {slot} ({user}, writer {writer}{'' if fresh else ', again'})", script, (slot, net))
+        again = "" if fresh else ", again"
+        self._run(f"open {slot} ({user}, writer {writer}{again})", script, (slot, net))
 
     @precondition(lambda self: self._free_slots())
     @rule(data=st.data(), fresh=st.booleans(), net=st.sampled_from(NETS))
@@ -788,13 +297,42 @@ class DocumentSessionCheck(KindCheck):
         of the user's other writers are offered as siblings)."""
         self._open(self._pick(data, self._free_slots()), fresh, net)
 
+    def _reopenable(self) -> list[str]:
+        return [slot for slot in self._slots(State.CLEAN) if self.sessions[slot].next_seq > 1]
+
+    @precondition(lambda self: self._reopenable() and self.budget["reopen"])
+    @rule(data=st.data())
+    def reopen_without_draft(self, data) -> None:
+        """A tab that saved closes clean, and its writer opens the document again: no draft is
+        left, so it counts its saves from 1 again. Its next save reuses an identity that saved:
+        the server says so (409 save_seq_taken) and the tab goes on under a fresh seq."""
+        slot = self._pick(data, self._reopenable())
+        self.budget["reopen"] -= 1
+        user, writer = SLOTS[slot], self.sessions[slot].writer_id
+        patch, now = self._patch(slot, "title"), self.clock
+        self.clock += DEBOUNCE
+        later = self.clock
+
+        def script(side):
+            side.tab(slot).close()
+            t = side.open(slot, user, writer)
+            req = t.begin_read("load")
+            t.finish_read(req, side.send(slot, req))
+            t.edit(patch, now)
+            return t.tick(later)
+
+        self._run(f"close {slot} and open it again (writer {writer}, no draft), edit "
+                  f"{_fmt_patch(patch)}, then wait {DEBOUNCE}s", script)
+
     @precondition(lambda self: self._slots(State.LOADING))
     @rule(data=st.data(), give_up=st.sampled_from([False, False, True]), net=st.sampled_from(NETS))
     def load(self, data, give_up: bool, net: str) -> None:
-        """A tab whose first read failed tries again, or the user closes it while it is still loading."""
+        """A tab whose first read failed tries again, or the user closes it while it is still
+        loading."""
         slot = self._pick(data, self._slots(State.LOADING))
         if give_up:
-            self._run(f"close {slot} while it is still loading", lambda side: side.tab(slot).close())
+            self._run(f"close {slot} while it is still loading",
+                      lambda side: side.tab(slot).close())
             return
 
         def script(side):
@@ -804,7 +342,7 @@ class DocumentSessionCheck(KindCheck):
 
         self._run(f"load {slot}", script, (slot, net))
 
-    # -- editing and saving ------------------------------------------------------------------------------
+    # -- editing and saving ---------------------------------------------------------------------
     EDITABLE = (State.CLEAN, State.DIRTY, State.OFFLINE, State.CONFLICT)
     PENDING = (State.DIRTY, State.OFFLINE)
 
@@ -825,20 +363,23 @@ class DocumentSessionCheck(KindCheck):
             out = t.edit(patch, now)
             return t.tick(later) if then else out
 
-        self._run(f"edit {slot} {_fmt_patch(patch)}{', then wait ' + str(DEBOUNCE) + 's' if then else ''}", script,
+        wait = f", then wait {DEBOUNCE}s" if then else ""
+        self._run(f"edit {slot} {_fmt_patch(patch)}{wait}", script,
                   (slot, net) if then else None)
 
     @precondition(lambda self: self._slots(*self.PENDING))
     @rule(data=st.data(), advance=st.sampled_from([1.0, 1.0, 0.5]), net=st.sampled_from(NETS_WRITE))
     def tick(self, data, advance: float, net: str) -> None:
-        """Time passes; the tab saves when its debounce is due (or at once, to retry a failed save)."""
+        """Time passes; the tab saves when its debounce is due (or at once, to retry a failed
+        save)."""
         slot = self._pick(data, self._slots(*self.PENDING))
         self.clock += advance
         now = self.clock
         self._run(f"tick {slot} +{advance}s", lambda side: side.tab(slot).tick(now), (slot, net))
 
     @precondition(lambda self: self._slots(*self.PENDING))
-    @rule(data=st.data(), attr=st.sampled_from(["title", "qty", "done"]), net=st.sampled_from(NETS_WRITE))
+    @rule(data=st.data(), attr=st.sampled_from(["title", "qty", "done"]),
+          net=st.sampled_from(NETS_WRITE))
     def edit_during_save(self, data, attr: str, net: str) -> None:
         """The user types while a save is in flight: the edit stays pending, whatever the answer."""
         slot = self._pick(data, self._slots(*self.PENDING))
@@ -851,7 +392,8 @@ class DocumentSessionCheck(KindCheck):
             t.edit(patch, now)
             return t.finish_save(req, side.send(slot, req))
 
-        self._run(f"save {slot}, and edit {_fmt_patch(patch)} while it is in flight", script, (slot, net))
+        self._run(f"save {slot}, and edit {_fmt_patch(patch)} while it is in flight", script,
+                  (slot, net))
 
     @precondition(lambda self: self._slots(*self.PENDING))
     @rule(data=st.data(), reload=st.booleans(), net=st.sampled_from(NETS))
@@ -860,6 +402,19 @@ class DocumentSessionCheck(KindCheck):
         fetches first and replaces the local state only once the fetch succeeded."""
         slot = self._pick(data, self._slots(*self.PENDING))
         self._discard(slot, reload, net)
+
+    @precondition(lambda self: self._slots(State.OFFLINE))
+    @rule(data=st.data(), how=st.sampled_from(["discard", "discard and reload", "close", "discard"]),
+          net=st.sampled_from(NETS_WRITE))
+    def leave_offline_work(self, data, how: str, net: str) -> None:
+        """While a tab waits to retry a save, the user leaves its work: discards it (the retry is
+        dropped, not the server's copy), discards and reloads (offline, nothing changes), or
+        closes the tab (the close flushes; what the server does not take is parked)."""
+        slot = self._pick(data, self._slots(State.OFFLINE))
+        if how == "close":
+            self._run(f"close {slot}", lambda side: side.tab(slot).close(), (slot, net))
+        else:
+            self._discard(slot, how.endswith("reload"), net)
 
     def _discard(self, slot: str, reload: bool, net: str) -> None:
         if not reload:
@@ -873,7 +428,7 @@ class DocumentSessionCheck(KindCheck):
 
         self._run(f"discard and reload {slot}", script, (slot, net))
 
-    # -- reads ---------------------------------------------------------------------------------------------
+    # -- reads ----------------------------------------------------------------------------------
     @precondition(lambda self: self._slots(*self.EDITABLE))
     @rule(data=st.data(), race=st.sampled_from(["none", "newer read first", "local edit", "save"]),
           replace=st.booleans())
@@ -888,7 +443,8 @@ class DocumentSessionCheck(KindCheck):
         slots = {"none": self._slots(State.CLEAN), "newer read first": self._slots(State.CLEAN),
                  "save": self._slots(*self.PENDING)}.get(race, self._slots(*self.EDITABLE))
         slot = self._pick(data, slots)
-        purpose = "refresh" if self._state(slot) is State.CLEAN and not (replace and race == "none") else "replace"
+        clean = self._state(slot) is State.CLEAN
+        purpose = "refresh" if clean and not (replace and race == "none") else "replace"
         patch = self._patch(slot, "title") if race == "local edit" else None
         server_patch = {"done": self.edits % 2 == 1}
         now = self.clock
@@ -908,14 +464,18 @@ class DocumentSessionCheck(KindCheck):
                 t.finish_save(req, side.send(slot, req))
             return t.finish_read(late, late_answer)
 
-        what = {"none": "", "newer read first": ", answered after a server-side write and a newer read",
-                "local edit": f", answered after an edit {_fmt_patch(patch or {})}", "save": ", answered after a save"}
-        self._run(f"{'reload' if purpose == 'refresh' else 'discard and reload'} {slot}{what[race]}", script)
+        what = {"none": "",
+                "newer read first": ", answered after a server-side write and a newer read",
+                "local edit": f", answered after an edit {_fmt_patch(patch or {})}",
+                "save": ", answered after a save"}
+        verb = "reload" if purpose == "refresh" else "discard and reload"
+        self._run(f"{verb} {slot}{what[race]}", script)
 
-    # -- conflicts -------------------------------------------------------------------------------------------
+    # -- conflicts ------------------------------------------------------------------------------
     @precondition(lambda self: self._slots(State.CONFLICT))
     @rule(data=st.data(), how=st.sampled_from(["discard", "rebase, a clash keeps the local value",
-                                               "rebase, a clash keeps the stored value", "discard and reload",
+                                               "rebase, a clash keeps the stored value",
+                                               "discard and reload",
                                                "rebase, a clash keeps the local value"]),
           net=st.sampled_from(NETS))
     def resolve(self, data, how: str, net: str) -> None:
@@ -942,9 +502,10 @@ class DocumentSessionCheck(KindCheck):
 
         self._run(f"resolve {slot}: keep the local copy as a new document", script, (slot, net))
 
-    # -- sibling drafts ------------------------------------------------------------------------------------------
+    # -- sibling drafts -------------------------------------------------------------------------
     def _with_siblings(self) -> list[str]:
-        return [slot for slot, s in self.sessions.items() if s.siblings and s.state is not State.CLOSED]
+        return [slot for slot, s in self.sessions.items()
+                if s.siblings and s.state is not State.CLOSED]
 
     @precondition(lambda self: self._with_siblings())
     @rule(data=st.data(), adopt=st.sampled_from([True, True, False]))
@@ -957,12 +518,13 @@ class DocumentSessionCheck(KindCheck):
         s = self.sessions[slot]
         writer = data.draw(st.sampled_from([d["writerId"] for d in s.siblings]), label="sibling")
         if adopt:
-            self._run(f"{slot} adopts the draft of writer {writer}", lambda side: side.tab(slot).adopt(writer))
+            self._run(f"{slot} adopts the draft of writer {writer}",
+                      lambda side: side.tab(slot).adopt(writer))
         else:
             self._run(f"{slot} discards the draft of writer {writer}",
                       lambda side: side.tab(slot).discard_sibling(writer))
 
-    # -- closing and dying -----------------------------------------------------------------------------------------
+    # -- closing and dying ----------------------------------------------------------------------
     CLOSABLE = (State.LOADING, State.CLEAN, State.DIRTY, State.OFFLINE, State.CONFLICT)
 
     @precondition(lambda self: self._slots(*self.CLOSABLE))
@@ -990,7 +552,8 @@ class DocumentSessionCheck(KindCheck):
             side.crash(slot)
             return None
 
-        self._run(f"tab {slot} {how}", script, (slot, net) if how.endswith("after the request") else None)
+        self._run(f"tab {slot} {how}", script,
+                  (slot, net) if how.endswith("after the request") else None)
 
     # Drawn twice as often as the other rules (Hypothesis draws a rule uniformly among the enabled
     # ones; a rule listed under two names counts twice): they keep work flowing towards saves,
@@ -1000,7 +563,89 @@ class DocumentSessionCheck(KindCheck):
     resolve_more = resolve
     keep_copy_more = keep_copy
 
-    # -- the rest of the world ----------------------------------------------------------------------------------
+    # -- clients that are not sessions (see document_requests) ------------------------------
+    def _server_calm(self) -> bool:
+        link = self.plant.db_link
+        return not link.toxics and link.enabled
+
+    def _version(self) -> int:
+        return self.worlds[0].model.server.docs[DOC].version
+
+    @precondition(lambda self: self._server_calm() and self.budget["other client"])
+    @rule(case=st.sampled_from((*HOSTILE, REUSE)))
+    def other_client(self, case: Hostile | str) -> None:
+        """A client that is not a session sends a request the contract refuses (a lenient server
+        would apply it: it carries the current base and a fresh save identity), or reuses a save
+        identity (one rule for all of them: they share one rule's share of the steps)."""
+        self.budget["other client"] -= 1
+        if case == REUSE:
+            self._reused_save_seq()
+        else:
+            self._hostile_request(case)
+
+    def _hostile_request(self, case: Hostile) -> None:
+        self.stats.steps += 1
+        self.hostile_n += 1
+        writer = f"hostile-{self.hostile_n}"
+        method, path, headers, body = case.request(DOC, self._version(), writer)
+        before = self.observer.documents()
+        response = self.plant.raw.request(method, path, headers=headers, content=body)
+        after = self.observer.documents()
+        try:
+            error = response.json().get("error")
+        except (ValueError, AttributeError):
+            error = None
+        self.log(f"a client sends {case.name} -> {response.status_code} {error}")
+        # judged with everything else after the step (a request applied that should not have
+        # been may break the model's invariants too: they are named together)
+        self.refusals = judge(case, response, before, after)
+        self.stats.invariants_checked += len(REQUEST_INVARIANTS)
+        if not self.refusals:
+            self.event("hostile request refused")
+
+    def _alice_pending(self) -> list[str]:
+        return [slot for slot in self._slots(*self.PENDING) if SLOTS[slot] == "alice"]
+
+    @precondition(lambda self: self._server_calm() and self._alice_pending()
+                  and self.budget["impostor"])
+    @rule(data=st.data())
+    def impostor_save(self, data) -> None:
+        """An alice tab saves while offline (the request never arrives); bob's client then
+        saves under that tab's writer id and seq, and the tab retries: bob's save is his own,
+        and must neither answer nor replace her receipt — her retry is answered as if bob had
+        saved under another id."""
+        slot = self._pick(data, self._alice_pending())
+        self.budget["impostor"] -= 1
+        self.edits += 1
+        base, title, now = self._version(), f"bob.{self.edits}", self.clock
+
+        def script(side):
+            t = side.tab(slot)
+            with side.offline(slot):
+                req = t.begin_save(now)
+                t.finish_save(req, side.send(slot, req))
+            side.send(CLIENT, SaveRequest(DOC, "bob", req.writer_id, req.seq, base,
+                                          {"title": title}, 0))
+            return t.tick(now)   # the retry is due at once
+
+        self._run(f"{slot} saves offline; bob's client saves as its writer and seq; {slot} "
+                  "retries", script)
+
+    def _reused_save_seq(self) -> None:
+        """A client saves, then sends other content under the same (writerId, saveSeq): a save
+        identity names one save, so the second is refused, naming the first's receipt."""
+        self.hostile_n += 1
+        writer, base = f"reuser-{self.hostile_n}", self._version()
+        first = SaveRequest(DOC, "alice", writer, 1, base, {"title": f"{writer}.a"}, 0)
+        again = SaveRequest(DOC, "alice", writer, 1, base + 1, {"title": f"{writer}.b"}, 0)
+
+        def script(side):
+            side.send(CLIENT, first)
+            return side.send(CLIENT, again)
+
+        self._run(f"a client saves as {writer}#1, then sends other content as {writer}#1", script)
+
+    # -- the rest of the world ------------------------------------------------------------------
     @precondition(lambda self: self._slots(State.DIRTY, State.OFFLINE, State.CONFLICT))
     @rule(attr=st.sampled_from(["title", "qty", "done"]))
     def server_write(self, attr: str) -> None:
@@ -1011,158 +656,31 @@ class DocumentSessionCheck(KindCheck):
         patch = {attr: {"title": f"ai.{k}", "qty": 1000 + k, "done": k % 2 == 0}[attr]}
         self._run(f"server-side write {_fmt_patch(patch)}", lambda side: side.server_write(patch))
 
-    @precondition(lambda self: self.drafts_failing or (self._calm() and self._slots(*self.EDITABLE)))
+    @precondition(lambda self: self.drafts_failing
+                  or (self._calm() and self._slots(*self.EDITABLE)))
     @rule()
     def fault_drafts(self) -> None:
         """The draft store starts refusing writes and deletes (quota, full disk, private mode), or
-        works again."""
+        works again — and then the user goes on typing in a tab that showed the failure (the
+        first one): its next write retries, and the status must come back."""
         self.drafts_failing = self.drafts.fail_writes = not self.drafts_failing
-        for c in self.candidates:
-            c.model.set_drafts_failing(self.drafts_failing)
+        for w in self.worlds:
+            w.model.set_drafts_failing(self.drafts_failing)
         if self.drafts_failing:
             self.fault("draft-store", "the draft store starts failing")
-        else:
-            self.log("the draft store works again")
+            return
+        self.log("the draft store works again")
+        failing = [slot for slot in self._slots(*self.EDITABLE)
+                   if self.sessions[slot].draft_status == "failing"]
+        if failing:
+            slot, now = failing[0], self.clock
+            patch = self._patch(slot, "title")
+            self._run(f"edit {slot} {_fmt_patch(patch)}",
+                      lambda side: side.tab(slot).edit(patch, now))
 
 
 def _fmt_patch(patch: dict) -> str:
     return ", ".join(f"{k}={'(cleared)' if v is None else repr(v)}" for k, v in patch.items())
 
 
-# ---------------------------------------------------------------------------------------
-# Mutants: realistic bugs, each caught by this check (see `knownstate mutants document-session`).
-# Each is applied by subclassing the check with a replaced session, draft store or SQL; the
-# reference implementation is never changed.
-# ---------------------------------------------------------------------------------------
-
-from ..mutants import Mutant, sql_edit, with_attrs  # noqa: E402
-
-_Q = server_impl.Q
-
-
-class _SuccessWipesPendingEdit(Session):
-    """The save's answer handler takes the saved snapshot as the local copy: an edit typed while
-    the save was in flight is wiped (the autosave bug of the seed)."""
-
-    def finish_save(self, req, answer):
-        if isinstance(answer, Won) and req == self.inflight:
-            self.local = dict(req.content)
-        return super().finish_save(req, answer)
-
-
-class _DraftSlotWithoutWriter(DraftStore):
-    """The draft key leaves out the writer id: every tab of a user shares one slot per document."""
-
-    def key(self, kind, user, file_id, writer_id):
-        return f"knownstate:{kind}-draft:{user}:{file_id}"
-
-
-class _ReadGuard(Session):
-    """The reference's stale-read guard with some of its checks left out (see the subclasses)."""
-
-    check_order = True       # the read sequence, and "the base moved since the read started"
-    check_generation = True  # "a local edit happened since the read started" (for a discard-and-reload)
-
-    def finish_read(self, req, answer):
-        if req.purpose == "load" or not (isinstance(answer, Won) and isinstance(answer.value, Snapshot)):
-            return super().finish_read(req, answer)
-        snap, reason = answer.value, None
-        event = "reloaded" if req.purpose == "refresh" else "discard_reloaded"
-        if self.check_order and req.read_seq <= self.applied_read_seq:
-            reason = "out_of_order"
-        elif req.generation != self.generation and (self.check_generation or req.purpose == "refresh"):
-            reason = "raced_local_edit"
-        elif self.inflight is not None or (self.check_order and req.base_version != self.base_version):
-            reason = "raced_save"
-        elif self.check_order and snap.version < self.base_version:
-            reason = "older_than_base"
-        elif (self.state.value, event) not in {(t.source, t.event) for t in TABLE.transitions}:
-            reason = f"state_changed_to_{self.state.value}"
-        if reason is not None:
-            self._count("stale_reads_dropped")
-            return Dropped(reason)
-        self.applied_read_seq = max(self.applied_read_seq, req.read_seq)
-        self.local, self.base_content, self.base_version = dict(snap.content), dict(snap.content), snap.version
-        if req.purpose == "replace":
-            self.unconfirmed = self.conflict = self.due_at = None
-            self._delete_draft()
-            self._count("discarded")
-        self._go(event)
-        return Won(self.state.value)
-
-
-class _ReadGuardWithoutOrder(_ReadGuard):
-    """The guard checks only the edit generation: a read answered late, after a newer one, is applied."""
-
-    check_order = False
-
-
-class _ReadGuardWithoutGeneration(_ReadGuard):
-    """A discard-and-reload skips the generation check ("the user discards anyway"): its answer,
-    arriving after the user typed again, wipes the new edit."""
-
-    check_generation = False
-
-
-class _ReloadClearsFirst(Session):
-    """discard_and_reload() clears the local copy and its draft first, then fetches."""
-
-    def begin_read(self, purpose="refresh"):
-        req = super().begin_read(purpose)
-        if purpose == "replace":
-            self.local, self.unconfirmed = dict(self.base_content), None
-            self._delete_draft()
-        return req
-
-
-class _AutoRebase(Session):
-    """A conflict is resolved on the spot by merging, local values winning: no user involved."""
-
-    def finish_save(self, req, answer):
-        out = super().finish_save(req, answer)
-        if isinstance(answer, VersionConflict) and self.k.can_merge:
-            self.rebase(prefer_local)
-        return out
-
-
-class _CloseDropsPending(Session):
-    """close() cancels the debounce timer: an edit not sent yet is dropped instead of flushed."""
-
-    def close(self, max_failures: int = 2):
-        if self.state is State.DIRTY:
-            self.local, self.due_at = dict(self.base_content), None
-            self._delete_draft()
-            self._go("discard")
-        return super().close(max_failures)
-
-
-MUTANTS = [
-    Mutant("server-ignores-base-version", "document-session", "no-stale-save-accepted",
-           "the save's UPDATE does not match the base version: a stale save overwrites",
-           with_attrs(queries=sql_edit(_Q, "save", "AND d.version = %(expected)s\n      AND EXISTS", "AND EXISTS"))),
-    Mutant("success-wipes-pending-edit", "document-session", "no-edit-lost-silently",
-           "a successful save's answer replaces the local copy: an edit typed during the save is gone",
-           with_attrs(session_class=_SuccessWipesPendingEdit)),
-    Mutant("draft-key-without-writer", "document-session", "unsaved-work-in-one-place",
-           "the draft slot is keyed by user and document only: tabs overwrite each other's drafts",
-           with_attrs(drafts_class=_DraftSlotWithoutWriter)),
-    Mutant("stale-read-applied", "document-session", "no-stale-read-applied",
-           "the read guard has no read sequence: a read answered after a newer one is applied",
-           with_attrs(session_class=_ReadGuardWithoutOrder)),
-    Mutant("read-that-raced-an-edit-applied", "document-session", "no-edit-lost-silently",
-           "a discard-and-reload ignores the edit generation: its late answer wipes an edit typed meanwhile",
-           with_attrs(session_class=_ReadGuardWithoutGeneration)),
-    Mutant("reload-clears-before-fetch", "document-session", "no-edit-lost-silently",
-           "discard_and_reload() drops the local copy and draft before the fetch succeeded",
-           with_attrs(session_class=_ReloadClearsFirst)),
-    Mutant("automatic-rebase-on-conflict", "document-session", "no-last-write-wins",
-           "a version conflict is merged and resaved at once, local values winning",
-           with_attrs(session_class=_AutoRebase)),
-    Mutant("close-drops-pending-edit", "document-session", "close-flushes-never-drops",
-           "close() cancels the pending debounced save instead of flushing it",
-           with_attrs(session_class=_CloseDropsPending)),
-    Mutant("retry-conflicts-with-itself", "document-session", "retry-answered-from-receipt",
-           "the server keeps no save receipts: a retry whose first answer was lost gets a 409",
-           with_attrs(queries=sql_edit(_Q, "receipt", "WHERE document_id = %(id)s AND writer_id = %(writer)s",
-                                       "WHERE false"))),
-]
+from .document_mutants import MUTANTS  # noqa: E402  (the catalogue; it needs nothing from here)

@@ -2,6 +2,7 @@
 
 One JSON file per key in a directory; a write goes to a temp file, is fsynced, and replaces
 the old file atomically, so a crash leaves either the old draft or the new one, never half.
+It is the session's draft-store port (:class:`knownstate.model.document_session.DraftPort`).
 The key of a writer's slot is :func:`knownstate.model.document.draft_key`
 (``knownstate:{kind}-draft:{user}:{file}:{writerId}``): one writer never erases another's draft.
 
@@ -19,13 +20,11 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from knownstate.model.document import DraftView, draft_key, draft_prefix
+from knownstate.model.document import DraftStoreError, DraftView, draft_key, draft_prefix
+
+__all__ = ["DraftStore", "DraftStoreError"]
 
 _SUFFIX = ".json"
-
-
-class DraftStoreError(Exception):
-    """The draft store refused to write: the draft is not durable."""
 
 
 class DraftStore:
@@ -46,7 +45,7 @@ class DraftStore:
     def _path(self, key: str) -> Path:
         return self.directory / (quote(key, safe="") + _SUFFIX)
 
-    # -- the fault ----------------------------------------------------------------------------------
+    # -- the fault ---------------------------------------------------------------------
     @contextlib.contextmanager
     def failing(self):
         """Every write and delete fails inside the block."""
@@ -61,7 +60,7 @@ class DraftStore:
             self.refused += 1
             raise DraftStoreError(f"{what} {key!r}: the draft store is failing")
 
-    # -- operations -----------------------------------------------------------------------------------
+    # -- operations ----------------------------------------------------------------------
     def write(self, key: str, record: dict) -> None:
         self._refuse_if_failing("write", key)
         data = json.dumps(record, sort_keys=True, ensure_ascii=True).encode()

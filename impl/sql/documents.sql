@@ -6,10 +6,19 @@ FROM documents d
 JOIN document_acl a ON a.document_id = d.id AND a.user_id = %(user)s
 WHERE d.id = %(id)s
 
+-- access_kind --
+-- What a write needs to know first: the document's kind and schema, and whether %(user)s may
+-- write it. No ACL row: no result (404, nothing revealed).
+SELECT d.kind, d.schema, a.can_write
+FROM documents d
+JOIN document_acl a ON a.document_id = d.id AND a.user_id = %(user)s
+WHERE d.id = %(id)s
+
 -- save --
 -- The compare-and-swap, as one statement: the UPDATE matches only while the stored version is
--- the save's base and the user may write. The history row and the writer's save receipt are
--- written by the same statement, so they commit with the content or not at all.
+-- the save's base, the user may write, and this save identity (user, writer, seq) has not
+-- saved yet. The history row, which is also the save's receipt, is written by the same
+-- statement, so it commits with the content or not at all.
 WITH saved AS (
     UPDATE documents d
     SET content = %(content)s, version = d.version + 1
@@ -17,48 +26,57 @@ WITH saved AS (
       AND d.version = %(expected)s
       AND EXISTS (SELECT 1 FROM document_acl a
                   WHERE a.document_id = d.id AND a.user_id = %(user)s AND a.can_write)
+      AND NOT EXISTS (SELECT 1 FROM document_history h
+                      WHERE h.document_id = d.id AND h.author = %(user)s
+                        AND h.writer_id = %(writer)s AND h.save_seq = %(seq)s)
     RETURNING d.id, d.version
 ), history AS (
-    INSERT INTO document_history (document_id, version, base_version, author, writer_id, save_seq)
-    SELECT id, version, %(expected)s, %(user)s, %(writer)s, %(seq)s FROM saved
-), receipt AS (
-    INSERT INTO document_saves (document_id, writer_id, save_seq, fingerprint, version)
-    SELECT id, %(writer)s, %(seq)s, %(fingerprint)s, version FROM saved
-    ON CONFLICT (document_id, writer_id) DO UPDATE
-        SET save_seq = excluded.save_seq, fingerprint = excluded.fingerprint, version = excluded.version
+    INSERT INTO document_history
+        (document_id, version, base_version, author, writer_id, save_seq, fingerprint)
+    SELECT id, version, %(expected)s, %(user)s, %(writer)s, %(seq)s, %(fingerprint)s FROM saved
 )
 SELECT version FROM saved
 
--- receipt --
--- The last save applied for this writer: a retry with the same seq and fingerprint is answered
--- with the version it produced (the original success), never a conflict against itself.
-SELECT save_seq, fingerprint, version FROM document_saves
-WHERE document_id = %(id)s AND writer_id = %(writer)s
-
--- current --
--- The stored version and content, for the body of a 409 (read after the CAS missed).
-SELECT version, content FROM documents WHERE id = %(id)s
+-- missed --
+-- Why the compare-and-swap matched no row, read after it (a new snapshot): the user's access
+-- now, the receipt of this save identity if it saved before (a retry is answered from it), the
+-- writer's highest seq here, and the stored version and content (the body of a 409).
+SELECT a.can_write, r.fingerprint, r.version,
+       (SELECT coalesce(max(save_seq), 0) FROM document_history
+        WHERE document_id = %(id)s AND author = %(user)s AND writer_id = %(writer)s),
+       d.version, d.content
+FROM documents d
+JOIN document_acl a ON a.document_id = d.id AND a.user_id = %(user)s
+LEFT JOIN LATERAL (
+    SELECT h.fingerprint, h.version FROM document_history h
+    WHERE h.document_id = d.id AND h.author = %(user)s
+      AND h.writer_id = %(writer)s AND h.save_seq = %(seq)s
+) r ON true
+WHERE d.id = %(id)s
 
 -- create --
 -- A new document whose id derives from the request's (user, writer, seq): a retry lands on the
--- same id and inserts nothing. The creator's ACL row and the history row come with it.
+-- same id and inserts nothing. The creator's ACL row and the history row (the create's
+-- receipt) come with it.
 WITH doc AS (
-    INSERT INTO documents (id, kind, schema, content, version, created_by, create_fingerprint)
-    VALUES (%(id)s, %(kind)s, %(schema)s, %(content)s, 1, %(user)s, %(fingerprint)s)
+    INSERT INTO documents (id, kind, schema, content, version, created_by)
+    VALUES (%(id)s, %(kind)s, %(schema)s, %(content)s, 1, %(user)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING id, version
 ), acl AS (
     INSERT INTO document_acl (document_id, user_id, can_write)
     SELECT id, %(user)s, true FROM doc
 ), history AS (
-    INSERT INTO document_history (document_id, version, base_version, author, writer_id, save_seq)
-    SELECT id, 1, 0, %(user)s, %(writer)s, %(seq)s FROM doc
+    INSERT INTO document_history
+        (document_id, version, base_version, author, writer_id, save_seq, fingerprint)
+    SELECT id, 1, 0, %(user)s, %(writer)s, %(seq)s, %(fingerprint)s FROM doc
 )
 SELECT id, version FROM doc
 
 -- created --
--- Who created an existing id and with what, to tell a retried create from a different one.
-SELECT create_fingerprint FROM documents WHERE id = %(id)s
+-- The receipt of an existing id's create, to tell a retried create from a different one.
+SELECT fingerprint FROM document_history
+WHERE document_id = %(id)s AND author = %(user)s AND writer_id = %(writer)s AND save_seq = %(seq)s
 
 -- server_write --
 -- The server-side writer (the "AI write"): an atomic patch, at any time; a null value clears
@@ -79,7 +97,8 @@ SELECT version, content FROM w
 SELECT kind, schema FROM documents WHERE id = %(id)s
 
 -- seed --
--- An administrative insert (tests, checks): a document at version 1 with its history row.
+-- An administrative insert (tests, checks, `knownstate serve`): a document at version 1 with
+-- its history row.
 WITH doc AS (
     INSERT INTO documents (id, kind, schema, content, version, created_by)
     VALUES (%(id)s, %(kind)s, %(schema)s, %(content)s, 1, %(owner)s)
@@ -97,6 +116,31 @@ ON CONFLICT (document_id, user_id) DO UPDATE SET can_write = excluded.can_write
 -- revoke --
 DELETE FROM document_acl WHERE document_id = %(id)s AND user_id = %(user)s
 
+-- share --
+-- The owner lets %(user)s read the document, and write it when can_write. Guarded: only the
+-- document's creator, and never the owner's own row.
+INSERT INTO document_acl (document_id, user_id, can_write)
+SELECT d.id, %(user)s, %(can_write)s FROM documents d
+WHERE d.id = %(id)s AND d.created_by = %(owner)s AND %(user)s <> %(owner)s
+ON CONFLICT (document_id, user_id) DO UPDATE SET can_write = excluded.can_write
+RETURNING can_write
+
+-- unshare --
+-- The owner takes %(user)s's access away (guarded like share). No row: it had none.
+DELETE FROM document_acl a USING documents d
+WHERE a.document_id = %(id)s AND a.user_id = %(user)s AND d.id = a.document_id
+  AND d.created_by = %(owner)s AND %(user)s <> %(owner)s
+RETURNING a.user_id
+
+-- owner --
+-- Who created the document, as %(user)s may see it (no ACL row: no result, nothing revealed),
+-- and everyone's access: what a refused share is told, and what the owner is shown.
+SELECT d.created_by, (SELECT jsonb_object_agg(user_id, can_write) FROM document_acl
+                      WHERE document_id = d.id)
+FROM documents d
+JOIN document_acl a ON a.document_id = d.id AND a.user_id = %(user)s
+WHERE d.id = %(id)s
+
 -- all_documents --
 -- Every document, for projections and for "nothing stored changed" checks.
 SELECT id, kind, version, content FROM documents ORDER BY id
@@ -106,10 +150,11 @@ SELECT document_id, version, base_version, author, writer_id, save_seq
 FROM document_history ORDER BY document_id, version
 
 -- applied --
--- Did the save (or create) of this writer and seq land? A check resolves a lost answer with it.
+-- Did the save (or create) of this user, writer and seq land? A check resolves a lost answer
+-- with it.
 SELECT version FROM document_history
-WHERE document_id = %(id)s AND writer_id = %(writer)s AND save_seq = %(seq)s
+WHERE document_id = %(id)s AND author = %(user)s AND writer_id = %(writer)s AND save_seq = %(seq)s
 
 -- reset --
 -- Empty every document table (between the examples of a check).
-TRUNCATE documents, document_acl, document_saves, document_history
+TRUNCATE documents, document_acl, document_history

@@ -1,4 +1,4 @@
--- The versioned document store. knownstate.impl.documents.server applies this schema.
+-- The versioned document store. knownstate.impl.documents.store applies this schema.
 
 -- One row per document. `version` is bumped by every accepted write and never goes back.
 create table if not exists documents (
@@ -7,8 +7,7 @@ create table if not exists documents (
     schema             jsonb not null,
     content            jsonb not null check (jsonb_typeof(content) = 'object'),
     version            bigint not null default 1 check (version >= 1),
-    created_by         text not null,
-    create_fingerprint text  -- for a document made by POST: what makes a retried create "the same"
+    created_by         text not null
 );
 
 -- Who may see a document (any row) and who may write it (can_write). No row: the document
@@ -20,19 +19,11 @@ create table if not exists document_acl (
     primary key (document_id, user_id)
 );
 
--- The receipt of the last save applied per (document, writer): a retry whose answer was lost
--- is answered from it with the original success.
-create table if not exists document_saves (
-    document_id text not null references documents (id) on delete cascade,
-    writer_id   text not null,
-    save_seq    bigint not null,
-    fingerprint text not null,
-    version     bigint not null,
-    primary key (document_id, writer_id)
-);
-
 -- One row per accepted write, committed with it: the version it produced and the base version
 -- the write carried. The primary key makes a version impossible to produce twice.
+-- A save's (or create's) row is also its receipt: its identity (author, writer_id, save_seq) and
+-- the fingerprint of the request, so a retry whose answer was lost is answered from it with the
+-- original success, and the same identity with other content is refused.
 create table if not exists document_history (
     document_id  text not null references documents (id) on delete cascade,
     version      bigint not null,
@@ -40,5 +31,10 @@ create table if not exists document_history (
     author       text not null,
     writer_id    text,
     save_seq     bigint,
+    fingerprint  text,
     primary key (document_id, version)
 );
+
+-- A save identity names one save: it can produce one version, never two.
+create unique index if not exists document_history_save
+    on document_history (document_id, author, writer_id, save_seq) where writer_id is not null;

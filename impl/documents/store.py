@@ -1,0 +1,264 @@
+"""The document store: compare-and-swap saves on PostgreSQL, in the model's outcome vocabulary.
+
+Every operation the HTTP API serves is a method here returning what
+:class:`knownstate.model.document.ServerModel` returns for it (``Won(...)``,
+``VersionConflict``, ``SeqTaken``, ``Rejected(reason)``), so a check compares the two directly
+and the HTTP layer (:mod:`.server`) only maps outcomes to status codes. The SQL is in
+``impl/sql/documents.sql`` (named queries) and ``impl/sql/documents_schema.sql``; driver errors
+become domain errors in :func:`knownstate.impl.errors.boundary`, nowhere else.
+
+Connections come from a pool (``psycopg_pool``), each in autocommit (every operation is one
+statement, or a few reads and one statement) and preparing its statements on first use: a
+save is two round trips on an open connection — the access read and the compare-and-swap —
+and a third only when the swap misses. ``pool_size=None`` connects per call instead (through
+``NullConnectionPool``, in the calling thread): the check runs its server that way, so a fault
+on the database link meets every request the same way on a replay, whatever a pool's
+background threads were doing. After a connection error the pool checks its idle connections,
+so a database restart costs one failed request (503, which a session retries), not one per
+pooled connection.
+
+Seams (the mutant catalogue replaces one at a time; the reference never changes):
+``queries`` (the named SQL) and ``kinds`` (what an id or a value of each document kind may be).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Mapping
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool, NullConnectionPool
+
+from knownstate.impl import queries as named_queries
+from knownstate.impl.errors import boundary, is_connection_error
+from knownstate.model.contract import Rejected, Won
+from knownstate.model.document import (FORBIDDEN, KINDS, NOT_FOUND, NOT_OWNER, OWNER_ACCESS,
+                                       PRECONDITION_REQUIRED, CopyRequest, Created, DocView,
+                                       HistoryEntry, Kind, KindError, Saved, SaveRequest,
+                                       SeqTaken, Snapshot, VersionConflict, create_fingerprint,
+                                       created_id, kind_of, new_document, save_fingerprint)
+
+Q = named_queries.load("documents.sql")
+
+
+def schema_sql() -> str:
+    return named_queries.schema("documents_schema.sql")
+
+
+class DocumentStore:
+    """The documents at ``dsn`` (which may be a Toxiproxy link), over a pool of ``pool_size``
+    connections (``None``: a connection per call). ``close()`` when done."""
+
+    kinds: Mapping[str, Kind] = KINDS
+
+    def __init__(self, dsn: str, *, pool_size: int | None = 8, connect_timeout: float = 3.0,
+                 queries: Mapping[str, str] | None = None):
+        self.dsn = dsn
+        self.connect_timeout = connect_timeout
+        self.q = dict(queries) if queries is not None else Q
+        kwargs = {"autocommit": True, "connect_timeout": max(1, round(connect_timeout)),
+                  "application_name": "knownstate-documents"}
+        if pool_size is None:
+            self.pool: ConnectionPool = NullConnectionPool(dsn, kwargs=kwargs, open=True,
+                                                           timeout=connect_timeout)
+        else:
+            self.pool = ConnectionPool(dsn, kwargs={**kwargs, "prepare_threshold": 0},
+                                       min_size=min(2, pool_size), max_size=pool_size,
+                                       timeout=connect_timeout, open=True,
+                                       name=f"documents-{id(self):x}")
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[psycopg.Connection]:
+        try:
+            with self.pool.connection() as conn:
+                yield conn
+        except psycopg.Error as e:
+            if is_connection_error(e) and not isinstance(self.pool, NullConnectionPool):
+                with contextlib.suppress(Exception):
+                    self.pool.check()  # drop the idle connections a restart left dead
+            raise
+
+    def close(self) -> None:
+        """Close the pool (its connections and its worker threads)."""
+        self.pool.close()
+
+    def __enter__(self) -> "DocumentStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def kind(self, name: str) -> Kind:
+        return kind_of(name, self.kinds)
+
+    def install(self) -> None:
+        with boundary("install documents schema"), self._connect() as conn:
+            conn.execute(schema_sql(), prepare=False)
+
+    # -- administration -------------------------------------------------------------------
+    def seed(self, doc_id: str, kind: str, schema: Mapping, content: Mapping, owner: str,
+             share: Mapping[str, bool] | None = None) -> None:
+        schema = new_document(kind, schema, content, self.kinds)
+        with boundary("seed document"), self._connect() as conn, conn.transaction():
+            conn.execute(self.q["seed"], {"id": doc_id, "kind": kind, "schema": Jsonb(schema),
+                                          "content": Jsonb(dict(content)), "owner": owner})
+            for user, can_write in {owner: True, **dict(share or {})}.items():
+                conn.execute(self.q["grant"], {"id": doc_id, "user": user, "can_write": can_write})
+
+    def grant(self, doc_id: str, user: str, can_write: bool) -> None:
+        with boundary("grant"), self._connect() as conn:
+            conn.execute(self.q["grant"], {"id": doc_id, "user": user, "can_write": can_write})
+
+    def revoke(self, doc_id: str, user: str) -> None:
+        with boundary("revoke"), self._connect() as conn:
+            conn.execute(self.q["revoke"], {"id": doc_id, "user": user})
+
+    # -- sharing: only the owner changes who may read or write ------------------------------------
+    def share(self, owner: str, doc_id: str, user: str, can_write: bool) -> Won | Rejected:
+        """Let ``user`` read ``doc_id`` (and write it, with ``can_write``); the owner only."""
+        args = {"id": doc_id, "owner": owner, "user": user, "can_write": can_write}
+        with boundary("share"), self._connect() as conn:
+            row = conn.execute(self.q["share"], args).fetchone()
+            return Won(row[0]) if row else self._not_shared(conn, owner, doc_id, user)
+
+    def unshare(self, owner: str, doc_id: str, user: str) -> Won | Rejected:
+        """Take ``user``'s access to ``doc_id`` away; ``Won(False)`` if there was none."""
+        args = {"id": doc_id, "owner": owner, "user": user}
+        with boundary("unshare"), self._connect() as conn:
+            if conn.execute(self.q["unshare"], args).fetchone():
+                return Won(True)
+            refused = self._not_shared(conn, owner, doc_id, user)
+        return Won(False) if refused is None else refused
+
+    def access_list(self, owner: str, doc_id: str) -> Won | Rejected:
+        """Who may read (False) and write (True) ``doc_id``, for its owner."""
+        with boundary("access list"), self._connect() as conn:
+            row = conn.execute(self.q["owner"], {"id": doc_id, "user": owner}).fetchone()
+        if row is None:
+            return NOT_FOUND
+        return Won(row[1]) if row[0] == owner else NOT_OWNER
+
+    def _not_shared(self, conn, owner: str, doc_id: str, user: str) -> Rejected | None:
+        row = conn.execute(self.q["owner"], {"id": doc_id, "user": owner}).fetchone()
+        if row is None:
+            return NOT_FOUND
+        if row[0] != owner:
+            return NOT_OWNER
+        return OWNER_ACCESS if user == owner else None
+
+    def server_write(self, doc_id: str, patch: Mapping) -> Won | Rejected:
+        """The server-side writer (the seed's "AI write"): patch a document at any time; ``None``
+        clears an id. One statement; the version goes up like for any write."""
+        with boundary("server write"), self._connect() as conn:
+            row = conn.execute(self.q["kind_schema"], {"id": doc_id}).fetchone()
+            if row is None:
+                return NOT_FOUND
+            try:
+                self.kind(row[0]).validate_patch(row[1], patch)
+            except KindError as e:
+                return Rejected(f"invalid: {e}")
+            out = conn.execute(self.q["server_write"],
+                               {"id": doc_id, "patch": Jsonb(dict(patch))}).fetchone()
+        return Won(Saved(out[0])) if out else NOT_FOUND
+
+    def documents(self, conn: psycopg.Connection | None = None) -> dict[str, DocView]:
+        """Every document with its history, in the model's view shape (for projections). A check
+        passes its own (unfaulted, kept-open) connection as ``conn``."""
+        own = contextlib.nullcontext(conn) if conn is not None else self._connect()
+        with boundary("read documents"), own as c:
+            docs = c.execute(self.q["all_documents"]).fetchall()
+            hist = c.execute(self.q["all_history"]).fetchall()
+        by_doc: dict[str, list[HistoryEntry]] = {}
+        for doc_id, version, base, author, writer, seq in hist:
+            by_doc.setdefault(doc_id, []).append(HistoryEntry(version, base, author, writer, seq))
+        return {i: DocView(i, kind, version, content, tuple(by_doc.get(i, ())))
+                for i, kind, version, content in docs}
+
+    def applied(self, request: SaveRequest | CopyRequest) -> int | None:
+        """The version a session's save (or copy) produced, or None if it never landed: what a
+        check reads to resolve a request whose answer was lost."""
+        if isinstance(request, SaveRequest):
+            doc_id = request.doc_id
+        else:
+            doc_id = created_id(request.user, request.writer_id, request.seq)
+        args = {"id": doc_id, "user": request.user, "writer": request.writer_id,
+                "seq": request.seq}
+        with boundary("read history"), self._connect() as conn:
+            row = conn.execute(self.q["applied"], args).fetchone()
+        return row[0] if row else None
+
+    def reset(self) -> None:
+        with boundary("reset documents"), self._connect() as conn:
+            conn.execute(self.q["reset"])
+
+    # -- the operations the HTTP API serves ----------------------------------------------------
+    def get(self, user: str, doc_id: str) -> Won | Rejected:
+        with boundary("read document"), self._connect() as conn:
+            row = conn.execute(self.q["access"], {"id": doc_id, "user": user}).fetchone()
+        if row is None:
+            return NOT_FOUND
+        kind, schema, content, version, _ = row
+        return Won(Snapshot(doc_id, kind, schema, version, content))
+
+    def put(self, user: str, doc_id: str, expected: int | None, content: Mapping, writer_id: str,
+            seq: int) -> Won | VersionConflict | SeqTaken | Rejected:
+        args = {"id": doc_id, "user": user}
+        with boundary("save document"), self._connect() as conn:
+            row = conn.execute(self.q["access_kind"], args).fetchone()
+            if row is None:
+                return NOT_FOUND                  # authorization first: nothing revealed
+            kind, schema, can_write = row
+            if not can_write:
+                return FORBIDDEN
+            if expected is None:
+                return PRECONDITION_REQUIRED
+            try:
+                self.kind(kind).validate_content(schema, content)
+            except KindError as e:
+                return Rejected(f"invalid: {e}")
+            fp = save_fingerprint(user, expected, content)
+            args.update(writer=writer_id, seq=seq)
+            saved = conn.execute(self.q["save"], {**args, "expected": expected, "fingerprint": fp,
+                                                  "content": Jsonb(dict(content))}).fetchone()
+            if saved is not None:
+                return Won(Saved(saved[0]))
+            # The CAS missed: access lost meanwhile, this save identity saved before (a retry,
+            # answered from its receipt, or a reuse), or a stale base (409 with the stored copy).
+            row = conn.execute(self.q["missed"], args).fetchone()
+        if row is None:
+            return NOT_FOUND
+        can_write, receipt_fp, receipt_version, last_seq, version, stored = row
+        if not can_write:
+            return FORBIDDEN
+        if receipt_fp is not None:
+            if receipt_fp == fp:
+                return Won(Saved(receipt_version, replayed=True))
+            return SeqTaken("save_seq_taken", writer_id, seq, receipt_version, last_seq)
+        return VersionConflict("version_conflict", version, stored)
+
+    def create(self, user: str, writer_id: str, seq: int, content: Mapping, *,
+               copy_of: str | None = None, kind: str | None = None,
+               schema: Mapping | None = None) -> Won | Rejected:
+        with boundary("create document"), self._connect() as conn:
+            if copy_of is not None:
+                row = conn.execute(self.q["access_kind"], {"id": copy_of, "user": user}).fetchone()
+                if row is None:
+                    return NOT_FOUND
+                kind, schema = row[0], row[1]
+            try:
+                schema = new_document(kind, schema, content, self.kinds)
+            except KindError as e:
+                return Rejected(f"invalid: {e}")
+            new_id = created_id(user, writer_id, seq)
+            fp = create_fingerprint(user, kind, schema, content)
+            args = {"id": new_id, "user": user, "writer": writer_id, "seq": seq}
+            row = conn.execute(self.q["create"], {**args, "kind": kind, "schema": Jsonb(schema),
+                                                  "content": Jsonb(dict(content)),
+                                                  "fingerprint": fp}).fetchone()
+            if row is not None:
+                return Won(Created(new_id, 1))
+            existing = conn.execute(self.q["created"], args).fetchone()
+        if existing is not None and existing[0] == fp:
+            return Won(Created(new_id, 1, replayed=True))
+        return Rejected("create_conflict")
