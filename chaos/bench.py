@@ -92,7 +92,8 @@ def _proc_stat(pid: int | str) -> list[str] | None:
             stat = f.read()
     except OSError:
         return None
-    return stat[stat.rindex(")") + 2:].split()  # [0] state, [1] ppid, [11..14] utime stime cutime cstime
+    # [0] state, [1] ppid, [11..14] utime stime cutime cstime
+    return stat[stat.rindex(")") + 2:].split()
 
 
 def _tree_cpu(root: int | None) -> float:
@@ -114,7 +115,8 @@ def _tree_cpu(root: int | None) -> float:
 
 
 def _machine_busy() -> float:
-    """CPU seconds the whole machine spent busy so far (all cores, everything but idle and iowait)."""
+    """CPU seconds the whole machine spent busy so far (all cores, everything but idle and
+    iowait)."""
     with open("/proc/stat") as f:
         parts = [int(x) for x in f.readline().split()[1:]]
     idle = parts[3] + (parts[4] if len(parts) > 4 else 0)
@@ -146,12 +148,13 @@ class _CpuMeter:
         self.postmaster, self.app = postmaster, app
 
     def read(self) -> Cpu:
-        return Cpu(time.monotonic(), time.process_time(), _tree_cpu(self.postmaster), _tree_cpu(self.app),
-                   _machine_busy())
+        return Cpu(time.monotonic(), time.process_time(), _tree_cpu(self.postmaster),
+                   _tree_cpu(self.app), _machine_busy())
 
 
 def _diff(a: Cpu, b: Cpu) -> Cpu:
-    return Cpu(*(getattr(b, k) - getattr(a, k) for k in ("wall", "bench", "postgres", "app", "machine")))
+    return Cpu(*(getattr(b, k) - getattr(a, k)
+                 for k in ("wall", "bench", "postgres", "app", "machine")))
 
 
 # ---------------------------------------------------------------------------------------
@@ -180,11 +183,13 @@ class Figure:
 
     def as_dict(self) -> dict:
         cores = os.cpu_count() or 1
-        out = {"count": self.count, "seconds": round(self.seconds, 3), "per_second": round(self.rate, 1),
+        out = {"count": self.count, "seconds": round(self.seconds, 3),
+               "per_second": round(self.rate, 1),
                "slices": len(self.slices),
                "slice_rate_min": round(min(self.slices), 1) if self.slices else 0.0,
                "slice_rate_max": round(max(self.slices), 1) if self.slices else 0.0,
-               "cpu_us_per_op": {k: round(self.cpu_us(k), 1) for k in ("bench", "postgres", "app", "others")
+               "cpu_us_per_op": {k: round(self.cpu_us(k), 1)
+                                 for k in ("bench", "postgres", "app", "others")
                                  if k != "app" or self.cpu.app},
                "cores_busy": round(self.cpu.machine / self.cpu.wall, 2) if self.cpu.wall else 0.0,
                "cores": cores}
@@ -228,7 +233,8 @@ class _Loops:
 
     def __enter__(self) -> "_Loops":
         for i in range(self.n):
-            t = threading.Thread(target=self._run, args=(i,), name=f"bench-{self.name}-{i}", daemon=True)
+            t = threading.Thread(target=self._run, args=(i,), name=f"bench-{self.name}-{i}",
+                                 daemon=True)
             t.start()
             self._threads.append(t)
         return self
@@ -247,7 +253,8 @@ class _Loops:
             a = meter.read()
             if during is not None:
                 time.sleep(seconds / 2)
-                helper = threading.Thread(target=_capture(during, helper_error), name=f"bench-{self.name}-during",
+                helper = threading.Thread(target=_capture(during, helper_error),
+                                          name=f"bench-{self.name}-during",
                                           daemon=True)
                 helper.start()
                 time.sleep(seconds / 2)
@@ -310,8 +317,10 @@ def _check_bounds(n: int, seconds: float, what: str) -> None:
 def _ceiling_loops(dsn: str, n: int) -> _Loops:
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(f"DROP TABLE IF EXISTS {CEILING_TABLE}")
-        admin.execute(f"CREATE TABLE {CEILING_TABLE} (id integer PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
-        admin.execute(f"INSERT INTO {CEILING_TABLE} (id) SELECT generate_series(0, %s::int)", (n - 1,))
+        admin.execute(f"CREATE TABLE {CEILING_TABLE} "
+                      "(id integer PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
+        admin.execute(f"INSERT INTO {CEILING_TABLE} (id) SELECT generate_series(0, %s::int)",
+                      (n - 1,))
         admin.execute(f"VACUUM ANALYZE {CEILING_TABLE}")
     conns: dict[int, psycopg.Connection] = {}
 
@@ -360,7 +369,8 @@ def _serve(kind: str, arg: str) -> None:
             with NotificationSink() as sink:
                 print(sink.port, flush=True)
                 sys.stdin.read()
-                print(json.dumps({"received": len(sink.log), "duplicates": sink.duplicates()}), flush=True)
+                print(json.dumps({"received": len(sink.log), "duplicates": sink.duplicates()}),
+                      flush=True)
     except KeyboardInterrupt:
         pass
 
@@ -380,13 +390,16 @@ class _ServerProcess:
         return self.proc.pid if self.proc is not None else None
 
     def __enter__(self) -> "_ServerProcess":
-        code = "import sys; from knownstate.chaos.bench import _serve; _serve(sys.argv[1], sys.argv[2])"
-        self.proc = subprocess.Popen([sys.executable, "-c", code, self.kind, self.arg], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, preexec_fn=tools.die_with_parent)
+        code = ("import sys; from knownstate.chaos.bench import _serve; "
+                "_serve(sys.argv[1], sys.argv[2])")
+        self.proc = subprocess.Popen([sys.executable, "-c", code, self.kind, self.arg],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     preexec_fn=tools.die_with_parent)
         try:
             line = self._line(60)
             if not line.strip().isdigit():
-                raise RuntimeError(f"the {self.kind} server process did not start (exit code {self.proc.poll()})")
+                raise RuntimeError(f"the {self.kind} server process did not start (exit code "
+                                   f"{self.proc.poll()})")
             self.port = int(line)
         except BaseException:
             self.__exit__()
@@ -926,8 +939,9 @@ def bench_outbox(workers: int = 4, seconds: float = 10, batches: Iterable[int] =
 def _cpu_line(label: str, unit: str, d: dict, app: str | None = None) -> str:
     u = d["cpu_us_per_op"]
     app_part = f"  {app} {u.get('app', 0.0):7.1f}" if app else ""
-    return (f"  {label:<9} {unit:<9} bench {u['bench']:7.1f}{app_part}  postgres {u['postgres']:7.1f}  "
-            f"others {u['others']:7.1f}  (machine busy {d['cores_busy']:.2f} of {d['cores']} cores)")
+    return (f"  {label:<9} {unit:<9} bench {u['bench']:7.1f}{app_part}  "
+            f"postgres {u['postgres']:7.1f}  others {u['others']:7.1f}  "
+            f"(machine busy {d['cores_busy']:.2f} of {d['cores']} cores)")
 
 
 FIGURE_MEANS = {
@@ -1175,7 +1189,8 @@ def _open_loop(url: str, clients: list[_Client], rate: float, seconds: float) ->
     lat = sorted(x for c in clients for x in c.latencies)
     return {"rate": rate, "seconds": seconds, "requests": total, "saves": len(lat),
             "achieved_per_second": round(len(lat) / took, 1) if took > 0 else 0.0,
-            "errors": sum(c.errors for c in clients), "conflicts": sum(c.conflicts for c in clients),
+            "errors": sum(c.errors for c in clients),
+            "conflicts": sum(c.conflicts for c in clients),
             "p50_ms": _ms(lat, 0.50), "p90_ms": _ms(lat, 0.90), "p99_ms": _ms(lat, 0.99),
             "max_ms": _ms(lat, 1.0), "behind_ms": round(max(late) * 1e3, 2)}
 
@@ -1262,14 +1277,16 @@ def documents_lines(r: dict) -> list[str]:
             f"  open loop {o['rate']:g} PUT/s for {o['seconds']:g}s: {o['saves']} saves "
             f"({o['achieved_per_second']:.1f}/s), errors {o['errors']}, conflicts "
             f"{o['conflicts']}",
-            f"  PUT latency at {o['rate']:g}/s: p50 {o['p50_ms']:.2f} ms, p90 {o['p90_ms']:.2f} ms, "
+            f"  PUT latency at {o['rate']:g}/s: p50 {o['p50_ms']:.2f} ms, "
+            f"p90 {o['p90_ms']:.2f} ms, "
             f"p99 {o['p99_ms']:.2f} ms, max {o['max_ms']:.2f} ms (from each request's due time)",
             f"  goal (issue 10): p99 <= {P99_GOAL_MS:g} ms at 200 PUT/s on an idle machine: "
             f"{verdict} on this run (a benchmark figure; this machine may be shared)",
         ]
     lines += [
         f"  ceiling   {c['per_second']:>8.0f} commits/s  one-row UPDATE in autocommit over "
-        f"{r['clients']} connections (slices {c['slice_rate_min']:.0f}..{c['slice_rate_max']:.0f}/s)",
+        f"{r['clients']} connections "
+        f"(slices {c['slice_rate_min']:.0f}..{c['slice_rate_max']:.0f}/s)",
         f"  saves     {d['per_second']:>8.1f} PUT/s      full load: each client saves its own "
         f"document, PUT after PUT (slices {d['slice_rate_min']:.0f}..{d['slice_rate_max']:.0f}/s)",
         f"  PUT latency at full load p50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms (mean "
@@ -1318,7 +1335,8 @@ def _seconds(s: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {s!r}") from None
     if not 0 < v <= MAX_SECONDS:
-        raise argparse.ArgumentTypeError(f"must be more than 0 and at most {MAX_SECONDS:g}, got {s}")
+        raise argparse.ArgumentTypeError(
+            f"must be more than 0 and at most {MAX_SECONDS:g}, got {s}")
     return v
 
 
@@ -1340,10 +1358,13 @@ def _peers(s: str) -> tuple[str, ...]:
 
 
 def add_parser(subparsers) -> None:
-    """Register ``bench`` with its sub-commands ``outbox`` and ``documents`` (each sets ``func``)."""
-    p = subparsers.add_parser("bench", help="throughput as a ratio to a one-row UPDATE ceiling, in one run",
-                              description="Benchmarks. Each figure is printed with its ratio to the ceiling "
-                                          "(one-row UPDATE commits/s over the same number of connections), "
+    """Register ``bench`` with its sub-commands ``outbox`` and ``documents`` (each sets
+    ``func``)."""
+    p = subparsers.add_parser("bench",
+                              help="throughput as a ratio to a one-row UPDATE ceiling, in one run",
+                              description="Benchmarks. Each figure is printed with its ratio to "
+                                          "the ceiling (one-row UPDATE commits/s over the same "
+                                          "number of connections), "
                                           "measured in the same run on interleaved slices.")
     sub = p.add_subparsers(dest="bench", metavar="{outbox,documents}", required=True)
     o = sub.add_parser("outbox", help="jobs/s of the reference outbox loop beside peer queues",
@@ -1367,10 +1388,11 @@ def add_parser(subparsers) -> None:
                    help="our loop's effect: no-op (default), the real HTTP sink, or both")
     o.set_defaults(func=run_outbox)
     d = sub.add_parser("documents", help="PUT throughput and latency of the document server",
-                       description="Saves/s and PUT latency of the real document server, each client "
-                                   "saving its own document; with --rate, first the PUT latency at a "
-                                   "fixed rate (open loop).")
-    d.add_argument("--clients", type=int, default=8, help="client threads (and ceiling connections); default 8")
+                       description="Saves/s and PUT latency of the real document server, each "
+                                   "client saving its own document; with --rate, first the PUT "
+                                   "latency at a fixed rate (open loop).")
+    d.add_argument("--clients", type=int, default=8,
+                   help="client threads (and ceiling connections); default 8")
     d.add_argument("--seconds", type=_seconds, default=10.0, help="seconds per figure; default 10")
     d.add_argument("--rate", type=_rate, default=None, metavar="PUTS_PER_SECOND",
                    help="first, PUT latency at this fixed rate (open loop), e.g. 200")

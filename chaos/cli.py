@@ -450,9 +450,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp):
-        sp.add_argument("kinds", nargs="*", metavar="KIND", help=f"run kinds (default: all of {', '.join(kinds.names())})")
+        sp.add_argument("kinds", nargs="*", metavar="KIND",
+                        help=f"run kinds (default: all of {', '.join(kinds.names())})")
         sp.add_argument("--examples", type=int, help="examples per kind (default: the profile's)")
-        sp.add_argument("--steps", type=int, help="maximum steps per example (default: the profile's)")
+        sp.add_argument("--steps", type=int,
+                        help="maximum steps per example (default: the profile's)")
         sp.add_argument("--seed", type=int, help="the seed (default: a random one, printed)")
         sp.add_argument("--dsn", type=_dsn_option, metavar="DSN", help=(
             "an external PostgreSQL (default: a throwaway cluster). Only the database the DSN "
@@ -464,7 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="replays at most, shrinking a failure to its shortest "
                              f"counterexample (default {DEFAULT_SHRINKS}; a count, never a time)")
         sp.add_argument("--batch", type=int, default=0,
-                        help="start at this batch of examples (a failure's replay command gives it)")
+                        help="start at this batch of examples "
+                             "(a failure's replay command gives it)")
         sp.add_argument("--kind", action="append", default=[], metavar="MODULE:CHECK",
                         help="also a kind of your own: a check class, e.g. mypkg.kinds:WebhookKind")
         sp.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
@@ -517,7 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--junit", metavar="FILE", help="write the merged JUnit XML report")
     rm.set_defaults(func=cmd_report_merge)
 
-    sp = sub.add_parser("specs", help="regenerate the diagrams and the contract table in specs/ from model/")
+    sp = sub.add_parser("specs",
+                        help="regenerate the diagrams and the contract table in specs/ from model/")
     sp.add_argument("--check", action="store_true", help="only report drift (exit 1 when found)")
     sp.set_defaults(func=cmd_specs)
 

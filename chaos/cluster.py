@@ -165,13 +165,15 @@ class DbClock:
         os.replace(tmp, self.path)
 
 
-def _wait_ready(dsn: str, proc: subprocess.Popen | None, log: Path | None, deadline_s: float = 30.0) -> None:
+def _wait_ready(dsn: str, proc: subprocess.Popen | None, log: Path | None,
+                deadline_s: float = 30.0) -> None:
     deadline = time.monotonic() + deadline_s
     last: Exception | None = None
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             tail = log.read_text()[-800:] if log and log.exists() else ""
-            raise ClusterError(f"postgres exited with code {proc.returncode} while starting; log tail:\n{tail}")
+            raise ClusterError(f"postgres exited with code {proc.returncode} while starting; "
+                               f"log tail:\n{tail}")
         try:
             with psycopg.connect(dsn, connect_timeout=2, autocommit=True) as c:
                 c.execute("select 1")
@@ -209,9 +211,9 @@ class PostgresCluster:
                 pw = pwd.getpwnam(self._user)
                 os.chown(self._dir, pw.pw_uid, pw.pw_gid)
             self.data = self._dir / "data"
-            out = subprocess.run([initdb, "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync",
-                                  "-E", "UTF8", "--locale=C"], capture_output=True, text=True,
-                                 user=self._user, cwd=self._dir)
+            out = subprocess.run([initdb, "-D", str(self.data), "-U", "postgres", "-A", "trust",
+                                  "--no-sync", "-E", "UTF8", "--locale=C"],
+                                 capture_output=True, text=True, user=self._user, cwd=self._dir)
             if out.returncode != 0:
                 raise ClusterError(f"initdb failed: {out.stderr.strip()[-500:]}")
             if ld:
@@ -232,14 +234,15 @@ class PostgresCluster:
         try:
             pwd.getpwnam("postgres")
         except KeyError:
-            raise ClusterError("running as root, and there is no `postgres` user to run the server as: "
-                               "create it (useradd postgres) or run as a normal user") from None
+            raise ClusterError("running as root, and there is no `postgres` user to run the server "
+                               "as: create it (useradd postgres) or run as a normal user") from None
         return "postgres"
 
     def _launch(self) -> None:
         assert self._dir is not None and self.port is not None
         conf = {
-            "listen_addresses": self.host, "port": str(self.port), "unix_socket_directories": str(self._dir),
+            "listen_addresses": self.host, "port": str(self.port),
+            "unix_socket_directories": str(self._dir),
             "fsync": "off", "full_page_writes": "off", "synchronous_commit": "on",
             "max_connections": "200", "shared_buffers": "128MB", "autovacuum": "off",
             # Checkpoint often: crash recovery replays the WAL since the last one, and a check
@@ -259,8 +262,8 @@ class PostgresCluster:
         with open(self._log, "ab") as log:
             if self._user:
                 os.chown(self._log, pwd.getpwnam(self._user).pw_uid, -1)
-            self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self._dir,
-                                          user=self._user, start_new_session=True,
+            self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                          cwd=self._dir, user=self._user, start_new_session=True,
                                           preexec_fn=tools.die_with_parent)
         _wait_ready(self.dsn(), self._proc, self._log)
 
@@ -328,7 +331,8 @@ class PostgresCluster:
         self.stop()
 
     # -- addresses -----------------------------------------------------------
-    def dsn(self, dbname: str = "postgres", host: str | None = None, port: int | None = None) -> str:
+    def dsn(self, dbname: str = "postgres", host: str | None = None,
+            port: int | None = None) -> str:
         return f"host={host or self.host} port={port or self.port} user=postgres dbname={dbname}"
 
     def describe(self) -> str:
@@ -431,7 +435,8 @@ class ExternalDatabase:
         pass
 
     def crash(self) -> None:
-        raise Unavailable("database crash is unavailable on an external DSN (the harness does not own the server)")
+        raise Unavailable("database crash is unavailable on an external DSN (the harness does not "
+                          "own the server)")
 
     restart = crash
 
@@ -439,7 +444,8 @@ class ExternalDatabase:
     def running(self) -> bool:
         return True
 
-    def dsn(self, dbname: str | None = None, host: str | None = None, port: int | None = None) -> str:
+    def dsn(self, dbname: str | None = None, host: str | None = None,
+            port: int | None = None) -> str:
         info = dict(self._info)
         if dbname:
             info["dbname"] = dbname
@@ -477,9 +483,11 @@ def docker_available() -> str | None:
     """None when a Docker engine answers, else the reason it does not."""
     if not shutil.which("docker"):
         return "no docker command on this machine"
-    out = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
+    out = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
+                         text=True)
     if out.returncode != 0:
-        return "no Docker engine reachable (`docker info` failed: " + (out.stderr.strip().splitlines() or ["?"])[-1] + ")"
+        last = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return "no Docker engine reachable (`docker info` failed: " + last + ")"
     return None
 
 
@@ -496,7 +504,8 @@ class ContainerDatabase(ExternalDatabase):
             raise Unavailable(reason)
         from testcontainers.postgres import PostgresContainer
 
-        self._container = PostgresContainer(self.image, username="postgres", password="postgres", dbname="postgres")
+        self._container = PostgresContainer(self.image, username="postgres", password="postgres",
+                                            dbname="postgres")
         self._container.start()
         host = self._container.get_container_host_ip()
         port = self._container.get_exposed_port(5432)

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any, ClassVar, Iterable
 
-import psycopg
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 

@@ -570,7 +570,8 @@ def cut_socket(conn: psycopg.Connection) -> None:
 HUNG_SECONDS = 60.0
 """A worker's statement that neither finishes nor waits on a lock for this long is cut off and
 reported as hung. Generous on purpose: it is a backstop, never what decides a verdict on a
-machine under load. (The server's own statement_timeout cannot be used: it reads the faked clock.)"""
+machine under load. (The server's own statement_timeout cannot be used: it reads the faked
+clock.)"""
 
 
 @dataclass
@@ -665,7 +666,8 @@ class Worker:
                     application_name=self.app_name, connect_timeout=3)
             except psycopg.Error as e:
                 self.conn = None
-                raise ConnectionLost(f"{self.name} connect: {str(e).strip().splitlines()[0]}") from None
+                raise ConnectionLost(
+                    f"{self.name} connect: {str(e).strip().splitlines()[0]}") from None
             self.conn.owner = self
         return self.conn
 
@@ -703,7 +705,8 @@ class Worker:
         try:
             self.connection()
         except ConnectionLost as e:
-            raise EnvironmentFault(f"{self.name} could not connect through its clean link: {e}") from None
+            raise EnvironmentFault(
+                f"{self.name} could not connect through its clean link: {e}") from None
 
     def faulted(self) -> bool:
         """A toxic on one of its links, a link down, or a COMMIT fault armed."""
@@ -713,7 +716,8 @@ class Worker:
         return not self.faulted()
 
     def arm(self, hook: Callable[[HookedConnection], None]) -> None:
-        """Run ``hook`` just before this worker's next COMMIT, on whatever connection it has then."""
+        """Run ``hook`` just before this worker's next COMMIT, on whatever connection it has
+        then."""
         self.before_commit = hook
 
 

@@ -14,8 +14,8 @@ HTTP (JSON bodies)::
 Control (Python, for the check, never over HTTP):
 
 - :meth:`OpsApi.finish` ``(op_id, ok)``: the operation succeeds or fails; the check decides when.
-- :meth:`OpsApi.fail_next` ``(n)``: the next ``n`` requests get 503, and the API does not act on them
-  (:attr:`OpsApi.pending_failures`: how many are still armed).
+- :meth:`OpsApi.fail_next` ``(n)``: the next ``n`` requests get 503, and the API does not act
+  on them (:attr:`OpsApi.pending_failures`: how many are still armed).
 - :meth:`OpsApi.creations`, :meth:`OpsApi.create_requests`, :meth:`OpsApi.polls`: what it counted.
 - :meth:`OpsApi.snapshot`: its state in the model's shape
   (:class:`knownstate.model.branch_reset.ExternalState`).
@@ -76,7 +76,8 @@ class OpsApi:
         self._server = _QuietServer((self.host, self.port or 0), _handler_for(self))
         self.port = self._server.server_address[1]  # the kernel's pick, when none was asked
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name=f"opsapi:{self.port}",
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name=f"opsapi:{self.port}",
                                         kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
         return self
@@ -122,7 +123,8 @@ class OpsApi:
 
     @property
     def pending_failures(self) -> int:
-        """Requests still to be answered 503 (what ``fail_next`` armed and no request consumed yet)."""
+        """Requests still to be answered 503 (what ``fail_next`` armed and no request consumed
+        yet)."""
         with self._lock:
             return self._fail_next
 
@@ -164,8 +166,9 @@ class OpsApi:
             existing = self._by_key.get(body.idempotency_key)
             if existing is not None:
                 return 200, self._ops[existing]
-            op = ExternalOp(op_id=f"op-{len(self._ops) + 1}", run_id=body.run_id, branch=body.branch,
-                            idempotency_key=body.idempotency_key, status=ExternalStatus.IN_PROGRESS)
+            op = ExternalOp(op_id=f"op-{len(self._ops) + 1}", run_id=body.run_id,
+                            branch=body.branch, idempotency_key=body.idempotency_key,
+                            status=ExternalStatus.IN_PROGRESS)
             self._ops[op.op_id] = op
             self._by_key[body.idempotency_key] = op.op_id
             return 201, op

@@ -65,8 +65,10 @@ def guide(url: str) -> list[str]:
         f"  curl -s -X POST {files} -H 'X-User: alice' {json} \\",
         "    -d '{\"kind\": \"record\", \"schema\": {\"attributes\": {\"title\": \"text\"}}, "
         "\"content\": {\"title\": \"hello\"}, \"writerId\": \"cli\", \"saveSeq\": 1}'",
-        "share it with bob (canWrite false: he may read it; true: write it too), and see who has it:",
-        f"  curl -s -X PUT {files}/ID/acl/bob -H 'X-User: alice' {json} -d '{{\"canWrite\": true}}'",
+        "share it with bob (canWrite false: he may read it; true: write it too), "
+        "and see who has it:",
+        f"  curl -s -X PUT {files}/ID/acl/bob -H 'X-User: alice' {json} "
+        "-d '{\"canWrite\": true}'",
         f"  curl -s {files}/ID/acl -H 'X-User: alice'",
         "read it as bob, and save on the version read (a stale one is 409 with the stored copy):",
         f"  curl -s {files}/ID -H 'X-User: bob'",

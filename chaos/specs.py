@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import re
-from pathlib import Path
 
 from knownstate.model.contract import Contract
 from knownstate.model.descriptions import BUILT_IN
@@ -51,8 +50,10 @@ def contract_table() -> str:
         ("Lease + reaper", "a dead owner is detected, never waited on forever",
          [f"{c.lease}; {c.reaper}" for c in contracts]),
         ("Lease clock", "whose clock judges the lease", [c.lease_clock.value for c in contracts]),
-        ("Fence", "a stale owner cannot write after losing the lease", [c.fence for c in contracts]),
-        ("Receipts", "what committed is recorded with the effect, not after it", [c.receipts for c in contracts]),
+        ("Fence", "a stale owner cannot write after losing the lease",
+         [c.fence for c in contracts]),
+        ("Receipts", "what committed is recorded with the effect, not after it",
+         [c.receipts for c in contracts]),
         ("Retry policy", "retries are bounded and spaced", [c.retry_policy for c in contracts]),
         ("External effect", "at-least-once unless the external API takes an idempotency key",
          [c.external_effect.value for c in contracts]),
@@ -91,7 +92,8 @@ def drift() -> list[str]:
         if m is None:
             problems.append(f"specs/{file} has no generated:{name} block")
         elif m.group(2) != content:
-            problems.append(f"specs/{file}: the {name} block differs from the model: run `knownstate specs`")
+            problems.append(f"specs/{file}: the {name} block differs from the model: "
+                            "run `knownstate specs`")
     return problems
 
 

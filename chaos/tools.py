@@ -66,8 +66,8 @@ def toxiproxy_server() -> str:
     found = shutil.which("toxiproxy-server")
     if found:
         return found
-    raise MissingTool("toxiproxy-server not found: run `make setup` (builds Toxiproxy v2.12.0 with Go "
-                      "into tools/bin) or set KNOWNSTATE_TOXIPROXY")
+    raise MissingTool("toxiproxy-server not found: run `make setup` (builds Toxiproxy v2.12.0 "
+                      "with Go into tools/bin) or set KNOWNSTATE_TOXIPROXY")
 
 
 def free_port() -> int:

@@ -31,7 +31,8 @@ class ToxiproxyError(RuntimeError):
     """The Toxiproxy server is not answering: it may have been killed."""
 
 
-TOXIC_KINDS = ("latency", "timeout", "reset_peer", "slicer", "limit_data", "bandwidth", "slow_close")
+TOXIC_KINDS = ("latency", "timeout", "reset_peer", "slicer", "limit_data", "bandwidth",
+               "slow_close")
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ class ToxiproxyServer:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise ToxiproxyError(f"toxiproxy-server exited with code {self._proc.returncode} at start")
+                raise ToxiproxyError(f"toxiproxy-server exited with code {self._proc.returncode} "
+                                     "at start")
             try:
                 with urllib.request.urlopen(f"{self.url}/version", timeout=1) as r:
                     r.read()
@@ -126,7 +128,8 @@ class Link:
         self.toxics.append(toxic)
 
     def remove(self, toxic: Toxic) -> None:
-        """Remove the toxic of this name, if it is still there (a heal may have removed it first)."""
+        """Remove the toxic of this name, if it is still there (a heal may have removed it
+        first)."""
         if any(t.name == toxic.name for t in self.toxics):
             self.api._http("DELETE", f"/proxies/{self.name}/toxics/{toxic.name}")
             self.toxics = [t for t in self.toxics if t.name != toxic.name]

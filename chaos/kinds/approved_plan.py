@@ -57,7 +57,8 @@ STEPS = (
 
 def plans() -> st.SearchStrategy[tuple[dict, ...]]:
     """Plans of one to four steps, the length drawn uniformly (lists would mostly be short)."""
-    return st.integers(1, 4).flatmap(lambda n: st.lists(st.sampled_from(STEPS), min_size=n, max_size=n)).map(tuple)
+    return st.integers(1, 4).flatmap(
+        lambda n: st.lists(st.sampled_from(STEPS), min_size=n, max_size=n)).map(tuple)
 
 
 def show(steps) -> str:
@@ -96,7 +97,8 @@ class ApprovedPlanCheck(KindCheck):
         "repeat answered from receipts", "compensation run",
         "worker died before commit", "connection lost", "indeterminate commit",
         "indeterminate resolved: committed", "indeterminate resolved: not committed",
-        "fence refusal: run_step (no longer claimed)", "fence refusal: heartbeat (no longer claimed)",
+        "fence refusal: run_step (no longer claimed)",
+        "fence refusal: heartbeat (no longer claimed)",
         needs("concurrent block", "concurrency"), needs("lock wait in a block", "concurrency"),
     )
 
@@ -127,7 +129,8 @@ class ApprovedPlanCheck(KindCheck):
         for pid, _source, event, _target in m.transitions:
             if event == "mark_interrupted_if_stale":
                 self.event("lazy heal")
-            elif event in ("step_ok", "last_step_ok", "step_failed") and m.proposal(pid).compensates is not None:
+            elif (event in ("step_ok", "last_step_ok", "step_failed")
+                  and m.proposal(pid).compensates is not None):
                 self.event("compensation run")
 
     def clock_matters(self) -> bool:
@@ -136,7 +139,8 @@ class ApprovedPlanCheck(KindCheck):
         run meets the clock through a stall."""
         held = {pid for h in self.held for pid in h}
         return any(p.status is Status.EXECUTING and p.proposal_id not in held
-                   and self.model.now - p.heartbeat_at < self.heartbeat_s for p in self._proposals())
+                   and self.model.now - p.heartbeat_at < self.heartbeat_s
+                   for p in self._proposals())
 
     def lost(self, worker: Worker, error: BaseException) -> None:
         """A worker that died forgets everything; one that only lost its connection reconnects and
@@ -212,7 +216,8 @@ class ApprovedPlanCheck(KindCheck):
         execution starts at once, and maybe a second one pending. The invariants compare
         consecutive states, so each operation here is checked on its own."""
         pid = self._op(0, "propose", first, shown=show(first)).value
-        for op in {"executing": ("approve", "mark_executing"), "approved": ("approve",), "pending": ()}[stage]:
+        for op in {"executing": ("approve", "mark_executing"), "approved": ("approve",),
+                   "pending": ()}[stage]:
             if op == "approve":
                 self._op(0, "approve", pid)
             else:
@@ -232,7 +237,8 @@ class ApprovedPlanCheck(KindCheck):
         self._op(w, "propose", steps, shown=show(steps))
 
     @precondition(lambda self: self._with_status({Status.PENDING, Status.APPROVED}))
-    @rule(w=st.integers(0, 1), data=st.data(), op=st.sampled_from(("approve", "approve", "revise", "reject", "expire")))
+    @rule(w=st.integers(0, 1), data=st.data(),
+          op=st.sampled_from(("approve", "approve", "revise", "reject", "expire")))
     def review(self, w: int, data, op: str) -> None:
         """A person decides on a plan: approve it (which freezes its payload), revise its steps
         while it is pending, or reject it; or the expiry sweeper expires it. The sweeper races the
@@ -301,7 +307,8 @@ class ApprovedPlanCheck(KindCheck):
     # with reads that observe nothing.
     def _unread(self) -> list[int]:
         return [p.proposal_id for p in self._proposals()
-                if p.status is Status.EXECUTING and self.seen.get(p.proposal_id) != self._seen_key(p)]
+                if p.status is Status.EXECUTING
+                and self.seen.get(p.proposal_id) != self._seen_key(p)]
 
     def _seen_key(self, p: model.Proposal) -> tuple:
         return (self.model.now, p.heartbeat_at, len(p.receipts))
@@ -343,7 +350,8 @@ class ApprovedPlanCheck(KindCheck):
         """Finished runs with a committed step and no compensation yet."""
         done = {p.compensates for p in self._proposals()}
         return [p.proposal_id for p in self._proposals()
-                if p.status in FINISHED and any(r.ok for r in p.receipts) and p.proposal_id not in done]
+                if p.status in FINISHED and any(r.ok for r in p.receipts)
+                and p.proposal_id not in done]
 
     @precondition(lambda self: self._compensable())
     @rule(w=st.integers(0, 1), data=st.data())
@@ -353,7 +361,8 @@ class ApprovedPlanCheck(KindCheck):
         any run (the existing compensation is found; a run with nothing to undo is refused)."""
         compensable = self._compensable()
         pid = data.draw(st.one_of(st.sampled_from(compensable), st.sampled_from(compensable),
-                                  st.sampled_from([p.proposal_id for p in self._proposals()])), label="proposal")
+                                  st.sampled_from([p.proposal_id for p in self._proposals()])),
+                        label="proposal")
         self._op(w, "compensate", pid)
 
     # -- the fault policy's questions -----------------------------------------------------------
@@ -468,7 +477,8 @@ class _ReceiptAfterEffect(impl.ApprovedPlanStore):
             steps = impl._steps(steps_json)
             checked = model.check_step_index(steps, done, step_index)
             if checked is True:
-                r = conn.execute(self.q["receipt"], {"id": proposal_id, "step_index": step_index}).fetchone()
+                r = conn.execute(self.q["receipt"],
+                                 {"id": proposal_id, "step_index": step_index}).fetchone()
                 return Won(model.Receipt(*r)), False
             if checked is not None:
                 return checked, False
@@ -486,7 +496,8 @@ class _ReceiptAfterEffect(impl.ApprovedPlanStore):
             conn.execute(self.q["insert_receipt"], {"id": proposal_id, "step_index": step_index,
                                                     "ok": ok, "detail": receipt.detail})
             conn.execute(self.q["finish_step"], {
-                "id": proposal_id, "status": model.TABLE.next(status, model.step_event(ok, step_index, len(steps))),
+                "id": proposal_id,
+                "status": model.TABLE.next(status, model.step_event(ok, step_index, len(steps))),
                 "failure": None if ok else model.step_failure(step_index, receipt.detail)})
             return Won(receipt), True
 
@@ -537,7 +548,8 @@ class _HealAppClock(impl.ApprovedPlanStore):
         q = sql_edit(self.q, "mark_interrupted_if_stale", "heartbeat_at < now() -",
                      "heartbeat_at < %(app_now)s::timestamptz -")["mark_interrupted_if_stale"]
         with boundary("approved-plan.heal"):
-            row = conn.execute(q, {"id": proposal_id, "failure": model.INTERRUPTED, "heartbeat_s": self.heartbeat_s,
+            row = conn.execute(q, {"id": proposal_id, "failure": model.INTERRUPTED,
+                                   "heartbeat_s": self.heartbeat_s,
                                    "app_now": datetime.now(timezone.utc)}).fetchone()
         return row is not None
 
@@ -547,39 +559,53 @@ MUTANTS = [
            "the step's effect commits first and its receipt in a second transaction",
            with_attrs(store_class=_ReceiptAfterEffect)),
     Mutant("step-index-call-counter", "approved-plan", "stable-step-identity",
-           "the step index is a per-worker count of run_step calls, not the position in the frozen payload",
+           "the step index is a per-worker count of run_step calls, "
+           "not the position in the frozen payload",
            with_attrs(store_class=_CallCounter)),
     Mutant("repeat-reexecutes", "approved-plan", "terminal-answers-from-receipts",
            "a repeat request on a finished plan replays its steps' effects",
            with_attrs(store_class=_RepeatReexecutes)),
     Mutant("no-lock-executing-fence", "approved-plan", "lease-fence",
-           "a step neither locks the run nor checks that it is still executing under the caller's token",
-           _edit("lock_executing", "SELECT status, generation, steps FROM agent_proposal WHERE id = %(id)s FOR NO KEY UPDATE",
+           "a step neither locks the run "
+           "nor checks that it is still executing under the caller's token",
+           _edit("lock_executing",
+                 "SELECT status, generation, steps FROM agent_proposal "
+                 "WHERE id = %(id)s FOR NO KEY UPDATE",
                  "SELECT 'executing', generation, steps FROM agent_proposal WHERE id = %(id)s",
-                 ("finish_step", "WHERE id = %(id)s AND status = 'executing'", "WHERE id = %(id)s"))),
+                 ("finish_step", "WHERE id = %(id)s AND status = 'executing'",
+                  "WHERE id = %(id)s"))),
     Mutant("heal-ignores-heartbeat", "approved-plan", "lease",
            "markInterruptedIfStale fails every executing run it reads, live heartbeat or not",
-           _edit("mark_interrupted_if_stale", "\n  AND heartbeat_at < now() - make_interval(secs => %(heartbeat_s)s)", "")),
+           _edit("mark_interrupted_if_stale",
+                 "\n  AND heartbeat_at < now() - make_interval(secs => %(heartbeat_s)s)", "")),
     Mutant("heal-app-clock", "approved-plan", "lease",
-           "markInterruptedIfStale judges the heartbeat by the application clock, not the database's",
+           "markInterruptedIfStale judges the heartbeat by the application clock, "
+           "not the database's",
            with_attrs(store_class=_HealAppClock), needs=("db-clock",)),
     Mutant("unfenced-heartbeat", "approved-plan", "lease-fence",
-           "the heartbeat renews the lease without checking the run is still executing under the token",
-           _edit("heartbeat", "WHERE id = %(id)s AND status = 'executing' AND generation = %(token)s",
+           "the heartbeat renews the lease "
+           "without checking the run is still executing under the token",
+           _edit("heartbeat",
+                 "WHERE id = %(id)s AND status = 'executing' AND generation = %(token)s",
                  "WHERE id = %(id)s")),
     Mutant("unconditional-claim", "approved-plan", "conditional-transition",
            "markExecuting is not conditional on status = 'approved'",
-           _edit("mark_executing", "WHERE id = %(id)s AND status = 'approved'", "WHERE id = %(id)s")),
+           _edit("mark_executing", "WHERE id = %(id)s AND status = 'approved'",
+                 "WHERE id = %(id)s")),
     Mutant("expire-executing", "approved-plan", "conditional-transition",
            "expire also takes a run that already started executing",
-           _edit("expire", "status IN ('pending', 'approved')", "status IN ('pending', 'approved', 'executing')")),
+           _edit("expire", "status IN ('pending', 'approved')",
+                 "status IN ('pending', 'approved', 'executing')")),
     Mutant("revise-after-approval", "approved-plan", "stable-step-identity",
-           "approval does not freeze the payload: an approved or executing plan's steps can be replaced",
-           _edit("revise", "AND status = 'pending'", "AND status IN ('pending', 'approved', 'executing')")),
+           "approval does not freeze the payload: "
+           "an approved or executing plan's steps can be replaced",
+           _edit("revise", "AND status = 'pending'",
+                 "AND status IN ('pending', 'approved', 'executing')")),
     Mutant("failed-step-continues", "approved-plan", "retry-policy",
            "a step that is not ok leaves the run executing (to be retried) instead of failing it",
            _edit("finish_step", "SET status = %(status)s,",
-                 "SET status = CASE WHEN %(failure)s::text IS NULL THEN %(status)s ELSE status END,")),
+                 "SET status = CASE WHEN %(failure)s::text IS NULL THEN %(status)s "
+                 "ELSE status END,")),
 ]
 
 # The read-then-write races only a concurrent block reaches (``knownstate.chaos.race_mutants``).

@@ -64,7 +64,8 @@ MARGIN = QUANTUM
 BOUND = model.skew_bound(LEASE, MARGIN)
 """L - M = 240 s with the check's lease: a reaper less than this ahead never ends a live run."""
 
-SKEWS = (-QUANTUM, 0, QUANTUM, 2 * QUANTUM, BOUND - QUANTUM, BOUND, BOUND + QUANTUM, LEASE + QUANTUM, 2 * LEASE)
+SKEWS = (-QUANTUM, 0, QUANTUM, 2 * QUANTUM, BOUND - QUANTUM, BOUND, BOUND + QUANTUM,
+         LEASE + QUANTUM, 2 * LEASE)
 """What the app-clock skew rule sets one process's clock to, from real time: behind, on time,
 ahead within the bound, and ahead at or past it, the bound's edge on both sides."""
 
@@ -93,11 +94,14 @@ class BranchResetCheck(KindCheck):
     queries: dict[str, str] | None = None  # the mutant catalogue replaces some
     http_timeout = 1.0
     required_events = (
-        "lost race", "fence refusal", "poll of an operation in flight", "reap", "idempotent repeat answered",
+        "lost race", "fence refusal", "poll of an operation in flight", "reap",
+        "idempotent repeat answered",
         "skew within bound", "skew past bound (known deviation)", "worker died before commit",
-        "indeterminate commit", "indeterminate resolved: committed", "indeterminate resolved: not committed",
+        "indeterminate commit", "indeterminate resolved: committed",
+        "indeterminate resolved: not committed",
         "connection lost", "external call failed", "create retried, one creation", "lease refusal",
-        "one in flight refused", "key reused refused", "reaped live run under skew past bound (known deviation)",
+        "one in flight refused", "key reused refused",
+        "reaped live run under skew past bound (known deviation)",
         "live run spared by a reaper ahead within bound",
         needs("concurrent block", "concurrency"), needs("lock wait in a block", "concurrency"),
     )
@@ -110,14 +114,18 @@ class BranchResetCheck(KindCheck):
         for w in self.workers:
             url = ""
             if w.index in POLLERS:
-                w.ops_link = self.env.api.link(f"branch-reset-{w.name}-ops", self.ops.host, self.ops.port)
+                w.ops_link = self.env.api.link(f"branch-reset-{w.name}-ops", self.ops.host,
+                                               self.ops.port)
                 w.links = [w.link, w.ops_link]
                 url = f"http://{w.ops_link.host}:{w.ops_link.port}"
-            self.stores.append(self.store_class(w.name, url, self._app_clock(w.name), lease_seconds=self.lease,
-                                                http_timeout=self.http_timeout, queries_=self.queries))
+            self.stores.append(self.store_class(w.name, url, self._app_clock(w.name),
+                                                lease_seconds=self.lease,
+                                                http_timeout=self.http_timeout,
+                                                queries_=self.queries))
         self.last_key: dict[str, str] = {}
         self.key_serial = itertools.count(1)
-        self.stamps: dict[str, tuple[int, int, int]] = {}  # run -> (lease_until, stamped at, stamper's skew)
+        # run -> (lease_until, stamped at, stamper's skew)
+        self.stamps: dict[str, tuple[int, int, int]] = {}
         self.retried_creates: set[str] = set()
         self.skews = 0
         self.race_keys = 1  # the key every poller's request would use in a concurrent block
@@ -131,8 +139,10 @@ class BranchResetCheck(KindCheck):
     @staticmethod
     def _external(state: ExternalState) -> tuple:
         # The key an implementation sends is its own business; the contract is what the API did:
-        # which operations exist (for which run, in which status) and the create requests it acted on.
-        ops = tuple(sorted((op.op_id, op.run_id, op.branch, op.status.value) for op in state.ops.values()))
+        # which operations exist (for which run, in which status) and the create requests it
+        # acted on.
+        ops = tuple(sorted((op.op_id, op.run_id, op.branch, op.status.value)
+                           for op in state.ops.values()))
         return ops, tuple(sorted(state.create_requests.items()))
 
     def observe_model(self, m: model.BranchResetModel):
@@ -170,7 +180,8 @@ class BranchResetCheck(KindCheck):
 
     # -- helpers ----------------------------------------------------------------------------
     def _runs(self, *statuses: Status) -> list[str]:
-        return sorted(r for r, run in self.model.runs.items() if not statuses or run.status in statuses)
+        return sorted(r for r, run in self.model.runs.items()
+                      if not statuses or run.status in statuses)
 
     def _skew(self, worker: str) -> int:
         return self.model.app_skew.get(worker, 0)
@@ -180,7 +191,8 @@ class BranchResetCheck(KindCheck):
         poller is on schedule, so the run is live."""
         run = self.model.runs.get(run_id)
         stamp = self.stamps.get(run_id)
-        if run is None or run.status is not Status.RUNNING or stamp is None or stamp[0] != run.lease_until:
+        if (run is None or run.status is not Status.RUNNING or stamp is None
+                or stamp[0] != run.lease_until):
             return None
         _, at, skew = stamp
         return (at, skew) if self.model.now - at <= self.margin else None
@@ -199,7 +211,8 @@ class BranchResetCheck(KindCheck):
             problem = (f"{what} {run_id}, live (stamped {self.model.now - at}s ago), by a clock "
                        f"{rel:+d}s from its poller's, below L - M = {BOUND}s")
             self.fail(problem, [Violation("skew-bound", problem)])
-        self.log(f"  ({what} live run {run_id}: {worker}'s clock is {rel:+d}s from its last poller's, "
+        self.log(f"  ({what} live run {run_id}: {worker}'s clock is {rel:+d}s "
+                 "from its last poller's, "
                  f">= L - M = {BOUND}s: the known deviation of an application-clock lease)")
 
     # -- operations -------------------------------------------------------------------------
@@ -227,7 +240,8 @@ class BranchResetCheck(KindCheck):
         """A reset requested with an idempotency key: a new key, the branch's last key again (a
         client retry), or the last key of the other branch (a client bug the API refuses)."""
         other = BRANCHES[1 - BRANCHES.index(branch)]
-        k = {"repeat": self.last_key.get(branch), "other branch's": self.last_key.get(other)}.get(key)
+        k = {"repeat": self.last_key.get(branch),
+             "other branch's": self.last_key.get(other)}.get(key)
         if k is None:
             k = f"{branch}-k{next(self.key_serial)}"
             self.last_key[branch] = k
@@ -237,7 +251,8 @@ class BranchResetCheck(KindCheck):
         def impl_op(conn):
             got = self.stores[w].request(conn, branch, k)
             if existing is not None and existing.status in TERMINAL and existing.branch == branch:
-                self._record(repeats=[Repeat(existing.run_id, reexecuted=got != Won(existing.run_id))])
+                self._record(repeats=[Repeat(existing.run_id,
+                                             reexecuted=got != Won(existing.run_id))])
             return got
 
         got = self.apply(self.workers[w], label, lambda m: m.request(branch, k), impl_op,
@@ -256,17 +271,20 @@ class BranchResetCheck(KindCheck):
         ones (fence refusals), then queued ones (the guard on running refuses them too)."""
         if not self._runs(Status.RUNNING, *TERMINAL):
             return []
-        return self._runs(Status.RUNNING) * running + self._runs(*TERMINAL) + self._runs(Status.QUEUED)
+        return (self._runs(Status.RUNNING) * running + self._runs(*TERMINAL)
+                + self._runs(Status.QUEUED))
 
     def _ended(self) -> list[str]:
-        """Running runs whose operation ended at the API: polling one is the poll that makes progress."""
+        """Running runs whose operation ended at the API: polling one is the poll that makes
+        progress."""
         m = self.model
         return [r for r in self._runs(Status.RUNNING)
                 if m.ops[m.runs[r].external_op_id].status is not ExternalStatus.IN_PROGRESS]
 
     def _next_work(self) -> list[tuple[str, str]]:
         """A worker loop's next turn: start a queued run, or poll a running one."""
-        return ([("start", r) for r in self._runs(Status.QUEUED)] + [("poll", r) for r in self._runs(Status.RUNNING)]
+        return ([("start", r) for r in self._runs(Status.QUEUED)]
+                + [("poll", r) for r in self._runs(Status.RUNNING)]
                 + [("poll", r) for r in self._ended()] * 2)
 
     @precondition(lambda self: self._next_work())
@@ -281,7 +299,8 @@ class BranchResetCheck(KindCheck):
     @rule(w=st.sampled_from(POLLERS), data=st.data())
     def start(self, w: int, data) -> None:
         """A poller takes a run: claims it and creates its external operation, once."""
-        self._start(w, data.draw(st.sampled_from(self._runs(Status.QUEUED) * 3 + self._runs()), label="run"))
+        self._start(w, data.draw(st.sampled_from(self._runs(Status.QUEUED) * 3 + self._runs()),
+                                 label="run"))
 
     def _start(self, w: int, run_id: str) -> None:
         run = self.model.runs[run_id]
@@ -295,12 +314,14 @@ class BranchResetCheck(KindCheck):
 
         def impl_op(conn):
             got = self.stores[w].start(conn, run_id)
-            writes = [Write(run_id, model.GENERATION[run.status], isinstance(got, Won), isinstance(expected["out"], Won))]
+            writes = [Write(run_id, model.GENERATION[run.status], isinstance(got, Won),
+                            isinstance(expected["out"], Won))]
             repeats = [Repeat(run_id, isinstance(got, Won))] if run.status in TERMINAL else []
             self._record(writes, repeats)
             return got
 
-        # Whatever failed, the API may have acted on the create before it (the POST precedes COMMIT).
+        # Whatever failed, the API may have acted on the create before it
+        # (the POST precedes COMMIT).
         with self.external_call(worker):
             self.apply(worker, label, model_op, impl_op,
                        external_maybe=lambda m: m.external_create(run_id, run.branch))
@@ -308,8 +329,10 @@ class BranchResetCheck(KindCheck):
     @precondition(lambda self: self._past_queued())
     @rule(w=st.sampled_from(POLLERS), data=st.data())
     def poll(self, w: int, data) -> None:
-        """A poller polls a run's operation: records what it saw, ends the run or extends the lease."""
-        self._poll(w, data.draw(st.sampled_from(self._ended() * 4 + self._past_queued(running=4)), label="run"))
+        """A poller polls a run's operation: records what it saw, ends the run or extends the
+        lease."""
+        self._poll(w, data.draw(st.sampled_from(self._ended() * 4 + self._past_queued(running=4)),
+                                label="run"))
 
     def _poll(self, w: int, run_id: str) -> None:
         run = self.model.runs[run_id]
@@ -510,7 +533,8 @@ class BranchResetCheck(KindCheck):
         (whoever makes them); a poller takes its turn at once."""
         n = 2 if twice else 1
         self.ops.fail_next(n)
-        self.fault("stand-in-503", f"operations API answers the next {n} request(s) 503", pace=False)
+        self.fault("stand-in-503", f"operations API answers the next {n} request(s) 503",
+                   pace=False)
         self.turn(data.draw(st.sampled_from(POLLERS), label="poller"), data)
 
 
@@ -548,7 +572,8 @@ class _FreshKeyClient(impl.OpsApiClient):
 
 
 class _StartFreshKey(impl.BranchResetStore):
-    """start's create carries no stable idempotency key, so a retried start re-issues the operation."""
+    """start's create carries no stable idempotency key, so a retried start re-issues the
+    operation."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -556,7 +581,8 @@ class _StartFreshKey(impl.BranchResetStore):
 
 
 class _PollReissues(impl.BranchResetStore):
-    """A poll of a running run re-submits the create (with a fresh key) before reading the status."""
+    """A poll of a running run re-submits the create (with a fresh key) before reading the
+    status."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -579,8 +605,9 @@ class _CreateOutsideClaim(impl.BranchResetStore):
         where = "branch-reset.start"
         try:
             with boundary(where):
-                row = conn.execute(self.q["claim"], {"run_id": run_id, "worker": self.worker,
-                                                     "lease_until": self.app_clock() + self.lease}).fetchone()
+                row = conn.execute(self.q["claim"], {
+                    "run_id": run_id, "worker": self.worker,
+                    "lease_until": self.app_clock() + self.lease}).fetchone()
                 if row is None:
                     outcome = self._miss(conn, run_id)
                     conn.rollback()
@@ -605,20 +632,25 @@ _POLL_IGNORES_LEASE = {
 
 MUTANTS = [
     Mutant("poll-reissues-operation", "branch-reset", "external-effect-semantics",
-           "a poll re-submits the create without the idempotency key: a second operation at the API",
+           "a poll re-submits the create without the idempotency key: "
+           "a second operation at the API",
            with_attrs(store_class=_PollReissues)),
     Mutant("start-retry-fresh-key", "branch-reset", "external-effect-semantics",
            "start sends a fresh idempotency key per attempt: a start retried after its create was "
            "acted on creates a second operation", with_attrs(store_class=_StartFreshKey)),
     Mutant("create-outside-claim", "branch-reset", "receipt-with-effect",
-           "start commits the claim, then creates the operation and records it in a second transaction",
+           "start commits the claim, "
+           "then creates the operation and records it in a second transaction",
            with_attrs(store_class=_CreateOutsideClaim)),
     Mutant("cancel-unguarded", "branch-reset", "conditional-transition",
            "cancel is not guarded on status = 'running': it overwrites queued and terminal runs",
-           _edit("cancel", "WHERE id = %(run_id)s AND status = 'running'", "WHERE id = %(run_id)s")),
+           _edit("cancel", "WHERE id = %(run_id)s AND status = 'running'",
+                 "WHERE id = %(run_id)s")),
     Mutant("idempotency-key-not-unique", "branch-reset", "terminal-answers-from-receipts",
-           "the idempotency key has an index but not a unique one: a repeated or reused key makes a new run",
-           _schema_edit("CREATE UNIQUE INDEX branch_reset_idempotency_key", "CREATE INDEX branch_reset_idempotency_key")),
+           "the idempotency key has an index but not a unique one: "
+           "a repeated or reused key makes a new run",
+           _schema_edit("CREATE UNIQUE INDEX branch_reset_idempotency_key",
+                        "CREATE INDEX branch_reset_idempotency_key")),
     Mutant("one-in-flight-missing", "branch-reset", "claim",
            "no one-in-flight guard: a second run of a branch is queued while one is in flight",
            _schema_edit("CREATE UNIQUE INDEX branch_reset_one_in_flight ON branch_reset (branch)\n"

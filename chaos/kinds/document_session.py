@@ -404,7 +404,8 @@ class DocumentSessionCheck(ReplayCheck):
         self._discard(slot, reload, net)
 
     @precondition(lambda self: self._slots(State.OFFLINE))
-    @rule(data=st.data(), how=st.sampled_from(["discard", "discard and reload", "close", "discard"]),
+    @rule(data=st.data(),
+          how=st.sampled_from(["discard", "discard and reload", "close", "discard"]),
           net=st.sampled_from(NETS_WRITE))
     def leave_offline_work(self, data, how: str, net: str) -> None:
         """While a tab waits to retry a save, the user leaves its work: discards it (the retry is
@@ -683,4 +684,5 @@ def _fmt_patch(patch: dict) -> str:
     return ", ".join(f"{k}={'(cleared)' if v is None else repr(v)}" for k, v in patch.items())
 
 
-from .document_mutants import MUTANTS  # noqa: E402  (the catalogue; it needs nothing from here)
+# The catalogue, this kind's MUTANTS; it needs nothing from here.
+from .document_mutants import MUTANTS  # noqa: E402, F401
