@@ -40,7 +40,8 @@ SCHEMA = _read_schema(SCHEMA_FILE)
 """The DDL that creates this kind's tables in an empty database."""
 QUERIES = load("approved_plan.sql")
 """The reference SQL, by name."""
-TABLES = ("demo_ledger", "demo_account", "agent_proposal_step", "agent_proposal", "agent_proposal_ids")
+TABLES = ("demo_ledger", "demo_account", "agent_proposal_step", "agent_proposal",
+          "agent_proposal_ids")
 """Every table of this kind, for ``TRUNCATE ... RESTART IDENTITY`` between examples."""
 
 
@@ -73,7 +74,8 @@ class ApprovedPlanStore:
         self.q = {**QUERIES, **(queries or {})}
 
     # -- one transaction per operation -------------------------------------------
-    def _transaction(self, conn: psycopg.Connection, op: str, body: Callable[[], tuple[Outcome, bool]]) -> Outcome:
+    def _transaction(self, conn: psycopg.Connection, op: str,
+                     body: Callable[[], tuple[Outcome, bool]]) -> Outcome:
         """Run ``body`` (which returns the outcome and whether it wrote anything) as one
         transaction: commit what was written, roll back what was not."""
         where = f"{m.KIND}.{op}"
@@ -90,7 +92,8 @@ class ApprovedPlanStore:
         return outcome
 
     def _why_not(self, conn: psycopg.Connection, proposal_id: int, event: str) -> Outcome:
-        """A guarded UPDATE matched no row: either there is no such run, or someone moved it first."""
+        """A guarded UPDATE matched no row: either there is no such run, or someone moved it
+        first."""
         row = conn.execute(self.q["run"], {"id": proposal_id}).fetchone()
         return m.no_proposal(proposal_id) if row is None else m.lost(event)
 
@@ -102,15 +105,18 @@ class ApprovedPlanStore:
 
         return self._transaction(conn, event, body)
 
-    def _insert(self, conn: psycopg.Connection, steps: tuple[m.Step, ...], compensates: int | None) -> int:
+    def _insert(self, conn: psycopg.Connection, steps: tuple[m.Step, ...],
+                compensates: int | None) -> int:
         (pid,) = conn.execute(self.q["next_proposal_id"]).fetchone()
-        conn.execute(self.q["insert_proposal"], {"id": pid, "steps": _steps_json(steps), "compensates": compensates})
+        conn.execute(self.q["insert_proposal"], {"id": pid, "steps": _steps_json(steps),
+                                                 "compensates": compensates})
         return pid
 
     def _heal(self, conn: psycopg.Connection, proposal_id: int) -> bool:
         """mark_interrupted_if_stale; True when it failed a stale run (a write to commit)."""
         row = conn.execute(self.q["mark_interrupted_if_stale"], {
-            "id": proposal_id, "failure": m.INTERRUPTED, "heartbeat_s": self.heartbeat_s}).fetchone()
+            "id": proposal_id, "failure": m.INTERRUPTED,
+            "heartbeat_s": self.heartbeat_s}).fetchone()
         return row is not None
 
     def _report(self, conn: psycopg.Connection, proposal_id: int) -> m.RunReport | None:
@@ -118,7 +124,8 @@ class ApprovedPlanStore:
         if row is None:
             return None
         status, failure, _compensates, _generation = row
-        receipts = tuple(m.Receipt(*r) for r in conn.execute(self.q["receipts"], {"id": proposal_id}))
+        receipts = tuple(m.Receipt(*r) for r in conn.execute(self.q["receipts"],
+                                                             {"id": proposal_id}))
         return m.RunReport(proposal_id, m.Status(status), failure, receipts)
 
     # -- operations ----------------------------------------------------------------
@@ -126,7 +133,8 @@ class ApprovedPlanStore:
         parsed = m.parse_steps(steps)
         if isinstance(parsed, Rejected):
             return parsed
-        return self._transaction(conn, "propose", lambda: (Won(self._insert(conn, parsed, None)), True))
+        return self._transaction(conn, "propose",
+                                 lambda: (Won(self._insert(conn, parsed, None)), True))
 
     def revise(self, conn: psycopg.Connection, proposal_id: int, steps: Iterable) -> Outcome:
         parsed = m.parse_steps(steps)
@@ -134,7 +142,8 @@ class ApprovedPlanStore:
             return parsed
 
         def body():
-            if conn.execute(self.q["revise"], {"id": proposal_id, "steps": _steps_json(parsed)}).fetchone():
+            if conn.execute(self.q["revise"], {"id": proposal_id,
+                                               "steps": _steps_json(parsed)}).fetchone():
                 return Won(), True
             row = conn.execute(self.q["run"], {"id": proposal_id}).fetchone()
             if row is not None and row[2] is not None:
@@ -164,18 +173,22 @@ class ApprovedPlanStore:
 
     def heartbeat(self, conn: psycopg.Connection, proposal_id: int, token: int) -> Outcome:
         def body():
-            if conn.execute(self.q["heartbeat"], {"id": proposal_id, "token": token}).fetchone() is not None:
+            if conn.execute(self.q["heartbeat"], {"id": proposal_id,
+                                                  "token": token}).fetchone() is not None:
                 return Won(), True
             row = conn.execute(self.q["run"], {"id": proposal_id}).fetchone()
             if row is None:
                 return m.no_proposal(proposal_id), False
             status, _failure, _compensates, generation = row
-            return m.fence("heartbeat", status, generation, token) or LostRace("heartbeat: not executing"), False
+            return (m.fence("heartbeat", status, generation, token)
+                    or LostRace("heartbeat: not executing")), False
 
         return self._transaction(conn, "heartbeat", body)
 
-    def run_step(self, conn: psycopg.Connection, proposal_id: int, step_index: int, token: int) -> Outcome:
-        """One step in one transaction: fence, effect, receipt, heartbeat, transition. Won(Receipt)."""
+    def run_step(self, conn: psycopg.Connection, proposal_id: int, step_index: int,
+                 token: int) -> Outcome:
+        """One step in one transaction: fence, effect, receipt, heartbeat, transition.
+        Won(Receipt)."""
         def body():
             row = conn.execute(self.q["lock_executing"], {"id": proposal_id}).fetchone()
             if row is None:
@@ -188,7 +201,8 @@ class ApprovedPlanStore:
             steps = _steps(steps_json)
             checked = m.check_step_index(steps, done, step_index)
             if checked is True:  # already ran: answer from its receipt
-                r = conn.execute(self.q["receipt"], {"id": proposal_id, "step_index": step_index}).fetchone()
+                r = conn.execute(self.q["receipt"], {"id": proposal_id,
+                                                     "step_index": step_index}).fetchone()
                 return Won(m.Receipt(*r)), False
             if checked is not None:
                 return checked, False
@@ -212,11 +226,13 @@ class ApprovedPlanStore:
         (done,) = conn.execute(self.q["steps_done"], {"id": proposal_id}).fetchone()
         return done
 
-    def _apply(self, conn: psycopg.Connection, proposal_id: int, step_index: int, step: m.Step) -> bool:
+    def _apply(self, conn: psycopg.Connection, proposal_id: int, step_index: int,
+               step: m.Step) -> bool:
         """The step's effect on the demo tables; False (and no effect) when the step is not ok."""
         if step.op == "fail":
             return False
-        params = {"id": proposal_id, "step_index": step_index, "account": step.account, "amount": step.amount}
+        params = {"id": proposal_id, "step_index": step_index, "account": step.account,
+                  "amount": step.amount}
         return conn.execute(self.q[step.op], params).fetchone() is not None
 
     def read(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
@@ -229,7 +245,8 @@ class ApprovedPlanStore:
         return self._transaction(conn, "read", body)
 
     def repeat(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
-        """An execute request arriving again: a terminal run answers from its receipts, Won(RunReport)."""
+        """An execute request arriving again: a terminal run answers from its receipts,
+        Won(RunReport)."""
         def body():
             healed = self._heal(conn, proposal_id)
             seen = self._report(conn, proposal_id)
@@ -255,7 +272,8 @@ class ApprovedPlanStore:
             existing = conn.execute(self.q["compensation_of"], {"id": proposal_id}).fetchone()
             if existing is not None:
                 return Won(existing[0]), healed
-            receipts = [m.Receipt(*r) for r in conn.execute(self.q["receipts"], {"id": proposal_id})]
+            receipts = [m.Receipt(*r) for r in conn.execute(self.q["receipts"],
+                                                            {"id": proposal_id})]
             steps = m.compensation_steps(_steps(steps_json), receipts)
             if not steps:
                 return m.NOTHING_TO_COMPENSATE, healed
@@ -266,10 +284,12 @@ class ApprovedPlanStore:
 
 def project(conn: psycopg.Connection, to_model_time: Callable[[datetime], int]) -> m.PlanState:
     """Every row of this kind, in the model's state shape, read by one statement (one snapshot).
-    ``to_model_time`` turns a database timestamp into model seconds (the check owns that mapping)."""
+    ``to_model_time`` turns a database timestamp into model seconds (the check owns that
+    mapping)."""
     with boundary(f"{m.KIND}.project"):
         try:
-            runs, receipt_rows, balance_rows, ledger_rows = conn.execute(QUERIES["project"]).fetchone()
+            runs, receipt_rows, balance_rows, ledger_rows = conn.execute(
+                QUERIES["project"]).fetchone()
         finally:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 _rollback_quietly(conn)

@@ -81,7 +81,8 @@ class OpsApiClient:
     def __init__(self, base_url: str, timeout: float = 2.0):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never an env proxy
+        # never an env proxy
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def create(self, run_id: str, branch: str, idempotency_key: str) -> tuple[str, ExternalStatus]:
         """POST /operations: the operation (new, or the one this key already created)."""
@@ -97,7 +98,8 @@ class OpsApiClient:
         try:
             return str(body["id"]), ExternalStatus(body["status"])
         except (TypeError, KeyError, ValueError):
-            raise ExternalCallFailed(f"operations API: malformed answer {str(body)[:120]!r}") from None
+            raise ExternalCallFailed(
+                f"operations API: malformed answer {str(body)[:120]!r}") from None
 
     def _call(self, method: str, path: str, payload: dict | None = None) -> object:
         data = json.dumps(payload).encode() if payload is not None else None
@@ -124,7 +126,8 @@ class OpsApiClient:
 
 
 def _abort(conn: psycopg.Connection) -> None:
-    """Roll back what this transaction did; a connection that is already dead has nothing to undo."""
+    """Roll back what this transaction did; a connection that is already dead has nothing to
+    undo."""
     try:
         conn.rollback()
     except psycopg.Error:
@@ -154,9 +157,11 @@ class BranchResetStore:
         where = "branch-reset.request"
         try:
             with boundary(where):
-                row = conn.execute(self.q["request"], {"branch": branch, "idempotency_key": idempotency_key}).fetchone()
+                row = conn.execute(self.q["request"], {
+                    "branch": branch, "idempotency_key": idempotency_key}).fetchone()
                 if row is None:
-                    found = conn.execute(self.q["find_by_key"], {"idempotency_key": idempotency_key}).fetchone()
+                    found = conn.execute(self.q["find_by_key"],
+                                         {"idempotency_key": idempotency_key}).fetchone()
                     conn.rollback()
                     if found is None:
                         return Rejected(IN_FLIGHT_REASON)
@@ -179,8 +184,8 @@ class BranchResetStore:
                     conn.rollback()
                     return outcome
                 op_id, op_status = self.api.create(run_id, row[0], idempotency_key=run_id)
-                recorded = conn.execute(self.q["record_operation"], {"run_id": run_id, "op_id": op_id,
-                                                                 "op_status": op_status.value}).fetchone()
+                recorded = conn.execute(self.q["record_operation"], {
+                    "run_id": run_id, "op_id": op_id, "op_status": op_status.value}).fetchone()
                 if recorded is None:  # cannot happen while the claim's row lock holds
                     outcome = self._miss(conn, run_id)
                     conn.rollback()
@@ -270,8 +275,8 @@ def project(conn: psycopg.Connection, to_model_time: Callable[[datetime], int]) 
     out: dict[str, Run] = {}
     for run_id, branch, key, status, claimed_by, op_id, op_statuses, lease_until, error in rows:
         out[run_id] = Run(
-            run_id=run_id, branch=branch, idempotency_key=key, status=Status(status), claimed_by=claimed_by,
-            external_op_id=op_id, op_statuses=tuple(op_statuses),
+            run_id=run_id, branch=branch, idempotency_key=key, status=Status(status),
+            claimed_by=claimed_by, external_op_id=op_id, op_statuses=tuple(op_statuses),
             lease_until=None if lease_until is None else to_model_time(lease_until), error=error,
         )
     return out

@@ -18,16 +18,18 @@ class KnownstateError(Exception):
 
     def __init__(self, detail: str = ""):
         self.detail = detail
-        msg = (self.__doc__ or "").strip().splitlines()[0]
+        msg = " ".join((self.__doc__ or "").strip().split("\n\n")[0].split())  # first paragraph
         super().__init__(f"{msg} ({detail})" if detail else msg)
 
 
 class ConnectionLost(KnownstateError):
-    """The database connection died before COMMIT was sent: nothing of this transaction committed."""
+    """The database connection died before COMMIT was sent: nothing of this transaction
+    committed."""
 
 
 class CommitIndeterminate(KnownstateError):
-    """The database connection died while COMMIT was in flight: the transaction may or may not have committed."""
+    """The database connection died while COMMIT was in flight: the transaction may or may not have
+    committed."""
 
 
 class TransactionAborted(KnownstateError):
@@ -35,7 +37,8 @@ class TransactionAborted(KnownstateError):
 
 
 class ClientError(KnownstateError):
-    """The driver refused the call before the server saw it (a wrong parameter, a closed cursor): a bug in the calling code, not a lost connection."""
+    """The driver refused the call before the server saw it (a wrong parameter, a closed cursor): a
+    bug in the calling code, not a lost connection."""
 
 
 class ExternalCallFailed(KnownstateError):

@@ -37,7 +37,8 @@ from knownstate.model.outbox import (DUPLICATE_ID, OK, PERMANENT, RETRYABLE, TWI
                                      Config, Delivery, Report)
 
 from . import queries
-from .errors import CommitIndeterminate, ConnectionLost, ExternalCallFailed, KnownstateError, boundary, commit
+from .errors import (CommitIndeterminate, ConnectionLost, ExternalCallFailed, KnownstateError,
+                     boundary, commit)
 
 SCHEMA = queries.schema("outbox_schema.sql")
 TABLES = ("outbox_delivery",)
@@ -61,18 +62,21 @@ class OutboxStore:
         commit(conn, f"outbox.{op}")
         return rows
 
-    def enqueue(self, conn: psycopg.Connection, id: int | None = None, payload: dict | None = None) -> Outcome:
+    def enqueue(self, conn: psycopg.Connection, id: int | None = None,
+                payload: dict | None = None) -> Outcome:
         """A new delivery. ``id`` is the producer's event id; without one the sequence picks it.
         An id already taken is ``Rejected`` and changes nothing."""
         params = {"id": id, "payload": Jsonb(payload or {})}
-        rows = self._one_tx(conn, "enqueue", self.q["enqueue" if id is not None else "enqueue_generated"], params)
+        rows = self._one_tx(conn, "enqueue",
+                            self.q["enqueue" if id is not None else "enqueue_generated"], params)
         return Won(rows[0][0]) if rows else Rejected(DUPLICATE_ID)
 
     def begin_claim(self, conn: psycopg.Connection, batch: int) -> list[tuple[Claim, dict]]:
         """The claim's statement, without COMMIT: the rows stay locked until the caller commits
         (on a connection not in autocommit; in autocommit the statement commits by itself)."""
         with boundary("outbox.claim"):
-            rows = conn.execute(self.q["claim_due"], {"batch": batch, "lease": self.config.lease}).fetchall()
+            rows = conn.execute(self.q["claim_due"], {"batch": batch,
+                                                      "lease": self.config.lease}).fetchall()
         return sorted(((Claim(r[0], r[1]), r[2]) for r in rows), key=lambda c: c[0].id)
 
     def claim_batch(self, conn: psycopg.Connection, batch: int) -> list[tuple[Claim, dict]]:
@@ -90,7 +94,8 @@ class OutboxStore:
         return Won() if rows else LostRace("fenced")
 
     def complete(self, conn: psycopg.Connection, c: Claim) -> Outcome:
-        rows = self._one_tx(conn, "complete", self.q["complete"], {"id": c.id, "attempt": c.attempt})
+        rows = self._one_tx(conn, "complete", self.q["complete"], {"id": c.id,
+                                                                   "attempt": c.attempt})
         return Won(rows[0][0]) if rows else LostRace("fenced")
 
     def fail_params(self, c: Claim, permanent: bool, error: str) -> dict:
@@ -167,7 +172,8 @@ def project(conn: psycopg.Connection, to_model_time: Callable) -> tuple[Delivery
 def send_to_sink(url: str, claim: Claim, payload: dict | None = None, timeout: float = 5.0) -> str:
     """POST one delivery to the notification sink. Returns ok / retryable (5xx) / permanent
     (4xx); raises ExternalCallFailed when no answer came (it may still have arrived)."""
-    body = json.dumps({"delivery_id": claim.id, "attempt": claim.attempt, "payload": payload or {}}).encode()
+    body = json.dumps({"delivery_id": claim.id, "attempt": claim.attempt,
+                       "payload": payload or {}}).encode()
     req = urllib.request.Request(f"{url}/deliveries", data=body, method="POST",
                                  headers={"Content-Type": "application/json",
                                           "Idempotency-Key": f"outbox-{claim.id}"})

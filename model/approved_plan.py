@@ -113,17 +113,19 @@ CONTRACT = Contract(
     kind=KIND,
     table=TABLE,
     terminal=frozenset(s.value for s in TERMINAL),
-    claim="mark_executing: the conditional approved -> executing; exactly one caller wins the claim token",
-    lease=f"{HEARTBEAT_S} s per-step heartbeat, stamped with the database's now() by the claim and by every step",
+    claim="mark_executing: the conditional approved -> executing; exactly one caller wins the "
+          "claim token",
+    lease=f"{HEARTBEAT_S} s per-step heartbeat, stamped with the database's now() by the claim and "
+          "by every step",
     lease_clock=LeaseClock.DATABASE,
-    reaper="none in the background: mark_interrupted_if_stale heals a stale executing run to failed "
-           "on the next read (read, repeat, compensate)",
-    fence="lock_executing: each step's transaction locks the run row and refuses unless it is still "
-          "executing under the caller's token",
-    receipts="agent_proposal_step, primary key (proposal_id, step_index), written in the step's own "
-             "transaction together with the step's database effect",
-    retry_policy="none: a failed step is a receipt and a new plan is a new proposal; undoing committed "
-                 "steps is a separate compensating proposal with its own receipts",
+    reaper="none in the background: mark_interrupted_if_stale heals a stale executing run to "
+           "failed on the next read (read, repeat, compensate)",
+    fence="lock_executing: each step's transaction locks the run row and refuses unless it is "
+          "still executing under the caller's token",
+    receipts="agent_proposal_step, primary key (proposal_id, step_index), written in the step's "
+             "own transaction together with the step's database effect",
+    retry_policy="none: a failed step is a receipt and a new plan is a new proposal; undoing "
+                 "committed steps is a separate compensating proposal with its own receipts",
     external_effect=ExternalEffect.NONE,
     retries=False,
     owned=frozenset({Status.EXECUTING.value}),
@@ -139,7 +141,8 @@ INTERRUPTED = "interrupted: no heartbeat within the lease"
 
 @dataclass(frozen=True)
 class Step:
-    """One step of a plan. ``credit``/``debit`` move ``amount`` on ``account``; ``fail`` never succeeds."""
+    """One step of a plan. ``credit``/``debit`` move ``amount`` on ``account``; ``fail`` never
+    succeeds."""
 
     op: str
     account: str | None = None
@@ -160,7 +163,8 @@ class Step:
 
 @dataclass(frozen=True)
 class Receipt:
-    """What committed for one step, with its effect. ``ok=False``: the step ran and failed (no effect)."""
+    """What committed for one step, with its effect. ``ok=False``: the step ran and failed (no
+    effect)."""
 
     step_index: int
     ok: bool
@@ -181,7 +185,8 @@ class Proposal:
 
 @dataclass(frozen=True, order=True)
 class LedgerEntry:
-    """One database effect of one step in the demo domain (no uniqueness: duplicates stay countable)."""
+    """One database effect of one step in the demo domain (no uniqueness: duplicates stay
+    countable)."""
 
     proposal_id: int
     step_index: int
@@ -245,7 +250,8 @@ def describe(step: Step, ok: bool) -> str:
         return "failed by its payload"
     if step.op == "credit":
         return f"credited {step.amount} to {step.account}"
-    return f"debited {step.amount} from {step.account}" if ok else f"{step.account} holds less than {step.amount}"
+    return (f"debited {step.amount} from {step.account}" if ok
+            else f"{step.account} holds less than {step.amount}")
 
 
 def step_failure(step_index: int, detail: str) -> str:
@@ -288,7 +294,8 @@ def not_terminal(status: str) -> Rejected:
 def compensation_refusal(status: str) -> Rejected | None:
     if status in (Status.EXECUTED, Status.FAILED):
         return None
-    return Rejected(f"compensate: run is {status}; only an executed or failed run has committed steps")
+    return Rejected(f"compensate: run is {status}; "
+                    "only an executed or failed run has committed steps")
 
 
 def check_step_index(steps: tuple[Step, ...], done: int, step_index: int) -> Rejected | bool | None:
@@ -315,7 +322,8 @@ def report(p: Proposal) -> RunReport:
 
 def views(state: PlanState) -> dict[str, RunView]:
     """The kind-neutral view the six invariants read. A step's ``receipts`` are its receipts that
-    claim an effect (ok ones); its ``effects`` are counted in the ledger, not taken from receipts."""
+    claim an effect (ok ones); its ``effects`` are counted in the ledger, not taken from
+    receipts."""
     effects: dict[tuple[int, int], int] = {}
     for e in state.ledger:
         effects[(e.proposal_id, e.step_index)] = effects.get((e.proposal_id, e.step_index), 0) + 1
@@ -328,7 +336,8 @@ def views(state: PlanState) -> dict[str, RunView]:
             run_id=str(p.proposal_id),
             status=p.status.value,
             fence_token=p.generation,
-            steps={str(i): StepView(receipts=int(i in ok), effects=effects.get((p.proposal_id, i), 0),
+            steps={str(i): StepView(receipts=int(i in ok),
+                                    effects=effects.get((p.proposal_id, i), 0),
                                     failed=int(i in failed))
                    for i in sorted(ids)},
             valid_step_ids=frozenset(str(i) for i in range(len(p.steps))),
@@ -377,7 +386,8 @@ class ApprovedPlanModel:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ApprovedPlanModel):
             return NotImplemented
-        return (self.now, self.heartbeat_s, self.state()) == (other.now, other.heartbeat_s, other.state())
+        return (self.now, self.heartbeat_s, self.state()) == (other.now, other.heartbeat_s,
+                                                              other.state())
 
     __hash__ = None  # mutable
 

@@ -190,7 +190,8 @@ ERROR = {Event.POLL_FAILED: EXTERNAL_FAILED, Event.REAP: LEASE_LAPSED}
 EXTERNAL_STEP = "external-operation"
 """The one step of a branch reset: the external operation, created once then polled."""
 
-GENERATION = {Status.QUEUED: 0, Status.RUNNING: 1, Status.SUCCEEDED: 2, Status.FAILED: 2, Status.CANCELED: 2}
+GENERATION = {Status.QUEUED: 0, Status.RUNNING: 1, Status.SUCCEEDED: 2, Status.FAILED: 2,
+              Status.CANCELED: 2}
 """The fence token of RunView. The fence is the status itself: a write must find the run at
 generation 1 (running)."""
 
@@ -205,25 +206,28 @@ CONTRACT = Contract(
     kind=KIND,
     table=TABLE,
     terminal=frozenset(s.value for s in TERMINAL),
-    claim="one run in flight per branch (partial unique index over queued|running) + idempotency_key "
-          "under a unique index: a repeated request with the same key returns the existing run",
-    lease=f"lease_until = app_now + {LEASE_SECONDS} s, stamped by start and by every in-progress poll; "
-          "checked on every poll, and a poll that finds it lapsed writes nothing",
+    claim="one run in flight per branch (partial unique index over queued|running) + "
+          "idempotency_key under a unique index: a repeated request with the same key returns the "
+          "existing run",
+    lease=f"lease_until = app_now + {LEASE_SECONDS} s, stamped by start and by every in-progress "
+          "poll; checked on every poll, and a poll that finds it lapsed writes nothing",
     lease_clock=LeaseClock.APPLICATION,
-    reaper="dbops-reaper job: reap fails every running run whose lease lapsed, judged by the reaper's app clock",
-    fence="every transition out of running, and every lease extension, is guarded on status = 'running'",
+    reaper="dbops-reaper job: reap fails every running run whose lease lapsed, judged by the "
+           "reaper's app clock",
+    fence="every transition out of running, and every lease extension, is guarded on "
+          "status = 'running'",
     receipts="the external operation id and the observed operation statuses (op_statuses, dbops' "
              "neonOpStatuses) on the run row, written with the transition they cause",
     retry_policy="none: the external operation is polled, never re-issued",
     external_effect=ExternalEffect.CREATE_ONCE_THEN_POLL,
     retries=False,
     deviations=(
-        "lease in application time, not database now(): each worker's clock judges the lease, so an "
-        f"app-clock skew of L - M or more (reaper ahead of the last poller; {skew_bound()} s with the "
-        "defaults) can reap a live run. Below that bound no live run is reaped. Accepted because the "
-        "lease is generous and only guards crashes.",
-        "the POST that creates the operation is at least once; the creation is exactly once because "
-        "the operations API takes an idempotency key (the run id).",
+        "lease in application time, not database now(): each worker's clock judges the lease, so "
+        f"an app-clock skew of L - M or more (reaper ahead of the last poller; {skew_bound()} s "
+        "with the defaults) can reap a live run. Below that bound no live run is reaped. Accepted "
+        "because the lease is generous and only guards crashes.",
+        "the POST that creates the operation is at least once; the creation is exactly once "
+        "because the operations API takes an idempotency key (the run id).",
     ),
     owned=frozenset({Status.RUNNING.value}),
 )
@@ -275,12 +279,14 @@ class ExternalState:
 
 def views(rows: Mapping[str, Run], external: ExternalState) -> dict[str, RunView]:
     """The kind-neutral views that :func:`knownstate.model.contract.check_invariants` reads, built
-    from rows plus the operations API's state. The model and the projection+stand-in both use this."""
+    from rows plus the operations API's state. The model and the projection+stand-in both use
+    this."""
     out: dict[str, RunView] = {}
     for run_id, r in rows.items():
         step = StepView(
             receipts=1 if r.external_op_id is not None else 0,  # the op id recorded on the row
-            effects=0 if r.status is Status.QUEUED else 1,  # the claim that took the run past queued
+            # the claim that took the run past queued
+            effects=0 if r.status is Status.QUEUED else 1,
             external_calls=external.create_requests.get(run_id, 0),
         )
         out[run_id] = RunView(
@@ -344,7 +350,8 @@ class BranchResetModel:
             changes.setdefault("lease_until", None)
         if event in ERROR:
             changes.setdefault("error", ERROR[event])
-        moved = Run(status=target, **changes) if run is None else replace(run, status=target, **changes)
+        moved = (Run(status=target, **changes) if run is None
+                 else replace(run, status=target, **changes))
         self.transitions.append((moved.run_id, source, event.value, target.value))
         return moved
 
@@ -373,7 +380,8 @@ class BranchResetModel:
         if run.status is not Status.QUEUED:
             return LostRace(not_in(run.status))
         op = self.external_create(run_id, run.branch)
-        self.runs[run_id] = self._moved(run, Event.START, claimed_by=worker, external_op_id=op.op_id,
+        self.runs[run_id] = self._moved(run, Event.START, claimed_by=worker,
+                                        external_op_id=op.op_id,
                                         op_statuses=(op.status.value,),
                                         lease_until=self.app_now(worker) + self.lease)
         return Won(op.op_id)
@@ -391,7 +399,8 @@ class BranchResetModel:
         if run.lease_until <= app:
             return LostRace(LEASE_LAPSED)
         observed = self.external_status(run.external_op_id)
-        statuses = run.op_statuses if run.op_statuses[-1:] == (observed.value,) else run.op_statuses + (observed.value,)
+        statuses = (run.op_statuses if run.op_statuses[-1:] == (observed.value,)
+                    else run.op_statuses + (observed.value,))
         event = POLL_EVENT[observed]
         changes: dict = {"op_statuses": statuses}
         if event is Event.POLL_IN_PROGRESS:
@@ -400,7 +409,8 @@ class BranchResetModel:
         return Won(moved.status.value)
 
     def cancel(self, run_id: str) -> Outcome:
-        """running -> canceled. The external operation is not touched; the run stops following it."""
+        """running -> canceled. The external operation is not touched; the run stops following
+        it."""
         run = self.runs.get(run_id)
         if run is None:
             return Rejected(NO_SUCH_RUN)
@@ -420,7 +430,8 @@ class BranchResetModel:
         return Won(tuple(lapsed))
 
     # -- the operations API (mirrors the stand-in) ----------------------------
-    def external_create(self, run_id: str, branch: str, idempotency_key: str | None = None) -> ExternalOp:
+    def external_create(self, run_id: str, branch: str,
+                        idempotency_key: str | None = None) -> ExternalOp:
         """A create request the API acted on. The same idempotency key (default: the run id)
         returns the existing operation, and only a new key creates one."""
         key = run_id if idempotency_key is None else idempotency_key
@@ -480,4 +491,5 @@ class BranchResetModel:
 
     def __repr__(self) -> str:
         runs = ", ".join(f"{r.run_id}:{r.status.value}" for r in self.runs.values())
-        return f"BranchResetModel(now={self.now}, skew={self.app_skew}, runs=[{runs}], ops={len(self.ops)})"
+        return (f"BranchResetModel(now={self.now}, skew={self.app_skew}, runs=[{runs}], "
+                f"ops={len(self.ops)})")

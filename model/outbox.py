@@ -86,7 +86,8 @@ CONTRACT = Contract(
     claim="FOR UPDATE SKIP LOCKED claim of due rows that bumps attempts",
     lease="claim lease (default 5 min) stamped with the database's now()",
     lease_clock=LeaseClock.DATABASE,
-    reaper="reclaim_stale: processing rows whose lease lapsed go back to pending (dead at the limit)",
+    reaper="reclaim_stale: processing rows whose lease lapsed go back to pending "
+           "(dead at the limit)",
     fence="terminal writes and lease extensions match attempts = <claimed attempt>",
     receipts="the delivery row itself",
     retry_policy="exponential backoff on next_attempt_at with a cap; dead after max attempts",
@@ -154,7 +155,8 @@ class OutboxModel:
         self.now = 0
         self.deliveries: dict[int, Delivery] = {}
         self.received: dict[int, int] = {}  # delivery id -> deliveries the sink recorded
-        self.transitions: list[tuple[int, str, str, str]] = []  # (id, from, event, to), drained by the check
+        # (id, from, event, to), drained by the check
+        self.transitions: list[tuple[int, str, str, str]] = []
         self._next_id = 1
 
     # -- plumbing ---------------------------------------------------------------
@@ -166,7 +168,8 @@ class OutboxModel:
         return tuple(self.deliveries[k] for k in sorted(self.deliveries))
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, OutboxModel) and self.state() == other.state() and self.received == other.received
+        return (isinstance(other, OutboxModel) and self.state() == other.state()
+                and self.received == other.received)
 
     def advance(self, seconds: int) -> None:
         self.now += seconds
@@ -199,10 +202,12 @@ class OutboxModel:
         return Won(d.id)
 
     def claim(self, batch: int) -> Outcome:
-        due = [d for _, d in sorted(self.deliveries.items()) if d.status == P and d.next_attempt_at <= self.now]
+        due = [d for _, d in sorted(self.deliveries.items())
+               if d.status == P and d.next_attempt_at <= self.now]
         claims = []
         for d in due[:batch]:
-            self._move(d, "claim", attempts=d.attempts + 1, lease_until=self.now + self.config.lease)
+            self._move(d, "claim", attempts=d.attempts + 1,
+                       lease_until=self.now + self.config.lease)
             claims.append(Claim(d.id, d.attempts + 1))
         return Won(tuple(claims))
 
@@ -218,7 +223,8 @@ class OutboxModel:
         claims = []
         for i in taken:
             d = due[i]
-            self._move(d, "claim", attempts=d.attempts + 1, lease_until=self.now + self.config.lease)
+            self._move(d, "claim", attempts=d.attempts + 1,
+                       lease_until=self.now + self.config.lease)
             claims.append(Claim(d.id, d.attempts + 1))
         return Won(tuple(claims))
 
@@ -245,7 +251,8 @@ class OutboxModel:
         elif d.attempts >= self.config.max_attempts:
             self._move(d, "give_up", lease_until=None)
         else:
-            self._move(d, "retry", lease_until=None, next_attempt_at=self.now + self.config.backoff(d.attempts))
+            self._move(d, "retry", lease_until=None,
+                       next_attempt_at=self.now + self.config.backoff(d.attempts))
         return Won(self.deliveries[d.id].status)
 
     def record_batch(self, reports: Sequence[Report]) -> Outcome:
@@ -287,6 +294,7 @@ def views(deliveries: tuple[Delivery, ...], received: dict[int, int]) -> dict[st
         done = 1 if d.status == S else 0
         out[str(d.id)] = RunView(
             run_id=str(d.id), status=d.status, fence_token=d.attempts,
-            steps={STEP: StepView(receipts=done, effects=done, external_calls=received.get(d.id, 0))},
+            steps={STEP: StepView(receipts=done, effects=done,
+                                  external_calls=received.get(d.id, 0))},
         )
     return out
