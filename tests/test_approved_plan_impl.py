@@ -22,7 +22,8 @@ from knownstate.impl import approved_plan as impl
 from knownstate.impl.approved_plan import ApprovedPlanStore, project
 from knownstate.impl.errors import TransactionAborted
 from knownstate.model import approved_plan as ap
-from knownstate.model.approved_plan import CONTRACT, INTERRUPTED, TABLE, ApprovedPlanModel, Receipt, Status
+from knownstate.model.approved_plan import (CONTRACT, INTERRUPTED, TABLE, ApprovedPlanModel,
+                                            Receipt, Status)
 from knownstate.model.contract import CREATED, LostRace, Rejected, Won, check_invariants
 
 CREDIT_A5 = {"op": "credit", "account": "a", "amount": 5}
@@ -60,7 +61,8 @@ class Pair:
     """One model and one database, driven by the same operations and compared after each."""
 
     def __init__(self, conn: psycopg.Connection, clock):
-        self.model, self.store, self.conn, self.clock = ApprovedPlanModel(), ApprovedPlanStore(), conn, clock
+        self.model, self.store = ApprovedPlanModel(), ApprovedPlanStore()
+        self.conn, self.clock = conn, clock
         self.base: datetime = conn.execute("select now()").fetchone()[0]
         conn.rollback()
         self.edges: set[tuple[str, str]] = set()
@@ -83,7 +85,8 @@ class Pair:
         assert check_invariants(CONTRACT, before, after) == []
         for run_id, v in after.items():
             src = before[run_id].status if run_id in before else CREATED
-            if src != v.status or (isinstance(got, Won) and op in ("revise", "heartbeat", "run_step")
+            if src != v.status or (isinstance(got, Won)
+                                   and op in ("revise", "heartbeat", "run_step")
                                    and str(args[0]) == run_id and v.status == src):
                 self.edges.add((src, v.status))
         return got
@@ -95,7 +98,8 @@ def pair(connect, clock):
 
 
 def ledger_rows(conn: psycopg.Connection, pid: int, step_index: int) -> int:
-    (n,) = conn.execute("select count(*) from demo_ledger where proposal_id = %s and step_index = %s",
+    (n,) = conn.execute("select count(*) from demo_ledger "
+                        "where proposal_id = %s and step_index = %s",
                         (pid, step_index)).fetchone()
     conn.rollback()
     return n
@@ -175,8 +179,8 @@ def test_model_and_implementation_agree_along_a_story_that_takes_every_transitio
     assert pair.edges == TABLE.edges()
 
 
-@pytest.mark.parametrize("op", ["approve", "reject", "expire", "mark_executing", "revise", "heartbeat", "run_step",
-                                "read", "repeat", "compensate"])
+@pytest.mark.parametrize("op", ["approve", "reject", "expire", "mark_executing", "revise",
+                                "heartbeat", "run_step", "read", "repeat", "compensate"])
 def test_every_operation_agrees_on_a_run_in_every_status(pair, op):
     """One run per status, built through the operations; then ``op`` on each, on both sides."""
     pids = {}
@@ -281,7 +285,8 @@ def test_expiry_racing_the_claim_has_exactly_one_winner(connect):
     store, setup = ApprovedPlanStore(), connect()
     pid = store.propose(setup, [CREDIT_A5]).value
     store.approve(setup, pid)
-    outs = _together(connect, 6, lambda c, i: (store.expire if i % 2 else store.mark_executing)(c, pid))
+    outs = _together(connect, 6,
+                     lambda c, i: (store.expire if i % 2 else store.mark_executing)(c, pid))
     assert sum(isinstance(o, Won) for o in outs) == 1
     assert all(isinstance(o, (Won, LostRace)) for o in outs)
 
@@ -331,7 +336,8 @@ def test_a_steps_effect_does_not_survive_without_its_receipt(connect):
     squatter.rollback()
     assert store.run_step(worker, pid, 0, 1) == Won(Receipt(0, True, "credited 5 to a"))
     assert ledger_rows(observer, pid, 0) == 1
-    receipt = observer.execute("select ok from agent_proposal_step where proposal_id = %s", (pid,)).fetchall()
+    receipt = observer.execute("select ok from agent_proposal_step where proposal_id = %s",
+                               (pid,)).fetchall()
     assert receipt == [(True,)]
 
 
@@ -346,5 +352,6 @@ def test_truncating_the_tables_restarts_the_numbering(connect):
 
 def test_a_refused_plan_touches_no_row(connect):
     store, conn = ApprovedPlanStore(), connect()
-    assert isinstance(store.propose(conn, [{"op": "credit", "account": "a", "amount": -1}]), Rejected)
+    assert isinstance(store.propose(conn, [{"op": "credit", "account": "a", "amount": -1}]),
+                      Rejected)
     assert store.propose(conn, [CREDIT_A5]) == Won(1)

@@ -221,7 +221,8 @@ def test_worker_loop_runs_in_autocommit_and_keeps_the_fence(fresh_db, per_row, s
                         (3, "pending", 1, "sink answered retryable"), (4, "sent", 1, None)]
 
 
-@pytest.mark.parametrize("autocommit, error", [(True, CommitIndeterminate), (False, ConnectionLost)])
+@pytest.mark.parametrize("autocommit, error",
+                         [(True, CommitIndeterminate), (False, ConnectionLost)])
 def test_a_lost_connection_in_autocommit_is_an_indeterminate_commit(fresh_db, autocommit, error):
     """In autocommit the statement carries its own COMMIT: losing the connection then cannot mean
     "nothing committed". In a transaction it still does (the COMMIT was never sent)."""

@@ -72,7 +72,8 @@ class Pair:
     """The model and the implementation side by side. Workers are named; each has its own
     connection, its own app clock (the model's ``app_now(worker)``) and its own ops-API URL."""
 
-    def __init__(self, dsn: str, api: OpsApi, *, lease: int = 600, urls: dict[str, str] | None = None,
+    def __init__(self, dsn: str, api: OpsApi, *, lease: int = 600,
+                 urls: dict[str, str] | None = None,
                  http_timeout: float = 2.0):
         self.dsn, self.api, self.lease = dsn, api, lease
         self.model = BranchResetModel(lease)
@@ -90,7 +91,8 @@ class Pair:
         if w not in self.stores:
             self.conns[w] = psycopg.connect(self.dsn, connect_timeout=5)
             self.stores[w] = BranchResetStore(w, self.urls.get(w, self.api.url), self.clock(w),
-                                              lease_seconds=self.lease, http_timeout=self.http_timeout)
+                                              lease_seconds=self.lease,
+                                              http_timeout=self.http_timeout)
         return self.stores[w], self.conns[w]
 
     def reconnect(self, w: str) -> None:
@@ -124,11 +126,13 @@ class Pair:
     # -- the vocabulary, on both sides -------------------------------------------------------
     def request(self, branch: str, key: str, worker: str = "w1"):
         store, conn = self.worker(worker)
-        return self.both(lambda: self.model.request(branch, key), lambda: store.request(conn, branch, key))
+        return self.both(lambda: self.model.request(branch, key),
+                         lambda: store.request(conn, branch, key))
 
     def start(self, run_id: str, worker: str = "w1"):
         store, conn = self.worker(worker)
-        return self.both(lambda: self.model.start(run_id, worker), lambda: store.start(conn, run_id))
+        return self.both(lambda: self.model.start(run_id, worker),
+                         lambda: store.start(conn, run_id))
 
     def poll(self, run_id: str, worker: str = "w1"):
         store, conn = self.worker(worker)
@@ -167,13 +171,15 @@ def test_schema_statuses_are_the_models(fresh_db):
     with psycopg.connect(fresh_db(impl.SCHEMA)) as conn:
         (definition,) = conn.execute(
             "select pg_get_constraintdef(oid) from pg_constraint "
-            "where conrelid = 'branch_reset'::regclass and contype = 'c' and conname like '%status%'").fetchone()
+            "where conrelid = 'branch_reset'::regclass and contype = 'c' "
+            "and conname like '%status%'").fetchone()
         indexes = {r[0]: r[1] for r in conn.execute(
             "select indexname, indexdef from pg_indexes where tablename = 'branch_reset'")}
     assert set(re.findall(r"'(\w+)'::text", definition)) == {s.value for s in Status}
     assert "UNIQUE" in indexes["branch_reset_idempotency_key"]
     assert "UNIQUE" in indexes["branch_reset_one_in_flight"]
-    assert "'queued'" in indexes["branch_reset_one_in_flight"] and "'running'" in indexes["branch_reset_one_in_flight"]
+    assert ("'queued'" in indexes["branch_reset_one_in_flight"]
+            and "'running'" in indexes["branch_reset_one_in_flight"])
     assert impl.TABLES == ("branch_reset",)
 
 
@@ -233,10 +239,11 @@ def test_polls_never_re_issue_the_operation(pair):
     for i in range(10):
         pair.advance(30)
         pair.poll("main#1", worker=f"w{i % 3}")
-    assert (pair.api.creations("main#1"), pair.api.create_requests("main#1"), pair.api.polls("op-1")) == (1, 1, 10)
+    assert (pair.api.creations("main#1"), pair.api.create_requests("main#1"),
+            pair.api.polls("op-1")) == (1, 1, 10)
 
 
-# -- through Toxiproxy: the stand-in on each worker's own link ---------------------------------------
+# -- through Toxiproxy: the stand-in on each worker's own link -------------------------------------
 
 
 def links_for(toxiproxy, api, workers):
@@ -244,13 +251,16 @@ def links_for(toxiproxy, api, workers):
     return {w: toxiproxy.link(f"opsapi-{w}-{n}-{api.port}", api.host, api.port) for w in workers}
 
 
-def test_through_toxiproxy_a_lost_create_answer_is_retried_without_a_second_creation(fresh_db, api, toxiproxy):
+def test_through_toxiproxy_a_lost_create_answer_is_retried_without_a_second_creation(fresh_db, api,
+                                                                                     toxiproxy):
     links = links_for(toxiproxy, api, ("w1", "w2"))
-    p = Pair(fresh_db(impl.SCHEMA), api, urls={w: f"http://127.0.0.1:{lk.port}" for w, lk in links.items()},
+    p = Pair(fresh_db(impl.SCHEMA), api,
+             urls={w: f"http://127.0.0.1:{lk.port}" for w, lk in links.items()},
              http_timeout=0.5)
     try:
         p.request("main", "k")
-        links["w1"].add(Toxic("timeout", "downstream", {"timeout": 0}))  # the API acts; its answer never comes
+        # the API acts; its answer never comes
+        links["w1"].add(Toxic("timeout", "downstream", {"timeout": 0}))
         store, conn = p.worker("w1")
         with pytest.raises(ExternalCallFailed):
             store.start(conn, "main#1")
@@ -266,9 +276,11 @@ def test_through_toxiproxy_a_lost_create_answer_is_retried_without_a_second_crea
         p.close()
 
 
-def test_through_toxiproxy_an_unreachable_api_fails_the_poll_and_changes_nothing(fresh_db, api, toxiproxy):
+def test_through_toxiproxy_an_unreachable_api_fails_the_poll_and_changes_nothing(fresh_db, api,
+                                                                                 toxiproxy):
     links = links_for(toxiproxy, api, ("w1", "w2"))
-    p = Pair(fresh_db(impl.SCHEMA), api, urls={w: f"http://127.0.0.1:{lk.port}" for w, lk in links.items()},
+    p = Pair(fresh_db(impl.SCHEMA), api,
+             urls={w: f"http://127.0.0.1:{lk.port}" for w, lk in links.items()},
              http_timeout=0.5)
     try:
         p.request("main", "k")
@@ -308,7 +320,8 @@ def test_worker_dies_between_the_create_and_its_commit(fresh_db, api, toxiproxy)
         t = threading.Thread(target=run)
         t.start()
         wait_for(lambda: api.create_requests("main#1") == 1, "the create to reach the stand-in")
-        p.admin.execute("select pg_terminate_backend(%s)", (pid,))  # the worker's backend dies mid-transaction
+        # the worker's backend dies mid-transaction
+        p.admin.execute("select pg_terminate_backend(%s)", (pid,))
         t.join(timeout=10)
         assert not t.is_alive()
         assert len(died) == 1 and isinstance(died[0], ConnectionLost), died
@@ -323,7 +336,7 @@ def test_worker_dies_between_the_create_and_its_commit(fresh_db, api, toxiproxy)
         p.close()
 
 
-# -- stand-in failures -------------------------------------------------------------------------------
+# -- stand-in failures -----------------------------------------------------------------------------
 
 
 def test_a_503_is_an_external_failure_and_the_row_is_unchanged(pair):
@@ -353,7 +366,7 @@ def test_client_translates_every_network_failure(api):
         OpsApiClient(api.url).status("op-404")
 
 
-# -- races between real workers ------------------------------------------------------------------------
+# -- races between real workers --------------------------------------------------------------------
 
 
 def race(*calls):
@@ -392,7 +405,7 @@ def test_two_requests_for_one_branch_one_run(pair):
     assert sorted(project(pair.reader, to_model_time)) == ["dev#1", "main#1"]
 
 
-# -- the app clock: skew below the bound and past it -----------------------------------------------------
+# -- the app clock: skew below the bound and past it -----------------------------------------------
 
 
 @pytest.mark.parametrize("reaper_skew, reaped", [(skew_bound() - 1, False), (skew_bound(), True)])
@@ -411,7 +424,8 @@ def test_reaper_skew_against_the_bound(pair, reaper_skew, reaped):
         assert pair.poll("main#1", worker="poller") == Won("running")
     if reaped:
         assert outcome == Won(("main#1",))
-        assert pair.model.ops["op-1"].status is ExternalStatus.IN_PROGRESS  # the reset goes on at the API
+        # the reset goes on at the API
+        assert pair.model.ops["op-1"].status is ExternalStatus.IN_PROGRESS
         assert pair.poll("main#1", worker="poller") == LostRace(not_in("failed"))  # fenced
         assert pair.api.creations("main#1") == 1
     else:
@@ -434,10 +448,11 @@ def test_the_invariants_flag_a_second_creation(pair):
     before = views(*pair.impl_state())
     OpsApiClient(pair.api.url).create("main#1", "main", idempotency_key="a fresh key")  # a re-issue
     after = views(*pair.impl_state())
-    assert [v.invariant for v in check_invariants(CONTRACT, before, after)] == ["external-effect-semantics"]
+    found = [v.invariant for v in check_invariants(CONTRACT, before, after)]
+    assert found == ["external-effect-semantics"]
 
 
-# -- the stand-in itself ----------------------------------------------------------------------------------
+# -- the stand-in itself ---------------------------------------------------------------------------
 
 
 def test_stand_in_creates_once_per_key_and_reports_status(api):
@@ -445,8 +460,8 @@ def test_stand_in_creates_once_per_key_and_reports_status(api):
     import urllib.request
 
     def post(body):
-        req = urllib.request.Request(api.url + "/operations", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(api.url + "/operations", data=json.dumps(body).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=2) as r:
                 return r.status, json.loads(r.read())
@@ -454,7 +469,8 @@ def test_stand_in_creates_once_per_key_and_reports_status(api):
             return e.code, None
 
     body = {"run_id": "r#1", "branch": "r", "idempotency_key": "r#1"}
-    assert post(body) == (201, {"id": "op-1", "run_id": "r#1", "branch": "r", "status": "in_progress"})
+    assert post(body) == (201,
+                          {"id": "op-1", "run_id": "r#1", "branch": "r", "status": "in_progress"})
     assert post(body)[0] == 200
     assert post({"run_id": "r#1"})[0] == 400
     assert (api.creations("r#1"), api.create_requests("r#1")) == (1, 2)

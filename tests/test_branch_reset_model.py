@@ -99,7 +99,8 @@ def test_request_start_poll_succeeded():
     assert run.lease_until == 5 + 600
     assert run.op_statuses == ("in_progress",)
     m.advance(60)
-    assert step(m, m.poll, "main#1", "w2") == Won("running")  # any worker polls; the fence is the status
+    # any worker polls; the fence is the status
+    assert step(m, m.poll, "main#1", "w2") == Won("running")
     assert m.runs["main#1"].lease_until == 65 + 600  # extended, in the poller's app time
     assert m.runs["main#1"].op_statuses == ("in_progress",)  # recorded on change only
     m.external_finish("op-1", ok=True)
@@ -115,7 +116,8 @@ def test_poll_failed():
     m.external_finish("op-1", ok=False)
     assert step(m, m.poll, run_id, "w1") == Won("failed")
     run = m.runs[run_id]
-    assert (run.status, run.error, run.op_statuses) == (Status.FAILED, br.EXTERNAL_FAILED, ("in_progress", "failed"))
+    assert (run.status, run.error, run.op_statuses) == (Status.FAILED, br.EXTERNAL_FAILED,
+                                                        ("in_progress", "failed"))
 
 
 def test_cancel_running_leaves_the_external_operation_alone():
@@ -242,10 +244,12 @@ def test_every_transition_is_logged_once_and_a_refused_one_not_at_all():
     m.start("d#1", "w1")
     m.advance(600)
     m.reap("r")
-    assert {(s, e, t) for _, s, e, t in m.transitions} == {(t.source, t.event, t.target) for t in TABLE.transitions}
+    assert ({(s, e, t) for _, s, e, t in m.transitions}
+            == {(t.source, t.event, t.target) for t in TABLE.transitions})
     assert len(m.transitions) == 13
     logged = list(m.transitions)
-    assert m.cancel("a#1") == LostRace(not_in("succeeded")) and m.start("zz#1", "w1") == Rejected(br.NO_SUCH_RUN)
+    assert (m.cancel("a#1") == LostRace(not_in("succeeded"))
+            and m.start("zz#1", "w1") == Rejected(br.NO_SUCH_RUN))
     with pytest.raises(IllegalTransition):
         m.fire("a#1", "cancel")
     assert m.transitions == logged
@@ -454,7 +458,8 @@ def test_copy_is_equal_and_independent():
     c.poll("main#1", "w1")
     c.skew("w1", 3)
     assert c != m
-    assert m.runs["main#1"].status is Status.RUNNING and m.ops["op-1"].status is ExternalStatus.IN_PROGRESS
+    assert (m.runs["main#1"].status is Status.RUNNING
+            and m.ops["op-1"].status is ExternalStatus.IN_PROGRESS)
 
 
 def test_zero_skew_equals_no_skew():
@@ -481,7 +486,8 @@ def test_views_count_creations_and_receipts():
 
 def test_spec_diagram_is_the_models_table():
     text = SPEC.read_text()
-    m = re.search(r"<!-- generated:diagram -->\n```mermaid\n(.*?)\n```\n<!-- /generated:diagram -->", text, re.S)
+    m = re.search(r"<!-- generated:diagram -->\n```mermaid\n(.*?)\n```\n"
+                  r"<!-- /generated:diagram -->", text, re.S)
     assert m, "specs/branch-reset.md has no generated diagram block"
     assert m.group(1) == TABLE.mermaid()
 

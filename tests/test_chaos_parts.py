@@ -4,7 +4,8 @@
   process group is left), ``restart()`` on the same data (committed rows survive, uncommitted do
   not), ``stop()`` (data directory removed, no process left), also when the block raised.
 - ``DbClock``: a jump moves ``now()`` of a connection that is already open, both ways.
-- ``ExternalDatabase`` over the session cluster's DSN; ``ContainerDatabase`` where a Docker engine is.
+- ``ExternalDatabase`` over the session cluster's DSN; ``ContainerDatabase`` where a Docker
+  engine is.
 - Toxiproxy: the real server, a link, each toxic kind observed on a psycopg connection or a raw
   socket, ``down``/``up``, ``reset``, and a killed server reported as such.
 - ``NotificationSink``: records (delivery, attempt), answers as planned, counts duplicates.
@@ -44,7 +45,6 @@ from knownstate.chaos.cluster import (
 from knownstate.chaos.opsapi import OpsApi
 from knownstate.chaos.sink import NotificationSink
 from knownstate.chaos.standin import StandInDied, StandInProcess
-from knownstate.model.contract import IllegalTransition
 from knownstate.chaos.toxi import Toxic, ToxiproxyError, ToxiproxyServer
 from knownstate.impl.errors import ExternalCallFailed
 from knownstate.impl.outbox import OK, PERMANENT, RETRYABLE, send_to_sink
@@ -69,7 +69,8 @@ def children_of(pid: int) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+            if (entry.name.isdigit()
+                    and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid):
                 out.append(int(entry.name))
         except (OSError, ValueError):
             pass
@@ -110,7 +111,8 @@ def test_cluster_crash_restart_and_stop_leave_a_known_state():
                 conn.execute("insert into t values (1)")
             open_tx = psycopg.connect(c.dsn())
             open_tx.execute("insert into t values (2)")  # never committed
-            busy = psycopg.connect(c.dsn(), autocommit=True)  # a backend in the middle of a long statement
+            # a backend in the middle of a long statement
+            busy = psycopg.connect(c.dsn(), autocommit=True)
             threading.Thread(target=lambda: _swallow(lambda: busy.execute(
                 "select count(*) from generate_series(1, 2000000000)")), daemon=True).start()
             with psycopg.connect(c.dsn(), autocommit=True) as watch:
@@ -119,12 +121,14 @@ def test_cluster_crash_restart_and_stop_leave_a_known_state():
                     (busy.info.backend_pid,)).fetchone())
             backends = [open_tx.info.backend_pid, busy.info.backend_pid]
             children = children_of(postmaster)  # backends call setsid(): found by parentage
-            assert set(backends) <= set(children) and len(children) >= 5  # + checkpointer, walwriter, ...
+            # + checkpointer, walwriter, ...
+            assert set(backends) <= set(children) and len(children) >= 5
 
             c.crash()
             assert not c.running and c.crashes == 1
             assert pgrep("-g", str(postmaster)) == [] and pgrep("-f", f"port={c.port}") == []
-            assert [p for p in [postmaster, *children] if alive(p)] == []  # every one, the busy one too
+            # every one, the busy one too
+            assert [p for p in [postmaster, *children] if alive(p)] == []
             with pytest.raises(psycopg.OperationalError):
                 open_tx.execute("select 1")
             open_tx.close()
@@ -204,7 +208,8 @@ def test_external_database_works_and_refuses_server_faults_with_a_message(pg):
             with pytest.raises(Unavailable, match="unavailable on an external DSN"):
                 fault()
         assert "clock and crash faults unavailable" in ext.describe()
-        with psycopg.connect(pg.dsn(), autocommit=True) as conn:  # the server it does not own still runs
+        # the server it does not own still runs
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
             assert conn.execute("select 1").fetchone() == (1,)
 
 
@@ -279,7 +284,8 @@ def roundtrip(conn: psycopg.Connection) -> float:
 
 
 def echo_roundtrip(link, payload: bytes, timeout: float = 10.0) -> tuple[bytes, list[int], float]:
-    """Send ``payload`` through ``link`` to the echo server; read until EOF or all of it came back."""
+    """Send ``payload`` through ``link`` to the echo server; read until EOF or all of it came
+    back."""
     chunks: list[int] = []
     got = b""
     with socket.create_connection((link.host, link.port), timeout=timeout) as s:
@@ -294,7 +300,8 @@ def echo_roundtrip(link, payload: bytes, timeout: float = 10.0) -> tuple[bytes, 
         return got, chunks, time.monotonic() - started
 
 
-def test_the_real_server_answers_and_a_link_forwards(toxiproxy, toxiproxy_server, pg, pg_link, echo_link):
+def test_the_real_server_answers_and_a_link_forwards(toxiproxy, toxiproxy_server, pg, pg_link,
+                                                     echo_link):
     assert toxiproxy.version()  # the real server's /version
     with urllib.request.urlopen(f"{toxiproxy_server.url}/proxies/{pg_link.name}") as r:
         proxy = json.load(r)
@@ -337,7 +344,8 @@ def test_reset_peer_resets_the_connection(pg, pg_link, echo_link):
 
 def test_slicer_cuts_the_stream_into_small_delayed_pieces(echo_link):
     payload = bytes(range(256)) * 1
-    echo_link.add(Toxic("slicer", "downstream", {"average_size": 10, "size_variation": 0, "delay": 20000}))
+    echo_link.add(Toxic("slicer", "downstream",
+                        {"average_size": 10, "size_variation": 0, "delay": 20000}))
     got, chunks, elapsed = echo_roundtrip(echo_link, payload)
     assert got == payload  # intact and in order
     assert len(chunks) >= 8 and elapsed >= 0.4  # 256 bytes in ~8-byte slices, 20 ms apart
@@ -457,7 +465,8 @@ def test_the_sink_records_a_delivery_whose_answer_was_lost(toxiproxy):
         link.add(Toxic("limit_data", "downstream", {"bytes": 0}))
         with pytest.raises(ExternalCallFailed):
             send_to_sink(f"http://{link.host}:{link.port}", Claim(7, 3), timeout=5)
-        poll("the sink recorded it", lambda: sink.log == [(7, 3)])  # it arrived; only the answer was lost
+        # it arrived; only the answer was lost
+        poll("the sink recorded it", lambda: sink.log == [(7, 3)])
 
 
 # ---------------------------------------------------------------------------

@@ -8,7 +8,6 @@ import pytest
 
 from knownstate.chaos.check import run_check
 from knownstate.chaos.kinds.approved_plan import MUTANTS, ApprovedPlanCheck
-from knownstate.model.contract import INVARIANTS
 
 MUTANT = {m.name: m for m in MUTANTS}
 MUTANT_INVARIANT = {m.name: m.invariant for m in MUTANTS}

@@ -35,5 +35,6 @@ def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
 def test_a_seed_replays_the_same_run(check_env):
     traces: list[list[list[str]]] = [[], []]
     for kept in traces:
-        run_check(OutboxCheck, check_env, examples=8, steps=30, seed=21, require_all=False, traces=kept)
+        run_check(OutboxCheck, check_env, examples=8, steps=30, seed=21, require_all=False,
+                  traces=kept)
     assert traces[0] and traces[0] == traces[1]

@@ -10,7 +10,6 @@ and Toxiproxy, as a CI job would.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import os
 import re

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from knownstate.impl.documents import DocumentServer, DocumentStore, schema_sql
+from knownstate.impl.documents import DocumentServer, DocumentStore
 
 REC_SCHEMA = {"attributes": {"title": "text", "qty": "number", "done": "bool"}}
 SHEET_SCHEMA = {"rows": 20, "cols": 4}

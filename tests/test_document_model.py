@@ -99,7 +99,8 @@ def test_conflict_is_left_only_by_user_events():
     exits = [t for t in TABLE.transitions if t.source == "conflict" and t.target != "conflict"]
     assert exits and all(t.event in USER_EVENTS for t in exits)
     # and nothing but a save answer ever enters it
-    assert {t.event for t in TABLE.transitions if t.target == "conflict" and t.source != "conflict"} == {
+    assert {t.event for t in TABLE.transitions
+            if t.target == "conflict" and t.source != "conflict"} == {
         "version_conflict", "copy_failed"}
 
 
@@ -117,9 +118,11 @@ def test_illegal_transition_raises_and_leaves_state_unchanged(m):
 def test_spec_diagram_is_the_session_table():
     """specs/document-session.md embeds TABLE.mermaid() verbatim (drift test)."""
     spec = (Path(__file__).resolve().parent.parent / "specs" / "document-session.md").read_text()
-    m = re.search(r"<!-- generated:diagram -->\n```mermaid\n(.*?)\n```\n<!-- /generated:diagram -->", spec, re.S)
+    m = re.search(r"<!-- generated:diagram -->\n```mermaid\n(.*?)\n```\n"
+                  r"<!-- /generated:diagram -->", spec, re.S)
     assert m, "specs/document-session.md has no generated diagram block"
-    assert m.group(1) == TABLE.mermaid(), "the diagram drifted from model/document.py: regenerate it"
+    assert m.group(1) == TABLE.mermaid(), (
+        "the diagram drifted from model/document.py: regenerate it")
     for name in INVARIANTS:
         assert f"`{name}`" in spec
 
@@ -138,13 +141,15 @@ def test_record_merges_by_attribute_id():
     base = {"title": "a", "qty": 1}
     local = {"title": "a", "qty": 2, "done": True}
     stored = {"title": "b", "qty": 1}
-    assert RECORD.merge(base, local, stored, prefer_stored) == {"title": "b", "qty": 2, "done": True}
+    assert (RECORD.merge(base, local, stored, prefer_stored)
+            == {"title": "b", "qty": 2, "done": True})
     clash_local = {"title": "L"}
     clash_stored = {"title": "S"}
     assert RECORD.merge({"title": "a"}, clash_local, clash_stored, prefer_local) == {"title": "L"}
     assert RECORD.merge({"title": "a"}, clash_local, clash_stored, prefer_stored) == {"title": "S"}
     # a deletion on one side survives the merge
-    assert RECORD.merge({"title": "a", "qty": 1}, {"qty": 1}, {"title": "a", "qty": 3}, prefer_local) == {"qty": 3}
+    assert RECORD.merge({"title": "a", "qty": 1}, {"qty": 1}, {"title": "a", "qty": 3},
+                        prefer_local) == {"qty": 3}
     # True is not 1
     assert RECORD.merge({"done": True}, {"done": 1}, {"done": True}, prefer_stored) == {"done": 1}
 
@@ -262,7 +267,8 @@ def test_lost_response_is_retried_unchanged_and_answered_from_the_receipt(m):
 
 
 def test_conflict_is_explicit_and_rebase_merges_records(m):
-    a, b = open_tab(m, "a", "alice"), open_tab(m, "b", "bob")
+    open_tab(m, "a", "alice")
+    b = open_tab(m, "b", "bob")
     m.tabs["a"].edit({"title": "A"}, 0)
     m.tabs["b"].edit({"qty": 3}, 0)
     save(m, "a")
@@ -280,7 +286,8 @@ def test_conflict_is_explicit_and_rebase_merges_records(m):
 
 
 def test_sheet_conflict_keeps_a_copy(m):
-    a, b = open_tab(m, "a", doc="s1", kind="sheet"), open_tab(m, "b", doc="s1", kind="sheet")
+    open_tab(m, "a", doc="s1", kind="sheet")
+    b = open_tab(m, "b", doc="s1", kind="sheet")
     m.tabs["a"].edit({"A1": 2}, 0)
     m.tabs["b"].edit({"B2": "=A1*2"}, 0)
     save(m, "a")
@@ -317,7 +324,8 @@ def test_discard_and_reload_offline_keeps_local_state(m):
     m.tabs["t1"].edit({"title": "mine"}, 0)
     req = t.begin_read("replace")
     assert m.tabs["t1"].finish_read(req, LOST) == LOST
-    assert t.state is State.DIRTY and t.local == {"title": "mine"} and m.drafts.read(t.key) is not None
+    assert t.state is State.DIRTY and t.local == {"title": "mine"}
+    assert m.drafts.read(t.key) is not None
     req = t.begin_read("replace")
     assert m.tabs["t1"].finish_read(req, m.deliver(req)) == Won("clean")
     assert t.local == {"title": "a"} and m.drafts.read(t.key) is None and m.ledger().unsaved == {}
@@ -327,6 +335,7 @@ def test_close_flushes_or_parks_never_drops(m):
     t = open_tab(m)
     m.tabs["t1"].edit({"title": "x"}, 0)
     assert m.tabs["t1"].close().flushed and m.server.docs["r1"].content == {"title": "x"}
+    assert t.state is State.CLOSED
     t2 = open_tab(m, "t2")
     m.tabs["t2"].edit({"title": "y"}, 0)
     with network(m.tabs["t2"], lambda r: LOST):
@@ -357,7 +366,7 @@ def test_close_refuses_when_nothing_durable_holds_the_edit(m):
 
 
 def test_siblings_are_offered_not_applied(m):
-    t = open_tab(m, "t1")
+    open_tab(m, "t1")
     m.tabs["t1"].edit({"title": "draft of t1"}, 0)
     m.crash_tab("t1")
     t2 = open_tab(m, "t2")                                         # another writer, same user
@@ -377,7 +386,8 @@ def test_siblings_are_offered_not_applied(m):
 
 
 def _doc(history, version=None, content=None):
-    return {"r1": DocView("r1", "record", version or history[-1].version, content or {}, tuple(history))}
+    return {"r1": DocView("r1", "record", version or history[-1].version, content or {},
+                          tuple(history))}
 
 
 def _names(violations):
@@ -385,7 +395,8 @@ def _names(violations):
 
 
 def test_stale_accepted_save_is_caught():
-    w = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "a"), HistoryEntry(3, 1, "b")]), {}, {})
+    w = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "a"), HistoryEntry(3, 1, "b")]),
+              {}, {})
     assert _names(check_invariants(w, Ledger({}))) == {"no-stale-save-accepted"}
 
 
@@ -409,22 +420,28 @@ def test_close_that_drops_is_caught():
     tab = TabView("t", "alice", "r1", "w1", "record", "closed", {"title": "x"}, 1, 1, "ok",
                   (("clean", "close", "closed"),))
     w = World(_doc([HistoryEntry(1, 0, "a")]), {}, {"t": tab})
-    assert "close-flushes-never-drops" in _names(check_invariants(w, Ledger({("alice", "r1", "w1"): {"title": "x"}})))
+    ledger = Ledger({("alice", "r1", "w1"): {"title": "x"}})
+    assert "close-flushes-never-drops" in _names(check_invariants(w, ledger))
 
 
 def test_conflict_left_without_the_user_is_caught():
     tab = TabView("t", "alice", "r1", "w1", "record", "dirty", {}, 1, 1, "ok",
-                  (("saving", "version_conflict", "conflict"), ("conflict", "auto_rebase", "dirty")))
+                  (("saving", "version_conflict", "conflict"),
+                   ("conflict", "auto_rebase", "dirty")))
     w = World(_doc([HistoryEntry(1, 0, "a")]), {}, {"t": tab})
     assert _names(check_invariants(w, Ledger({}))) == {"conflict-resolved-by-user"}
 
 
 def test_last_write_wins_is_caught():
-    expected = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b")], content={"title": "B"}), {},
-                     {"t": TabView("t", "alice", "r1", "w1", "record", "conflict", {"title": "A"}, 1, 1, "ok")})
-    real = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b"), HistoryEntry(3, 2, "alice", "w1", 2)],
+    expected = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b")],
+                          content={"title": "B"}), {},
+                     {"t": TabView("t", "alice", "r1", "w1", "record", "conflict",
+                                   {"title": "A"}, 1, 1, "ok")})
+    real = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b"),
+                       HistoryEntry(3, 2, "alice", "w1", 2)],
                       content={"title": "A"}), {},
-                 {"t": TabView("t", "alice", "r1", "w1", "record", "clean", {"title": "A"}, 3, 1, "ok")})
+                 {"t": TabView("t", "alice", "r1", "w1", "record", "clean",
+                               {"title": "A"}, 3, 1, "ok")})
     assert _names(check_invariants(real, Ledger({}), expected=expected)) == {"no-last-write-wins"}
 
 
@@ -432,13 +449,19 @@ def test_last_write_wins_by_a_close_from_conflict_is_caught():
     """The model's tab closed straight from conflict (its work parked in the draft); the real one
     resaved over the stored copy on its way out."""
     parked = (("saving", "version_conflict", "conflict"), ("conflict", "close", "closed"))
-    expected = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b")], content={"title": "B"}), {},
-                     {"t": TabView("t", "alice", "r1", "w1", "record", "closed", {"title": "A"}, 1, 1, "ok", parked)})
-    real = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b"), HistoryEntry(3, 2, "alice", "w1", 2)],
+    expected = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b")],
+                          content={"title": "B"}), {},
+                     {"t": TabView("t", "alice", "r1", "w1", "record", "closed",
+                                   {"title": "A"}, 1, 1, "ok", parked)})
+    real = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b"),
+                       HistoryEntry(3, 2, "alice", "w1", 2)],
                       content={"title": "A"}), {},
-                 {"t": TabView("t", "alice", "r1", "w1", "record", "closed", {"title": "A"}, 3, 2, "ok",
-                               (("saving", "version_conflict", "conflict"), ("conflict", "rebase", "dirty"),
-                                ("dirty", "save", "saving"), ("saving", "saved", "clean"), ("clean", "close", "closed")))})
+                 {"t": TabView("t", "alice", "r1", "w1", "record", "closed",
+                               {"title": "A"}, 3, 2, "ok",
+                               (("saving", "version_conflict", "conflict"),
+                                ("conflict", "rebase", "dirty"),
+                                ("dirty", "save", "saving"), ("saving", "saved", "clean"),
+                                ("clean", "close", "closed")))})
     assert _names(check_invariants(real, Ledger({}), expected=expected)) == {"no-last-write-wins"}
     assert check_invariants(expected, Ledger({}), expected=expected) == []
 
@@ -500,9 +523,11 @@ class ModelWalk(RuleBasedStateMachine):
         return [k for k, t in self.m.tabs.items() if t.state is not State.CLOSED]
 
     @precondition(lambda self: len(self.m.tabs) < 4)
-    @rule(user=st.sampled_from(["alice", "bob"]), writer=st.sampled_from(["w1", "w2", "w3"]), online=st.booleans())
+    @rule(user=st.sampled_from(["alice", "bob"]), writer=st.sampled_from(["w1", "w2", "w3"]),
+          online=st.booleans())
     def open(self, user, writer, online):
-        if any(t.writer_id == writer and t.user == user and t.state is not State.CLOSED for t in self.m.tabs.values()):
+        if any(t.writer_id == writer and t.user == user and t.state is not State.CLOSED
+               for t in self.m.tabs.values()):
             return
         self.n += 1
         tab = f"t{self.n}"
@@ -513,7 +538,8 @@ class ModelWalk(RuleBasedStateMachine):
     @precondition(lambda self: any(t.state is State.LOADING for t in self.m.tabs.values()))
     @rule(data=st.data())
     def load_again(self, data):
-        tab = data.draw(st.sampled_from(sorted(k for k, t in self.m.tabs.items() if t.state is State.LOADING)))
+        tab = data.draw(st.sampled_from(sorted(k for k, t in self.m.tabs.items()
+                                               if t.state is State.LOADING)))
         req = self.m.tabs[tab].begin_read("load")
         self.m.tabs[tab].finish_read(req, self.m.deliver(req))
 
@@ -551,7 +577,8 @@ class ModelWalk(RuleBasedStateMachine):
         self.m.tabs[tab].finish_save(req, LOST if lost else answer)
 
     @precondition(lambda self: self._live())
-    @rule(data=st.data(), how=st.sampled_from(["rebase_local", "rebase_stored", "copy", "discard", "reload"]))
+    @rule(data=st.data(),
+          how=st.sampled_from(["rebase_local", "rebase_stored", "copy", "discard", "reload"]))
     def resolve(self, data, how):
         tab = data.draw(st.sampled_from(self._live()))
         t = self.m.tabs[tab]

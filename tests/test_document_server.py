@@ -192,7 +192,8 @@ def test_only_one_of_concurrent_saves_on_the_same_base_wins(http, server):
     def one(i):
         with httpx.Client(base_url=server.url, timeout=10) as c:
             barrier.wait()
-            results.append(put(c, "rec1", "alice", save_body(1, {"title": f"t{i}"}, writer=f"w{i}")).status_code)
+            results.append(put(c, "rec1", "alice",
+                               save_body(1, {"title": f"t{i}"}, writer=f"w{i}")).status_code)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
     for t in threads:
@@ -203,7 +204,7 @@ def test_only_one_of_concurrent_saves_on_the_same_base_wins(http, server):
     assert stored(server)["rec1"].version == 2
 
 
-# -- authorization ----------------------------------------------------------------------------------
+# -- authorization ---------------------------------------------------------------------------------
 
 
 def test_a_stranger_learns_nothing_not_even_the_version(http, server):
@@ -211,11 +212,11 @@ def test_a_stranger_learns_nothing_not_even_the_version(http, server):
     answers = [
         http.get(PATH.format("rec1"), headers={"X-User": "dave"}),
         http.get(PATH.format("nosuchdoc"), headers={"X-User": "dave"}),
-        put(http, "rec1", "dave", save_body(1, {"title": "x"})),           # right version
-        put(http, "rec1", "dave", save_body(7, {"title": "x"})),           # stale version
-        put(http, "rec1", "dave", save_body(None, {"title": "x"})),        # no version: still 404, not 428
+        put(http, "rec1", "dave", save_body(1, {"title": "x"})),     # right version
+        put(http, "rec1", "dave", save_body(7, {"title": "x"})),     # stale version
+        put(http, "rec1", "dave", save_body(None, {"title": "x"})),  # no version: also 404, not 428
         put(http, "nosuchdoc", "dave", save_body(1, {"title": "x"})),
-        put(http, "rec1", "dave", save_body(1, {"zzz": "x"})),             # bad ids: still 404, not 422
+        put(http, "rec1", "dave", save_body(1, {"zzz": "x"})),       # bad ids: still 404, not 422
     ]
     assert {r.status_code for r in answers} == {404}
     assert {r.content for r in answers} == {answers[0].content}
@@ -237,7 +238,7 @@ def test_no_user_is_401(shared_http):
         assert shared_http.get(PATH.format("rec1"), headers=headers).status_code == 401
 
 
-# -- idempotent retry ----------------------------------------------------------------------------------
+# -- idempotent retry ------------------------------------------------------------------------------
 
 
 def test_retry_of_an_applied_save_gets_the_original_success(http, server):
@@ -248,7 +249,8 @@ def test_retry_of_an_applied_save_gets_the_original_success(http, server):
     retry = put(http, "rec1", "alice", body)
     assert retry.status_code == 200
     assert retry.json() == {"id": "rec1", "version": 2, "replayed": True}
-    assert stored(server)["rec1"].version == 3 and stored(server)["rec1"].content == {"title": "mine", "qty": 99}
+    assert stored(server)["rec1"].version == 3
+    assert stored(server)["rec1"].content == {"title": "mine", "qty": 99}
     # another user cannot replay it: his own (writer, seq) never saved; his base is stale
     r = put(http, "rec1", "bob", body)
     assert (r.status_code, r.json()["error"]) == (409, "version_conflict")
@@ -296,10 +298,11 @@ def test_server_side_write_bumps_the_version_and_stales_the_base(http, server):
     doc = stored(server)["rec1"]
     assert doc.content == {"title": "from the ai"} and doc.history[-1].author == "server"
     assert put(http, "rec1", "alice", save_body(1, {"title": "x"})).status_code == 409
-    assert server.store.server_write("rec1", {"nope": 1}).reason.startswith("invalid: unknown attribute id")
+    assert server.store.server_write("rec1",
+                                     {"nope": 1}).reason.startswith("invalid: unknown attribute id")
 
 
-# -- create (keep a local copy as a new document) ---------------------------------------------------
+# -- create (keep a local copy as a new document) --------------------------------------------------
 
 
 def test_create_copy_is_idempotent_and_private(http, server):
@@ -308,7 +311,8 @@ def test_create_copy_is_idempotent_and_private(http, server):
     assert r.status_code == 201
     new_id = r.json()["id"]
     again = http.post("/api/desk/files", headers={"X-User": "alice"}, json=body)
-    assert (again.status_code, again.json()) == (200, {"id": new_id, "version": 1, "replayed": True})
+    assert (again.status_code, again.json()) == (200,
+                                                 {"id": new_id, "version": 1, "replayed": True})
     got = http.get(PATH.format(new_id), headers={"X-User": "alice"}).json()
     assert (got["kind"], got["schema"], got["content"]) == ("sheet", SHEET_SCHEMA, {"A1": 5})
     assert http.get(PATH.format(new_id), headers={"X-User": "bob"}).status_code == 404
@@ -322,10 +326,11 @@ def test_create_with_kind_and_schema(http, server):
             "writerId": "w1", "saveSeq": 1}
     r = http.post("/api/desk/files", headers={"X-User": "erin"}, json=body)
     assert r.status_code == 201
-    assert http.get(PATH.format(r.json()["id"]), headers={"X-User": "erin"}).json()["content"] == {"name": "n"}
+    assert http.get(PATH.format(r.json()["id"]),
+                    headers={"X-User": "erin"}).json()["content"] == {"name": "n"}
 
 
-# -- sharing: the owner decides who reads and who writes --------------------------------------------
+# -- sharing: the owner decides who reads and who writes -------------------------------------------
 
 
 def share(http, doc, owner, user, can_write):
@@ -354,9 +359,9 @@ def test_only_the_owner_shares_and_a_stranger_learns_nothing(http, server):
     before = stored(server)
     acl = f"{PATH.format('rec1')}/acl"
     cases = [
-        (share(http, "rec1", "bob", "erin", True), 403, "not_owner"),       # a writer, not the owner
-        (share(http, "rec1", "carol", "erin", False), 403, "not_owner"),    # a reader
-        (share(http, "rec1", "dave", "erin", False), 404, "not_found"),     # a stranger
+        (share(http, "rec1", "bob", "erin", True), 403, "not_owner"),     # a writer, not the owner
+        (share(http, "rec1", "carol", "erin", False), 403, "not_owner"),  # a reader
+        (share(http, "rec1", "dave", "erin", False), 404, "not_found"),   # a stranger
         (share(http, "nosuchdoc", "alice", "erin", False), 404, "not_found"),
         (share(http, "rec1", "alice", "alice", False), 422, "owner_access"),  # never locks out
         (http.delete(f"{acl}/alice", headers={"X-User": "alice"}), 422, "owner_access"),
@@ -388,7 +393,7 @@ def test_a_created_document_belongs_to_its_creator(http, server):
         "title": "mine"}
 
 
-# -- bad input: a clear 4xx, and nothing stored changes ---------------------------------------------
+# -- bad input: a clear 4xx, and nothing stored changes --------------------------------------------
 
 
 BAD_SAVES = [
@@ -416,7 +421,8 @@ BAD_SAVES = [
 
 
 @pytest.mark.parametrize("name,body,status,words", BAD_SAVES, ids=[b[0] for b in BAD_SAVES])
-def test_bad_save_is_refused_clearly_and_changes_nothing(shared_http, shared, name, body, status, words):
+def test_bad_save_is_refused_clearly_and_changes_nothing(shared_http, shared, name, body, status,
+                                                         words):
     before = stored(shared)
     r = put(shared_http, "rec1", "alice", body)
     assert r.status_code == status, r.text
@@ -425,7 +431,8 @@ def test_bad_save_is_refused_clearly_and_changes_nothing(shared_http, shared, na
 
 
 @pytest.mark.parametrize("content,words", [
-    ({"E1": 1}, "outside the sheet"), ({"A21": 1}, "outside the sheet"), ({"a1": 1}, "unknown cell id"),
+    ({"E1": 1}, "outside the sheet"), ({"A21": 1}, "outside the sheet"),
+    ({"a1": 1}, "unknown cell id"),
     ({"A1": False}, "must be a number"),
 ], ids=["column", "row", "lowercase", "bool"])
 def test_bad_sheet_cells_are_refused(shared_http, shared, content, words):
@@ -457,13 +464,17 @@ def test_malformed_json_is_refused(shared_http, shared, raw, status, words):
 def test_oversized_body_is_413_and_changes_nothing(shared_http, shared):
     before = stored(shared)
     big = json.dumps(save_body(1, {"title": "x" * (MAX_BODY_BYTES + 10)})).encode()
-    r = shared_http.put(PATH.format("rec1"), headers={"X-User": "alice", "Content-Type": "application/json"}, content=big)
+    r = shared_http.put(PATH.format("rec1"),
+                        headers={"X-User": "alice", "Content-Type": "application/json"},
+                        content=big)
     assert r.status_code == 413 and "bytes" in r.json()["message"]
 
     def chunks():  # no Content-Length: counted as it streams
         for _ in range(20):
             yield b" " * 4096
-    r = shared_http.put(PATH.format("rec1"), headers={"X-User": "alice", "Content-Type": "application/json"}, content=chunks())
+    r = shared_http.put(PATH.format("rec1"),
+                        headers={"X-User": "alice", "Content-Type": "application/json"},
+                        content=chunks())
     assert r.status_code == 413
     assert stored(shared) == before
 
@@ -472,12 +483,16 @@ def test_bad_create_is_refused(shared_http, shared):
     before = stored(shared)
     cases = [
         ({"content": {}, "writerId": "w", "saveSeq": 1}, "copyOf"),
-        ({"copyOf": "rec1", "kind": "sheet", "content": {}, "writerId": "w", "saveSeq": 1}, "copyOf"),
-        ({"kind": "record", "schema": {"attributes": {"Bad Id": "text"}}, "content": {}, "writerId": "w",
+        ({"copyOf": "rec1", "kind": "sheet", "content": {}, "writerId": "w", "saveSeq": 1},
+         "copyOf"),
+        ({"kind": "record", "schema": {"attributes": {"Bad Id": "text"}}, "content": {},
+          "writerId": "w",
           "saveSeq": 1}, "attribute id"),
-        ({"kind": "sheet", "schema": {"rows": 0, "cols": 1}, "content": {}, "writerId": "w", "saveSeq": 1}, "rows"),
+        ({"kind": "sheet", "schema": {"rows": 0, "cols": 1}, "content": {}, "writerId": "w",
+          "saveSeq": 1}, "rows"),
         ({"kind": "poem", "content": {}, "writerId": "w", "saveSeq": 1}, "kind"),
-        ({"copyOf": "rec1", "content": {"zz": 1}, "writerId": "w", "saveSeq": 1}, "unknown attribute id"),
+        ({"copyOf": "rec1", "content": {"zz": 1}, "writerId": "w", "saveSeq": 1},
+         "unknown attribute id"),
     ]
     for body, words in cases:
         r = shared_http.post("/api/desk/files", headers={"X-User": "alice"}, json=body)
@@ -509,7 +524,7 @@ def test_unreachable_database_is_503_and_recovers(pg, dsn, toxiproxy):
         assert answers[-1].json() == {"id": "rec1", "version": 2, "replayed": False}
 
 
-# -- the connection pool ------------------------------------------------------------------------------
+# -- the connection pool ---------------------------------------------------------------------------
 
 
 def test_the_store_reuses_its_connections(dsn):
@@ -551,13 +566,14 @@ def test_a_dropped_database_link_costs_at_most_one_failed_request(pg, dsn, toxip
         assert answers.count(503) <= 1 and answers[-5:] == [200] * 5, answers
 
 
-# -- schemathesis: generated requests, positive and malformed ------------------------------------------
+# -- schemathesis: generated requests, positive and malformed --------------------------------------
 
 
 SCHEMATHESIS_STATS: dict[str, dict[str, int]] = {}
 
 
-@pytest.mark.parametrize("mode", [GenerationMode.NEGATIVE, GenerationMode.POSITIVE], ids=["malformed", "wellformed"])
+@pytest.mark.parametrize("mode", [GenerationMode.NEGATIVE, GenerationMode.POSITIVE],
+                         ids=["malformed", "wellformed"])
 def test_schemathesis_no_5xx_and_rejections_change_nothing(shared, mode):
     """Generated requests (malformed ones: negative mode) against the published OpenAPI document,
     over real HTTP: never a 5xx, every rejection has a message and leaves every stored document
@@ -567,7 +583,8 @@ def test_schemathesis_no_5xx_and_rejections_change_nothing(shared, mode):
     schema = schemathesis.openapi.from_dict(server.app.openapi())
     stats = SCHEMATHESIS_STATS.setdefault(mode.value, {"requests": 0, "4xx": 0, "2xx": 0})
 
-    @settings(max_examples=50, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=50, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
     @given(case=schema.as_strategy(mode), user=st.sampled_from(["alice", "bob", "carol", "dave"]),
            doc=st.sampled_from(["rec1", "sheet1", "nosuchdoc"]), deep=st.booleans())
     def run(case, user, doc, deep):

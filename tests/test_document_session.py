@@ -9,7 +9,8 @@ import itertools
 import pytest
 
 from knownstate.chaos.toxi import Toxic
-from knownstate.impl.documents import DocumentServer, DocumentStore, DraftStore, HttpTransport, Session, schema_sql
+from knownstate.impl.documents import (DocumentServer, DocumentStore, DraftStore, HttpTransport,
+                                       Session, schema_sql)
 from knownstate.model.contract import IllegalTransition, Rejected, Won
 from knownstate.model.document import (
     Created,
@@ -49,7 +50,8 @@ class Env:
         self.clock = Clock()
         self.transports: list[HttpTransport] = []
 
-    def session(self, doc="rec1", user="alice", kind="record", writer=None, open_it=True, **kw) -> Session:
+    def session(self, doc="rec1", user="alice", kind="record", writer=None, open_it=True,
+                **kw) -> Session:
         t = HttpTransport(f"http://127.0.0.1:{self.link.port}", timeout=3)
         self.transports.append(t)
         s = Session(doc, user=user, kind=kind, drafts=self.drafts, transport=t, writer_id=writer,
@@ -73,7 +75,8 @@ def env(fresh_db, toxiproxy, tmp_path):
     store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice", {"bob": True})
     store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1}, "alice", {"bob": True})
     with store, DocumentServer(dsn) as server:
-        link = toxiproxy.link(f"documents-http-{server.port}-{next(_links)}", "127.0.0.1", server.port)
+        link = toxiproxy.link(f"documents-http-{server.port}-{next(_links)}", "127.0.0.1",
+                              server.port)
         e = Env(store, server, link, DraftStore(tmp_path / "drafts"))
         yield e
         e.close()
@@ -107,7 +110,7 @@ def test_edits_debounce_into_one_save(env):
     s = env.session()
     s.edit({"title": "b"}, now=0.0)
     s.edit({"qty": 2}, now=0.5)
-    assert s.tick(1.0) is None and s.state is State.DIRTY          # not due: the last edit was at 0.5
+    assert s.tick(1.0) is None and s.state is State.DIRTY  # not due: the last edit was at 0.5
     assert s.tick(1.5) == Won(Saved(2))
     assert s.state is State.CLEAN and env.doc().content == {"title": "b", "qty": 2}
     assert env.doc().version == 2 and s.counters["saves"] == 1
@@ -118,11 +121,13 @@ def test_edit_during_in_flight_save_stays_pending(env):
     s = env.session()
     s.edit({"title": "first"}, now=0)
     req = s.begin_save(now=1)
-    assert env.drafts.read(s.key)["inflight"]["seq"] == req.seq     # the draft is written before the request
-    s.edit({"qty": 7}, now=1.2)                                     # typed while the save is in flight
+    # the draft is written before the request
+    assert env.drafts.read(s.key)["inflight"]["seq"] == req.seq
+    s.edit({"qty": 7}, now=1.2)  # typed while the save is in flight
     answer = s.transport.send(req)
     assert s.finish_save(req, answer) == Won(Saved(2))
-    assert s.state is State.DIRTY and s.local == {"title": "first", "qty": 7}   # a success never clears it
+    # a success never clears it
+    assert s.state is State.DIRTY and s.local == {"title": "first", "qty": 7}
     assert env.drafts.read(s.key)["content"] == {"title": "first", "qty": 7}
     assert env.doc().content == {"title": "first", "qty": 1}
     assert s.tick(2.2) == Won(Saved(3))
@@ -141,7 +146,7 @@ def test_saves_are_serialised(env):
     s.finish_save(req, s.transport.send(req))
 
 
-# -- the network fails ------------------------------------------------------------------------------
+# -- the network fails -----------------------------------------------------------------------------
 
 
 def test_lost_response_is_retried_and_answered_with_the_original_success(env):
@@ -191,7 +196,7 @@ def test_discard_and_reload_while_offline_keeps_local_state(env):
     assert env.drafts.read(s.key) is None and s.counters["discarded"] == 1
 
 
-# -- conflicts -------------------------------------------------------------------------------------------
+# -- conflicts -------------------------------------------------------------------------------------
 
 
 def test_conflict_is_a_state_not_an_automatic_rebase(env):
@@ -267,13 +272,13 @@ def test_discard_in_conflict_takes_the_stored_copy(env):
     assert env.drafts.read(s.key) is None
 
 
-# -- drafts -------------------------------------------------------------------------------------------------
+# -- drafts ----------------------------------------------------------------------------------------
 
 
 def test_sibling_drafts_are_offered_never_applied(env):
     a = env.session(writer="tab-a")
     a.edit({"title": "tab a's work"}, now=0)
-    a.begin_save(now=1)                                  # the tab dies mid-save: the request never went out
+    a.begin_save(now=1)  # the tab dies mid-save: the request never went out
     del a
     b = env.session(writer="tab-b")
     assert b.state is State.CLEAN and b.local == {"title": "a", "qty": 1}      # not applied
@@ -337,7 +342,8 @@ def test_failing_draft_store_is_visible_and_recovers(env):
     s = env.session()
     env.drafts.fail_writes = True
     s.edit({"title": "x"}, now=0)
-    assert s.draft_status == "failing" and "failing" in s.draft_error and s.counters["draft_failures"] == 1
+    assert s.draft_status == "failing" and "failing" in s.draft_error
+    assert s.counters["draft_failures"] == 1
     assert env.drafts.read(s.key) is None
     s.edit({"title": "y"}, now=0.1)                         # still failing: retried, no latch
     assert env.drafts.refused == 2
@@ -361,7 +367,7 @@ def test_close_refuses_to_drop_when_neither_server_nor_drafts_take_the_edit(env)
     assert env.drafts.read(s.key)["content"]["title"] == "precious"
 
 
-# -- closing ---------------------------------------------------------------------------------------------------
+# -- closing ---------------------------------------------------------------------------------------
 
 
 def test_close_flushes(env):
@@ -411,7 +417,7 @@ def test_session_belongs_to_the_document_not_the_panel(env):
     assert env.doc().content == {"title": "typed in the left panel", "qty": 2}
 
 
-# -- stale reads --------------------------------------------------------------------------------------------
+# -- stale reads -----------------------------------------------------------------------------------
 
 
 def test_out_of_order_read_is_dropped(env):
@@ -442,7 +448,7 @@ def test_reload_applies_a_newer_version_when_clean(env):
     assert s.reload() == Won("clean") and s.local == {"title": "a", "qty": 2}
     s.edit({"qty": 3}, now=0)
     with pytest.raises(IllegalTransition):
-        s.reload()                                           # a refresh never overwrites local edits
+        s.reload()  # a refresh never overwrites local edits
 
 
 def test_stranger_session_cannot_load(env):
@@ -450,7 +456,7 @@ def test_stranger_session_cannot_load(env):
     assert s.open() == Rejected("not_found") and s.state is State.LOADING
 
 
-# -- the model and the real session agree -------------------------------------------------------------------
+# -- the model and the real session agree ----------------------------------------------------------
 
 
 def test_real_session_matches_the_model_and_keeps_the_invariants(env):
@@ -459,7 +465,8 @@ def test_real_session_matches_the_model_and_keeps_the_invariants(env):
     model = DocumentModel(debounce=1.0)
     model.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice", {"bob": True})
     model.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1}, "alice", {"bob": True})
-    real = {"a": env.session(writer="wa", open_it=False), "b": env.session(user="bob", writer="wb", open_it=False)}
+    real = {"a": env.session(writer="wa", open_it=False),
+            "b": env.session(user="bob", writer="wb", open_it=False)}
     for tab, s in real.items():
         model.open_tab(tab, s.user, "rec1", "record", s.writer_id)
     sent = []
@@ -487,7 +494,8 @@ def test_real_session_matches_the_model_and_keeps_the_invariants(env):
             out, mout = s.rebase(*args), m.rebase(*args)
         elif op == "close":
             out, mout = s.close(), m.close()
-        assert type(out) is type(mout) and (isinstance(out, NoAnswer) or out == mout), (op, out, mout)
+        assert type(out) is type(mout) and (isinstance(out, NoAnswer) or out == mout), (
+            op, out, mout)
         assert s.view(tab) == m.view(tab)
         projected = World(env.store.documents(), env.drafts.views(),
                           {t: x.view(t) for t, x in real.items()})
@@ -507,7 +515,7 @@ def test_real_session_matches_the_model_and_keeps_the_invariants(env):
     env.store.server_write("rec1", {"done": True})
     model.server_write("rec1", {"done": True})
     step("a", "edit", {"title": "A2"}, 5)
-    step("a", "close")                                    # a's base is stale: conflict, parked in its draft
+    step("a", "close")  # a's base is stale: conflict, parked in its draft
     step("b", "close")
     assert env.doc().content == {"title": "A", "qty": 2, "done": True}
     assert env.drafts.read(real["a"].key)["content"]["title"] == "A2"

@@ -58,7 +58,8 @@ def test_a_client_side_driver_error_is_a_failure_naming_it_not_a_lost_connection
 
 def test_a_caught_mutant_names_its_invariant_and_replays_to_the_same_counterexample(check_env):
     mutant = MUTANT["unfenced-complete"]
-    runs = [run_check(mutant.machine(OutboxCheck), check_env, seed=4, require_all=False, shrinks=150)
+    runs = [run_check(mutant.machine(OutboxCheck), check_env, seed=4, require_all=False,
+                      shrinks=150)
             for _ in range(2)]
     assert all(r.failure is not None and mutant.invariant in r.invariants for r in runs)
     assert runs[0].counterexample == runs[1].counterexample

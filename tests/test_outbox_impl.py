@@ -25,14 +25,15 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                 run_state_machine_as_test)
 
 from knownstate.chaos.toxi import Toxic
 from knownstate.impl import errors
 from knownstate.impl import outbox as impl
 from knownstate.impl.errors import CommitIndeterminate, ConnectionLost, TransactionAborted
 from knownstate.impl.outbox import OutboxStore, project
-from knownstate.model.contract import CREATED, LostRace, Rejected, Write, Won, check_invariants
+from knownstate.model.contract import LostRace, Rejected, Write, Won, check_invariants
 from knownstate.model import outbox as outbox_model
 from knownstate.model.outbox import (CONTRACT, OK, PERMANENT, RETRYABLE, TABLE, TWICE_IN_BATCH,
                                      Claim, Config, OutboxModel, Report, Status, views)
@@ -77,13 +78,15 @@ def connect(dsn):
 def rows(observer: psycopg.Connection) -> dict[int, tuple]:
     """Every column of every row, read on a direct autocommit connection."""
     return {r[0]: r for r in observer.execute(
-        "select id, status, attempts, next_attempt_at, lease_until, last_error from outbox_delivery order by id")}
+        "select id, status, attempts, next_attempt_at, lease_until, last_error from "
+        "outbox_delivery order by id")}
 
 
 class Pair:
     """One model and one database, driven by the same operations and compared after each."""
 
-    def __init__(self, conns: list[psycopg.Connection], observer: psycopg.Connection, clock, config: Config = CONFIG):
+    def __init__(self, conns: list[psycopg.Connection], observer: psycopg.Connection, clock,
+                 config: Config = CONFIG):
         self.model, self.store = OutboxModel(config), OutboxStore(config)
         self.conns, self.observer, self.clock = conns, observer, clock
         self.t0: datetime = observer.execute("select now()").fetchone()[0]
@@ -94,8 +97,8 @@ class Pair:
         seconds = (ts - self.t0).total_seconds()
         q = round(seconds / QUANTUM) * QUANTUM
         assert abs(seconds - q) < QUANTUM / 2 - 5, (
-            f"a sequence ran {time.monotonic() - self.started:.0f}s of real time, longer than the clock "
-            "tolerance: this machine is too slow for the test")
+            f"a sequence ran {time.monotonic() - self.started:.0f}s of real time, longer than the "
+            "clock tolerance: this machine is too slow for the test")
         return q
 
     def advance(self, seconds: int) -> None:
@@ -210,7 +213,8 @@ def test_random_sequences_agree_with_the_model(dsn, connect, clock):
             self.pair = Pair(conns, admin, clock, Config(300, 60, 240, max_attempts))
             self.tokens: list[Claim] = []
 
-        @precondition(lambda self: sum(d.status == P for d in self.pair.model.deliveries.values()) < 4)
+        @precondition(
+            lambda self: sum(d.status == P for d in self.pair.model.deliveries.values()) < 4)
         @rule()
         def enqueue(self):
             self.pair("enqueue", self.pair.model.next_id())
@@ -220,7 +224,8 @@ def test_random_sequences_agree_with_the_model(dsn, connect, clock):
             self.tokens.extend(self.pair("claim", batch, conn=w).value)
 
         @precondition(lambda self: self.tokens)
-        @rule(data=st.data(), w=st.integers(0, 1), op=st.sampled_from(["complete", "retry", "permanent", "extend"]))
+        @rule(data=st.data(), w=st.integers(0, 1),
+              op=st.sampled_from(["complete", "retry", "permanent", "extend"]))
         def write(self, data, w, op):
             c = data.draw(st.sampled_from(self.tokens), label="token")
             if op == "complete":
@@ -251,7 +256,8 @@ def test_random_sequences_agree_with_the_model(dsn, connect, clock):
         @invariant()
         def no_transaction_left_open(self):
             if hasattr(self, "pair"):
-                assert all(c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE for c in conns)
+                assert all(c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                           for c in conns)
 
     run_state_machine_as_test(Machine, settings=settings(
         max_examples=25, stateful_step_count=20, deadline=None, database=None,
@@ -277,7 +283,8 @@ def test_a_stale_owner_is_fenced_after_a_reclaim(pair):
     assert isinstance(pair("extend_lease", stale, token=stale), LostRace)
     assert rows(pair.observer) == before  # every column, last_error included
     assert pair("complete", current, conn=1, token=current) == Won(S)
-    assert isinstance(pair("complete", stale, token=stale), LostRace)  # and behind the terminal status
+    # and behind the terminal status
+    assert isinstance(pair("complete", stale, token=stale), LostRace)
 
 
 def test_skip_locked_an_open_claim_neither_blocks_nor_overlaps_a_second(connect):
@@ -331,7 +338,8 @@ def test_the_lease_is_stamped_and_compared_with_the_database_clock(connect, cloc
         "select lease_until, now() from outbox_delivery").fetchone()
     app_now = datetime.now(timezone.utc)
     assert abs((lease_until - db_now).total_seconds() - 300) < 5
-    assert abs((lease_until - app_now).total_seconds() - 3900) < 10  # an app-clock lease would say 300
+    # an app-clock lease would say 300
+    assert abs((lease_until - app_now).total_seconds() - 3900) < 10
     assert store.reclaim_stale(conn) == Won(())
     clock.jump(240)
     assert store.reclaim_stale(conn) == Won(())  # 4 of 5 minutes on the database clock
@@ -468,7 +476,8 @@ def test_a_commit_whose_answer_is_lost_is_indeterminate_and_did_commit(dsn, conn
     conn = connect(dsn_=psycopg.conninfo.make_conninfo(dsn, host=db_link.host, port=db_link.port))
     pid = conn.info.backend_pid
     conn.execute("insert into outbox_delivery (id) values (1)")
-    db_link.add(Toxic("limit_data", "downstream", {"bytes": 0}))  # the next byte back closes the link
+    # the next byte back closes the link
+    db_link.add(Toxic("limit_data", "downstream", {"bytes": 0}))
     with pytest.raises(CommitIndeterminate) as info:
         errors.commit(conn, "outbox.enqueue")
     assert "may or may not" in str(info.value) and "outbox.enqueue" in str(info.value)
@@ -548,7 +557,8 @@ def test_a_dead_connection_becomes_connection_lost(connect):
     admin.execute("select pg_terminate_backend(%s)", (conn.info.backend_pid,))
     with pytest.raises(ConnectionLost) as info:
         store.claim(conn, 1)
-    assert "outbox.claim" in str(info.value) and "nothing of this transaction committed" in str(info.value)
+    assert "outbox.claim" in str(info.value)
+    assert "nothing of this transaction committed" in str(info.value)
     assert rows(admin)[1][1:3] == (P, 0)
 
 
@@ -566,4 +576,5 @@ def test_a_lock_timeout_becomes_transaction_aborted(connect):
     victim.rollback()
     holder.rollback()
     assert rows(observer)[1][1] == R  # nothing of the refused write committed
-    assert store.complete(victim, c) == Won(S)  # the owner's write goes through once the lock is free
+    # the owner's write goes through once the lock is free
+    assert store.complete(victim, c) == Won(S)

@@ -78,7 +78,8 @@ def drive(event: str) -> OutboxModel:
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("t", TABLE.transitions, ids=[f"{t.source}-{t.event}-{t.target}" for t in TABLE.transitions])
+@pytest.mark.parametrize("t", TABLE.transitions,
+                         ids=[f"{t.source}-{t.event}-{t.target}" for t in TABLE.transitions])
 def test_every_row_of_the_table_is_taken_by_its_operation(t):
     m = drive(t.event)
     assert m.transitions[-1] == (1, t.source, t.event, t.target)
@@ -131,7 +132,8 @@ def test_a_stale_owner_is_fenced_and_changes_nothing(write):
     m, stale, current = reclaimed_and_reclaimed_again()
     snapshot = m.copy()
     out = {"complete": lambda c: m.complete(c), "fail_retry": lambda c: m.fail(c, permanent=False),
-           "fail_permanent": lambda c: m.fail(c, permanent=True), "extend_lease": lambda c: m.extend_lease(c)}[write](stale)
+           "fail_permanent": lambda c: m.fail(c, permanent=True),
+           "extend_lease": lambda c: m.extend_lease(c)}[write](stale)
     assert isinstance(out, LostRace)
     assert m == snapshot and m.transitions == snapshot.transitions
     assert m.complete(current) == Won(S)  # the current owner still can
@@ -142,7 +144,8 @@ def test_a_claim_on_a_terminal_row_is_fenced_too():
     c = claimed(m)
     assert m.complete(c) == Won(S)
     snapshot = m.copy()
-    assert isinstance(m.complete(c), LostRace)  # a repeated terminal write: a lost race, not an error
+    # a repeated terminal write: a lost race, not an error
+    assert isinstance(m.complete(c), LostRace)
     assert isinstance(m.fail(c, permanent=False), LostRace)
     assert m == snapshot
 
@@ -345,7 +348,8 @@ class OutboxModelMachine(RuleBasedStateMachine):
 
     @initialize(max_attempts=st.integers(1, 4))
     def start(self, max_attempts):
-        self.m = OutboxModel(Config(lease=300, backoff_base=60, backoff_cap=240, max_attempts=max_attempts))
+        self.m = OutboxModel(Config(lease=300, backoff_base=60, backoff_cap=240,
+                                    max_attempts=max_attempts))
         self.tokens: list[Claim] = []  # every claim ever handed out, stale ones included
         self.prev: dict[int, Delivery] = {}
 
@@ -353,11 +357,13 @@ class OutboxModelMachine(RuleBasedStateMachine):
         before = self.m.views()
         self.prev = dict(self.m.deliveries)
         owner_current = writes_for is not None and (
-            (d := self.m.deliveries.get(writes_for.id)) is not None and d.status == R and d.attempts == writes_for.attempt)
+            (d := self.m.deliveries.get(writes_for.id)) is not None and d.status == R
+            and d.attempts == writes_for.attempt)
         n = len(self.m.transitions)
         out = fn()
         writes = [] if writes_for is None else [Write(str(writes_for.id), writes_for.attempt,
-                                                      accepted=isinstance(out, Won), owner_current=owner_current)]
+                                                      accepted=isinstance(out, Won),
+                                                      owner_current=owner_current)]
         assert check_invariants(CONTRACT, before, self.m.views(), writes) == []
         for (_, src, event, dst) in self.m.transitions[n:]:
             assert TABLE.next(src, event) == dst
@@ -378,8 +384,10 @@ class OutboxModelMachine(RuleBasedStateMachine):
         c = data.draw(st.sampled_from(self.tokens), label="token")
         if op != "extend":
             self.m.sink_received(c.id)  # the worker sends first, then records the sink's answer
-        fn = {"complete": lambda: self.m.complete(c), "retry": lambda: self.m.fail(c, permanent=False),
-              "permanent": lambda: self.m.fail(c, permanent=True), "extend": lambda: self.m.extend_lease(c)}[op]
+        fn = {"complete": lambda: self.m.complete(c),
+              "retry": lambda: self.m.fail(c, permanent=False),
+              "permanent": lambda: self.m.fail(c, permanent=True),
+              "extend": lambda: self.m.extend_lease(c)}[op]
         self.step(fn, writes_for=c)
 
     @precondition(lambda self: self.tokens)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -70,7 +69,8 @@ def connect():
 
 stop = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-worker = OutboxWorker(connect, Reporting(Config(lease=lease)), lambda c, p: send_to_sink(sink_url, c, p), batch=10)
+worker = OutboxWorker(connect, Reporting(Config(lease=lease)),
+                      lambda c, p: send_to_sink(sink_url, c, p), batch=10)
 say("ready")
 worker.run(stop, idle=lambda: time.sleep(0.01))  # the worker's own poll interval
 say("stats", json.dumps(vars(worker.stats)))
@@ -120,7 +120,8 @@ class WorkerProcess:
     def finish(self) -> dict:
         """Close stdin (the stop signal), wait for a clean exit, return the loop's stats."""
         self.proc.stdin.close()
-        assert self.proc.wait(timeout=20) == 0, f"{self.name} exited {self.proc.returncode}: {self.proc.stderr.read()}"
+        assert self.proc.wait(timeout=20) == 0, (
+            f"{self.name} exited {self.proc.returncode}: {self.proc.stderr.read()}")
         self._reader.join(timeout=10)
         (stats,) = self.said("stats")
         return json.loads(" ".join(stats))
@@ -140,7 +141,8 @@ def poll(what: str, predicate, deadline_s: float = 30.0, procs: list[WorkerProce
 
 
 def statuses(observer: psycopg.Connection) -> dict[int, tuple[str, int]]:
-    return {i: (s, a) for i, s, a in observer.execute("select id, status, attempts from outbox_delivery")}
+    return {i: (s, a) for i, s,
+            a in observer.execute("select id, status, attempts from outbox_delivery")}
 
 
 @pytest.mark.slow
@@ -148,7 +150,8 @@ def test_a_killed_worker_loses_nothing_and_its_sends_may_repeat(pg, fresh_db, to
     dsn = fresh_db(impl.SCHEMA)
     store = OutboxStore(Config(lease=LEASE))
     workers: list[WorkerProcess] = []
-    with NotificationSink() as sink, psycopg.connect(dsn, autocommit=True) as observer, psycopg.connect(dsn) as conn:
+    with (NotificationSink() as sink, psycopg.connect(dsn, autocommit=True) as observer,
+          psycopg.connect(dsn) as conn):
         try:
             for i in range(1, N + 1):
                 store.enqueue(conn, i, {"to": f"user{i}"})
@@ -166,16 +169,20 @@ def test_a_killed_worker_loses_nothing_and_its_sends_may_repeat(pg, fresh_db, to
 
             victim.kill()
             assert victim.proc.returncode == -signal.SIGKILL
-            for (pid,) in victim.said("backend"):  # its transactions end when the server sees it gone
+            # its transactions end when the server sees it gone
+            for (pid,) in victim.said("backend"):
                 poll(f"the victim's backend {pid} is gone",
-                     lambda: not observer.execute("select 1 from pg_stat_activity where pid = %s", (int(pid),)).fetchone())
+                     lambda: not observer.execute("select 1 from pg_stat_activity where pid = %s",
+                                                  (int(pid),)).fetchone())
             rows = statuses(observer)
             orphans = {i for i, a in victim.claims() if rows[i] == ("processing", a)}
             assert orphans, "the victim held no claimed row when it died: the kill was not mid-run"
 
-            # The survivors deliver everything else; the orphans wait for the reaper, never for the victim.
+            # The survivors deliver everything else; the orphans wait for the reaper,
+            # never for the victim.
             poll("only the victim's rows are unfinished",
-                 lambda: {i for i, (s, _) in statuses(observer).items() if s != "sent"} == orphans, procs=workers)
+                 lambda: {i for i, (s, _) in statuses(observer).items() if s != "sent"} == orphans,
+                 procs=workers)
             assert store.reclaim_stale(conn) == Won(())  # their leases are still live
             pg.clock.jump(LEASE + 60)
             assert store.reclaim_stale(conn) == Won(tuple(sorted(orphans)))
@@ -192,7 +199,8 @@ def test_a_killed_worker_loses_nothing_and_its_sends_may_repeat(pg, fresh_db, to
                                     "or lease_until is not null").fetchone()
         log = set(sink.log)
         missing = sorted((i, a) for i, (_, a) in final.items() if (i, a) not in log)
-        assert not missing, f"recorded as sent but the sink never received that attempt: {missing[:10]}"
+        assert not missing, (
+            f"recorded as sent but the sink never received that attempt: {missing[:10]}")
         received = sink.received()
         assert set(received) == set(final) and min(received.values()) >= 1
 
@@ -200,14 +208,16 @@ def test_a_killed_worker_loses_nothing_and_its_sends_may_repeat(pg, fresh_db, to
         victim_attempt = dict(victim.claims())
         reached = {i for i in orphans if (i, victim_attempt[i]) in log}
         assert all(received[i] >= 2 for i in reached)
-        assert all(final[i][1] == victim_attempt[i] + 1 for i in orphans)  # redelivered by a new claim
+        # redelivered by a new claim
+        assert all(final[i][1] == victim_attempt[i] + 1 for i in orphans)
         duplicates = sink.duplicates()
         assert duplicates == sum(n - 1 for n in received.values()) >= len(reached)
 
         by_victim = {i for i, a in victim.recorded() if final[i] == ("sent", a)}
         victim_sent_in_db = {i for i, a in victim.claims() if final[i] == ("sent", a)}
         assert by_victim <= victim_sent_in_db
-        assert sum(s["sent"] for s in stats) == N - len(victim_sent_in_db)  # each row sent by exactly one record
+        # each row sent by exactly one record
+        assert sum(s["sent"] for s in stats) == N - len(victim_sent_in_db)
         assert all(s["fenced"] == 0 and s["errors"] == 0 for s in stats), stats
         print(f"\n{N} deliveries, 3 workers, victim killed holding {len(orphans)} claimed row(s), "
               f"{len(reached)} of them already at the sink; reaper reclaimed {len(orphans)}; "
