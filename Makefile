@@ -1,5 +1,5 @@
 # knownstate: `make verify` runs the gate, `make test` runs the test suite. Both set everything up first.
-.PHONY: setup verify test test-fast mutants bench clean
+.PHONY: setup verify lint test test-fast mutants bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -7,7 +7,11 @@ setup:
 verify: setup
 	.venv/bin/knownstate verify
 
-test: setup
+# 100 columns and pyflakes (DESIGN.md, Lessons 6); the settings are in pyproject.toml.
+lint: setup
+	.venv/bin/ruff check .
+
+test: lint
 	.venv/bin/python -m pytest tests
 
 test-fast: setup
