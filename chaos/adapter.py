@@ -37,8 +37,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import inspect
-import os
-import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +50,7 @@ from knownstate.impl.errors import ConnectionLost, ExternalCallFailed
 from knownstate.model.contract import LostRace, Won
 from knownstate.model.generic import Timing
 
-from .harness import EnvironmentFault, Worker
+from .harness import EnvironmentFault, Worker, cut_socket
 
 OK, RETRY, PERMANENT = "ok", "retry", "permanent"
 """What an external call answered: done, failed for now, failed for good."""
@@ -402,7 +400,7 @@ class AdapterWorker(Worker):
                     self.run(self.binding.close(own))
             return
         if self.mode == "async" and self.conn is not None:
-            _cut(self.conn)
+            cut_socket(self.conn)
             self.conn = None
         super().abandon()
 
@@ -445,17 +443,6 @@ class AdapterWorker(Worker):
         if conn.info.transaction_status != pq.TransactionStatus.IDLE:
             with contextlib.suppress(psycopg.Error):
                 self.run(conn.rollback())
-
-
-def _cut(conn: psycopg.AsyncConnection) -> None:
-    """Close an async connection the way a dying process does, without an event loop."""
-    with contextlib.suppress(Exception):
-        s = socket.socket(fileno=os.dup(conn.pgconn.socket))
-        with contextlib.suppress(OSError):
-            s.shutdown(socket.SHUT_RDWR)
-        s.close()
-    with contextlib.suppress(Exception):
-        conn.pgconn.finish()
 
 
 def worker_class(adapter: type[Adapter]) -> type[AdapterWorker]:

@@ -21,10 +21,8 @@ stands for. A user adds hand-written ones with ``kind(..., mutants=[...])``.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
 from typing import Any, ClassVar, Iterable
 
 from hypothesis import strategies as st
@@ -48,7 +46,7 @@ from .adapter import worker_class as adapter_worker
 from .check import QUANTUM, Candidate, Failure, FaultPolicy, KindCheck, fmt
 from .harness import EnvironmentFault, WorkerDied, watch
 from .mutants import Mutant, sql_edit, with_attrs
-from .sink import NotificationSink
+from .sink import JsonHandler, NotificationSink
 
 ANSWERS = {200: OK, 503: RETRY, 422: PERMANENT}
 
@@ -72,11 +70,8 @@ class KindError(ValueError):
 _RUN_PATH = re.compile(r"^/runs/([^/?#]+)")
 
 
-class _RunsHandler(BaseHTTPRequestHandler):
+class _RunsHandler(JsonHandler):
     protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args) -> None:
-        pass
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -87,14 +82,6 @@ class _RunsHandler(BaseHTTPRequestHandler):
         key = (m.group(1), self.headers.get("Idempotency-Key") or "")
         code = self.server.sink._record(key)  # type: ignore[attr-defined]
         self._answer(code, {"received": True} if code == 200 else {"error": f"planned {code}"})
-
-    def _answer(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
 
 class Receiver(NotificationSink):

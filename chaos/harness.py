@@ -556,15 +556,19 @@ class HookedConnection(ScheduledConnection):
             super().commit()
 
 
-def cut_socket(conn: psycopg.Connection) -> None:
-    """Close a connection the way a dying process does: the socket goes, no goodbye, no COMMIT."""
+def cut_socket(conn: psycopg.Connection | psycopg.AsyncConnection) -> None:
+    """Close a connection the way a dying process does: the socket goes, no goodbye, no COMMIT.
+    An async connection is finished without an event loop."""
     with contextlib.suppress(Exception):
         s = socket.socket(fileno=os.dup(conn.pgconn.socket))
         with contextlib.suppress(OSError):
             s.shutdown(socket.SHUT_RDWR)
         s.close()
     with contextlib.suppress(Exception):
-        conn.close()
+        if isinstance(conn, psycopg.AsyncConnection):
+            conn.pgconn.finish()
+        else:
+            conn.close()
 
 
 HUNG_SECONDS = 60.0

@@ -28,7 +28,6 @@ Nothing is left running after a run: the server thread is a daemon, and ``stop``
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -37,6 +36,8 @@ from pydantic import BaseModel, ValidationError
 
 from knownstate.model.branch_reset import ExternalOp, ExternalState, ExternalStatus, KIND
 from knownstate.model.contract import IllegalTransition
+
+from .sink import JsonHandler, QuietServer
 
 
 class CreateOperation(BaseModel):
@@ -73,7 +74,7 @@ class OpsApi:
     def start(self) -> "OpsApi":
         if self._server is not None:
             return self
-        self._server = _QuietServer((self.host, self.port or 0), _handler_for(self))
+        self._server = QuietServer((self.host, self.port or 0), _handler_for(self))
         self.port = self._server.server_address[1]  # the kernel's pick, when none was asked
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever,
@@ -181,32 +182,13 @@ class OpsApi:
             return op
 
 
-class _QuietServer(ThreadingHTTPServer):
-    """A client that went away mid-request (a reset or a cut link: the faults the checks inject)
-    is not the server's error: nothing is printed."""
-
-    def handle_error(self, request, client_address) -> None:
-        pass
-
-
 def _op_json(op: ExternalOp) -> dict:
     return {"id": op.op_id, "run_id": op.run_id, "branch": op.branch, "status": op.status.value}
 
 
 def _handler_for(api: OpsApi) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         server_version = "knownstate-opsapi/1"
-
-        def log_message(self, *args) -> None:  # quiet: the check reports, not the server
-            pass
-
-        def _send(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
         def _body(self) -> bytes:
             length = int(self.headers.get("Content-Length") or 0)
@@ -215,23 +197,23 @@ def _handler_for(api: OpsApi) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             raw = self._body()
             if api._refuse():
-                return self._send(503, {"error": "unavailable"})
+                return self._answer(503, {"error": "unavailable"})
             if self.path != "/operations":
-                return self._send(404, {"error": "not found"})
+                return self._answer(404, {"error": "not found"})
             try:
                 body = CreateOperation.model_validate_json(raw)
             except ValidationError as e:
-                return self._send(400, {"error": str(e).splitlines()[0]})
+                return self._answer(400, {"error": str(e).splitlines()[0]})
             code, op = api._create(body)
-            self._send(code, _op_json(op))
+            self._answer(code, _op_json(op))
 
         def do_GET(self) -> None:
             if api._refuse():
-                return self._send(503, {"error": "unavailable"})
+                return self._answer(503, {"error": "unavailable"})
             m = _OP_PATH.match(self.path)
             op = api._get(m.group(1)) if m else None
             if op is None:
-                return self._send(404, {"error": "no such operation"})
-            self._send(200, _op_json(op))
+                return self._answer(404, {"error": "no such operation"})
+            self._answer(200, _op_json(op))
 
     return Handler

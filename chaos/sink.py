@@ -15,11 +15,31 @@ from collections import Counter, deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class JsonHandler(BaseHTTPRequestHandler):
+    """A stand-in's request handler: quiet (the check reports, not the server), JSON answers."""
 
-    def log_message(self, *args) -> None:  # quiet: the check reports, not the server
+    def log_message(self, *args) -> None:
         pass
+
+    def _answer(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class QuietServer(ThreadingHTTPServer):
+    """A client that went away mid-request (a reset or a cut link: the faults the checks inject)
+    is not the server's error: nothing is printed."""
+
+    def handle_error(self, request, client_address) -> None:
+        pass
+
+
+class _Handler(JsonHandler):
+    protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:
         sink: NotificationSink = self.server.sink  # type: ignore[attr-defined]
@@ -31,19 +51,6 @@ class _Handler(BaseHTTPRequestHandler):
             return self._answer(400, {"error": "bad delivery: need delivery_id and attempt"})
         code = sink._record(key)
         self._answer(code, {"received": True} if code == 200 else {"error": f"planned {code}"})
-
-    def _answer(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-class _QuietServer(ThreadingHTTPServer):
-    def handle_error(self, request, client_address) -> None:
-        pass  # a client cut off by a toxic is the point, not an error
 
 
 class NotificationSink:
@@ -60,7 +67,7 @@ class NotificationSink:
         self.reset()
 
     def start(self) -> "NotificationSink":
-        self._server = _QuietServer((self.host, 0), self.handler)  # the port the kernel picks
+        self._server = QuietServer((self.host, 0), self.handler)  # the port the kernel picks
         self.port = self._server.server_address[1]
         self._server.daemon_threads = True
         self._server.sink = self  # type: ignore[attr-defined]
