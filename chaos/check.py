@@ -362,6 +362,11 @@ class _Blocks:
         """Two or three workers start an operation each, together. Half the blocks aim at one run
         that several of them can write (where locks are waited on and fences meet)."""
         contested = self._contested() if aim else {}
+        # a fenced write meeting another worker's write of its run is where locks are waited on
+        # and fences meet: such runs first
+        fenced = {run: able for run, able in contested.items()
+                  if any(o.fenced and run in o.runs for w in able for o in self.offers(w.index))}
+        contested = fenced or contested
         if contested:
             run = data.draw(st.sampled_from(list(contested)), label="the run they contest")
             able = contested[run]
@@ -400,8 +405,8 @@ class _Blocks:
         write) needs d - 1 change points, so short draws reach it often, and the schedule shrinks
         towards running the workers one after another."""
         order = list(data.draw(st.permutations(names), label="priority"))
-        changes = set(data.draw(st.lists(st.integers(1, 12), max_size=2, unique=True),
-                                label="priority changes after steps"))
+        changes = set(data.draw(st.lists(st.integers(1, 2 * len(names)), max_size=2,
+                                         unique=True), label="priority changes after steps"))
         step = 0
 
         def choose(options: list[str]) -> str:
@@ -434,11 +439,17 @@ class _Blocks:
             w.ready()  # a connection the server dropped (a crash) is replaced before the block
         ops = [Op(w.name, offers[w.name].label, w.conn, offers[w.name].impl_op) for w in chosen]
         struck: list[Link] = []
+        # one block in three meets a fault, between two of its steps (most blocks must run to
+        # their end: a race needs every operation in it to reach its writes)
+        when = data.draw(st.sampled_from([None, None, 1, 2, 3, 4]), label="a fault before step")
+        steps = 0
 
         def between(block) -> None:
-            if struck:
+            nonlocal steps
+            steps += 1
+            if struck or steps != when:
                 return
-            fate = data.draw(st.sampled_from(["none"] * 6 + [f"cut {w.name}" for w in chosen]
+            fate = data.draw(st.sampled_from([f"cut {w.name}" for w in chosen]
                                              + (["crash"] if self._may_crash() else [])),
                              label="fault in the block")
             if fate == "crash":
@@ -447,7 +458,7 @@ class _Blocks:
                 self.stats.faults["db-crash"] += 1
                 block.fault("database crash (SIGKILL of the postmaster) and restart",
                             self.env.crash_and_restart, lost=[w.name for w in chosen])
-            elif fate != "none":
+            else:
                 worker = next(w for w in chosen if w.name == fate.split()[1])
                 struck.append(worker.link)
                 self.stats.faults["link-down"] += 1

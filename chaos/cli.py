@@ -469,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="start at this batch of examples "
                              "(a failure's replay command gives it)")
         sp.add_argument("--kind", action="append", default=[], metavar="MODULE:CHECK",
+                        dest="own_kinds",
                         help="also a kind of your own: a check class, e.g. mypkg.kinds:WebhookKind")
         sp.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
         sp.add_argument("--profile", choices=sorted(PROFILES), default="ci",
@@ -549,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(s, _on_signal)
     try:
         try:
-            for spec in getattr(args, "kind", None) or []:
+            for spec in getattr(args, "own_kinds", None) or []:
                 args.kinds.append(kinds.load(spec))
         except kinds.KindNotFound as e:
             raise UsageError(str(e)) from None

@@ -351,6 +351,9 @@ class FaultRules:
         its runs (a concurrent block: the reaper taking a run back as the stale owner writes
         it). Its writes must be fenced either way."""
         w = data.draw(st.sampled_from(self.leases()), label="worker")
+        if self.turns(w) and data.draw(st.booleans(), label="it freezes after its next step"):
+            self.turn(w, data)  # e.g. between an external call and the write that records it
+            self.model_agrees()  # judged (and a lost answer's fate observed) before it freezes
         seconds = self.policy.stall
         if self.policy.stall_clock == "db":
             self.env.clock.jump(seconds)

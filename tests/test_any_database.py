@@ -324,6 +324,10 @@ def test_two_runs_at_once_pass_and_leave_the_database_as_found(server, tmp_path)
         for r in runs:
             assert r["status"] in ("passed", "vacuous"), out + err
             assert r["status"] == "passed" or "budget" in r["stopped"], out
-            assert r["not_covered"] == [] and any("shifts the workspace's stored timestamps"
-                                                  in u for u in r["unavailable"]), r
+            # the runner is no superuser: concurrent blocks (which set deadlock_timeout per
+            # session) are what it cannot reach, said so, never a vacuous run
+            blocks = {"concurrent block", "lock wait in a block"}
+            assert set(r["not_covered"]) == (blocks if r["kind"] != "document-session" else set())
+            assert any("shifts the workspace's stored timestamps" in u
+                       for u in r["unavailable"]), r
     assert server.state() == before

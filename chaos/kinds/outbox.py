@@ -124,9 +124,10 @@ class OutboxCheck(KindCheck):
 
     # -- concurrent blocks ---------------------------------------------------------------------
     def offers(self, w: int) -> list[Offer]:
-        """What worker ``w`` can start together with the others: a claim, the fenced write of a
-        delivery it sent, a lease extension; the reaper process reaps (so a stale owner's write
-        can meet both a reclaim and a new claim of its row)."""
+        """What worker ``w`` can start together with the others: an enqueue of the next event id
+        (two producers with one id: the second waits on the first's insert, then is refused), a
+        claim, the fenced write of a delivery it sent, a lease extension; the reaper process
+        reaps (so a stale owner's write can meet both a reclaim and a new claim of its row)."""
         now, rows = self.model.now, self.model.deliveries.values()
         due = frozenset(d.id for d in rows if d.status == model.P and d.next_attempt_at <= now)
         lapsed = frozenset(d.id for d in rows if d.status == model.R and d.lease_until <= now)
@@ -134,7 +135,13 @@ class OutboxCheck(KindCheck):
                      lambda c: self.store.reclaim_stale(c), guarantee="lease", runs=lapsed)
         if w == self.REAPER:
             return [reap]
-        out = [Offer(f"claim(batch={b})", lambda m, b=b: m.claim(b),
+        out = []
+        if self._waiting() < 3:  # a producer's retried event: two enqueue the one id at once
+            new = self.model.next_id()
+            out.append(Offer(f"enqueue(id={new})", lambda m, new=new: m.enqueue(new),
+                             lambda c, new=new: self.store.enqueue(c, new),
+                             runs=frozenset({("new", new)})))
+        out += [Offer(f"claim(batch={b})", lambda m, b=b: m.claim(b),
                      lambda c, b=b: self.store.claim(c, b), after=self._took(w), guarantee="claim",
                      among_others=lambda m, got, b=b: m.claim_skipping(
                          b, tuple(c.id for c in got.value) if isinstance(got, Won) else ()),
