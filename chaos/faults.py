@@ -354,6 +354,8 @@ class FaultRules:
         if self.turns(w) and data.draw(st.booleans(), label="it freezes after its next step"):
             self.turn(w, data)  # e.g. between an external call and the write that records it
             self.model_agrees()  # judged (and a lost answer's fate observed) before it freezes
+            if w not in self.leases():
+                return  # that step was its last on a lease: nothing of it is left to freeze
         seconds = self.policy.stall
         if self.policy.stall_clock == "db":
             self.env.clock.jump(seconds)

@@ -120,13 +120,12 @@ class ApprovedPlanStore:
         return row is not None
 
     def _report(self, conn: psycopg.Connection, proposal_id: int) -> m.RunReport | None:
-        row = conn.execute(self.q["run"], {"id": proposal_id}).fetchone()
+        row = conn.execute(self.q["report"], {"id": proposal_id}).fetchone()
         if row is None:
             return None
-        status, failure, _compensates, _generation = row
-        receipts = tuple(m.Receipt(*r) for r in conn.execute(self.q["receipts"],
-                                                             {"id": proposal_id}))
-        return m.RunReport(proposal_id, m.Status(status), failure, receipts)
+        status, failure, receipts = row
+        return m.RunReport(proposal_id, m.Status(status), failure,
+                           tuple(m.Receipt(*r) for r in receipts))
 
     # -- operations ----------------------------------------------------------------
     def propose(self, conn: psycopg.Connection, steps: Iterable) -> Outcome:

@@ -124,6 +124,16 @@ SELECT status, steps FROM agent_proposal WHERE id = %(id)s FOR NO KEY UPDATE
 -- A run's row, as a reader sees it.
 SELECT status, failure, compensates, generation FROM agent_proposal WHERE id = %(id)s
 
+-- report --
+-- A run as a reader sees it: its row and its receipts in step order, in one statement, so in
+-- one snapshot (read one after the other, a reader could see a step's receipt but not the
+-- status the same commit wrote).
+SELECT p.status, p.failure,
+       COALESCE((SELECT json_agg(json_build_array(s.step_index, s.ok, s.detail)
+                                 ORDER BY s.step_index)
+                 FROM agent_proposal_step s WHERE s.proposal_id = p.id), '[]')
+FROM agent_proposal p WHERE p.id = %(id)s
+
 -- receipts --
 -- A run's receipts, in step order.
 SELECT step_index, ok, detail FROM agent_proposal_step
