@@ -343,22 +343,27 @@ class FaultRules:
         return self.policy.stall_clock == "app" or self.env.clock is not None
 
     @precondition(lambda self: self._may_stall())
-    @rule(data=st.data(), resume=st.sampled_from(["at once", "later", "racing the others"]))
+    @rule(data=st.data(), resume=st.sampled_from(["at once", "later", "racing the others",
+                                                  "inside its write"]))
     def stall(self: "KindCheck", data, resume: str) -> None:
         """A worker holding a live lease freezes (a GC pause, a suspended VM) until its lease
         lapsed; then either the world goes on meanwhile (the kind's ``meanwhile``) and it
         resumes with its next turn at once, or later; or it resumes *while* the others act on
         its runs (a concurrent block: the reaper taking a run back as the stale owner writes
-        it). Its writes must be fenced either way."""
+        it); or it froze *inside* its next write, between two statements of its transaction,
+        while the others did whole operations on its run (a block so scheduled). Its writes
+        must be fenced either way."""
         w = data.draw(st.sampled_from(self.leases()), label="worker")
         seconds = self.policy.stall
         if self.policy.stall_clock == "db":
             self.env.clock.jump(seconds)
         self.advance(seconds)
-        if resume == "racing the others":
-            self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease, and resumes "
-                                       "racing the others:", pace=False)
-            if self.race(data, w):
+        if resume in ("racing the others", "inside its write"):
+            how = ("and resumes racing the others:" if resume == "racing the others" else
+                   "inside its next write; meanwhile the others do whole operations:")
+            self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease, {how}",
+                       pace=False)
+            if self.race(data, w, frozen=resume == "inside its write"):
                 return
         else:
             self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease; meanwhile:",

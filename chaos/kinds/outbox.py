@@ -138,7 +138,7 @@ class OutboxCheck(KindCheck):
                      lambda c, b=b: self.store.claim(c, b), after=self._took(w), guarantee="claim",
                      among_others=lambda m, got, b=b: m.claim_skipping(
                          b, tuple(c.id for c in got.value) if isinstance(got, Won) else ()),
-                     runs=due | lapsed)  # a lapsed row may be reclaimed, then claimed, meanwhile
+                     runs=due | lapsed, once_freed=lapsed)  # reclaimed, then claimed, meanwhile
                for b in (1, 2)]
         for i, h in sorted(self.held[w].items()):
             c = h.claim
