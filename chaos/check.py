@@ -377,22 +377,30 @@ class _Blocks:
                         key=lambda w: w.index)
         self._block(data, chosen, run)
 
-    def race(self, data, w: int, frozen: bool = False) -> bool:
+    def race(self, data, w: int, frozen: bool = False, due: frozenset = frozenset()) -> bool:
         """Worker ``w`` (resuming from a stall) races the others on a run it can write: a block
         of its next write (a fenced one, on that run) and other workers' operations on the same
         run (the reaper taking it back, a new owner claiming or writing it), scheduled as any
-        block's (:meth:`_schedule`). ``frozen``: the worker froze *inside* that write instead
-        (:meth:`_frozen`: a pause between two statements of its transaction while every other
-        worker on the run does a whole operation; the pause is the block's fault, no other
-        strikes inside it). False when no other worker can touch its runs."""
+        block's (:meth:`_schedule`), or (drawn, half the time) as if the worker had frozen
+        inside its write. ``frozen``: it froze *inside* that write (:meth:`_frozen`: a pause
+        between two statements of its transaction while every other worker on the run does a
+        whole operation; the pause is the block's fault, no other strikes inside it). ``due``:
+        the runs of the write it was about to make (empty: any it holds). False when no other
+        worker can touch its runs."""
         mine = {run for o in self.offers(w) if o.fenced for run in o.runs}  # the runs it holds
         contested = {run: ws for run, ws in self._contested().items()
                      if run in mine and any(x.index == w for x in ws)}
+        contested = {run: ws for run, ws in contested.items() if run in due} or contested
         if (not contested or "concurrency" not in self.run.capabilities
                 or not all(x.clean() for x in self.workers) or len(self.candidates) > 1):
             return False
         run = data.draw(st.sampled_from(list(contested)), label="the run they race on")
         others = [x for x in contested[run] if x.index != w]
+        if not frozen:
+            frozen = data.draw(st.booleans(), label="it froze inside its write")
+            if frozen:
+                self.log(f"  (w{w} froze inside its write; meanwhile the others do whole "
+                         "operations)")
         if frozen:
             racers = others
         else:
@@ -439,8 +447,8 @@ class _Blocks:
                 ) -> Callable[[list[str]], str]:
         """The schedule of a worker frozen inside its operation (a GC pause, a suspended VM,
         between two statements of its transaction, holding what it locked): it runs its first
-        statements (after each one, whether it freezes there is drawn: after the first, half the
-        time), then the others run their whole operations one after another (one that waits on
+        statements (after each one, whether it freezes there is drawn: after the first, three
+        times in four), then the others run their whole operations one after another (one that waits on
         a lock the frozen worker holds steps aside), then it finishes. The others' order is
         drawn, except that those in ``later`` (which can write the run only once another
         operation freed it: a claim of a row whose lease lapsed) come after the rest. Shrinks
@@ -452,7 +460,8 @@ class _Blocks:
         def choose(options: list[str]) -> str:
             nonlocal frozen
             if not frozen and stalled in options:
-                frozen = data.draw(st.booleans(), label=f"{stalled} freezes after this step")
+                frozen = data.draw(st.integers(0, 3), label=f"{stalled} freezes after this step "
+                                                            "(unless 0)") > 0
                 return stalled
             return next((n for n in order if n in options), stalled)
 

@@ -129,6 +129,7 @@ class FaultRules:
       external call (empty: none). ``turn(w, data)`` does one of them.
     - ``leases() -> list[int]``: workers holding a live lease (a stall freezes one of them).
     - ``meanwhile(w, data)``: what the others do while ``w`` is frozen (the reaper runs, ...).
+    - ``next_write(w, data)``: bring ``w`` to its next write (a stall freezes inside it).
     - ``clock_matters() -> bool``: whether a database clock jump could change anything now;
       ``crash_matters() -> bool`` likewise for a crash between two steps.
     - ``external_links(worker) -> list[Link]``: the worker's links to stand-ins.
@@ -148,6 +149,12 @@ class FaultRules:
 
     def meanwhile(self, w: int, data) -> None:
         """While worker ``w`` is frozen past its lease, the world goes on (default: nothing)."""
+
+    def next_write(self, w: int, data) -> frozenset:
+        """Worker ``w`` is about to freeze inside its next write: do what its loop does before
+        that write (an external call whose outcome the write records) and return the runs the
+        write is for (default: nothing done; any run it holds)."""
+        return frozenset()
 
     def clock_matters(self) -> bool:
         return True
@@ -354,6 +361,7 @@ class FaultRules:
         while the others did whole operations on its run (a block so scheduled). Its writes
         must be fenced either way."""
         w = data.draw(st.sampled_from(self.leases()), label="worker")
+        due = self.next_write(w, data) if resume == "inside its write" else frozenset()
         seconds = self.policy.stall
         if self.policy.stall_clock == "db":
             self.env.clock.jump(seconds)
@@ -363,7 +371,7 @@ class FaultRules:
                    "inside its next write; meanwhile the others do whole operations:")
             self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease, {how}",
                        pace=False)
-            if self.race(data, w, frozen=resume == "inside its write"):
+            if self.race(data, w, frozen=resume == "inside its write", due=due):
                 return
         else:
             self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease; meanwhile:",
