@@ -381,8 +381,7 @@ class _Blocks:
         """Worker ``w`` (resuming from a stall) races the others on a run it can write: a block
         of its next write (a fenced one, on that run) and other workers' operations on the same
         run (the reaper taking it back, a new owner claiming or writing it), scheduled as any
-        block's (:meth:`_schedule`), or (drawn, half the time) as if the worker had frozen
-        inside its write. ``frozen``: it froze *inside* that write (:meth:`_frozen`: a pause
+        block's (:meth:`_schedule`). ``frozen``: it froze *inside* that write (:meth:`_frozen`: a pause
         between two statements of its transaction while every other worker on the run does a
         whole operation; the pause is the block's fault, no other strikes inside it). ``due``:
         the runs of the write it was about to make (empty: any it holds). False when no other
@@ -396,11 +395,6 @@ class _Blocks:
             return False
         run = data.draw(st.sampled_from(list(contested)), label="the run they race on")
         others = [x for x in contested[run] if x.index != w]
-        if not frozen:
-            frozen = data.draw(st.booleans(), label="it froze inside its write")
-            if frozen:
-                self.log(f"  (w{w} froze inside its write; meanwhile the others do whole "
-                         "operations)")
         if frozen:
             racers = others
         else:

@@ -358,20 +358,22 @@ class FaultRules:
         resumes with its next turn at once, or later; or it resumes *while* the others act on
         its runs (a concurrent block: the reaper taking a run back as the stale owner writes
         it); or it froze *inside* its next write, between two statements of its transaction,
-        while the others did whole operations on its run (a block so scheduled). Its writes
-        must be fenced either way."""
+        while the others did whole operations on its run (a block so scheduled; half the
+        racing stalls are such too). Its writes must be fenced either way."""
         w = data.draw(st.sampled_from(self.leases()), label="worker")
-        due = self.next_write(w, data) if resume == "inside its write" else frozenset()
+        frozen = resume == "inside its write" or (
+            resume == "racing the others" and data.draw(st.booleans(), label="or froze inside"))
+        due = self.next_write(w, data) if frozen else frozenset()
         seconds = self.policy.stall
         if self.policy.stall_clock == "db":
             self.env.clock.jump(seconds)
         self.advance(seconds)
         if resume in ("racing the others", "inside its write"):
-            how = ("and resumes racing the others:" if resume == "racing the others" else
-                   "inside its next write; meanwhile the others do whole operations:")
+            how = ("inside its next write; meanwhile the others do whole operations:" if frozen
+                   else "and resumes racing the others:")
             self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease, {how}",
                        pace=False)
-            if self.race(data, w, frozen=resume == "inside its write", due=due):
+            if self.race(data, w, frozen=frozen, due=due):
                 return
         else:
             self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease; meanwhile:",
