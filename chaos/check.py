@@ -157,6 +157,10 @@ class Offer:
     runs whose lease lapsed), so a block can aim at a run two workers contest."""
     fenced: bool = False
     """A write by an owner, which the contract refuses once the writer lost the run."""
+    once_freed: frozenset = frozenset()
+    """Of its ``runs``, those it can write only once another operation freed them (a claim of
+    a row whose lease lapsed: after the reaper took it back). A worker frozen inside its write
+    on such a run sees the others act in that order (:meth:`_Blocks._frozen`)."""
 
 
 def broken_by(expected: Any, got: Any, fenced: bool, guarantee: str | None) -> tuple[str, ...]:
@@ -378,22 +382,39 @@ class _Blocks:
                         key=lambda w: w.index)
         self._block(data, chosen, run)
 
-    def race(self, data, w: int) -> bool:
+    def race(self, data, w: int, frozen: bool = False, due: frozenset = frozenset()) -> bool:
         """Worker ``w`` (resuming from a stall) races the others on a run it can write: a block
-        of its next write and another worker's operation on the same run (the reaper taking it
-        back, a new owner writing it). False when no other worker can touch its runs."""
+        of its next write (a fenced one, on that run) and other workers' operations on the same
+        run (the reaper taking it back, a new owner claiming or writing it), scheduled as any
+        block's (:meth:`_schedule`). ``frozen``: it froze *inside* that write (:meth:`_frozen`: a pause
+        between two statements of its transaction while every other worker on the run does a
+        whole operation; the pause is the block's fault, no other strikes inside it). ``due``:
+        the runs of the write it was about to make (empty: any it holds). False when no other
+        worker can touch its runs."""
         mine = {run for o in self.offers(w) if o.fenced for run in o.runs}  # the runs it holds
         contested = {run: ws for run, ws in self._contested().items()
                      if run in mine and any(x.index == w for x in ws)}
+        contested = {run: ws for run, ws in contested.items() if run in due} or contested
         if (not contested or "concurrency" not in self.run.capabilities
                 or not all(x.clean() for x in self.workers) or len(self.candidates) > 1):
             return False
         run = data.draw(st.sampled_from(list(contested)), label="the run they race on")
         others = [x for x in contested[run] if x.index != w]
-        n = data.draw(st.integers(1, min(2, len(others))), label="how many race it")
-        racers = data.draw(st.lists(st.sampled_from(others), min_size=n, max_size=n,
-                                    unique_by=lambda x: x.index), label="who races it")
-        self._block(data, sorted([self.workers[w], *racers], key=lambda x: x.index), run)
+        if frozen:
+            racers = others
+        else:
+            n = data.draw(st.integers(1, min(2, len(others))), label="how many race it")
+            racers = data.draw(st.lists(st.sampled_from(others), min_size=n, max_size=n,
+                                        unique_by=lambda x: x.index), label="who races it")
+        stalled = self.workers[w]
+        writes = [o for o in self.offers(w) if o.fenced and run in o.runs]
+        schedule = None
+        if frozen:
+            schedule = lambda data, names, offers: self._frozen(  # noqa: E731
+                data, stalled.name, [n for n in names if n != stalled.name],
+                [n for n in names if run in offers[n].once_freed])
+        self._block(data, sorted([stalled, *racers], key=lambda x: x.index), run,
+                    only={stalled.name: writes}, schedule=schedule, faults=not frozen)
         return True
 
     @staticmethod
@@ -420,10 +441,43 @@ class _Blocks:
 
         return choose
 
-    def _block(self, data, chosen: list[Worker], run: Any) -> None:
-        """Run one block of ``chosen`` workers' operations (aimed at ``run`` when given)."""
+    @staticmethod
+    def _frozen(data, stalled: str, others: list[str], later: list[str] = ()
+                ) -> Callable[[list[str]], str]:
+        """The schedule of a worker frozen inside its operation (a GC pause, a suspended VM,
+        between two statements of its transaction, holding what it locked): it runs its first
+        statements (after each one, whether it freezes there is drawn: after the first, three
+        times in four), then the others run their whole operations one after another (one that waits on
+        a lock the frozen worker holds steps aside), then it finishes. The others' order is
+        drawn, except that those in ``later`` (which can write the run only once another
+        operation freed it: a claim of a row whose lease lapsed) come after the rest. Shrinks
+        towards never freezing: the stalled worker's whole write, then the others'."""
+        drawn = data.draw(st.permutations(others), label="the others' order")
+        order = sorted(drawn, key=lambda n: n in later)
+        frozen = False
+
+        def choose(options: list[str]) -> str:
+            nonlocal frozen
+            if not frozen and stalled in options:
+                frozen = data.draw(st.integers(0, 3), label=f"{stalled} freezes after this step "
+                                                            "(unless 0)") > 0
+                return stalled
+            return next((n for n in order if n in options), stalled)
+
+        return choose
+
+    def _block(self, data, chosen: list[Worker], run: Any,
+               only: dict[str, list[Offer]] | None = None,
+               schedule: Callable[..., Callable[[list[str]], str]] | None = None,
+               faults: bool = True) -> None:
+        """Run one block of ``chosen`` workers' operations (aimed at ``run`` when given; a worker
+        named in ``only`` does one of those offers), scheduled by ``schedule(data, names,
+        offers)`` (default: drawn as :meth:`_schedule` draws it); a fault may strike inside it
+        unless ``faults`` is False."""
 
         def choices(w: Worker) -> list[Offer]:
+            if only and only.get(w.name):
+                return only[w.name]
             mine = self.offers(w.index)
             aimed = [o for o in mine if run in o.runs]
             return aimed or mine
@@ -441,7 +495,8 @@ class _Blocks:
         struck: list[Link] = []
         # one block in three meets a fault, between two of its steps (most blocks must run to
         # their end: a race needs every operation in it to reach its writes)
-        when = data.draw(st.sampled_from([None, None, 1, 2, 3, 4]), label="a fault before step")
+        when = (data.draw(st.sampled_from([None, None, 1, 2, 3, 4]), label="a fault before step")
+                if faults else None)
         steps = 0
 
         def between(block) -> None:
@@ -464,9 +519,11 @@ class _Blocks:
                 self.stats.faults["link-down"] += 1
                 block.fault(f"link down {worker.link.name}", worker.link.down, lost=[worker.name])
 
+        names = [w.name for w in chosen]
+        choose = (schedule(data, names, offers) if schedule is not None
+                  else self._schedule(data, names))
         try:
-            res = self.ws.scheduler().run(ops, self._schedule(data, [w.name for w in chosen]),
-                                          between=between)
+            res = self.ws.scheduler().run(ops, choose, between=between)
         except SchedulerEnvironmentError as e:
             raise EnvironmentFault(f"a concurrent block could not run: {e}") from None
         for link in struck:

@@ -129,6 +129,7 @@ class FaultRules:
       external call (empty: none). ``turn(w, data)`` does one of them.
     - ``leases() -> list[int]``: workers holding a live lease (a stall freezes one of them).
     - ``meanwhile(w, data)``: what the others do while ``w`` is frozen (the reaper runs, ...).
+    - ``next_write(w, data)``: bring ``w`` to its next write (a stall freezes inside it).
     - ``clock_matters() -> bool``: whether a database clock jump could change anything now;
       ``crash_matters() -> bool`` likewise for a crash between two steps.
     - ``external_links(worker) -> list[Link]``: the worker's links to stand-ins.
@@ -148,6 +149,12 @@ class FaultRules:
 
     def meanwhile(self, w: int, data) -> None:
         """While worker ``w`` is frozen past its lease, the world goes on (default: nothing)."""
+
+    def next_write(self, w: int, data) -> frozenset:
+        """Worker ``w`` is about to freeze inside its next write: do what its loop does before
+        that write (an external call whose outcome the write records) and return the runs the
+        write is for (default: nothing done; any run it holds)."""
+        return frozenset()
 
     def clock_matters(self) -> bool:
         return True
@@ -343,27 +350,33 @@ class FaultRules:
         return self.policy.stall_clock == "app" or self.env.clock is not None
 
     @precondition(lambda self: self._may_stall())
-    @rule(data=st.data(), resume=st.sampled_from(["at once", "later", "racing the others"]))
+    @rule(data=st.data(), resume=st.sampled_from(["at once", "later", "racing the others",
+                                                  "inside its write"]))
     def stall(self: "KindCheck", data, resume: str) -> None:
         """A worker holding a live lease freezes (a GC pause, a suspended VM) until its lease
         lapsed; then either the world goes on meanwhile (the kind's ``meanwhile``) and it
         resumes with its next turn at once, or later; or it resumes *while* the others act on
         its runs (a concurrent block: the reaper taking a run back as the stale owner writes
-        it). Its writes must be fenced either way."""
+        it); or it froze *inside* its next write, between two statements of its transaction,
+        while the others did whole operations on its run (a block so scheduled; half the
+        racing stalls are such too). Its writes must be fenced either way."""
         w = data.draw(st.sampled_from(self.leases()), label="worker")
-        if self.turns(w) and data.draw(st.booleans(), label="it freezes after its next step"):
-            self.turn(w, data)  # e.g. between an external call and the write that records it
+        frozen = resume == "inside its write" or (
+            resume == "racing the others" and data.draw(st.booleans(), label="or froze inside"))
+        due = frozenset()
+        if frozen:
+            due = self.next_write(w, data)
             self.model_agrees()  # judged (and a lost answer's fate observed) before it freezes
-            if w not in self.leases():
-                return  # that step was its last on a lease: nothing of it is left to freeze
         seconds = self.policy.stall
         if self.policy.stall_clock == "db":
             self.env.clock.jump(seconds)
         self.advance(seconds)
-        if resume == "racing the others":
-            self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease, and resumes "
-                                       "racing the others:", pace=False)
-            if self.race(data, w):
+        if resume in ("racing the others", "inside its write"):
+            how = ("inside its next write; meanwhile the others do whole operations:" if frozen
+                   else "and resumes racing the others:")
+            self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease, {how}",
+                       pace=False)
+            if self.race(data, w, frozen=frozen, due=due):
                 return
         else:
             self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease; meanwhile:",

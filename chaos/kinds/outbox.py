@@ -141,12 +141,16 @@ class OutboxCheck(KindCheck):
             out.append(Offer(f"enqueue(id={new})", lambda m, new=new: m.enqueue(new),
                              lambda c, new=new: self.store.enqueue(c, new),
                              runs=frozenset({("new", new)})))
+
+        def reach(b: int) -> frozenset:  # lapsed rows a claim of b takes once reclaimed
+            return frozenset(sorted(due | lapsed)[:b]) & lapsed
+
         out += [Offer(f"claim(batch={b})", lambda m, b=b: m.claim(b),
                      lambda c, b=b: self.store.claim(c, b), after=self._took(w), guarantee="claim",
                      among_others=lambda m, got, b=b: m.claim_skipping(
                          b, tuple(c.id for c in got.value) if isinstance(got, Won) else ()),
-                     runs=due | lapsed)  # a lapsed row may be reclaimed, then claimed, meanwhile
-               for b in (1, 2)]
+                     runs=due | reach(b), once_freed=reach(b))  # reclaimed, then claimed
+               for b in (1, 2, 3)]
         for i, h in sorted(self.held[w].items()):
             c = h.claim
             if h.result == impl.OK:
@@ -212,6 +216,14 @@ class OutboxCheck(KindCheck):
                 if d.status == model.R and d.lease_until > self.model.now}
         sent = sorted({w for w, i in self._holding(sent=True) if i in live})
         return sent or sorted({w for w, i in self._holding() if i in live})
+
+    def next_write(self, w: int, data) -> frozenset:
+        """The write a worker's loop makes next is the record of a delivery it sent: one that
+        sent nothing yet sends a delivery it holds first. The runs: those it sent."""
+        if not self._mine(w, sent=True) and self._mine(w, sent=False):
+            d = data.draw(st.sampled_from(self._mine(w, sent=False)), label="delivery")
+            self._send(w, d, data.draw(st.sampled_from([200, 503, 422]), label="sink answers"))
+        return frozenset(self._mine(w, sent=True))
 
     def meanwhile(self, w: int, data) -> None:
         """While ``w`` is frozen the reaper runs, or not, and the other worker claims again, or
