@@ -351,7 +351,7 @@ class FaultRules:
 
     @precondition(lambda self: self._may_stall())
     @rule(data=st.data(), resume=st.sampled_from(["at once", "later", "racing the others",
-                                                  "inside its write"]))
+                                                  "inside its write", "inside its write"]))
     def stall(self: "KindCheck", data, resume: str) -> None:
         """A worker holding a live lease freezes (a GC pause, a suspended VM) until its lease
         lapsed; then either the world goes on meanwhile (the kind's ``meanwhile``) and it
