@@ -64,7 +64,6 @@ import datetime as dt
 import hashlib
 import time
 import traceback
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, NoReturn
 
@@ -386,11 +385,11 @@ class _Blocks:
         """Worker ``w`` (resuming from a stall) races the others on a run it can write: a block
         of its next write (a fenced one, on that run) and other workers' operations on the same
         run (the reaper taking it back, a new owner claiming or writing it), scheduled as any
-        block's (:meth:`_schedule`). ``frozen``: it froze *inside* that write (:meth:`_frozen`: a pause
-        between two statements of its transaction while every other worker on the run does a
-        whole operation; the pause is the block's fault, no other strikes inside it). ``due``:
-        the runs of the write it was about to make (empty: any it holds). False when no other
-        worker can touch its runs."""
+        block's (:meth:`_schedule`). ``frozen``: it froze *inside* that write (:meth:`_frozen`:
+        a pause between two statements of its transaction while every other worker on the run
+        does a whole operation; the pause is the block's fault, no other strikes inside it).
+        ``due``: the runs of the write it was about to make (empty: any it holds). False when no
+        other worker can touch its runs."""
         mine = {run for o in self.offers(w) if o.fenced for run in o.runs}  # the runs it holds
         contested = {run: ws for run, ws in self._contested().items()
                      if run in mine and any(x.index == w for x in ws)}
@@ -447,8 +446,8 @@ class _Blocks:
         """The schedule of a worker frozen inside its operation (a GC pause, a suspended VM,
         between two statements of its transaction, holding what it locked): it runs its first
         statements (after each one, whether it freezes there is drawn: after the first, three
-        times in four), then the others run their whole operations one after another (one that waits on
-        a lock the frozen worker holds steps aside), then it finishes. The others' order is
+        times in four), then the others run their whole operations one after another (one that
+        waits on a lock the frozen worker holds steps aside), then it finishes. The others' order is
         drawn, except that those in ``later`` (which can write the run only once another
         operation freed it: a claim of a row whose lease lapsed) come after the rest. Shrinks
         towards never freezing: the stalled worker's whole write, then the others'."""
@@ -845,7 +844,8 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
             self._lost_connection(worker, on_error)
             self._indeterminate = True
             self.candidates = self._with_external(
-                [Candidate(base, committed=False), Candidate(trial, committed=True)], external_maybe)
+                [Candidate(base, committed=False), Candidate(trial, committed=True)],
+                external_maybe)
             return None
         except (ConnectionLost, WorkerDied, ExternalCallFailed, psycopg.OperationalError) as e:
             if isinstance(e, psycopg.Error) and not is_connection_error(e):
@@ -910,7 +910,8 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         fenced write in both situations, where a write without its fence, or without its
         status guard, shows."""
         view = self.prev_views.get(run_id)
-        owned = view is not None and self.contract is not None and view.status in self.contract.owned
+        owned = (view is not None and self.contract is not None
+                 and view.status in self.contract.owned)
         self.event(f"fence refusal: {label.split('(')[0]} "
                    f"({'re-claimed' if owned else 'no longer claimed'})")
 
@@ -1172,8 +1173,9 @@ def _result(machine: type[KindCheck], env: Env, seed: int, run: RunState, prof: 
 
 
 def _shortest(run: RunState) -> tuple[str, tuple[str, ...], list[str]]:
-    message, names, trace = min(run.failures, key=lambda f: (len([l for l in f[2] if not l.startswith("  ")]),
-                                                             len(f[2])))
+    message, names, trace = min(run.failures,
+                                key=lambda f: (len([l for l in f[2] if not l.startswith("  ")]),
+                                               len(f[2])))
     return message, names, trace
 
 

@@ -100,7 +100,8 @@ class FaultPolicy:
 
 
 def toxics() -> st.SearchStrategy[Toxic]:
-    """Toxics whose outcome is decided by the bytes, not by timing, so a seed replays the same run."""
+    """Toxics whose outcome is decided by the bytes, not by timing, so a seed replays the same
+    run."""
     stream = st.sampled_from(["upstream", "downstream"])
     return st.one_of(
         st.builds(lambda s, l, j: Toxic("latency", s, {"latency": l, "jitter": j}),
@@ -142,7 +143,8 @@ class FaultRules:
         return []
 
     def turn(self, w: int, data) -> None:
-        raise NotImplementedError(f"{type(self).__name__}.turns() offers work but turn() is missing")
+        raise NotImplementedError(f"{type(self).__name__}.turns() offers work "
+                                  "but turn() is missing")
 
     def leases(self) -> list[int]:
         return []
@@ -285,7 +287,8 @@ class FaultRules:
         return [w.index for w in self.workers if self.turns(w.index)]
 
     def _may_meet_commit(self: "KindCheck") -> bool:
-        return (bool(self.policy.commit_faults) and all(w.before_commit is None for w in self.workers)
+        return (bool(self.policy.commit_faults)
+                and all(w.before_commit is None for w in self.workers)
                 and bool(self._turners()))
 
     @precondition(lambda self: self._may_meet_commit())
@@ -343,7 +346,7 @@ class FaultRules:
         """Wrap a worker's call to a stand-in: an armed lost reply acts on exactly this call."""
         return _ExternalCall(self, worker)
 
-    # -- a worker that stalls past its lease ---------------------------------------------------------
+    # -- a worker that stalls past its lease -------------------------------------------------------
     def _may_stall(self: "KindCheck") -> bool:
         if self.policy.stall is None or not self.leases():
             return False

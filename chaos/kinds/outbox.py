@@ -157,16 +157,16 @@ class OutboxCheck(KindCheck):
                 out.append(Offer(f"complete({c.id}, attempt={c.attempt})",
                                  lambda m, c=c: m.complete(c),
                                  lambda conn, c=c: self.store.complete(conn, c),
-                                 after=self._let_go(w, c.id), guarantee="lease-fence", runs=frozenset({c.id}),
-                                 fenced=True))
+                                 after=self._let_go(w, c.id), guarantee="lease-fence",
+                                 runs=frozenset({c.id}), fenced=True))
             elif h.result is not None:
                 permanent = h.result == impl.PERMANENT
                 out.append(Offer(f"fail({c.id}, attempt={c.attempt}, permanent={permanent})",
                                  lambda m, c=c, p=permanent: m.fail(c, p),
                                  lambda conn, c=c, p=permanent, r=h.result:
                                  self.store.fail(conn, c, p, r),
-                                 after=self._let_go(w, c.id), guarantee="lease-fence", runs=frozenset({c.id}),
-                                 fenced=True))
+                                 after=self._let_go(w, c.id), guarantee="lease-fence",
+                                 runs=frozenset({c.id}), fenced=True))
             if h.result is not None:
                 continue  # sent: the loop records it next (a heartbeat only runs while sending)
             out.append(Offer(f"extend_lease({c.id}, attempt={c.attempt})",
@@ -297,7 +297,8 @@ class OutboxCheck(KindCheck):
                 h.result = impl.send_to_sink(f"http://127.0.0.1:{worker.sink_link.port}", h.claim,
                                              timeout=5)
         except ExternalCallFailed:
-            # No answer: the sink may or may not have recorded it. The worker treats it as retryable.
+            # No answer: the sink may or may not have recorded it. The worker treats it as
+            # retryable.
             h.result = impl.RETRYABLE
             self.log(f"{label} -> no answer; it may have arrived")
             self.event("sink reply lost")
@@ -314,7 +315,8 @@ class OutboxCheck(KindCheck):
     @precondition(lambda self: self._holding(sent=True))
     @rule(data=st.data())
     def record(self, data) -> None:
-        """The fenced write after the send: complete, or fail (retry with backoff / dead / failed)."""
+        """The fenced write after the send: complete, or fail (retry with backoff / dead /
+        failed)."""
         self._record(*self._pick(data, sent=True))
 
     def _record(self, w: int, delivery: int) -> None:
@@ -327,7 +329,8 @@ class OutboxCheck(KindCheck):
                              on_error=lambda: self.forget(worker), fenced=lambda: self._fence(c))
         else:
             permanent = h.result == impl.PERMANENT
-            got = self.apply(worker, f"fail(w{w}, {c.id}, attempt={c.attempt}, permanent={permanent})",
+            got = self.apply(worker,
+                             f"fail(w{w}, {c.id}, attempt={c.attempt}, permanent={permanent})",
                              lambda m: m.fail(c, permanent),
                              lambda conn: self.store.fail(conn, c, permanent, h.result),
                              on_error=lambda: self.forget(worker), fenced=lambda: self._fence(c))
@@ -379,7 +382,8 @@ class OutboxCheck(KindCheck):
         w, i = self._pick(data)
         worker, h = self.workers[w], self.held[w][i]
         got = self.apply(worker, f"extend_lease(w{w}, {h.claim.id}, attempt={h.claim.attempt})",
-                         lambda m: m.extend_lease(h.claim), lambda c: self.store.extend_lease(c, h.claim),
+                         lambda m: m.extend_lease(h.claim),
+                         lambda c: self.store.extend_lease(c, h.claim),
                          on_error=lambda: self.forget(worker), fenced=lambda: self._fence(h.claim))
         if isinstance(got, LostRace):
             self.event("fence rejection")
@@ -412,7 +416,8 @@ class OutboxCheck(KindCheck):
         self.log(f"{label} -> {fmt(got_a)}")
         if got_a != exp_a:
             wa.abandon()
-            self.fail(f"{label}: implementation answered {fmt(got_a)}, the model expects {fmt(exp_a)}",
+            self.fail(f"{label}: implementation answered {fmt(got_a)}, "
+                      f"the model expects {fmt(exp_a)}",
                       otherwise="claim")
         self.model = trial
         self.candidates = [Candidate(trial)]
@@ -453,7 +458,8 @@ class _AppClockReaper(impl.OutboxStore):
     """The reaper judges leases by the application's clock, not the database's."""
 
     def reclaim_stale(self, conn):
-        q = sql_edit(self.q, "reclaim_stale", "lease_until <= now()", "lease_until <= %(app_now)s")["reclaim_stale"]
+        q = sql_edit(self.q, "reclaim_stale", "lease_until <= now()",
+                     "lease_until <= %(app_now)s")["reclaim_stale"]
         rows = self._one_tx(conn, "reclaim_stale", q, {"max_attempts": self.config.max_attempts,
                                                         "app_now": datetime.now(timezone.utc)})
         return Won(tuple(sorted(r[0] for r in rows)))
@@ -463,7 +469,8 @@ class _AppClockLease(impl.OutboxStore):
     """The claim stamps the lease from the application's clock, not the database's."""
 
     def begin_claim(self, conn, batch):
-        q = sql_edit(self.q, "claim_due", "lease_until = now() +", "lease_until = %(app_now)s::timestamptz +")["claim_due"]
+        q = sql_edit(self.q, "claim_due", "lease_until = now() +",
+                     "lease_until = %(app_now)s::timestamptz +")["claim_due"]
         with errors.boundary("outbox.claim"):
             rows = conn.execute(q, {"batch": batch, "lease": self.config.lease,
                                     "app_now": datetime.now(timezone.utc)}).fetchall()
@@ -479,7 +486,8 @@ MUTANTS = [
            _edit("complete", "AND status = 'processing' ", "")),
     Mutant("unfenced-retry", "outbox", "lease-fence",
            "a failed send is recorded without the attempts fence",
-           _edit("fail", "AND status = 'processing' AND attempts = %(attempt)s", "AND status = 'processing'")),
+           _edit("fail", "AND status = 'processing' AND attempts = %(attempt)s",
+                 "AND status = 'processing'")),
     Mutant("claim-without-bump", "outbox", "lease-fence",
            "the claim does not bump attempts, so the fence token never changes",
            _edit("claim_due", "attempts = d.attempts + 1", "attempts = d.attempts")),
@@ -487,10 +495,12 @@ MUTANTS = [
            "the claim waits on rows another worker is claiming (FOR UPDATE without SKIP LOCKED)",
            _edit("claim_due", "FOR UPDATE SKIP LOCKED", "FOR UPDATE")),
     Mutant("reaper-app-clock", "outbox", "lease",
-           "the reaper compares leases with the application clock (the database clock stamped them)",
+           "the reaper compares leases with the application clock "
+           "(the database clock stamped them)",
            with_attrs(store_class=_AppClockReaper), needs=("db-clock",)),
     Mutant("lease-app-clock", "outbox", "lease",
-           "the claim stamps its lease with the application clock (the reaper reads the database clock)",
+           "the claim stamps its lease with the application clock "
+           "(the reaper reads the database clock)",
            with_attrs(store_class=_AppClockLease), needs=("db-clock",)),
     Mutant("reaper-ignores-lease", "outbox", "lease",
            "the reaper takes back every processing row, live leases included",
@@ -501,7 +511,8 @@ MUTANTS = [
                  "WHERE status <> 'pending' AND coalesce(lease_until, '-infinity') <= now()")),
     Mutant("no-backoff", "outbox", "retry-policy",
            "a retry is due at once instead of after an exponential backoff",
-           _edit("fail", "ELSE now() + make_interval(secs => least(%(cap)s, %(base)s * 2 ^ greatest(attempts - 1, 0)))",
+           _edit("fail", "ELSE now() + make_interval(secs => least(%(cap)s, %(base)s * 2 ^ "
+                         "greatest(attempts - 1, 0)))",
                  "ELSE now()")),
     Mutant("batch-fenced-on-first-row", "outbox", "lease-fence",
            "the batched completion matches every row against the first row's claimed attempt",
@@ -509,7 +520,8 @@ MUTANTS = [
                  "AND d.attempts = (%(attempts)s::integer[])[1]")),
     Mutant("never-dead", "outbox", "retry-policy",
            "a failed send is retried forever: never dead at max attempts",
-           _edit("fail", "WHEN attempts >= %(max_attempts)s THEN 'dead'", "WHEN false THEN 'dead'")),
+           _edit("fail", "WHEN attempts >= %(max_attempts)s THEN 'dead'",
+                 "WHEN false THEN 'dead'")),
 ]
 
 # The read-then-write races only a concurrent block reaches (``knownstate.chaos.race_mutants``).
