@@ -35,7 +35,8 @@ def test_a_run_whose_budget_ends_first_is_vacuous_and_names_what_is_missing(chec
     r = run_check(OutboxCheck, check_env, seed=5, profile=profile(max_examples=1, times_each=10**6))
     assert not r.passed and r.failure is None
     assert r.stopped.startswith("the profile's 1 examples ran")
-    assert r.vacuous and any("'duplicate delivery'" in v or "transition" in v for v in r.vacuous)
+    # which requirements a one-batch run misses depends on the seed: each is named as such
+    assert r.vacuous and all(v.startswith(("event '", "transition ")) for v in r.vacuous)
 
 
 class _MissingParameter(impl.OutboxStore):
