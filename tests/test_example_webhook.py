@@ -44,7 +44,10 @@ def knownstate(env, *args, cwd=None) -> subprocess.CompletedProcess:
 
 def test_the_installed_kind_is_found_through_its_entry_point_and_passes(site, tmp_path):
     report = tmp_path / "r.json"
-    run = knownstate(site, "verify", "webhook", "--seed", "1", "--json", str(report))
+    # a fixed number of examples: what the run observes depends on the seed alone, never on
+    # how loaded the machine is (the CI profile's time budget would)
+    run = knownstate(site, "verify", "webhook", "--seed", "1", "--examples", "300",
+                     "--json", str(report))
     assert run.returncode == 0, run.stdout + run.stderr
     kind = json.loads(report.read_text())["runs"][0]
     assert kind["kind"] == "webhook" and kind["status"] == "passed" and kind["ok"]
@@ -54,13 +57,13 @@ def test_the_installed_kind_is_found_through_its_entry_point_and_passes(site, tm
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_the_unfenced_variant_is_caught_naming_lease_fence(site, tmp_path, seed):
-    run = knownstate(site, "verify", "--kind", UNFENCED, "--seed", str(seed),
+    run = knownstate(site, "verify", "--kind", UNFENCED, "--seed", str(seed), "--examples", "300",
                      "--no-example-db", cwd=tmp_path)
     out = run.stdout
     assert run.returncode == 1, out + run.stderr
     assert "failure: invariant violated: lease-fence: " in out, out
     steps = int(re.search(r"counterexample \((\d+) steps", out).group(1))
-    assert steps <= 10, out
+    assert steps <= 15, out  # the gate's bound for a shrunk counterexample
     replay = re.search(r"replay: knownstate (verify .*)", out).group(1).split()
     assert replay[1:3] == ["--kind", UNFENCED]
     if seed == 1:  # the printed command finds the kind again, and the same counterexample

@@ -160,7 +160,7 @@ class OwnDriver(OutboxAdapter):
 def test_a_driver_that_brings_its_own_connection_is_checked(check_env):
     own = kind(DESCRIBED.model_copy(update={"name": "outbox-own-driver"}), OwnDriver)
     assert own.policy.commit_faults == () and "indeterminate commit" not in own.required_events
-    r = run_check(own, check_env, seed=2, profile=profile(max_examples=200))
+    r = run_check(own, check_env, seed=2, profile=profile(max_examples=400))
     assert r.passed, r.failure or r.vacuous
     unfenced = {m.name: m for m in own.mutants}["no-fence-in-complete"]
     caught = run_check(unfenced.machine(own), check_env, seed=2, require_all=False, shrinks=60)
