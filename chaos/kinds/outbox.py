@@ -146,11 +146,12 @@ class OutboxCheck(KindCheck):
             return frozenset(sorted(due | lapsed)[:b]) & lapsed
 
         out += [Offer(f"claim(batch={b})", lambda m, b=b: m.claim(b),
-                     lambda c, b=b: self.store.claim(c, b), after=self._took(w), guarantee="claim",
-                     among_others=lambda m, got, b=b: m.claim_skipping(
-                         b, tuple(c.id for c in got.value) if isinstance(got, Won) else ()),
-                     runs=due | reach(b), once_freed=reach(b))  # reclaimed, then claimed
-               for b in (1, 2, 3)]
+                      lambda c, b=b: self.store.claim(c, b), after=self._took(w),
+                      guarantee="claim",
+                      among_others=lambda m, got, b=b: m.claim_skipping(
+                          b, tuple(c.id for c in got.value) if isinstance(got, Won) else ()),
+                      runs=due | reach(b), once_freed=reach(b))  # reclaimed, then claimed
+                for b in (1, 2, 3)]
         for i, h in sorted(self.held[w].items()):
             c = h.claim
             if h.result == impl.OK:
