@@ -28,7 +28,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from knownstate.chaos.cluster import ExternalDatabase, PostgresCluster, open_dat
 from knownstate.chaos.harness import Env
 from knownstate.chaos.kinds.outbox import OutboxCheck
 from knownstate.chaos.timeshift import TimeShift
+from polling import poll
 
 KNOWNSTATE = [sys.executable, "-m", "knownstate.chaos.cli"]
 KINDS = kinds.names()
@@ -120,15 +120,6 @@ def knownstate(*args: str, env: dict | None = None,
     environ = {**os.environ, "CI": "true", **(env or {})}
     return subprocess.run([*KNOWNSTATE, *args], capture_output=True, text=True, timeout=timeout,
                           env=environ)
-
-
-def poll(what: str, predicate, deadline_s: float):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {deadline_s:.0f}s waiting until {what}")
 
 
 # ---------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from knownstate.chaos.toxi import Toxic, ToxiproxyError, ToxiproxyServer
 from knownstate.impl.errors import ExternalCallFailed
 from knownstate.impl.outbox import OK, PERMANENT, RETRYABLE, send_to_sink
 from knownstate.model.outbox import Claim
+from polling import poll
 
 
 def pgrep(*args: str) -> list[int]:
@@ -82,15 +83,6 @@ def _swallow(fn) -> None:
         fn()
     except psycopg.Error:
         pass
-
-
-def poll(what: str, predicate, deadline_s: float = 10.0):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {deadline_s:.0f}s waiting until {what}")
 
 
 # ---------------------------------------------------------------------------

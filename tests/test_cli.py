@@ -28,6 +28,7 @@ from knownstate.chaos import cli, kinds, memory
 from knownstate.chaos.check import PROFILES, EnvironmentFault, SaveOnly
 from knownstate.chaos.mutants import Mutant
 from knownstate.chaos.report import knownstate_version
+from polling import poll
 
 KNOWNSTATE = [sys.executable, "-m", "knownstate.chaos.cli"]
 OUTBOX_MUTANTS = [m.name for m in kinds.mutants("outbox")]
@@ -355,16 +356,6 @@ def exe(pid: int) -> str:
         return ""
 
 
-def poll(predicate, deadline_s: float, what: str):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def reports(tmp_path: Path) -> tuple[dict, ET.Element]:
     return _json(tmp_path / "r.json"), ET.parse(tmp_path / "r.xml").getroot()
 
@@ -467,7 +458,7 @@ def _start_verify(tmp_path: Path, *kinds_: str):
                             stderr=err, text=True, env=env, cwd=tmp_path)
     err.close()
     first = f"  {kinds_[0]} seed 1:"
-    poll(lambda: first in (tmp_path / "stderr").read_text(), 120, "the first progress line")
+    poll("the first progress line", lambda: first in (tmp_path / "stderr").read_text(), 120)
     return proc
 
 

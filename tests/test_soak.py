@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from knownstate.chaos.history import Audit, History, Op, Period, Proc
 from knownstate.impl import outbox as outbox_impl
 from knownstate.model.contract import INVARIANTS
 from knownstate.model.outbox import Claim, Config
+from polling import poll
 
 T0 = 1_000_000.0
 
@@ -720,16 +720,6 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _poll(what: str, predicate, deadline_s: float = 120.0):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting until {what}")
-
-
 def _workers(pid: int) -> list[int]:
     def is_worker(child: int) -> bool:
         try:
@@ -743,9 +733,9 @@ def _workers(pid: int) -> list[int]:
 @pytest.mark.slow
 def test_a_worker_killed_from_outside_is_exit_3_and_ctrl_c_is_130_with_nothing_left():
     p = _cli("approved-plan", "--seconds", "60", "--seed", "4")
-    victim = _poll(
-        "the soak's workers are running", lambda: len(_workers(p.pid)) == 5 and _workers(p.pid)
-    )[0]
+    victim = poll(
+        "the soak's workers are running", lambda: len(_workers(p.pid)) == 5 and _workers(p.pid),
+        120)[0]
     started = _children(p.pid)
     os.kill(victim, signal.SIGKILL)
     out, err = p.communicate(timeout=120)
@@ -755,7 +745,7 @@ def test_a_worker_killed_from_outside_is_exit_3_and_ctrl_c_is_130_with_nothing_l
     assert all(_gone(c) for c in started)
 
     p = _cli("approved-plan", "--seconds", "60", "--seed", "4")
-    _poll("the soak's workers are running", lambda: len(_workers(p.pid)) == 5)
+    poll("the soak's workers are running", lambda: len(_workers(p.pid)) == 5, 120)
     started = _children(p.pid)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=120)
