@@ -392,9 +392,8 @@ class _ServerProcess:
     def __enter__(self) -> "_ServerProcess":
         code = ("import sys; from knownstate.chaos.bench import _serve; "
                 "_serve(sys.argv[1], sys.argv[2])")
-        self.proc = subprocess.Popen([sys.executable, "-c", code, self.kind, self.arg],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     preexec_fn=tools.die_with_parent)
+        self.proc = tools.spawn([sys.executable, "-c", code, self.kind, self.arg],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             line = self._line(60)
             if not line.strip().isdigit():

@@ -96,7 +96,7 @@ from knownstate.model.contract import (
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from . import interleave, linearize
+from . import interleave, linearize, tools
 from .faults import FaultPolicy, FaultRules, toxics
 from .interleave import Op, SchedulerEnvironmentError
 from .toxi import Link
@@ -748,6 +748,11 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
     def stats(self) -> Stats:
         return self.run.stats
 
+    def begin_step(self) -> None:
+        """Every step starts here: counted, and stopped if a signal's interrupt was dropped."""
+        tools.raise_if_interrupted()
+        self.stats.steps += 1
+
     # -- the door -------------------------------------------------------------------------------
     def fail(self, problem: str, violations: list[Violation] | None = None,
              real: Any = None, otherwise: str | tuple[str, ...] | None = None) -> NoReturn:
@@ -826,7 +831,7 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         self._unobserved = True
         self._age_faults()
         self.env.ensure_alive()
-        self.stats.steps += 1
+        self.begin_step()
         base = self.model
         trial = base.copy()
         expected = model_op(trial)

@@ -35,12 +35,12 @@ from .report import (
     path_problem,
     read,
     run_lines,
-    signal_name,
     stability_lines,
     status_word,
     verdict_line,
     write_reports,
 )
+from . import tools
 from .tools import MissingTool
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ENVIRONMENT = 0, 1, 2, 3
@@ -63,28 +63,6 @@ def profiles_help() -> str:
 
 class UsageError(Exception):
     """The command line asks for something that does not exist."""
-
-
-class Interrupted(KeyboardInterrupt):
-    """A signal stopped the command (SIGINT: Ctrl-C; SIGTERM: a CI job's timeout)."""
-
-    def __init__(self, name: str):
-        super().__init__(name)
-        self.signal = name
-
-
-_stopping = False
-
-
-def _on_signal(signum, frame) -> None:
-    """The first SIGINT or SIGTERM stops the run (like Ctrl-C); later ones are ignored, so the
-    servers are stopped and the reports written."""
-    global _stopping
-    if _stopping:
-        print("knownstate: still stopping (servers, reports)...", file=sys.stderr, flush=True)
-        return
-    _stopping = True
-    raise Interrupted(signal_name(signum))
 
 
 def _kinds(requested: list[str]) -> list[str]:
@@ -286,7 +264,6 @@ def execute(args, p: Plan) -> int:
         if m is not None:
             print(f"  against mutant {m.name}: {m.description}", flush=True)
     outcome = message = sig = None
-    global _stopping
     try:
         with Env.open(args.dsn) as env:
             report.database = env.db.describe()
@@ -297,9 +274,9 @@ def execute(args, p: Plan) -> int:
                       flush=True)
             for unit in p.units:
                 _run_unit(args, p, report, env, unit)
-        _stopping = True
+        tools.interrupt_caught()  # a signal from here on waits for the reports
     except (KeyboardInterrupt, EnvironmentFault, MissingTool, Unavailable) as e:
-        _stopping = True
+        tools.interrupt_caught()
         outcome, sig, message = _stopped_by(e, report)
     doc = report.document(outcome, message, sig)
     summary(doc)
@@ -536,7 +513,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global _stopping
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
@@ -544,10 +520,10 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name, None) is not None and getattr(args, name) < 1:
             print(f"knownstate: --{name} must be at least 1", file=sys.stderr)
             return EXIT_USAGE
-    _stopping = False
+    tools.reset_interrupt()
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     for s in previous:
-        signal.signal(s, _on_signal)
+        signal.signal(s, tools.on_signal)
     try:
         try:
             for spec in getattr(args, "own_kinds", None) or []:
@@ -563,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         print("knownstate: stopped; every server it started has been stopped.", file=sys.stderr)
         return EXIT_ENVIRONMENT
     except KeyboardInterrupt as e:
+        tools.interrupt_caught()
         print("\nknownstate: interrupted; every server it started has been stopped.",
               file=sys.stderr)
         return EXIT_TERMINATED if getattr(e, "signal", "") == "SIGTERM" else EXIT_INTERRUPTED

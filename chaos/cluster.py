@@ -262,9 +262,8 @@ class PostgresCluster:
         with open(self._log, "ab") as log:
             if self._user:
                 os.chown(self._log, pwd.getpwnam(self._user).pw_uid, -1)
-            self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          cwd=self._dir, user=self._user, start_new_session=True,
-                                          preexec_fn=tools.die_with_parent)
+            self._proc = tools.spawn(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     cwd=self._dir, user=self._user)
         _wait_ready(self.dsn(), self._proc, self._log)
 
     def crash(self) -> None:

@@ -33,7 +33,6 @@ import datetime as dt
 import itertools
 import os
 import secrets
-import signal
 import socket
 import sys
 import threading
@@ -56,6 +55,7 @@ from .cluster import (
 )
 from .timeshift import TimeShift
 from .interleave import ScheduledConnection, Scheduler
+from .tools import deferred_signals
 from .toxi import Link, ToxiproxyError, ToxiproxyServer
 
 CLOCK_BASE = -7 * 86_400
@@ -76,26 +76,6 @@ class EnvironmentFault(BaseException):
     ``run_check``), for the reports."""
 
     partial: Any = None
-
-
-@contextlib.contextmanager
-def deferred_signals():
-    """Hold Ctrl-C and SIGTERM until the block is done, then deliver them: for what must not be
-    left half done (creating a schema and recording it, dropping the run's schemas). Only the
-    main thread can hold them; elsewhere the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[int] = []
-    kept = {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
-            for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in kept.items():
-            signal.signal(sig, handler)
-        if held:
-            signal.raise_signal(held[0])
 
 
 class WorkerDied(KnownstateError):

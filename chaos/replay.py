@@ -184,7 +184,7 @@ class ReplayCheck(KindCheck):
         """Run ``script`` on the real side (inside the ``fault`` context, which yields a tag for
         the trace), then on every possible model world; keep the worlds that agree with what
         the implementation did (answers, requests, outcome)."""
-        self.stats.steps += 1
+        self.begin_step()
         self.recorder.take()
         self.before_step = self.worlds
         with fault if fault is not None else contextlib.nullcontext("") as tag:

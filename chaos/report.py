@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import time
 from dataclasses import dataclass
 from importlib import metadata, resources
@@ -573,7 +572,3 @@ def verdict_line(doc: dict) -> str:
         return text + tail
     word = {"passed": "PASSED", "failed": "FAILED", "vacuous": "VACUOUS"}[outcome]
     return f"knownstate verify: {word} — {c['ok']}/{c['runs']} runs passed{tail}"
-
-
-def signal_name(signum: int) -> str:
-    return signal.Signals(signum).name

@@ -328,13 +328,9 @@ class Processes:
                 "url": f"http://{ext.host}:{ext.port}" if ext else None,
             }
             with open(err, "wb") as errf:
-                proc = subprocess.Popen(
+                proc = tools.spawn(
                     [sys.executable, "-m", "knownstate.chaos.soakworker", json.dumps(spec)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=errf,
-                    preexec_fn=tools.die_with_parent,
-                )
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf)
             r = Running(name, role, inc, proc, log, err, time.time())
             self.running[name] = r
             self.pids.append(proc.pid)

@@ -100,10 +100,8 @@ class StandInProcess:
     def start(self) -> "StandInProcess":
         self._log = tempfile.TemporaryFile()
         target = f"{self.cls.__module__}:{self.cls.__qualname__}"
-        self.proc = subprocess.Popen([sys.executable, "-m", __name__, target],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._log, start_new_session=True,
-                                     preexec_fn=tools.die_with_parent)
+        self.proc = tools.spawn([sys.executable, "-m", __name__, target],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
         ready, _, _ = select.select([self.proc.stdout], [], [], self.START_S)
         try:
             if not ready:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
+import threading
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -84,6 +87,76 @@ def die_with_parent() -> None:
     so a killed harness never leaves a server behind."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def spawn(args: list[str], **kwargs) -> subprocess.Popen:
+    """Start a program in its own session (a terminal's Ctrl-C is ours to pass on) that dies
+    with us. Signals are held while it forks: a handler that raised inside the fork's hooks
+    would have its interrupt printed and dropped by Python, and the run would go on."""
+    with deferred_signals():
+        return subprocess.Popen(args, start_new_session=True, preexec_fn=die_with_parent,
+                                **kwargs)
+
+
+@contextlib.contextmanager
+def deferred_signals():
+    """Hold Ctrl-C and SIGTERM until the block is done, then deliver them: for what must not be
+    left half done (creating a schema and recording it, dropping the run's schemas, a fork).
+    Only the main thread can hold them; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    kept = {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
+            for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            signal.signal(sig, handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal stopped the command (SIGINT: Ctrl-C; SIGTERM: a CI job's timeout)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.signal = name
+
+
+class _Stop:
+    """The signal that stopped the command, and whether the command has caught it yet."""
+    signal: str | None = None
+    caught = False
+
+
+def on_signal(signum, frame) -> None:
+    """The handler for SIGINT and SIGTERM: the first one stops the run (like Ctrl-C); once the
+    command has caught it, later ones are ignored, so the servers are stopped and the reports
+    written."""
+    if _Stop.caught:
+        print("knownstate: still stopping (servers, reports)...", file=sys.stderr, flush=True)
+        return
+    _Stop.signal = _Stop.signal or signal.Signals(signum).name
+    raise Interrupted(_Stop.signal)
+
+
+def interrupt_caught() -> None:
+    """The command has caught the interrupt and is stopping: later signals are ignored."""
+    _Stop.caught = True
+
+
+def reset_interrupt() -> None:
+    _Stop.signal, _Stop.caught = None, False
+
+
+def raise_if_interrupted() -> None:
+    """At the start of a step: a signal whose interrupt Python dropped (raised inside a
+    destructor or a fork hook, where it is printed and ignored) stops the run here."""
+    if _Stop.signal is not None and not _Stop.caught:
+        raise Interrupted(_Stop.signal)
 
 
 def running_as_root() -> bool:

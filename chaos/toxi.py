@@ -64,10 +64,8 @@ class ToxiproxyServer:
     def start(self) -> "ToxiproxyServer":
         binary = tools.toxiproxy_server()
         self.port = tools.free_port()
-        self._proc = subprocess.Popen([binary, "-host", self.host, "-port", str(self.port)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      start_new_session=True,  # a terminal's Ctrl-C is ours
-                                      preexec_fn=tools.die_with_parent)
+        self._proc = tools.spawn([binary, "-host", self.host, "-port", str(self.port)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

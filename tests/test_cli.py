@@ -24,7 +24,7 @@ from xml.etree import ElementTree as ET
 import pytest
 from gate_fakes import Engine, FakeEnv, NeverStart, machine_of, result, validate
 
-from knownstate.chaos import cli, kinds, memory
+from knownstate.chaos import cli, kinds, memory, tools
 from knownstate.chaos.check import PROFILES, EnvironmentFault, SaveOnly
 from knownstate.chaos.mutants import Mutant
 from knownstate.chaos.report import knownstate_version
@@ -250,6 +250,45 @@ def test_a_signal_writes_both_reports_with_what_finished(gate, capsys, sig, code
     assert doc["runs"][1]["examples"] == 7 and doc["signal"] == sig.name
     root = ET.parse("r.xml").getroot()
     assert (root.get("errors"), root.get("skipped"), root.get("failures")) == ("1", "1", "0")
+
+
+def test_a_signal_whose_interrupt_python_dropped_stops_the_next_step(gate, capsys):
+    """A handler's raise inside a destructor or a fork hook is printed and dropped by Python;
+    the run must stop at its next step all the same, not run on to its end."""
+    class Swallows:
+        def __del__(self):
+            signal.raise_signal(signal.SIGTERM)
+
+    def answer(kind, mutant, seed, state):
+        if kind == "approved-plan":
+            Swallows()
+            tools.raise_if_interrupted()  # what every step of a check does first
+            raise AssertionError("the dropped interrupt did not stop the run")
+        return result(kind, seed)
+
+    got, _ = gate(["verify", "outbox", "approved-plan", "--seed", "1", "--json", "r.json"],
+                  answer)
+    assert got == 143
+    assert "interrupted by SIGTERM during approved-plan seed 1" in capsys.readouterr().err
+    assert [r["status"] for r in _json("r.json")["runs"]] == ["passed", "interrupted"]
+
+
+def test_a_signal_during_a_fork_is_held_and_delivered_after_it():
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, tools.on_signal)
+    tools.reset_interrupt()
+    try:
+        with pytest.raises(tools.Interrupted) as stopped:
+            with tools.deferred_signals():
+                signal.raise_signal(signal.SIGTERM)
+                held = True  # not interrupted inside the block
+        assert held and stopped.value.signal == "SIGTERM"
+        tools.interrupt_caught()
+        signal.raise_signal(signal.SIGTERM)  # once caught, later signals wait for the reports
+    finally:
+        tools.reset_interrupt()
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def test_an_environment_fault_is_exit_3_with_reports_of_what_finished(gate, capsys):

@@ -585,7 +585,7 @@ class DocumentSessionCheck(ReplayCheck):
             self._hostile_request(case)
 
     def _hostile_request(self, case: Hostile) -> None:
-        self.stats.steps += 1
+        self.begin_step()
         self.hostile_n += 1
         writer = f"hostile-{self.hostile_n}"
         method, path, headers, body = case.request(DOC, self._version(), writer)

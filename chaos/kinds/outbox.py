@@ -288,7 +288,7 @@ class OutboxCheck(KindCheck):
         h = self.held[w][delivery]
         worker = self.workers[w]
         self._age_faults()
-        self.stats.steps += 1
+        self.begin_step()
         trial = self.model.copy()
         trial.sink_received(h.claim.id)
         self.sink.plan(answer)
@@ -403,7 +403,7 @@ class OutboxCheck(KindCheck):
         """w0's claim holds its row locks (not yet committed) while w1 claims: SKIP LOCKED must let
         w1 take the next due rows at once, and never the same ones."""
         wa, wb = self.workers[:2]
-        self.stats.steps += 1
+        self.begin_step()
         trial = self.model.copy()
         exp_a = trial.claim(ba)
         label = f"claim_race: w0 claim(batch={ba}) open"
