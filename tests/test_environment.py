@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis.errors import FlakyStrategyDefinition
+from polling import poll
 
 from knownstate.chaos.check import CheckResult, EnvironmentFault, run_check
 from knownstate.chaos.harness import Env
@@ -185,15 +186,6 @@ def _find(root: int, recognise) -> int | None:
     return next((p for p in _tree(root) if recognise(_cmdline(p))), None)
 
 
-def _poll(what: str, predicate, deadline_s: float):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {deadline_s:.0f}s waiting until {what}")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("part", sorted(PARTS))
 def test_a_real_part_killed_from_outside_ends_verify_with_exit_3_naming_it(part):
@@ -209,7 +201,7 @@ def test_a_real_part_killed_from_outside_ends_verify_with_exit_3_naming_it(part)
                                 stderr=subprocess.PIPE, text=True, env=env)
         where = f"{part} #{attempt} ({kind}, moments drawn from seed {seed})"
         try:
-            _poll(f"the {part} of {where} starts", lambda: _find(proc.pid, recognise), 180)
+            poll(f"the {part} of {where} starts", lambda: _find(proc.pid, recognise), 180)
             pause = rng.uniform(0, 4)  # a random moment; whatever it is, the verdict is the same
             time.sleep(pause)
             seen = _tree(proc.pid)
@@ -235,5 +227,5 @@ def test_a_real_part_killed_from_outside_ends_verify_with_exit_3_naming_it(part)
         assert proc.returncode == 3, f"{where}, {pause:.2f}s in: exit {proc.returncode}\n{out}{err}"
         assert named in err, err
         assert "Traceback" not in err and "counterexample" not in out, out + err
-        _poll(f"nothing of {where} is left running",
+        poll(f"nothing of {where} is left running",
               lambda: not [p for p, t in seen.items() if t is not None and _started(p) == t], 30)
