@@ -547,8 +547,10 @@ class _Blocks:
                 return lambda m: offer.among_others(m, r.value)
             return offer.model_op
 
+        # as in a sequential step, an operation that raised on a lost connection, a dead worker or
+        # a failed external call committed nothing (a COMMIT in flight is indeterminate)
         history = interleave.history(res, {w.name: model_op(w) for w in chosen},
-                                     no_effect=(ConnectionLost, WorkerDied))
+                                     no_effect=(ConnectionLost, WorkerDied, ExternalCallFailed))
         self._after_block = True  # a run may have moved twice: the linearization judges moves
         real = self.observe_impl()
         verdict = linearize.check(history, [c.model for c in self.candidates],
