@@ -487,7 +487,7 @@ class _Blocks:
             self.model_agrees()
         self._unobserved = True
         self._age_faults()
-        self.stats.steps += len(chosen)
+        self.begin_step(len(chosen))
         for w in chosen:
             w.ready()  # a connection the server dropped (a crash) is replaced before the block
         ops = [Op(w.name, offers[w.name].label, w.conn, offers[w.name].impl_op) for w in chosen]
@@ -750,10 +750,11 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
     def stats(self) -> Stats:
         return self.run.stats
 
-    def begin_step(self) -> None:
-        """Every step starts here: counted, and stopped if a signal's interrupt was dropped."""
+    def begin_step(self, n: int = 1) -> None:
+        """Every step (a block: one per operation in it) starts here: counted, and stopped if a
+        signal's interrupt was dropped."""
         tools.raise_if_interrupted()
-        self.stats.steps += 1
+        self.stats.steps += n
 
     # -- the door -------------------------------------------------------------------------------
     def fail(self, problem: str, violations: list[Violation] | None = None,

@@ -552,7 +552,7 @@ class GenericCheck(KindCheck):
         its rows still locked. The claim must skip them, at once, and never take the same runs;
         a claim that waits on them is seen waiting by the server (pg_blocking_pids)."""
         wa, wb = self.workers
-        self.stats.steps += 2
+        self.begin_step(2)
         trial = self.model.copy()
         box_a: dict[str, Any] = {}
         expected = self._expect_claim(trial, ba, box_a)
