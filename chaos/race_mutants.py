@@ -352,7 +352,7 @@ RACE_MUTANTS: tuple[RaceMutant, ...] = (
         "in any order of whole operations the read sees the attempt the write will meet: the "
         "reclaim and the new claim (attempt 2) must both commit between w0's read and its write."),
     RaceMutant(
-        "count-before-lock-wait", "approved-plan", "receipt-with-effect",
+        "count-before-lock-wait", "approved-plan", "stable-step-identity",
         "the receipt count is a subquery of lock_executing (commit 3a43514): after waiting for the "
         "run lock it misses the receipt of the step that held it, and runs that step again",
         Variant("count-before-lock-wait", CountBeforeLockWait),
