@@ -164,15 +164,15 @@ class Offer:
 
 def broken_by(expected: Any, got: Any, fenced: bool, guarantee: str | None) -> tuple[str, ...]:
     """What an outcome that differs from the model's breaks, when the state itself breaks
-    nothing: a write the contract refuses that went through, or one it lets win that was
-    refused, breaks the fence (a write by an owner) or the conditional transition (any other:
-    exactly one caller wins, and it is this one); otherwise the guarantee the operation's
-    outcome is (which runs a claim or a reaper takes, which step a step is), if it is one."""
-    if isinstance(expected, LostRace) and isinstance(got, Won):
-        return ("lease-fence",) if fenced else ("conditional-transition",)
-    if isinstance(expected, Won) and isinstance(got, LostRace):
-        return ("lease-fence",) if fenced else ("conditional-transition",)
-    return (guarantee,) if guarantee else ()
+    nothing: the guarantee the operation's outcome is (which runs a claim or a reaper takes,
+    which step a step is, a payload approval froze), if it is one; and when a write the
+    contract refuses went through, or one it lets win was refused, also the fence (a write by
+    an owner) or the conditional transition (any other: exactly one caller wins, and it is
+    this one)."""
+    own = (guarantee,) if guarantee else ()
+    if {type(expected), type(got)} == {LostRace, Won}:
+        return (("lease-fence",) if fenced else ("conditional-transition",)) + own
+    return own
 
 
 @dataclass(frozen=True)
@@ -558,7 +558,10 @@ class _Blocks:
                                   final=linearize.FinalState(real, self.observe_model))
         if not verdict.ok:
             named: tuple[str, ...] = ()
-            for (op, _), answers in zip(verdict.next_refused, verdict.next_answers):
+            refused = verdict.refused_anywhere or tuple(
+                (op, answers) for (op, _), answers in zip(verdict.next_refused,
+                                                          verdict.next_answers))
+            for op, answers in refused:
                 offer = offers[op.client]
                 for answer in answers or (None,):
                     named += broken_by(answer, op.output, offer.fenced, offer.guarantee)
@@ -761,27 +764,35 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
              real: Any = None, otherwise: str | tuple[str, ...] | None = None) -> NoReturn:
         """The one door every failure goes through. It judges first: the invariants on the real
         state (unless ``violations`` are given); a failure names those it finds, and shows
-        ``problem`` (the difference from the model) after them. When none is broken and the
-        failing operation exercises one guarantee of the contract (``otherwise``), the difference
-        is named as a violation of it; else the difference is shown alone."""
+        ``problem`` (the difference from the model) after them. When the failing operation's
+        outcome itself breaks a guarantee of the contract (``otherwise``: a refused write that
+        went through breaks the conditional transition, a claim that took the wrong runs the
+        claim), the failure names that too; with nothing else to name, the difference is shown
+        alone. Several guarantees may be named where which one broke depends on the order the
+        operations are read in (a concurrent block)."""
         self.env.ensure_alive()
-        if violations is None:
+        judged = violations is None
+        if judged:
             violations = self._judge_safely(real)
-            if not violations and otherwise:
-                names = (otherwise,) if isinstance(otherwise, str) else otherwise
-                violations = [Violation(name, problem) for name in dict.fromkeys(names)]
-                problem = ""
+        names = list(dict.fromkeys((otherwise,) if isinstance(otherwise, str)
+                                   else otherwise or ()))
+        extra = [n for n in names if n not in {v.invariant for v in violations}] if judged else []
+        if violations:
+            message = "invariant violated: " + "; ".join(map(str, violations))
+            if extra:
+                message += f"; {' or '.join(extra)}: the outcome below"
+            if problem:
+                message += "\n  (" + problem.replace("\n", "\n   ") + ")"
+        elif extra:
+            message = f"invariant violated: {' or '.join(extra)}: {problem}"
+        else:
+            message = problem
+        violations = violations + [Violation(n, problem) for n in extra]
         names = tuple(sorted({v.invariant for v in violations}))
         unknown = set(names) - set(self.named_invariants())
         if unknown:
             raise AssertionError(f"{type(self).__name__} judged invariant(s) {sorted(unknown)} "
                                  "that it does not declare: add them to own_invariants")
-        if violations:
-            message = "invariant violated: " + "; ".join(map(str, violations))
-            if problem:
-                message += "\n  (" + problem.replace("\n", "\n   ") + ")"
-        else:
-            message = problem
         self.run.failures.append((message, names, list(self.trace)))
         self.run.allow_save = True
         raise Failure(message, names)

@@ -118,6 +118,12 @@ class Verdict:
     seconds: float = 0.0
     next_answers: tuple[tuple[Any, ...], ...] = ()
     """For each of ``next_refused``: what the model answers instead (one per possible state)."""
+    refused_anywhere: tuple[tuple[Operation, tuple[Any, ...]], ...] = ()
+    """For a small part (:data:`DEAD_ENDS_UP_TO` operations): every operation some order of the
+    part cannot go on with, and what the model answers instead, over *all* orders, not only the
+    longest prefix. Which guarantee a history breaks depends on the order it is read in (a
+    heartbeat before a heal makes the heal wrong; after it, the heartbeat): a failure names the
+    guarantees of all of them."""
 
     def __bool__(self) -> bool:
         return bool(self.ok)
@@ -348,6 +354,36 @@ def _refusals(ops: Sequence[Operation], prefix: list[int], start: _States,
     return state, out
 
 
+DEAD_ENDS_UP_TO = 6
+"""Parts up to this many operations have their dead ends enumerated (at most 6! orders)."""
+
+
+def _dead_ends(ops: Sequence[Operation], start: _States, fp: Callable[[Any], Hashable],
+               copy: Callable[[Any], Any]) -> tuple[tuple[Operation, tuple[Any, ...]], ...]:
+    """Every (operation, the model's answers) refused right after some prefix that the model
+    explains, over every order consistent with real time (for small parts only)."""
+    out: dict[int, list[Any]] = {}
+
+    def walk(state: _States, done: frozenset) -> None:
+        rest = [i for i in range(len(ops)) if i not in done]
+        first_ret = min((ops[i].ret for i in rest if ops[i].ret is not None), default=_NEVER)
+        for i in rest:
+            if ops[i].call > first_ret:
+                continue
+            new = _step(state, ops[i], fp, copy)
+            if new is not None:
+                walk(new, done | {i})
+            else:
+                answers = out.setdefault(i, [])
+                for m in state.models.values():
+                    trial, got = _apply(ops[i], m, copy)
+                    if trial is not None and got not in answers:
+                        answers.append(got)
+
+    walk(start, frozenset())
+    return tuple((ops[i], tuple(out[i])) for i in sorted(out))
+
+
 def check(history: Iterable[Operation], initial: Any | Sequence[Any], *,
           fingerprint: Callable[[Any], Hashable] = default_fingerprint,
           copy: Callable[[Any], Any] = lambda model: model.copy(),
@@ -404,9 +440,12 @@ def check(history: Iterable[Operation], initial: Any | Sequence[Any], *,
                 if split is not None:
                     mine, theirs = split(mine).get(key), observed_parts.get(key)
                 shown = (mine, theirs)
+            anywhere = (_dead_ends(part, start, fingerprint, copy)
+                        if len(part) <= DEAD_ENDS_UP_TO else ())
             return Verdict(False, ops, tuple(part[i] for i in order), tuple(part), key,
                            tuple((op, why) for op, why, _ in refused), shown,
                            next_answers=tuple(raw for _, _, raw in refused),
+                           refused_anywhere=anywhere,
                            partitions=len(parts), seconds=time.monotonic() - t0)
         orders += [part[i] for i in order]
         ends.append(end_states)

@@ -90,6 +90,23 @@ def test_real_time_order_is_respected():
     assert verdict.ok and [o.client for o in verdict.order] == ["w", "r"]
 
 
+def test_every_operation_some_order_cannot_go_on_with_is_named_not_only_the_longest_prefix():
+    """x starts at 0; w0 puts 1 while r reads 0 and w1 reads 2, all overlapping. Put first, r's
+    read is refused (the model answers 1); r first, w1's is (the model answers 0, or 1 after the
+    put). Both are dead ends, whichever prefix the search found longest."""
+    model = Registers({"x": 0})
+    ok = [put("w0", "x", 1, 0, 10), get("r", "x", 0, 1, 9), get("w1", "x", 1, 2, 8)]
+    assert check(ok, model).ok
+    bad = ok[:2] + [get("w1", "x", 2, 2, 8)]
+    verdict = check(bad, model)
+    assert verdict.ok is False
+    assert {o.client for o, _ in verdict.refused_anywhere} == {"r", "w1"}
+    answers = dict((o.client, raw) for o, raw in verdict.refused_anywhere)
+    assert answers["r"] == (Won(1),) and set(answers["w1"]) == {Won(0), Won(1)}
+    # the longest prefix names only some of them
+    assert {o.client for o, _ in verdict.next_refused} < {"r", "w1"}
+
+
 def test_a_model_that_raises_refuses_the_operation_and_the_report_says_so():
     model = OutboxModel(Config())
     bad = [op("w0", "lookup(9)", lambda m: m.deliveries[9], 0, 1, Won())]
