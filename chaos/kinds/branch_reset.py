@@ -480,11 +480,15 @@ class BranchResetCheck(KindCheck):
         if len(self.model.runs) >= 8:
             return []
         key = f"k{self.race_keys}"
+        # two requests with one new key race only where both may create a run: on branches with
+        # nothing in flight (a branch never reset before when the usual two are busy)
+        busy = {r.branch for r in self.model.runs.values() if r.status in model.IN_FLIGHT}
+        free = [b for b in BRANCHES if b not in busy] + [f"{b}{self.race_keys}" for b in "cd"]
         out = [Offer(f"request({branch}, key={key})", lambda m, b=branch: m.request(b, key),
                      lambda c, b=branch: self.stores[w].request(c, b, key),
                      after=self._requested(branch, key), guarantee="claim",
                      runs=frozenset({("key", key)}))
-               for branch in BRANCHES]
+               for branch in free[:2]]
         name = self.workers[w].name
         for run_id in running:
             out.append(Offer(f"poll({run_id})", lambda m, r=run_id: m.poll(r, name),
