@@ -650,7 +650,9 @@ MUTANTS = [
            "cancel is not guarded on status = 'running': it overwrites queued and terminal runs",
            _edit("cancel", "WHERE id = %(run_id)s AND status = 'running'",
                  "WHERE id = %(run_id)s")),
-    Mutant("idempotency-key-not-unique", "branch-reset", "terminal-answers-from-receipts",
+    # A request claims its key for one run (its guarantee is the claim): every way this bug
+    # shows breaks that, a repeat of a finished run's key also the terminal-answers invariant.
+    Mutant("idempotency-key-not-unique", "branch-reset", "claim",
            "the idempotency key has an index but not a unique one: "
            "a repeated or reused key makes a new run",
            _schema_edit("CREATE UNIQUE INDEX branch_reset_idempotency_key",
