@@ -58,6 +58,7 @@ class OutboxCheck(KindCheck):
         *(f"fence refusal: {op} ({why})" for op in ("complete", "fail", "extend_lease")
           for why in ("re-claimed", "no longer claimed")),
         needs("concurrent block", "concurrency"), needs("lock wait in a block", "concurrency"),
+        "batch of mixed attempts",
     )
 
     # -- hooks ----------------------------------------------------------------------------
@@ -350,7 +351,32 @@ class OutboxCheck(KindCheck):
     def record_batch(self, data) -> None:
         """The batched fenced write: a worker records every delivery it has sent (two or more)
         in one statement, each row fenced on its own claimed attempt; a stale row loses alone."""
-        w = data.draw(st.sampled_from(self._batch_holders()), label="worker")
+        self._record_batch(data, data.draw(st.sampled_from(self._batch_holders()),
+                                           label="worker"))
+
+    def _mixed_due(self) -> list[int]:
+        """Idle workers, when a claim of three would take deliveries at different attempts (a
+        retry and a first try): where a batch's rows carry different fence tokens."""
+        due = [d for _, d in sorted(self.model.deliveries.items())
+               if d.status == model.P and d.next_attempt_at <= self.model.now][:3]
+        if len({d.attempts for d in due}) < 2:
+            return []
+        return [w for w in (0, 1) if not self.held[w]]
+
+    @precondition(lambda self: self._mixed_due())
+    @rule(data=st.data())
+    def mixed_batch(self, data) -> None:
+        """A worker's loop over a batch whose rows were claimed at different attempts: claim,
+        send each, record them in one statement. Each row must be fenced on its own attempt;
+        reached on purpose, since it takes a retry due beside a first try."""
+        w = data.draw(st.sampled_from(self._mixed_due()), label="worker")
+        self.claim(w, 3)
+        for d in self._mine(w, sent=False):
+            self._send(w, d, data.draw(st.sampled_from([200, 503, 422]), label="sink answers"))
+        if len(self._mine(w, sent=True)) > 1:
+            self._record_batch(data, w)
+
+    def _record_batch(self, data, w: int) -> None:
         sent = [i for v, i in self._holding(sent=True) if v == w]
         ids = data.draw(st.permutations(sent), label="deliveries")  # all it sent, in any order
         worker, held = self.workers[w], [self.held[w].pop(i) for i in ids]
