@@ -679,6 +679,7 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         self.writes: list[Write] = []
         self.repeats: list[Repeat] = []
         self._indeterminate = False
+        self._if_landed: tuple[str, ...] = ()
         self._unobserved = False
         self._struck = False
         self.prev_views = self.views(self.observe_model(self.model)) if self.contract else {}
@@ -864,6 +865,10 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
             self.event("indeterminate commit")
             self._lost_connection(worker, on_error)
             self._indeterminate = True
+            # the model refuses it: had it committed, it would have changed nothing; rows that
+            # neither state explains are then its refused write landing
+            self._if_landed = (broken_by(expected, Won(None), fenced is not None, guarantee)
+                               if isinstance(expected, LostRace) else ())
             self.candidates = self._with_external(
                 [Candidate(base, committed=False), Candidate(trial, committed=True)],
                 external_maybe)
@@ -980,7 +985,8 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
                       + diff(expected, real)
                       + ("" if more == 1 else
                          f"\n(none of the {more} possible states after an indeterminate step "
-                         "matched)"), real=real)
+                         "matched)"), real=real,
+                      otherwise=self._if_landed if self._indeterminate else None)
         chosen = matching[0]
         if self._indeterminate and len({c.committed for c in matching}) == 1:
             landed = "committed" if chosen.committed else "not committed"
