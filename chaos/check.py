@@ -467,6 +467,12 @@ class _Blocks:
 
         return choose
 
+    def _unowned(self, model: Any, runs: frozenset) -> bool:
+        """Whether, in ``model``, one of ``runs`` is in a status nobody owns it in."""
+        views = self.views(self.observe_model(model)) if self.contract is not None else {}
+        return any(str(r) in views and views[str(r)].status not in self.contract.owned
+                   for r in runs)
+
     def _block(self, data, chosen: list[Worker], run: Any,
                only: dict[str, list[Offer]] | None = None,
                schedule: Callable[..., Callable[[list[str]], str]] | None = None,
@@ -561,12 +567,16 @@ class _Blocks:
         if not verdict.ok:
             named: tuple[str, ...] = ()
             refused = verdict.refused_anywhere or tuple(
-                (op, answers) for (op, _), answers in zip(verdict.next_refused,
-                                                          verdict.next_answers))
-            for op, answers in refused:
+                (op, answers, ()) for (op, _), answers in zip(verdict.next_refused,
+                                                              verdict.next_answers))
+            for op, answers, states in refused:
                 offer = offers[op.client]
                 for answer in answers or (None,):
                     named += broken_by(answer, op.output, offer.fenced, offer.guarantee)
+                if offer.fenced and isinstance(op.output, Won) and any(
+                        self._unowned(m, offer.runs) for m in states):
+                    # a stale owner's write landed on a run nobody holds: no status guard
+                    named += ("conditional-transition",)
             self.fail("\n".join(verdict.explain()), real=real,
                       otherwise=named or ("conditional-transition",))
         self.candidates = [Candidate(m) for m in verdict.final_states]
@@ -783,11 +793,11 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         if violations:
             message = "invariant violated: " + "; ".join(map(str, violations))
             if extra:
-                message += f"; {' or '.join(extra)}: the outcome below"
+                message += f"; {', '.join(extra)}: the outcome below"
             if problem:
                 message += "\n  (" + problem.replace("\n", "\n   ") + ")"
         elif extra:
-            message = f"invariant violated: {' or '.join(extra)}: {problem}"
+            message = f"invariant violated: {', '.join(extra)}: {problem}"
         else:
             message = problem
         violations = violations + [Violation(n, problem) for n in extra]

@@ -118,9 +118,10 @@ class Verdict:
     seconds: float = 0.0
     next_answers: tuple[tuple[Any, ...], ...] = ()
     """For each of ``next_refused``: what the model answers instead (one per possible state)."""
-    refused_anywhere: tuple[tuple[Operation, tuple[Any, ...]], ...] = ()
+    refused_anywhere: tuple[tuple[Operation, tuple[Any, ...], tuple[Any, ...]], ...] = ()
     """For a small part (:data:`DEAD_ENDS_UP_TO` operations): every operation some order of the
-    part cannot go on with, and what the model answers instead, over *all* orders, not only the
+    part cannot go on with, what the model answers instead, and the model states it was refused
+    in, over *all* orders, not only the
     longest prefix. Which guarantee a history breaks depends on the order it is read in (a
     heartbeat before a heal makes the heal wrong; after it, the heartbeat): a failure names the
     guarantees of all of them."""
@@ -359,10 +360,12 @@ DEAD_ENDS_UP_TO = 6
 
 
 def _dead_ends(ops: Sequence[Operation], start: _States, fp: Callable[[Any], Hashable],
-               copy: Callable[[Any], Any]) -> tuple[tuple[Operation, tuple[Any, ...]], ...]:
-    """Every (operation, the model's answers) refused right after some prefix that the model
-    explains, over every order consistent with real time (for small parts only)."""
-    out: dict[int, list[Any]] = {}
+               copy: Callable[[Any], Any]
+               ) -> tuple[tuple[Operation, tuple[Any, ...], tuple[Any, ...]], ...]:
+    """Every (operation, the model's answers, the states it was refused in) refused right after
+    some prefix that the model explains, over every order consistent with real time (for small
+    parts only)."""
+    out: dict[int, tuple[list[Any], list[Any]]] = {}
 
     def walk(state: _States, done: frozenset) -> None:
         rest = [i for i in range(len(ops)) if i not in done]
@@ -374,14 +377,16 @@ def _dead_ends(ops: Sequence[Operation], start: _States, fp: Callable[[Any], Has
             if new is not None:
                 walk(new, done | {i})
             else:
-                answers = out.setdefault(i, [])
+                answers, states = out.setdefault(i, ([], []))
                 for m in state.models.values():
                     trial, got = _apply(ops[i], m, copy)
-                    if trial is not None and got not in answers:
-                        answers.append(got)
+                    if trial is not None:
+                        states.append(m)
+                        if got not in answers:
+                            answers.append(got)
 
     walk(start, frozenset())
-    return tuple((ops[i], tuple(out[i])) for i in sorted(out))
+    return tuple((ops[i], tuple(out[i][0]), tuple(out[i][1])) for i in sorted(out))
 
 
 def check(history: Iterable[Operation], initial: Any | Sequence[Any], *,

@@ -100,8 +100,10 @@ def test_every_operation_some_order_cannot_go_on_with_is_named_not_only_the_long
     bad = ok[:2] + [get("w1", "x", 2, 2, 8)]
     verdict = check(bad, model)
     assert verdict.ok is False
-    assert {o.client for o, _ in verdict.refused_anywhere} == {"r", "w1"}
-    answers = dict((o.client, raw) for o, raw in verdict.refused_anywhere)
+    assert {o.client for o, _, _ in verdict.refused_anywhere} == {"r", "w1"}
+    answers = {o.client: raw for o, raw, _ in verdict.refused_anywhere}
+    states = {o.client: [m.values for m in ms] for o, _, ms in verdict.refused_anywhere}
+    assert states["r"] == [{"x": 1}] and {"x": 0} in states["w1"]
     assert answers["r"] == (Won(1),) and set(answers["w1"]) == {Won(0), Won(1)}
     # the longest prefix names only some of them
     assert {o.client for o, _ in verdict.next_refused} < {"r", "w1"}
