@@ -473,6 +473,23 @@ class _Blocks:
         return any(str(r) in views and views[str(r)].status not in self.contract.owned
                    for r in runs)
 
+    def _ended_then_changed(self, states: tuple, real: Any) -> tuple[str, ...]:
+        """``terminal-answers-from-receipts`` when a run is terminal in one of ``states`` (where
+        an order of a block's operations stopped) and its record differs in the rows read after
+        the block: whatever ran after that point changed a run that had ended. (The other
+        transition invariants are not judged across a block: several legal moves in a row look
+        like one the table does not have.)"""
+        if self.contract is None or not states:
+            return ()
+        after = self.views(real)
+        for m in states:
+            ended = {r: v for r, v in self.views(self.observe_model(m)).items()
+                     if self.contract.is_terminal(v.status) and r in after}
+            if any(v.invariant == "terminal-answers-from-receipts"
+                   for v in check_invariants(self.contract, ended, {r: after[r] for r in ended})):
+                return ("terminal-answers-from-receipts",)
+        return ()
+
     def _block(self, data, chosen: list[Worker], run: Any,
                only: dict[str, list[Offer]] | None = None,
                schedule: Callable[..., Callable[[list[str]], str]] | None = None,
@@ -577,6 +594,7 @@ class _Blocks:
                         self._unowned(m, offer.runs) for m in states):
                     # a stale owner's write landed on a run nobody holds: no status guard
                     named += ("conditional-transition",)
+                named += self._ended_then_changed(states, real)
             self.fail("\n".join(verdict.explain()), real=real,
                       otherwise=named or ("conditional-transition",))
         self.candidates = [Candidate(m) for m in verdict.final_states]
