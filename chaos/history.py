@@ -443,6 +443,21 @@ def _outbox(h: History, v: Verdict) -> None:
             if op is None:
                 v.observed["write with no logged operation"] += 1
             old, new = a.old, a.new
+            token = op.token(run) if op is not None and op.name not in CLAIMS else None
+            if isinstance(token, int) and old["attempts"] != token:
+                # First: a write under an attempt the row no longer says is the fence's to
+                # refuse, whatever the status the row is in.
+                _stale(
+                    h,
+                    v,
+                    run,
+                    op,
+                    a,
+                    f"attempt {token}",
+                    f"but the row was at attempt {old['attempts']}"
+                    + _outbox_why(h, runs[run], token, old["attempts"], ops),
+                )
+                continue
             if old["status"] in OUTBOX_TERMINAL:
                 v.findings.append(
                     Finding(
@@ -484,20 +499,6 @@ def _outbox(h: History, v: Verdict) -> None:
                             _at(op),
                             op.ref,
                         )
-                    )
-                    continue
-            elif op is not None and isinstance(op.token(run), int):
-                token = op.token(run)
-                if old["attempts"] != token:
-                    _stale(
-                        h,
-                        v,
-                        run,
-                        op,
-                        a,
-                        f"attempt {token}",
-                        f"but the row was at attempt {old['attempts']}"
-                        + _outbox_why(h, runs[run], token, old["attempts"], ops),
                     )
                     continue
             _transition(h, v, outbox_model.TABLE, a, op, run)
@@ -719,6 +720,22 @@ def _plan_update(
     h: History, v: Verdict, a: Audit, op: Op | None, run: str, heartbeat_s: int, last: Op | None
 ) -> None:
     old, new = a.old, a.new
+    token = op.token(run) if op is not None else None
+    if op is not None and op.name in STEP_OPS and (
+        old["status"] != "executing" or old["generation"] != token
+    ):
+        # First: a write under a token the row no longer says is the fence's to refuse, also
+        # (above all) behind a terminal status.
+        _stale(
+            h,
+            v,
+            run,
+            op,
+            a,
+            f"token {token}",
+            f"but the run was {_made(h, old['status'], last)} under token {old['generation']}",
+        )
+        return
     if old["status"] in PLAN_TERMINAL:
         v.findings.append(
             Finding(
@@ -733,18 +750,6 @@ def _plan_update(
         )
         return
     if op is not None and op.name in STEP_OPS:
-        token = op.token(run)
-        if old["status"] != "executing" or old["generation"] != token:
-            _stale(
-                h,
-                v,
-                run,
-                op,
-                a,
-                f"token {token}",
-                f"but the run was {_made(h, old['status'], last)} under token {old['generation']}",
-            )
-            return
         v.observed["step or heartbeat committed under its token"] += 1
     elif op is not None and op.name == "mark_executing":
         v.observed["claim"] += 1

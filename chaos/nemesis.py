@@ -12,7 +12,7 @@ process track
     one process at a time: ``kill`` (SIGKILL, and a new incarnation after the fault's
     duration), ``stop`` (SIGSTOP for longer than the lease, then SIGCONT: the owner comes back
     after somebody may have taken its work), ``partition`` (its own Toxiproxy links down: to
-    the database, to the stand-in, or both);
+    the database, to the stand-in, or both), ``hold`` (a stop *aimed* at a stale owner, below);
 global track
     ``clock-bump`` (the database clock jumps, through libfaketime; past the lease or a little,
     forward or back), ``clock-strobe`` (the database clock flips between two offsets for a
@@ -25,10 +25,27 @@ global track
 :class:`Nemesis` is the executor: a thread that starts and ends each fault at its time through
 a :class:`Parts` object (the soak's real parts), and records each as a
 :class:`~knownstate.chaos.history.Period` with the wall-clock times it actually began and
-ended. Waiting for a fault's time is the only waiting it does. :meth:`Nemesis.heal` ends every
-fault still in progress (SIGCONT, restart, links up, database up), for the quiet period or an
-abort. A part that fails to obey (Toxiproxy gone, PostgreSQL will not restart) ends the
-nemesis and is kept in :attr:`Nemesis.error` for the soak to report as an environment failure.
+ended. Waiting for a fault's time is the only waiting it does (a hold's looks at the database
+are polls, each pushed on the same queue). :meth:`Nemesis.heal` ends every fault still in
+progress (SIGCONT, restart, links up, database up), for the quiet period or an abort. A
+part that fails to obey (Toxiproxy gone, PostgreSQL will not restart) ends the nemesis and is
+kept in :attr:`Nemesis.error` for the soak to report as an environment failure.
+
+A ``hold`` reaches the stale owner on purpose instead of by luck. A timed ``stop`` lands
+wherever its worker happens to be, mostly between leases, and by the time it resumes its work
+was taken back and finished by others: its stale write, if any, meets a terminal row. A hold
+waits (polling, within :data:`AIM_WITHIN`) until its worker holds a lease and has no statement
+or transaction open at the server (it is between its transactions: in its external call, or
+about to write under its token; with ``runs=one`` holding exactly one run, as a loop records
+one run by another write than a batch), stops it there, and keeps it stopped, whatever that takes,
+until what it held was taken from it (:meth:`Parts.taken`, read from the database): ``resume=
+reaped``, as soon as its lease lapsed (by the clock that stamped it) and was taken back;
+``resume=reclaimed``, once another worker holds some of it under a new token, or nobody can.
+Meanwhile the other workers' calls to the stand-in are slow (``ms`` per call), so the run,
+once taken back, stays free or held by its new owner for a while: the old owner resumes into
+exactly that window, and its next write carries a token the row no longer says. The moment is
+read from the server, never guessed from a timer; :data:`HOLD_BOUND` leases is only the bound
+after which the owner resumes anyway (the detail of the period says which).
 """
 
 from __future__ import annotations
@@ -42,7 +59,15 @@ from typing import Protocol
 
 from .history import Period
 
-PROCESS_FAULTS = ("kill", "stop", "partition")
+POLL = 0.02
+"""Seconds between two looks at the database while a hold aims or waits."""
+AIM_WITHIN = 3.0
+"""Seconds a hold looks for a moment its worker holds a lease; then it gives up (recorded)."""
+HOLD_BOUND = 2.5
+"""A hold lasts at most this many leases from its planned time, aiming included: then its worker
+resumes, whatever happened."""
+
+PROCESS_FAULTS = ("kill", "stop", "partition", "hold")
 GLOBAL_FAULTS = ("clock-bump", "clock-strobe", "db-crash", "refuse", "slow")
 FAULT_KINDS = PROCESS_FAULTS + GLOBAL_FAULTS
 
@@ -85,9 +110,15 @@ def schedule(
     faults: list[Fault] = []
     t = rng.uniform(1.5, 3.0)
     while t < seconds - 1:
-        kind = rng.choices(PROCESS_FAULTS, (3, 4, 3))[0]
+        kind = rng.choices(PROCESS_FAULTS, (3, 2, 3, 6))[0]
         target = rng.choice(workers) if rng.random() < 0.8 else rng.choice(procs)
-        if kind == "kill":
+        if kind == "hold":
+            resume = rng.choice(("reaped", "reclaimed"))
+            runs = rng.choice(("one", "any"))
+            ms = int(lease * 150) if stand_in else 0
+            f = Fault(t, kind, rng.choice(workers), round(HOLD_BOUND * lease, 1),
+                      (("resume", resume), ("runs", runs), ("ms", ms)))
+        elif kind == "kill":
             f = Fault(t, kind, target, round(rng.uniform(0.3, 2.0), 1))
         elif kind == "stop":
             f = Fault(t, kind, target, round(lease * rng.uniform(1.3, 2.2), 1))
@@ -150,6 +181,17 @@ class Parts(Protocol):
     def db_restart(self) -> None: ...
     def refuse(self, stand_in: str, calls: int, code: int) -> None: ...
     def slow(self, stand_in: str, ms: int | None) -> None: ...
+    def slow_others(self, proc: str, ms: int | None) -> None:
+        """Latency on the stand-in links of every worker but ``proc`` (None: remove it)."""
+    def holds(self, proc: str) -> dict[str, object]:
+        """The runs ``proc`` (its current incarnation) holds a lease on: run -> token."""
+    def quiet(self, proc: str, within: float) -> bool:
+        """Polls until ``proc`` has no statement running and no transaction open at the
+        server; False when that did not happen ``within`` seconds (or cannot be seen)."""
+    def taken(self, held: dict[str, object]) -> dict[str, str] | None:
+        """Where each of ``held`` (run -> token) is now: ``held`` (still under that token),
+        ``free`` (taken back, waiting for a claim), ``reheld`` (under another token), ``done``
+        (terminal). None when the database cannot be read."""
 
 
 @dataclass(order=True)
@@ -169,6 +211,9 @@ class Nemesis:
         self.active: dict[Fault, float] = {}  # fault -> when it began
         self.error: BaseException | None = None
         self._strobe_offset: dict[Fault, float] = {}
+        self._aim_until: dict[Fault, float] = {}  # a hold still looking for its moment
+        self._held: dict[Fault, dict] = {}  # a hold's worker is stopped holding these
+        self._why: dict[Fault, str] = {}  # how a hold ended
         self._halt = threading.Event()
         self._lock = threading.RLock()
         self._queue: list[_Due] = []
@@ -228,6 +273,10 @@ class Nemesis:
             p.refuse(f.target, f.param("calls"), f.param("code"))
         elif f.kind == "slow":
             p.slow(f.target, f.param("ms"))
+        elif f.kind == "hold":
+            self._aim_until[f] = began + AIM_WITHIN
+            self._aim(f)
+            return
         if f.duration:
             self.active[f] = began
             self._push(began + f.duration, "end", f)
@@ -243,10 +292,67 @@ class Nemesis:
         self._strobe_offset[f] += step
         self._push(time.time() + f.param("every"), "tick", f)
 
+    def _aim(self, f: Fault) -> None:
+        """One look for the moment to stop a hold's worker: it holds a lease and is between
+        transactions. Stopped, it is looked at again (what it holds cannot change any more)."""
+        until = self._aim_until.get(f)
+        if until is None:
+            return
+        p, now = self.parts, time.time()
+        if now > until:
+            del self._aim_until[f]
+            self.periods.append(Period(f.kind, f.target, now, now, _detail(
+                f, f"not stopped: it held no lease between transactions within {AIM_WITHIN:g} s")))
+            return
+        if self._aimed(f, p.holds(f.target)):
+            p.stop(f.target)
+            held = p.quiet(f.target, 0.5) and p.holds(f.target)
+            if self._aimed(f, held):
+                del self._aim_until[f]
+                began = time.time()
+                self._held[f] = held
+                self.active[f] = began
+                if f.param("ms"):
+                    p.slow_others(f.target, f.param("ms"))
+                self._push(self.t0 + f.at + f.duration, "end", f)
+                self._push(began + POLL, "watch", f)
+                return
+            p.cont(f.target)
+        self._push(time.time() + POLL, "aim", f)
+
+    @staticmethod
+    def _aimed(f: Fault, held) -> bool:
+        """What a hold aims at: a worker holding runs; with ``runs=one``, exactly one (a loop
+        records one run and a batch of them by different writes: each must meet a stale
+        owner)."""
+        return bool(held) and (f.param("runs") != "one" or len(held) == 1)
+
+    def _watch(self, f: Fault) -> None:
+        """One look at what a stopped hold's worker held: resume it once that was taken."""
+        if f not in self.active:
+            return
+        where = self.parts.taken(self._held[f])
+        states = set(where.values()) if where is not None else {"held"}
+        if "held" not in states:
+            if f.param("resume") == "reaped" or "reheld" in states or "free" not in states:
+                self._why[f] = ", ".join(f"{run} {w}" for run, w in sorted(where.items()))
+                self._end(f)
+                return
+        self._push(time.time() + POLL, "watch", f)
+
     def _end(self, f: Fault) -> None:
         p = self.parts
         began = self.active.pop(f, None)
         if began is None:
+            return
+        if f.kind == "hold":
+            p.cont(f.target)
+            if f.param("ms"):
+                p.slow_others(f.target, None)
+            held = ", ".join(f"{run}@{token}" for run, token in sorted(self._held.pop(f).items()))
+            why = self._why.pop(f, "") or f"still held after {f.duration:g} s (the bound)"
+            self.periods.append(Period(f.kind, f.target, began, time.time(),
+                                       _detail(f, f"stopped holding {held}; resumed: {why}")))
             return
         if f.kind == "kill":
             p.restart(f.target)
@@ -273,9 +379,14 @@ class Nemesis:
             for f in sorted(self.active, key=lambda f: f.at):
                 self._end(f)
             self._queue.clear()
+            self._aim_until.clear()
 
 
-def _detail(f: Fault) -> str:
+def _detail(f: Fault, what: str = "") -> str:
+    if f.kind == "hold":
+        slow = f", others +{f.param('ms')} ms per call" if f.param("ms") else ""
+        runs = "one run" if f.param("runs") == "one" else "runs"
+        return f"aimed at a holder of {runs}, resume once {f.param('resume')}{slow}; {what}"
     if f.kind == "partition":
         return f"links: {f.param('links')}"
     if f.kind == "clock-bump":

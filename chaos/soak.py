@@ -94,6 +94,34 @@ class Kind:
     status_sql: str
     nudge: float  # database clock seconds that let every lease lapse and every backoff come due
     refusals: tuple[int, ...] = (503,)
+    lease_of: tuple[str, str, str, str] = ("", "", "", "")
+    """(table, status of a held run, its fence token, the statuses of a run taken back and
+    waiting for a claim): what a hold of the nemesis reads (:func:`held_sql`)."""
+
+
+def held_sql(kind: "Kind") -> str:
+    """The runs a process incarnation (%(app)s: its application_name) holds a lease on now, with
+    their token: held, and the claim that made them so under that token was its (the audit names
+    the application of every change)."""
+    table, held, token, _ = kind.lease_of
+    return (
+        f"SELECT t.id::text, t.{token} FROM {table} t WHERE t.status = '{held}' AND EXISTS ("
+        f"SELECT 1 FROM soak_audit a WHERE a.app = %(app)s AND a.tbl = '{table}' "
+        f"AND a.new->>'id' = t.id::text AND a.new->>'status' = '{held}' "
+        f"AND a.new->'{token}' = to_jsonb(t.{token}) "
+        f"AND a.old->>'status' IS DISTINCT FROM '{held}')"
+    )
+
+
+def where_sql(kind: "Kind") -> str:
+    """Where the runs %(runs)s are now: (run, held / free / reheld under %(tokens)s, or done)."""
+    table, held, token, free = kind.lease_of
+    return (
+        f"SELECT t.id::text, CASE WHEN t.status = '{held}' AND t.{token}::text = "
+        f"(%(tokens)s::text[])[array_position(%(runs)s::text[], t.id::text)] THEN 'held' "
+        f"WHEN t.status = '{held}' THEN 'reheld' WHEN t.status IN ({free}) THEN 'free' "
+        f"ELSE 'done' END FROM {table} t WHERE t.id::text = ANY(%(runs)s::text[])"
+    )
 
 
 KIND_SPECS = {
@@ -117,6 +145,7 @@ KIND_SPECS = {
         "SELECT status, count(*) FROM outbox_delivery GROUP BY status",
         3 + 4 + 1,
         (503, 503, 422),
+        ("outbox_delivery", "processing", "attempts", "'pending'"),
     ),
     "approved-plan": Kind(
         "approved-plan",
@@ -127,6 +156,7 @@ KIND_SPECS = {
         "SELECT count(*) FROM agent_proposal WHERE status IN ('approved', 'executing')",
         "SELECT status, count(*) FROM agent_proposal GROUP BY status",
         3 + 1,
+        lease_of=("agent_proposal", "executing", "generation", "'approved'"),
     ),
     "branch-reset": Kind(
         "branch-reset",
@@ -144,6 +174,7 @@ KIND_SPECS = {
         "SELECT count(*) FROM branch_reset WHERE status IN ('queued', 'running')",
         "SELECT status, count(*) FROM branch_reset GROUP BY status",
         0,
+        lease_of=("branch_reset", "running", "claimed_by", "'queued'"),
     ),
 }
 
@@ -187,7 +218,7 @@ END $$;
 
 
 def audit_ddl(tables: tuple[str, ...]) -> str:
-    return AUDIT_DDL + "".join(
+    return AUDIT_DDL + "CREATE INDEX ON soak_audit (app, tbl, (new->>'id'));\n" + "".join(
         f"CREATE TRIGGER soak_audit AFTER INSERT OR UPDATE OR DELETE ON {t} "
         "FOR EACH ROW EXECUTE FUNCTION soak_audit();\n"
         for t in tables
@@ -430,11 +461,76 @@ class Processes:
 class SoakParts:
     """Implements :class:`knownstate.chaos.nemesis.Parts` over the soak's real parts."""
 
-    def __init__(self, cluster: PostgresCluster, procs: Processes, links: dict, stand_in):
+    def __init__(
+        self, cluster: PostgresCluster, procs: Processes, links: dict, stand_in, kind: Kind
+    ):
         self.cluster, self.procs, self.links, self.stand_in = cluster, procs, links, stand_in
+        self.kind = kind
         self.db_down = False
         self.db_lock = threading.Lock()  # held while the nemesis crashes or restarts the server
         self.postmasters: list[int] = []
+        self._conn: psycopg.Connection | None = None  # the nemesis's own look at the database
+
+    # -- what a hold reads: the server's view, never a guess from a timer -----------------
+    def _read(self, sql: str, params: dict) -> list | None:
+        """Rows, or None when the database cannot be read now (crashed, restarting)."""
+        try:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._conn = psycopg.connect(
+                    self.cluster.dsn("soak"), autocommit=True, connect_timeout=2
+                )
+            return self._conn.execute(sql, params).fetchall()
+        except psycopg.Error:
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+            return None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+
+    def _app(self, proc: str) -> str:
+        return f"ks-soak-{proc}.{self.procs.running[proc].inc}"
+
+    def holds(self, proc: str) -> dict[str, object]:
+        rows = self._read(held_sql(self.kind), {"app": self._app(proc)})
+        return {run: token for run, token in rows or ()}
+
+    def quiet(self, proc: str, within: float) -> bool:
+        deadline = time.monotonic() + within
+        while True:
+            rows = self._read(
+                "SELECT count(*) FILTER (WHERE state = 'active'), count(*) FILTER "
+                "(WHERE state <> 'idle') FROM pg_stat_activity WHERE application_name = %(app)s",
+                {"app": self._app(proc)},
+            )
+            if rows is None:
+                return False
+            ((active, busy),) = rows
+            if not busy:
+                return True
+            if not active or time.monotonic() > deadline:
+                return False  # a transaction left open: it cannot move while its owner is stopped
+            time.sleep(0.01)
+
+    def taken(self, held: dict[str, object]) -> dict[str, str] | None:
+        runs = sorted(held)
+        rows = self._read(
+            where_sql(self.kind), {"runs": runs, "tokens": [str(held[r]) for r in runs]}
+        )
+        return None if rows is None else dict(rows)
+
+    def slow_others(self, proc: str, ms: int | None) -> None:
+        toxic = Toxic("latency", "upstream", {"latency": ms or 0, "jitter": 0}, label="hold")
+        for name, (_, ext) in self.links.items():
+            if ext is None or name == proc:
+                continue
+            if ms is None:
+                ext.remove(toxic)
+            else:
+                ext.add(toxic)
 
     def kill(self, proc: str) -> None:
         self.procs.kill(proc)
@@ -622,7 +718,8 @@ class Soak:
             )
             self.procs.spawner = spawner
             stack.callback(self.procs.stop_all, 2.0)  # after an error or Ctrl-C: quickly
-            self.parts = SoakParts(self.cluster, self.procs, links, stand_in)
+            self.parts = SoakParts(self.cluster, self.procs, links, stand_in, self.spec)
+            stack.callback(self.parts.close)
             self.parts.postmasters.append(self.cluster._proc.pid)
             self._database()
             try:

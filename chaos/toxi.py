@@ -43,10 +43,11 @@ class Toxic:
     kind: str
     stream: str = "downstream"
     attributes: dict = field(default_factory=dict)
+    label: str = ""  # tells apart two toxics of one kind and stream on one link
 
     @property
     def name(self) -> str:
-        return f"{self.kind}_{self.stream}"
+        return f"{self.kind}_{self.stream}" + (f"_{self.label}" if self.label else "")
 
     def describe(self) -> str:
         attrs = " ".join(f"{k}={v}" for k, v in sorted(self.attributes.items()))
