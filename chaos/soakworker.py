@@ -151,9 +151,12 @@ def _plain(value: Any) -> Any:
 
 
 def _claims(value: Any) -> dict[str, int]:
-    """Every outbox claim inside a value, as {run: attempt}."""
+    """Every outbox claim inside a value, as {run: attempt}: also each report's of a batch
+    (the rows a batched record writes, each under its own claimed attempt)."""
     if hasattr(value, "attempt") and hasattr(value, "id"):
         return {str(value.id): value.attempt}
+    if hasattr(value, "claim") and hasattr(value, "result"):
+        return _claims(value.claim)
     out: dict[str, int] = {}
     if isinstance(value, (tuple, list)):
         for v in value:
