@@ -35,17 +35,19 @@ A ``hold`` reaches the stale owner on purpose instead of by luck. A timed ``stop
 wherever its worker happens to be, mostly between leases, and by the time it resumes its work
 was taken back and finished by others: its stale write, if any, meets a terminal row. A hold
 waits (polling, within :data:`AIM_WITHIN`) until its worker holds a lease and has no statement
-or transaction open at the server (it is between its transactions: in its external call, or
-about to write under its token; with ``runs=one`` holding exactly one run, as a loop records
-one run by another write than a batch), stops it there, and keeps it stopped, whatever that takes,
-until what it held was taken from it (:meth:`Parts.taken`, read from the database): ``resume=
-reaped``, as soon as its lease lapsed (by the clock that stamped it) and was taken back;
-``resume=reclaimed``, once another worker holds some of it under a new token, or nobody can.
-Meanwhile the other workers' calls to the stand-in are slow (``ms`` per call), so the run,
-once taken back, stays free or held by its new owner for a while: the old owner resumes into
-exactly that window, and its next write carries a token the row no longer says. The moment is
-read from the server, never guessed from a timer; :data:`HOLD_BOUND` leases is only the bound
-after which the owner resumes anyway (the detail of the period says which).
+or transaction open at the server: it is between its transactions, in its external call or
+about to write under its token. It aims after the ``after``-th write under the lease (the claim
+is the first), so the next write is each in turn; with ``runs=one`` at a holder of exactly one
+run (a loop records one run by another write than a batch). It stops the worker there and
+keeps it stopped, whatever that takes, until what it held was taken from it
+(:meth:`Parts.taken`, read from the database): ``resume=reaped``, as soon as its lease lapsed
+(by the clock that stamped it) and was taken back; ``resume=reclaimed``, once another worker
+holds some of it under a new token, or nobody can. Meanwhile the other workers' calls to the
+stand-in are slow (``ms`` per call), so the run, once taken back, stays free or held by its new
+owner for a while: the old owner resumes into exactly that window, and its next write carries
+a token the row no longer says. The moment is read from the server, never guessed from a
+timer; :data:`HOLD_BOUND` leases is only the bound after which the owner resumes anyway (the
+detail of the period says which).
 """
 
 from __future__ import annotations
@@ -117,7 +119,8 @@ def schedule(
             runs = rng.choice(("one", "any"))
             ms = int(lease * 150) if stand_in else 0
             f = Fault(t, kind, rng.choice(workers), round(HOLD_BOUND * lease, 1),
-                      (("resume", resume), ("runs", runs), ("ms", ms)))
+                      (("resume", resume), ("runs", runs), ("after", rng.randint(1, 3)),
+                       ("ms", ms)))
         elif kind == "kill":
             f = Fault(t, kind, target, round(rng.uniform(0.3, 2.0), 1))
         elif kind == "stop":
@@ -183,8 +186,11 @@ class Parts(Protocol):
     def slow(self, stand_in: str, ms: int | None) -> None: ...
     def slow_others(self, proc: str, ms: int | None) -> None:
         """Latency on the stand-in links of every worker but ``proc`` (None: remove it)."""
-    def holds(self, proc: str) -> dict[str, object]:
-        """The runs ``proc`` (its current incarnation) holds a lease on: run -> token."""
+    def holds(self, proc: str) -> dict[str, tuple[object, int]]:
+        """The runs ``proc`` (its current incarnation) holds a lease on: run -> (token, how many
+        changes it committed to the run under that token, its claim included)."""
+    def writes_bound(self) -> int:
+        """The most writes the kind's loop makes under one lease before its last (0: none)."""
     def quiet(self, proc: str, within: float) -> bool:
         """Polls until ``proc`` has no statement running and no transaction open at the
         server; False when that did not happen ``within`` seconds (or cannot be seen)."""
@@ -310,7 +316,7 @@ class Nemesis:
             if self._aimed(f, held):
                 del self._aim_until[f]
                 began = time.time()
-                self._held[f] = held
+                self._held[f] = {run: token for run, (token, _) in held.items()}
                 self.active[f] = began
                 if f.param("ms"):
                     p.slow_others(f.target, f.param("ms"))
@@ -320,12 +326,16 @@ class Nemesis:
             p.cont(f.target)
         self._push(time.time() + POLL, "aim", f)
 
-    @staticmethod
-    def _aimed(f: Fault, held) -> bool:
-        """What a hold aims at: a worker holding runs; with ``runs=one``, exactly one (a loop
-        records one run and a batch of them by different writes: each must meet a stale
+    def _aimed(self, f: Fault, held) -> bool:
+        """What a hold aims at: a worker holding runs, after its ``after``-th write under the
+        lease (the claim is the first; at most as many as its loop makes before the last), so
+        the stale owner's next write is any of them in turn; with ``runs=one``, exactly one run
+        (a loop records one run and a batch of them by different writes: each must meet a stale
         owner)."""
-        return bool(held) and (f.param("runs") != "one" or len(held) == 1)
+        if not held or (f.param("runs") == "one" and len(held) != 1):
+            return False
+        after = min(f.param("after", 1), self.parts.writes_bound() or f.param("after", 1))
+        return any(writes >= after for _, writes in held.values())
 
     def _watch(self, f: Fault) -> None:
         """One look at what a stopped hold's worker held: resume it once that was taken."""
@@ -386,7 +396,8 @@ def _detail(f: Fault, what: str = "") -> str:
     if f.kind == "hold":
         slow = f", others +{f.param('ms')} ms per call" if f.param("ms") else ""
         runs = "one run" if f.param("runs") == "one" else "runs"
-        return f"aimed at a holder of {runs}, resume once {f.param('resume')}{slow}; {what}"
+        return (f"aimed at a holder of {runs} after write {f.param('after', 1)} under its "
+                f"lease, resume once {f.param('resume')}{slow}; {what}")
     if f.kind == "partition":
         return f"links: {f.param('links')}"
     if f.kind == "clock-bump":

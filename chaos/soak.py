@@ -94,28 +94,32 @@ class Kind:
     status_sql: str
     nudge: float  # database clock seconds that let every lease lapse and every backoff come due
     refusals: tuple[int, ...] = (503,)
-    lease_of: tuple[str, str, str, str] = ("", "", "", "")
+    lease_of: tuple[str, str, str, str, int] = ("", "", "", "", 0)
     """(table, status of a held run, its fence token, the statuses of a run taken back and
-    waiting for a claim): what a hold of the nemesis reads (:func:`held_sql`)."""
+    waiting for a claim, the most writes its loop makes under one lease before the last one,
+    0: no bound): what a hold of the nemesis reads (:func:`held_sql`)."""
 
 
 def held_sql(kind: "Kind") -> str:
     """The runs a process incarnation (%(app)s: its application_name) holds a lease on now, with
-    their token: held, and the claim that made them so under that token was its (the audit names
-    the application of every change)."""
-    table, held, token, _ = kind.lease_of
+    their token and how many changes it committed to the run under that token so far (the claim
+    is the first): held, and the claim that made them so under that token was its (the audit
+    names the application of every change)."""
+    table, held, token, _, _ = kind.lease_of
+    mine = (
+        f"FROM soak_audit a WHERE a.app = %(app)s AND a.tbl = '{table}' "
+        f"AND a.new->>'id' = t.id::text AND a.new->'{token}' = to_jsonb(t.{token})"
+    )
     return (
-        f"SELECT t.id::text, t.{token} FROM {table} t WHERE t.status = '{held}' AND EXISTS ("
-        f"SELECT 1 FROM soak_audit a WHERE a.app = %(app)s AND a.tbl = '{table}' "
-        f"AND a.new->>'id' = t.id::text AND a.new->>'status' = '{held}' "
-        f"AND a.new->'{token}' = to_jsonb(t.{token}) "
-        f"AND a.old->>'status' IS DISTINCT FROM '{held}')"
+        f"SELECT t.id::text, t.{token}, (SELECT count(*) {mine}) FROM {table} t "
+        f"WHERE t.status = '{held}' AND EXISTS (SELECT 1 {mine} "
+        f"AND a.new->>'status' = '{held}' AND a.old->>'status' IS DISTINCT FROM '{held}')"
     )
 
 
 def where_sql(kind: "Kind") -> str:
     """Where the runs %(runs)s are now: (run, held / free / reheld under %(tokens)s, or done)."""
-    table, held, token, free = kind.lease_of
+    table, held, token, free, _ = kind.lease_of
     return (
         f"SELECT t.id::text, CASE WHEN t.status = '{held}' AND t.{token}::text = "
         f"(%(tokens)s::text[])[array_position(%(runs)s::text[], t.id::text)] THEN 'held' "
@@ -145,7 +149,7 @@ KIND_SPECS = {
         "SELECT status, count(*) FROM outbox_delivery GROUP BY status",
         3 + 4 + 1,
         (503, 503, 422),
-        ("outbox_delivery", "processing", "attempts", "'pending'"),
+        ("outbox_delivery", "processing", "attempts", "'pending'", 1),
     ),
     "approved-plan": Kind(
         "approved-plan",
@@ -156,7 +160,7 @@ KIND_SPECS = {
         "SELECT count(*) FROM agent_proposal WHERE status IN ('approved', 'executing')",
         "SELECT status, count(*) FROM agent_proposal GROUP BY status",
         3 + 1,
-        lease_of=("agent_proposal", "executing", "generation", "'approved'"),
+        lease_of=("agent_proposal", "executing", "generation", "'approved'", 0),
     ),
     "branch-reset": Kind(
         "branch-reset",
@@ -174,7 +178,7 @@ KIND_SPECS = {
         "SELECT count(*) FROM branch_reset WHERE status IN ('queued', 'running')",
         "SELECT status, count(*) FROM branch_reset GROUP BY status",
         0,
-        lease_of=("branch_reset", "running", "claimed_by", "'queued'"),
+        lease_of=("branch_reset", "running", "claimed_by", "'queued'", 0),
     ),
 }
 
@@ -494,9 +498,12 @@ class SoakParts:
     def _app(self, proc: str) -> str:
         return f"ks-soak-{proc}.{self.procs.running[proc].inc}"
 
-    def holds(self, proc: str) -> dict[str, object]:
+    def holds(self, proc: str) -> dict[str, tuple[object, int]]:
         rows = self._read(held_sql(self.kind), {"app": self._app(proc)})
-        return {run: token for run, token in rows or ()}
+        return {run: (token, writes) for run, token, writes in rows or ()}
+
+    def writes_bound(self) -> int:
+        return self.kind.lease_of[4]
 
     def quiet(self, proc: str, within: float) -> bool:
         deadline = time.monotonic() + within
