@@ -27,10 +27,14 @@ asks (:data:`knownstate.model.contract.INVARIANTS`, named in every finding):
 - *conditional-transition*: every change is a transition of the kind's table; a claim takes a
   run from the status it waits in;
 - *lease-fence*: a write that carries a token (the claimed attempt, the execution generation,
-  a poll's lease by its own clock) lands only while the row still says that token; a reaper
-  takes back only a lapsed lease; a claim changes the token;
+  a poll's lease by its own clock) lands only while the row still says that token, judged
+  before anything else (also behind a terminal status: the fence is what should have refused
+  it); a reaper takes back only a lapsed lease; a claim changes the token;
 - *terminal-answers-from-receipts*: nothing changes a terminal run, and no repeat request
   applies an effect;
+- *stable-step-identity*: a step is its position in the frozen payload: a run_step writes the
+  receipt and effect of the step it asked for, and is never refused the step that was next (as
+  many receipts committed as its index);
 - *receipt-with-effect*, *stable-step-identity*: the final rows, through the kind's own views
   and :func:`~knownstate.model.contract.check_invariants` (an effect without its receipt, a
   step twice), plus what a terminal status promises (an executed plan has every receipt, a
@@ -693,7 +697,36 @@ def _plan(h: History, v: Verdict) -> None:
     runs = _per_run(h.audit, "agent_proposal")
     _lost_and_held(h, v, runs, approved, PLAN_TERMINAL, {"executing"})
     _creations_committed(h, v, ("propose",), set(runs))
+    _plan_next_step(h, v, ops)
     _plan_final(h, v)
+
+
+def _plan_next_step(h: History, v: Verdict, ops: dict[str, Op]) -> None:
+    """A step is its position in the frozen payload: a run_step asked for the next step (as
+    many receipts committed as its index, all by its own executor's earlier operations: only
+    the holder of the run's token writes them, one operation after another) is never refused."""
+    receipts: dict[str, list[Op]] = defaultdict(list)
+    for a in h.audit:
+        if a.table == "agent_proposal_step" and a.op == "INSERT" and a.ref in ops:
+            receipts[str(a.row["proposal_id"])].append(ops[a.ref])
+    lengths = {str(p["id"]): len(p["steps"]) for p in h.final.get("agent_proposal", [])}
+    for o in h.ops:
+        asked = o.args.get("step_index")
+        if o.name != "run_step" or o.out != "rejected" or type(asked) is not int:
+            continue
+        for run in o.runs:
+            done = sum(1 for w in receipts.get(run, []) if w.inc == o.inc and w.t0 < o.t0)
+            if asked == done < lengths.get(run, 0):
+                v.findings.append(
+                    Finding(
+                        "stable-step-identity",
+                        f"{o.inc} run_step({run}, step {asked}) was refused ({o.value}), but "
+                        f"step {asked} was the next of its payload ({done} receipt(s) before it)",
+                        run,
+                        _at(o),
+                        o.ref,
+                    )
+                )
 
 
 def commit_order(audit: Iterable[Audit]) -> list[Audit]:
@@ -806,6 +839,18 @@ def _plan_effect(
     if was is None or was["status"] != "executing" or was["generation"] != token:
         status = _made(h, was["status"], last) if was else "missing"
         _stale(h, v, run, op, a, f"token {token} (step {step} {what})", f"but the run was {status}")
+        return
+    asked = op.args.get("step_index")
+    if type(asked) is int and step != asked:
+        v.findings.append(
+            Finding(
+                "stable-step-identity",
+                f"{op.inc} run_step({run}, step {asked}) wrote the {what} of step {step}",
+                run,
+                _at(op),
+                a.ref,
+            )
+        )
 
 
 def _plan_final(h: History, v: Verdict) -> None:

@@ -377,6 +377,33 @@ def plan_history(variant: str = "") -> History:
         final["agent_proposal"][0]["status"] = "failed"
         final["agent_proposal_step"].pop()
         final["demo_ledger"].pop()
+    elif variant in ("next-step-refused", "step-wrote-another-step"):
+        # Step identity a count of calls: w0's call for step 1 lost its connection before
+        # anything committed; its retry, counted as call 2, asked the store for step 2.
+        ops[3].args = {"step_index": 0}
+        ops[4] = op("w0.1:3", "run_step", {"1": 1}, 1.4, out="conn-lost")
+        ops[4].args = {"step_index": 1}
+        ops.insert(5, op("w0.1:4", "run_step", {"1": 1}, 1.6, out="rejected",
+                         value="run_step: step 2 out of order, step 1 is next"))
+        ops[5].args = {"step_index": 1}
+        if variant == "step-wrote-another-step":
+            # Or: w0's call for step 0 committed, but its answer was lost; its retry of step 0,
+            # counted as call 2, ran step 1 (as the next one) under the call for step 0.
+            ops[3] = op("w0.1:2", "connect", {}, 1.2)
+            ops[4] = op("w0.1:3", "run_step", {"1": 1}, 1.4, out="indeterminate")
+            ops[5] = op("w0.1:4", "run_step", {"1": 1}, 1.6)
+            ops[4].args = ops[5].args = {"step_index": 0}
+            for a, ref in zip(audit[3:], ["w0.1:3"] * 3 + ["w0.1:4"] * 3, strict=True):
+                a.ref = ref
+        else:
+            audit[6:] = [
+                upd(7, "agent_proposal", "r0.1:1", plan("executing", 1, 1.2),
+                    plan("failed", 1, 1.2), 9.0),
+            ]
+            ops[6] = op("r0.1:1", "read", {"1": None}, 9.0)
+            final["agent_proposal"][0]["status"] = "failed"
+            final["agent_proposal_step"].pop()
+            final["demo_ledger"].pop()
     elif variant == "repeat-reexecutes":
         ops.append(op("r0.1:2", "repeat", {"1": None}, 3.0))
         audit += effect(10, "r0.1:2", 0, 3.0)[:1]
@@ -417,6 +444,17 @@ PLAN_RULES = [
         "heal-of-a-live-run",
         "lease-fence",
         "r0.1 read(1) healed a live run (heartbeat 1 s old, lease 3 s)",
+    ),
+    (
+        "next-step-refused",
+        "stable-step-identity",
+        "w0.1 run_step(1, step 1) was refused (run_step: step 2 out of order, step 1 is next), "
+        "but step 1 was the next of its payload (1 receipt(s) before it)",
+    ),
+    (
+        "step-wrote-another-step",
+        "stable-step-identity",
+        "w0.1 run_step(1, step 0) wrote the effect of step 1",
     ),
     (
         "repeat-reexecutes",
