@@ -360,7 +360,7 @@ class Nemesis:
             if f.param("ms"):
                 p.slow_others(f.target, None)
             held = ", ".join(f"{run}@{token}" for run, token in sorted(self._held.pop(f).items()))
-            why = self._why.pop(f, "") or f"still held after {f.duration:g} s (the bound)"
+            why = self._why.pop(f, "") or "still held (the bound was reached, or the quiet period)"
             self.periods.append(Period(f.kind, f.target, began, time.time(),
                                        _detail(f, f"stopped holding {held}; resumed: {why}")))
             return
