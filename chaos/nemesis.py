@@ -388,6 +388,10 @@ class Nemesis:
         with self._lock:
             for f in sorted(self.active, key=lambda f: f.at):
                 self._end(f)
+            now = time.time()
+            for f in sorted(self._aim_until, key=lambda f: f.at):  # every fault is recorded
+                self.periods.append(Period(f.kind, f.target, now, now, _detail(
+                    f, "not stopped: the quiet period began while it aimed")))
             self._queue.clear()
             self._aim_until.clear()
 
