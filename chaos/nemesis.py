@@ -114,7 +114,7 @@ def schedule(
     while t < seconds - 1:
         kind = rng.choices(PROCESS_FAULTS, (3, 2, 3, 6))[0]
         target = rng.choice(workers) if rng.random() < 0.8 else rng.choice(procs)
-        if kind == "hold":
+        if kind == "hold":  # aimed at a worker: only a worker holds leases
             resume = rng.choice(("reaped", "reclaimed"))
             runs = rng.choice(("one", "any"))
             ms = int(lease * 150) if stand_in else 0
@@ -308,7 +308,8 @@ class Nemesis:
         if now > until:
             del self._aim_until[f]
             self.periods.append(Period(f.kind, f.target, now, now, _detail(
-                f, f"not stopped: it held no lease between transactions within {AIM_WITHIN:g} s")))
+                f, f"not stopped: it held no lease between transactions within {AIM_WITHIN:g} s",
+                self._after(f))))
             return
         if self._aimed(f, p.holds(f.target)):
             p.stop(f.target)
@@ -334,8 +335,10 @@ class Nemesis:
         owner)."""
         if not held or (f.param("runs") == "one" and len(held) != 1):
             return False
-        after = min(f.param("after", 1), self.parts.writes_bound() or f.param("after", 1))
-        return any(writes >= after for _, writes in held.values())
+        return any(writes >= self._after(f) for _, writes in held.values())
+
+    def _after(self, f: Fault) -> int:
+        return min(f.param("after", 1), self.parts.writes_bound() or f.param("after", 1))
 
     def _watch(self, f: Fault) -> None:
         """One look at what a stopped hold's worker held: resume it once that was taken."""
@@ -361,8 +364,8 @@ class Nemesis:
                 p.slow_others(f.target, None)
             held = ", ".join(f"{run}@{token}" for run, token in sorted(self._held.pop(f).items()))
             why = self._why.pop(f, "") or "still held (the bound was reached, or the quiet period)"
-            self.periods.append(Period(f.kind, f.target, began, time.time(),
-                                       _detail(f, f"stopped holding {held}; resumed: {why}")))
+            self.periods.append(Period(f.kind, f.target, began, time.time(), _detail(
+                f, f"stopped holding {held}; resumed: {why}", self._after(f))))
             return
         if f.kind == "kill":
             p.restart(f.target)
@@ -391,17 +394,17 @@ class Nemesis:
             now = time.time()
             for f in sorted(self._aim_until, key=lambda f: f.at):  # every fault is recorded
                 self.periods.append(Period(f.kind, f.target, now, now, _detail(
-                    f, "not stopped: the quiet period began while it aimed")))
+                    f, "not stopped: the quiet period began while it aimed", self._after(f))))
             self._queue.clear()
             self._aim_until.clear()
 
 
-def _detail(f: Fault, what: str = "") -> str:
+def _detail(f: Fault, what: str = "", after: int = 1) -> str:
     if f.kind == "hold":
         slow = f", others +{f.param('ms')} ms per call" if f.param("ms") else ""
         runs = "one run" if f.param("runs") == "one" else "runs"
-        return (f"aimed at a holder of {runs} after write {f.param('after', 1)} under its "
-                f"lease, resume once {f.param('resume')}{slow}; {what}")
+        return (f"aimed at a holder of {runs} after write {after} under its lease, resume once "
+                f"{f.param('resume')}{slow}; {what}")
     if f.kind == "partition":
         return f"links: {f.param('links')}"
     if f.kind == "clock-bump":
