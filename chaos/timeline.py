@@ -47,6 +47,7 @@ OUTCOMES = (  # strip, colour, outcomes
 FAULT_COLOURS = {
     "kill": "#e74c3c",
     "stop": "#f1c40f",
+    "hold": "#d4ac0d",
     "partition": "#3498db",
     "db-crash": "#c0392b",
     "clock-bump": "#16a085",
