@@ -163,12 +163,11 @@ class Offer:
 
 
 def broken_by(expected: Any, got: Any, fenced: bool, guarantee: str | None) -> tuple[str, ...]:
-    """What an outcome that differs from the model's breaks, when the state itself breaks
-    nothing: the guarantee the operation's outcome is (which runs a claim or a reaper takes,
-    which step a step is, a payload approval froze), if it is one; and when a write the
-    contract refuses went through, or one it lets win was refused, also the fence (a write by
-    an owner) or the conditional transition (any other: exactly one caller wins, and it is
-    this one)."""
+    """What an outcome that differs from the model's breaks, besides what the state shows: the
+    guarantee the operation's outcome is (which runs a claim or a reaper takes, which step a
+    step is, a payload approval froze), if it is one; and when a write the contract refuses
+    went through, or one it lets win was refused, also the fence (a write by an owner) or the
+    conditional transition (any other: exactly one caller wins, and it is this one)."""
     own = (guarantee,) if guarantee else ()
     if {type(expected), type(got)} == {LostRace, Won}:
         return (("lease-fence",) if fenced else ("conditional-transition",)) + own

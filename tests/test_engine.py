@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from knownstate.chaos.check import KindCheck, Profile, run_check
+from knownstate.chaos.check import KindCheck, Profile, broken_by, run_check
+from knownstate.model.contract import LostRace, Won
 from knownstate.chaos.kinds.outbox import MUTANTS, OutboxCheck
 from knownstate.impl import outbox as impl
 from knownstate.impl.errors import boundary
@@ -70,3 +71,15 @@ def test_a_caught_mutant_names_its_invariant_and_replays_to_the_same_counterexam
 def test_every_kind_declares_only_invariants_its_check_can_name():
     assert set(KindCheck.named_invariants()) == set()  # no contract, no own invariants
     assert {"claim", "lease", "lease-fence", "retry-policy"} <= set(OutboxCheck.named_invariants())
+
+
+def test_an_outcome_that_differs_from_the_model_names_what_it_breaks():
+    """A refused write that went through (or the reverse) breaks the fence when an owner made
+    it, the conditional transition otherwise, and in both cases the operation's own guarantee;
+    any other difference names the guarantee alone, or nothing."""
+    assert set(broken_by(LostRace("fenced"), Won("sent"), True, "lease-fence")) == {"lease-fence"}
+    assert set(broken_by(Won(None), LostRace("fenced"), True, None)) == {"lease-fence"}
+    assert set(broken_by(LostRace("approved"), Won(None), False, "stable-step-identity")) == {
+        "conditional-transition", "stable-step-identity"}
+    assert broken_by(Won((1,)), Won((2,)), False, "claim") == ("claim",)
+    assert broken_by(Won((1,)), Won((2,)), False, None) == ()
