@@ -355,11 +355,13 @@ def _retry_policy(contract: Contract, run_id: str, prev: RunView | None,
                                                  f"failed and is still {now.status}: without "
                                                  "retries a failed step ends the run"))
     r = now.retry
-    if r is None or not r.waiting or (prev is not None and prev.status == now.status):
+    if r is None or not r.waiting:
         return out
-    if r.attempts >= r.max_attempts > 0:
+    if r.attempts >= r.max_attempts > 0:  # a state no move may reach: judged in any step
         out.append(Violation("retry-policy", f"run {run_id} waits to be tried again after its last "
                                              f"attempt ({r.attempts} of {r.max_attempts})"))
+    if prev is not None and prev.status == now.status:
+        return out  # the backoff is owed by the move into waiting: the time left runs down after
     if r.due_in < r.owed:
         out.append(Violation("retry-policy", f"run {run_id} is due again in {r.due_in}s, before "
                                              f"the {r.owed}s its backoff owes"))
