@@ -462,6 +462,13 @@ class Processes:
 # ---------------------------------------------------------------------------------------
 
 
+def _reconnected(conn: psycopg.Connection | None, dsn: str, timeout: int) -> psycopg.Connection:
+    """``conn``, or a new autocommit connection when it is gone (a crash, a restart)."""
+    if conn is None or conn.closed or conn.broken:
+        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=timeout)
+    return conn
+
+
 class SoakParts:
     """Implements :class:`knownstate.chaos.nemesis.Parts` over the soak's real parts."""
 
@@ -479,10 +486,7 @@ class SoakParts:
     def _read(self, sql: str, params: dict) -> list | None:
         """Rows, or None when the database cannot be read now (crashed, restarting)."""
         try:
-            if self._conn is None or self._conn.closed or self._conn.broken:
-                self._conn = psycopg.connect(
-                    self.cluster.dsn("soak"), autocommit=True, connect_timeout=2
-                )
+            self._conn = _reconnected(self._conn, self.cluster.dsn("soak"), 2)
             return self._conn.execute(sql, params).fetchall()
         except psycopg.Error:
             if self._conn is not None:
@@ -664,10 +668,7 @@ class Soak:
     def _query(self, sql: str, params=None) -> list:
         for attempt in (1, 2):
             try:
-                if self._observer is None or self._observer.closed or self._observer.broken:
-                    self._observer = psycopg.connect(
-                        self.cluster.dsn("soak"), autocommit=True, connect_timeout=5
-                    )
+                self._observer = _reconnected(self._observer, self.cluster.dsn("soak"), 5)
                 return self._observer.execute(sql, params).fetchall()
             except psycopg.OperationalError:
                 self._observer = None
