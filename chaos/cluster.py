@@ -172,8 +172,10 @@ def _wait_ready(dsn: str, proc: subprocess.Popen | None, log: Path | None,
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             tail = log.read_text()[-800:] if log and log.exists() else ""
-            raise ClusterError(f"postgres exited with code {proc.returncode} while starting; "
-                               f"log tail:\n{tail}")
+            code = proc.returncode
+            how = (f"was killed by {signal.Signals(-code).name} while starting: was it killed "
+                   "from outside?" if code < 0 else f"exited with code {code} while starting.")
+            raise ClusterError(f"PostgreSQL (postgres) {how} Server log tail: {tail!r}")
         try:
             with psycopg.connect(dsn, connect_timeout=2, autocommit=True) as c:
                 c.execute("select 1")

@@ -398,14 +398,19 @@ class Env:
         """(Re)create the workspace of ``kind`` for this run; it becomes the active one (the
         one a time shift moves)."""
         name = f"ks_{self.run_id}_{kind.replace('-', '_')}"
-        for old in [w for w in self.workspaces if w.name == name]:
-            old.drop()  # closes every connection to it first
-            self.workspaces.remove(old)
-        ws = Workspace(self, name, schema_sql)
-        with deferred_signals():
-            ws.create()
-            self.workspaces.append(ws)
-        ws.apply_schema()
+        try:
+            for old in [w for w in self.workspaces if w.name == name]:
+                old.drop()  # closes every connection to it first
+                self.workspaces.remove(old)
+            ws = Workspace(self, name, schema_sql)
+            with deferred_signals():
+                ws.create()
+                self.workspaces.append(ws)
+            ws.apply_schema()
+        except psycopg.Error as e:
+            if not is_connection_error(e):
+                raise
+            raise self._not_answering(e) from None
         self.active = ws
         return ws
 
@@ -423,11 +428,16 @@ class Env:
                     psycopg.connect(self.db.dsn(), autocommit=True, connect_timeout=5,
                                     application_name=app))
         except psycopg.Error as e:
-            self.ensure_alive()
-            raise EnvironmentFault(f"PostgreSQL at {self.db.host}:{self.db.port} is not answering: "
-                                   f"{str(e).strip().splitlines()[0]}") from None
+            raise self._not_answering(e) from None
         self._admin[key] = conn
         return conn
+
+    def _not_answering(self, e: psycopg.Error) -> EnvironmentFault:
+        """The fault for a connection PostgreSQL refused or lost: the part that died, if one did
+        (a kill from outside between two statements), else what the server said."""
+        problem = self.health()
+        return EnvironmentFault(problem or f"PostgreSQL at {self.db.host}:{self.db.port} is not "
+                                f"answering: {str(e).strip().splitlines()[0]}")
 
     def query(self, sql: str, params: Any = None, ws: Workspace | None = None) -> list[tuple]:
         for attempt in (1, 2):
