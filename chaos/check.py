@@ -507,11 +507,7 @@ class _Blocks:
 
         offers = {w.name: data.draw(st.sampled_from(choices(w)), label=f"{w.name} does")
                   for w in chosen}
-        if self._unobserved:
-            self.model_agrees()
-        self._unobserved = True
-        self._age_faults()
-        self.begin_step(len(chosen))
+        self.start_step(len(chosen))
         for w in chosen:
             w.ready()  # a connection the server dropped (a crash) is replaced before the block
         ops = [Op(w.name, offers[w.name].label, w.conn, offers[w.name].impl_op) for w in chosen]
@@ -789,6 +785,17 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         tools.raise_if_interrupted()
         self.stats.steps += n
 
+    def start_step(self, n: int = 1) -> None:
+        """Every operation on the implementation (a block: ``n`` of them at once) starts here.
+        A step before it in the same rule is judged first, since each is judged on its own (the
+        possible states of two unobserved steps are not kept); links faulted long enough heal;
+        the step is counted."""
+        if self._unobserved:
+            self.model_agrees()
+        self._unobserved = True
+        self._age_faults()
+        self.begin_step(n)
+
     # -- the door -------------------------------------------------------------------------------
     def fail(self, problem: str, violations: list[Violation] | None = None,
              real: Any = None, otherwise: str | tuple[str, ...] | None = None) -> NoReturn:
@@ -870,12 +877,8 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         guarantee of the contract (which runs a claim takes, which runs a reaper takes back): an
         outcome that differs from the model's breaks it. Every operation is judged on its own: a
         second operation in one rule first has the one before it observed."""
-        if self._unobserved:
-            self.model_agrees()
-        self._unobserved = True
-        self._age_faults()
+        self.start_step()
         self.env.ensure_alive()
-        self.begin_step()
         base = self.model
         trial = base.copy()
         expected = model_op(trial)

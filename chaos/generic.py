@@ -437,8 +437,7 @@ class GenericCheck(KindCheck):
 
     def _send(self, w: int, key: str, answer: int) -> None:
         h, worker = self.held[w][key], self.workers[w]
-        self._age_faults()
-        self.begin_step()
+        self.start_step()
         trial = self.model.copy()
         trial.sent(key)
         self.receiver.plan(answer)

@@ -288,11 +288,7 @@ class OutboxCheck(KindCheck):
     def _send(self, w: int, delivery: int, answer: int) -> None:
         h = self.held[w][delivery]
         worker = self.workers[w]
-        if self._unobserved:  # a send after another step of one rule: that step is judged first
-            self.model_agrees()
-        self._unobserved = True
-        self._age_faults()
-        self.begin_step()
+        self.start_step()
         trial = self.model.copy()
         trial.sink_received(h.claim.id)
         self.sink.plan(answer)
