@@ -252,6 +252,7 @@ def test_a_signal_writes_both_reports_with_what_finished(gate, capsys, sig, code
     assert (root.get("errors"), root.get("skipped"), root.get("failures")) == ("1", "1", "0")
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the drop itself
 def test_a_signal_whose_interrupt_python_dropped_stops_the_next_step(gate, capsys):
     """A handler's raise inside a destructor or a fork hook is printed and dropped by Python;
     the run must stop at its next step all the same, not run on to its end."""
