@@ -83,3 +83,36 @@ def test_an_outcome_that_differs_from_the_model_names_what_it_breaks():
         "conditional-transition", "stable-step-identity"}
     assert broken_by(Won((1,)), Won((2,)), False, "claim") == ("claim",)
     assert broken_by(Won((1,)), Won((2,)), False, None) == ()
+
+
+def _bare_outbox_check(m) -> OutboxCheck:
+    """An outbox check with no real parts: only what judging observations needs."""
+    chk = OutboxCheck.__new__(OutboxCheck)
+    chk.model, chk._reclaimed = m, set()
+    return chk
+
+
+def test_a_block_is_judged_from_the_states_where_its_orders_stopped():
+    """Across a block only what no legal moves can explain is named: a run that had ended in a
+    state where an order stopped and then changed (terminal answers), a run nobody owns (a stale
+    write with no status guard). A run that ended only after the block, or a changed run that
+    had not ended, names nothing."""
+    from knownstate.model import outbox as model
+
+    m = model.OutboxModel(OutboxCheck.config)
+    m.enqueue(1)
+    (claim,) = m.claim(1).value
+    claimed = m.copy()
+    m.complete(claim)
+    done, retried = m, claimed.copy()
+    retried.fail(claim, permanent=False)
+    chk = _bare_outbox_check(done)
+    seen = chk.observe_model
+    assert chk._ended_then_changed((done,), seen(retried)) == ("terminal-answers-from-receipts",)
+    assert chk._ended_then_changed((claimed, done), seen(retried)) == (
+        "terminal-answers-from-receipts",)
+    assert chk._ended_then_changed((done,), seen(done)) == ()
+    assert chk._ended_then_changed((claimed,), seen(retried)) == ()  # not ended where it stopped
+    assert chk._ended_then_changed((), seen(retried)) == ()
+    assert chk._unowned(retried, frozenset({1})) and chk._unowned(done, frozenset({1}))
+    assert not chk._unowned(claimed, frozenset({1}))
