@@ -104,6 +104,7 @@ from .harness import (
     QUANTUM,
     Env,
     EnvironmentFault,
+    SchemaRefused,
     Stats,
     Worker,
     WorkerDied,
@@ -1161,7 +1162,10 @@ def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | P
     prof = PROFILES[profile] if isinstance(profile, str) else profile
     run = RunState(prof, machine.requirements(), env.capabilities(), fixed_examples=examples,
                    progress=progress, all_traces=traces)
-    ws = env.workspace(machine.kind, machine.schema)
+    try:
+        ws = env.workspace(machine.kind, machine.schema)
+    except SchemaRefused as e:
+        return _result(machine, env, seed, run, prof, str(e), (), [])
     failure: str | None = None
     invariants: tuple[str, ...] = ()
     trace: list[str] = []

@@ -82,6 +82,11 @@ class WorkerDied(KnownstateError):
     """The worker process died (injected): its connection closed without COMMIT."""
 
 
+class SchemaRefused(Exception):
+    """The server refused the kind's schema SQL: the implementation's failure (its schema), not
+    the environment's, reported with the error and the line of the schema it is on."""
+
+
 # ---------------------------------------------------------------------------------------
 # Workspaces: one schema per kind and run.
 # ---------------------------------------------------------------------------------------
@@ -132,7 +137,18 @@ class Workspace:
         columns (what a time shift moves) and which have user triggers."""
         conn = self.connect(application_name=self.env.app_name("setup"))
         try:
-            conn.execute(self.schema_sql)
+            try:
+                conn.execute(self.schema_sql)
+            except psycopg.Error as e:
+                if is_connection_error(e):
+                    raise
+                pos = e.diag.statement_position
+                line = self.schema_sql[:int(pos)].count("\n") + 1 if pos else None
+                raise SchemaRefused(
+                    f"the server refused the kind's schema SQL{f' at line {line}' if line else ''}"
+                    f": {e.sqlstate} {str(e).strip().splitlines()[0]}. Fix the schema (a kind "
+                    "of your own: its adapter's `schema`); it must apply to an empty schema "
+                    "on PostgreSQL 15") from None
             self.tables = tuple(r[0] for r in conn.execute(
                 "select tablename from pg_tables where schemaname = %s order by tablename",
                 (self.name,)).fetchall())

@@ -473,9 +473,10 @@ def run_lines(r: dict) -> list[str]:
             if r["caught"] else _why_not_caught(r)))
     if r["failure"]:
         out.append(f"  failure: {r['failure']}")
-        out.append(f"  counterexample ({r['counterexample_steps']} steps, one operation or "
-                   "fault per line):")
-        out += [f"    {line}" for line in r["counterexample"]]
+        if r["counterexample"]:  # none when the check could not start (a refused schema)
+            out.append(f"  counterexample ({r['counterexample_steps']} steps, one operation or "
+                       "fault per line):")
+            out += [f"    {line}" for line in r["counterexample"]]
         out.append(f"  replay: {r['replay']}")
     elif r["vacuous"]:
         out.append("  vacuous: the run never observed " + "; ".join(r["vacuous"]))

@@ -123,6 +123,18 @@ def test_an_adapters_own_bug_is_reported_as_the_adapters(check_env, adapter, say
     assert r.failure is not None and says in r.failure, r.failure
 
 
+class _RefusedSchema(OutboxAdapter):
+    schema = impl.SCHEMA.rstrip() + "\nCREATE TABLE extra (v txt);\n"
+
+
+def test_a_schema_the_server_refuses_is_the_kinds_failure_naming_its_line(check_env):
+    r = run_check(kind(DESCRIBED, _RefusedSchema), check_env, seed=1, examples=10,
+                  require_all=False)
+    line = _RefusedSchema.schema.splitlines().index("CREATE TABLE extra (v txt);") + 1
+    assert r.failure is not None and r.examples == 0, r.failure
+    assert f"refused the kind's schema SQL at line {line}: 42704 type \"txt\"" in r.failure
+
+
 class _Partial(Adapter):
     schema = "CREATE TABLE t (k text)"
     queries = {"claim": "SELECT 1"}
