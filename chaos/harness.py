@@ -147,8 +147,8 @@ class Workspace:
                 raise SchemaRefused(
                     f"the server refused the kind's schema SQL{f' at line {line}' if line else ''}"
                     f": {e.sqlstate} {str(e).strip().splitlines()[0]}. Fix the schema (a kind "
-                    "of your own: its adapter's `schema`); it must apply to an empty schema "
-                    "on PostgreSQL 15") from None
+                    "of your own: its adapter's `schema`): it must apply, as one script, to "
+                    "an empty schema") from None
             self.tables = tuple(r[0] for r in conn.execute(
                 "select tablename from pg_tables where schemaname = %s order by tablename",
                 (self.name,)).fetchall())
