@@ -46,7 +46,7 @@ import psycopg
 from psycopg import pq
 
 from knownstate.impl import queries as named_queries
-from knownstate.impl.errors import ConnectionLost, ExternalCallFailed
+from knownstate.impl.errors import ConnectionLost, ExternalCallFailed, first_line
 from knownstate.model.contract import LostRace, Won
 from knownstate.model.generic import Timing
 
@@ -389,7 +389,7 @@ class AdapterWorker(Worker):
         try:
             return self.run(opener())
         except (psycopg.Error, OSError, *self.adapter.connection_errors) as e:
-            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            text = first_line(e)
             raise ConnectionLost(f"{self.name} connect: {text}") from None
 
     def abandon(self) -> None:

@@ -79,6 +79,7 @@ from knownstate.impl.errors import (
     ConnectionLost,
     ExternalCallFailed,
     TransactionAborted,
+    first_line,
     is_connection_error,
 )
 from knownstate.model.contract import (
@@ -908,7 +909,7 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
             if isinstance(e, psycopg.Error) and not is_connection_error(e):
                 self._lost_connection(worker, on_error)
                 self.fail(f"{label}: the server refused a statement the model accepts: "
-                          f"{e.sqlstate} {str(e).strip().splitlines()[0]}")
+                          f"{e.sqlstate} {first_line(e)}")
             really = (faulted or self._struck or struck_before or worker is None
                       or isinstance(e, (WorkerDied, ExternalCallFailed))
                       or worker.conn is None or worker.conn.closed or worker.conn.broken)

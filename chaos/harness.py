@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 import psycopg
 
-from knownstate.impl.errors import KnownstateError, is_connection_error
+from knownstate.impl.errors import KnownstateError, first_line, is_connection_error
 
 from .cluster import (
     ClusterError,
@@ -146,7 +146,7 @@ class Workspace:
                 line = self.schema_sql[:int(pos)].count("\n") + 1 if pos else None
                 raise SchemaRefused(
                     f"the server refused the kind's schema SQL{f' at line {line}' if line else ''}"
-                    f": {e.sqlstate} {str(e).strip().splitlines()[0]}. Fix the schema (a kind "
+                    f": {e.sqlstate} {first_line(e)}. Fix the schema (a kind "
                     "of your own: its adapter's `schema`): it must apply, as one script, to "
                     "an empty schema") from None
             self.tables = tuple(r[0] for r in conn.execute(
@@ -241,9 +241,9 @@ class Workspace:
             if is_connection_error(e):
                 self.env.ensure_alive()
                 raise EnvironmentFault(f"PostgreSQL stopped answering during a time shift: "
-                                       f"{str(e).strip().splitlines()[0]}") from None
+                                       f"{first_line(e)}") from None
             raise RuntimeError(f"the schema of {self.name} refuses a time shift of {seconds:+d}s "
-                               f"({e.sqlstate} {str(e).strip().splitlines()[0]}): a constraint "
+                               f"({e.sqlstate} {first_line(e)}): a constraint "
                                "reading now(), or a unique timestamp") from None
         self.shifted += seconds
 
@@ -334,7 +334,7 @@ class Env:
         except psycopg.Error as e:
             self.leftovers = names
             where = getattr(self.db, "dbname", "the database")
-            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            why = first_line(e)
             for name in names:
                 print(f"knownstate: could not drop schema {name} in {where} ({why}): drop it "
                       f"with DROP SCHEMA {name} CASCADE", file=sys.stderr)
@@ -453,7 +453,7 @@ class Env:
         (a kill from outside between two statements), else what the server said."""
         problem = self.health()
         return EnvironmentFault(problem or f"PostgreSQL at {self.db.host}:{self.db.port} is not "
-                                f"answering: {str(e).strip().splitlines()[0]}")
+                                f"answering: {first_line(e)}")
 
     def query(self, sql: str, params: Any = None, ws: Workspace | None = None) -> list[tuple]:
         for attempt in (1, 2):
@@ -677,7 +677,7 @@ class Worker:
             except psycopg.Error as e:
                 self.conn = None
                 raise ConnectionLost(
-                    f"{self.name} connect: {str(e).strip().splitlines()[0]}") from None
+                    f"{self.name} connect: {first_line(e)}") from None
             self.conn.owner = self
         return self.conn
 

@@ -103,6 +103,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import psycopg
 from psycopg import pq
 
+from knownstate.impl.errors import first_line
+
 SESSION_SETTINGS = {
     "deadlock_timeout": "1ms",
     "log_lock_waits": "on",
@@ -582,7 +584,7 @@ class Scheduler:
             except psycopg.OperationalError as e:
                 self.close()
                 if time.monotonic() > deadline:
-                    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    first = first_line(e)
                     raise WorkerStuck(f"the scheduler's observer connection to PostgreSQL failed "
                                       f"for {self.deadline_s:.0f} s ({first}): is the server up?"
                                       ) from None
@@ -770,7 +772,7 @@ class Block:
             if is_connection_error(e):  # its wording depends on timing, not on the schedule
                 w.failed = "a lost connection"
                 return
-            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            text = first_line(e)
             w.failed = f"{e.sqlstate} {text}" if e.sqlstate else text
 
     def _lock_notice(self, w: _Worker, kind: str, mode: str, lock: str) -> None:
@@ -1049,7 +1051,7 @@ def _apply_settings(conn: psycopg.Connection, worker: str) -> None:
     except psycopg.errors.InsufficientPrivilege as e:
         with contextlib.suppress(psycopg.Error):
             conn.rollback()
-        raise SettingsRefused(f"{worker}: {str(e).strip().splitlines()[0]}: concurrent blocks set "
+        raise SettingsRefused(f"{worker}: {first_line(e)}: concurrent blocks set "
                               "deadlock_timeout and log_lock_waits per session, which needs a "
                               "superuser; connect the workers as one") from None
 

@@ -81,7 +81,7 @@ def guide(url: str) -> list[str]:
 
 def run(args) -> int:
     from knownstate.impl.documents import DocumentServer, DocumentStore
-    from knownstate.impl.errors import KnownstateError
+    from knownstate.impl.errors import KnownstateError, first_line
 
     with contextlib.ExitStack() as stack:
         try:
@@ -95,7 +95,7 @@ def run(args) -> int:
             server = stack.enter_context(DocumentServer(dsn, host=args.host,
                                                         port=args.port or None))
         except (ClusterError, Unavailable, KnownstateError, psycopg.Error) as e:
-            print(f"knownstate serve: cannot start: {str(e).strip().splitlines()[0]}")
+            print(f"knownstate serve: cannot start: {first_line(e)}")
             return EXIT_ENVIRONMENT
         except RuntimeError as e:  # uvicorn could not listen
             print(f"knownstate serve: {e}: is port {args.port} taken? choose another with --port")

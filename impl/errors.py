@@ -53,10 +53,10 @@ def boundary(where: str):
         yield
     except psycopg.Error as e:
         if is_connection_error(e):
-            raise ConnectionLost(f"{where}: {_first_line(e)}") from e
+            raise ConnectionLost(f"{where}: {first_line(e)}") from e
         if not e.sqlstate:
-            raise ClientError(f"{where}: {type(e).__name__}: {_first_line(e)}") from e
-        raise TransactionAborted(f"{where}: {e.sqlstate} {_first_line(e)}") from e
+            raise ClientError(f"{where}: {type(e).__name__}: {first_line(e)}") from e
+        raise TransactionAborted(f"{where}: {e.sqlstate} {first_line(e)}") from e
 
 
 def commit(conn: psycopg.Connection, where: str) -> None:
@@ -64,7 +64,7 @@ def commit(conn: psycopg.Connection, where: str) -> None:
     try:
         conn.commit()
     except (psycopg.OperationalError, psycopg.InterfaceError) as e:
-        raise CommitIndeterminate(f"{where}: {_first_line(e)}") from e
+        raise CommitIndeterminate(f"{where}: {first_line(e)}") from e
 
 
 def is_connection_error(e: psycopg.Error) -> bool:
@@ -77,6 +77,7 @@ def is_connection_error(e: psycopg.Error) -> bool:
     return isinstance(e, psycopg.OperationalError)
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """An error's first line, for a one-line message (its type's name when it says nothing)."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
