@@ -20,8 +20,8 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
+import polling
 import psycopg
 import pytest
 
@@ -128,16 +128,16 @@ class WorkerProcess:
 
 
 def poll(what: str, predicate, deadline_s: float = 30.0, procs: list[WorkerProcess] = ()):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
+    """:func:`polling.poll`, failing at once when one of ``procs`` exits (not by SIGKILL)."""
+    def holds():
+        if value := predicate():
             return value
         for p in procs:
             if p.proc.poll() is not None and p.proc.returncode != -signal.SIGKILL:
                 raise AssertionError(f"{p.name} exited {p.proc.returncode}: {p.proc.stderr.read()}")
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {deadline_s:.0f}s waiting until {what}")
+        return None
+
+    return polling.poll(what, holds, deadline_s)
 
 
 def statuses(observer: psycopg.Connection) -> dict[int, tuple[str, int]]:
