@@ -7,9 +7,10 @@ setup:
 verify: setup
 	.venv/bin/knownstate verify
 
-# 100 columns and pyflakes (DESIGN.md, Lessons 6); the settings are in pyproject.toml.
+# 100 columns, pyflakes and one format (DESIGN.md, Lessons 6); the settings are in pyproject.toml.
 lint: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 
 test: lint
 	.venv/bin/python -m pytest tests

@@ -240,8 +240,10 @@ class Adapter:
         ops = [getattr(cls, n) for n in OPERATIONS if getattr(cls, n) is not getattr(Adapter, n)]
         kinds = {inspect.iscoroutinefunction(f) for f in ops}
         if len(kinds) > 1:
-            raise TypeError(f"{cls.__name__}: make every operation async, or none (a worker has "
-                            "one connection, sync or async)")
+            raise TypeError(
+                f"{cls.__name__}: make every operation async, or none (a worker has "
+                "one connection, sync or async)"
+            )
         return "async" if kinds == {True} else "sync"
 
     @classmethod
@@ -274,6 +276,7 @@ def _exec_command(cls):
         if command != COMMIT:
             return gen
         return _committing(self, gen)
+
     return hooked
 
 
@@ -431,8 +434,9 @@ class AdapterWorker(Worker):
         try:
             self.connection()
         except ConnectionLost as e:
-            raise EnvironmentFault(f"{self.name} could not connect through its clean link: "
-                                   f"{e}") from None
+            raise EnvironmentFault(
+                f"{self.name} could not connect through its clean link: {e}"
+            ) from None
 
     def settle_after_error(self) -> None:
         """After an operation the adapter ended on an error it mapped to a lost race: leave no
@@ -446,6 +450,6 @@ class AdapterWorker(Worker):
 
 
 def worker_class(adapter: type[Adapter]) -> type[AdapterWorker]:
-    return type(f"{adapter.__name__}Worker", (AdapterWorker,),
-                {"mode": adapter.mode(), "adapter": adapter})
-
+    return type(
+        f"{adapter.__name__}Worker", (AdapterWorker,), {"mode": adapter.mode(), "adapter": adapter}
+    )

@@ -93,7 +93,7 @@ def _proc_stat(pid: int | str) -> list[str] | None:
     except OSError:
         return None
     # [0] state, [1] ppid, [11..14] utime stime cutime cstime
-    return stat[stat.rindex(")") + 2:].split()
+    return stat[stat.rindex(")") + 2 :].split()
 
 
 def _tree_cpu(root: int | None) -> float:
@@ -129,10 +129,10 @@ class Cpu:
     """Seconds of wall time and of CPU, per consumer, accumulated over the windows of one figure."""
 
     wall: float = 0.0
-    bench: float = 0.0      # this process: the loops (threads) and the bench itself
-    postgres: float = 0.0   # the PostgreSQL server (postmaster and backends)
-    app: float = 0.0        # the server process the loops drive (sink or document server), if any
-    machine: float = 0.0    # every core of the machine, busy
+    bench: float = 0.0  # this process: the loops (threads) and the bench itself
+    postgres: float = 0.0  # the PostgreSQL server (postmaster and backends)
+    app: float = 0.0  # the server process the loops drive (sink or document server), if any
+    machine: float = 0.0  # every core of the machine, busy
 
     @property
     def others(self) -> float:
@@ -148,13 +148,19 @@ class _CpuMeter:
         self.postmaster, self.app = postmaster, app
 
     def read(self) -> Cpu:
-        return Cpu(time.monotonic(), time.process_time(), _tree_cpu(self.postmaster),
-                   _tree_cpu(self.app), _machine_busy())
+        return Cpu(
+            time.monotonic(),
+            time.process_time(),
+            _tree_cpu(self.postmaster),
+            _tree_cpu(self.app),
+            _machine_busy(),
+        )
 
 
 def _diff(a: Cpu, b: Cpu) -> Cpu:
-    return Cpu(*(getattr(b, k) - getattr(a, k)
-                 for k in ("wall", "bench", "postgres", "app", "machine")))
+    return Cpu(
+        *(getattr(b, k) - getattr(a, k) for k in ("wall", "bench", "postgres", "app", "machine"))
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -183,16 +189,21 @@ class Figure:
 
     def as_dict(self) -> dict:
         cores = os.cpu_count() or 1
-        out = {"count": self.count, "seconds": round(self.seconds, 3),
-               "per_second": round(self.rate, 1),
-               "slices": len(self.slices),
-               "slice_rate_min": round(min(self.slices), 1) if self.slices else 0.0,
-               "slice_rate_max": round(max(self.slices), 1) if self.slices else 0.0,
-               "cpu_us_per_op": {k: round(self.cpu_us(k), 1)
-                                 for k in ("bench", "postgres", "app", "others")
-                                 if k != "app" or self.cpu.app},
-               "cores_busy": round(self.cpu.machine / self.cpu.wall, 2) if self.cpu.wall else 0.0,
-               "cores": cores}
+        out = {
+            "count": self.count,
+            "seconds": round(self.seconds, 3),
+            "per_second": round(self.rate, 1),
+            "slices": len(self.slices),
+            "slice_rate_min": round(min(self.slices), 1) if self.slices else 0.0,
+            "slice_rate_max": round(max(self.slices), 1) if self.slices else 0.0,
+            "cpu_us_per_op": {
+                k: round(self.cpu_us(k), 1)
+                for k in ("bench", "postgres", "app", "others")
+                if k != "app" or self.cpu.app
+            },
+            "cores_busy": round(self.cpu.machine / self.cpu.wall, 2) if self.cpu.wall else 0.0,
+            "cores": cores,
+        }
         return out
 
 
@@ -201,8 +212,13 @@ class _Loops:
     then runs ``step()`` (returning units of work done) repeatedly during each slice the main
     thread opens with :meth:`run_slice`. ``close(i)`` runs in the thread when it ends."""
 
-    def __init__(self, n: int, make: Callable[[int], Callable[[], int]],
-                 close: Callable[[int], None] = lambda i: None, name: str = "loop"):
+    def __init__(
+        self,
+        n: int,
+        make: Callable[[int], Callable[[], int]],
+        close: Callable[[int], None] = lambda i: None,
+        name: str = "loop",
+    ):
         self.n, self.make, self.close, self.name = n, make, close, name
         self._start = threading.Barrier(n + 1)
         self._end = threading.Barrier(n + 1)
@@ -233,14 +249,20 @@ class _Loops:
 
     def __enter__(self) -> "_Loops":
         for i in range(self.n):
-            t = threading.Thread(target=self._run, args=(i,), name=f"bench-{self.name}-{i}",
-                                 daemon=True)
+            t = threading.Thread(
+                target=self._run, args=(i,), name=f"bench-{self.name}-{i}", daemon=True
+            )
             t.start()
             self._threads.append(t)
         return self
 
-    def run_slice(self, seconds: float, meter: _CpuMeter, fig: Figure,
-                  during: Callable[[], None] | None = None) -> None:
+    def run_slice(
+        self,
+        seconds: float,
+        meter: _CpuMeter,
+        fig: Figure,
+        during: Callable[[], None] | None = None,
+    ) -> None:
         """Run every loop for ``seconds``; add the work done, the window and its CPU to ``fig``.
         ``during`` runs in a helper thread halfway through the window, concurrently with the
         loops (e.g. ANALYZE while deliveries are in flight); it is charged to the window."""
@@ -253,9 +275,11 @@ class _Loops:
             a = meter.read()
             if during is not None:
                 time.sleep(seconds / 2)
-                helper = threading.Thread(target=_capture(during, helper_error),
-                                          name=f"bench-{self.name}-during",
-                                          daemon=True)
+                helper = threading.Thread(
+                    target=_capture(during, helper_error),
+                    name=f"bench-{self.name}-during",
+                    daemon=True,
+                )
                 helper.start()
                 time.sleep(seconds / 2)
             else:
@@ -293,6 +317,7 @@ def _capture(fn: Callable[[], None], errors: list) -> Callable[[], None]:
             fn()
         except BaseException as e:  # noqa: BLE001 - re-raised by the main thread
             errors.append(e)
+
     return run
 
 
@@ -317,10 +342,12 @@ def _check_bounds(n: int, seconds: float, what: str) -> None:
 def _ceiling_loops(dsn: str, n: int) -> _Loops:
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(f"DROP TABLE IF EXISTS {CEILING_TABLE}")
-        admin.execute(f"CREATE TABLE {CEILING_TABLE} "
-                      "(id integer PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
-        admin.execute(f"INSERT INTO {CEILING_TABLE} (id) SELECT generate_series(0, %s::int)",
-                      (n - 1,))
+        admin.execute(
+            f"CREATE TABLE {CEILING_TABLE} (id integer PRIMARY KEY, n bigint NOT NULL DEFAULT 0)"
+        )
+        admin.execute(
+            f"INSERT INTO {CEILING_TABLE} (id) SELECT generate_series(0, %s::int)", (n - 1,)
+        )
         admin.execute(f"VACUUM ANALYZE {CEILING_TABLE}")
     conns: dict[int, psycopg.Connection] = {}
 
@@ -333,6 +360,7 @@ def _ceiling_loops(dsn: str, n: int) -> _Loops:
         def step() -> int:
             conn.execute(CEILING_SQL, args)
             return 1
+
         return step
 
     return _Loops(n, make, lambda i: conns.pop(i).close() if i in conns else None, "ceiling")
@@ -369,8 +397,10 @@ def _serve(kind: str, arg: str) -> None:
             with NotificationSink() as sink:
                 print(sink.port, flush=True)
                 sys.stdin.read()
-                print(json.dumps({"received": len(sink.log), "duplicates": sink.duplicates()}),
-                      flush=True)
+                print(
+                    json.dumps({"received": len(sink.log), "duplicates": sink.duplicates()}),
+                    flush=True,
+                )
     except KeyboardInterrupt:
         pass
 
@@ -390,15 +420,22 @@ class _ServerProcess:
         return self.proc.pid if self.proc is not None else None
 
     def __enter__(self) -> "_ServerProcess":
-        code = ("import sys; from knownstate.chaos.bench import _serve; "
-                "_serve(sys.argv[1], sys.argv[2])")
-        self.proc = tools.spawn([sys.executable, "-c", code, self.kind, self.arg],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        code = (
+            "import sys; from knownstate.chaos.bench import _serve; "
+            "_serve(sys.argv[1], sys.argv[2])"
+        )
+        self.proc = tools.spawn(
+            [sys.executable, "-c", code, self.kind, self.arg],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             line = self._line(60)
             if not line.strip().isdigit():
-                raise RuntimeError(f"the {self.kind} server process did not start (exit code "
-                                   f"{self.proc.poll()})")
+                raise RuntimeError(
+                    f"the {self.kind} server process did not start (exit code {self.proc.poll()})"
+                )
             self.port = int(line)
         except BaseException:
             self.__exit__()
@@ -440,12 +477,16 @@ class _ServerProcess:
 # ---------------------------------------------------------------------------------------
 
 DURABILITY: dict[str, tuple[dict[str, str], str]] = {
-    "fsync": ({"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on"},
-              "fsync on (PostgreSQL's default, what a user runs): a commit returns once its WAL "
-              "is on disk"),
-    "no-fsync": ({"fsync": "off", "full_page_writes": "off", "synchronous_commit": "on"},
-                 "fsync off (the test harness's throwaway setting): a commit never waits for the "
-                 "disk, and a power loss can corrupt the cluster"),
+    "fsync": (
+        {"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on"},
+        "fsync on (PostgreSQL's default, what a user runs): a commit returns once its WAL "
+        "is on disk",
+    ),
+    "no-fsync": (
+        {"fsync": "off", "full_page_writes": "off", "synchronous_commit": "on"},
+        "fsync off (the test harness's throwaway setting): a commit never waits for the "
+        "disk, and a power loss can corrupt the cluster",
+    ),
 }
 BATCHES = (1, 10, 100)
 MAX_BATCH = 10_000
@@ -505,8 +546,11 @@ class _OutboxQueue(_Queue):
         self._sql(ob.SCHEMA)
 
     def add(self, n: int) -> None:
-        self._sql(f"INSERT INTO outbox_delivery (payload) SELECT {PAYLOAD_SQL} "
-                  "FROM generate_series(1, %s) g", (n,))
+        self._sql(
+            f"INSERT INTO outbox_delivery (payload) SELECT {PAYLOAD_SQL} "
+            "FROM generate_series(1, %s) g",
+            (n,),
+        )
 
 
 class _PgqueuerQueue(_Queue):
@@ -530,6 +574,7 @@ class _PgqueuerQueue(_Queue):
         async def run() -> None:
             async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
                 await fn(Queries.from_psycopg_connection(conn))
+
         asyncio.run(run())
 
     def install(self) -> None:
@@ -540,6 +585,7 @@ class _PgqueuerQueue(_Queue):
             for k in range(0, n, 10_000):
                 m = min(10_000, n - k)
                 await queries_.enqueue([self.entrypoint] * m, [None] * m, [0] * m)
+
         self._run(add)
 
 
@@ -562,6 +608,7 @@ class _ProcrastinateQueue(_Queue):
             app = self.app()
             async with app.open_async():
                 await fn(app)
+
         asyncio.run(run())
 
     def install(self) -> None:
@@ -572,14 +619,19 @@ class _ProcrastinateQueue(_Queue):
 
         async def add(app) -> None:
             for k in range(0, n, 5_000):
-                jobs = [Job(queue="bench", lock=None, queueing_lock=None, task_name="bench")
-                        for _ in range(min(5_000, n - k))]
+                jobs = [
+                    Job(queue="bench", lock=None, queueing_lock=None, task_name="bench")
+                    for _ in range(min(5_000, n - k))
+                ]
                 await app.job_manager.batch_defer_jobs_async(jobs)
+
         self._run(add)
 
 
-PEER_QUEUES: dict[str, type[_Queue]] = {"pgqueuer": _PgqueuerQueue,
-                                        "procrastinate": _ProcrastinateQueue}
+PEER_QUEUES: dict[str, type[_Queue]] = {
+    "pgqueuer": _PgqueuerQueue,
+    "procrastinate": _ProcrastinateQueue,
+}
 
 
 def peer_versions(peers: Iterable[str]) -> dict[str, str | None]:
@@ -603,11 +655,20 @@ _SETTINGS = {"max_attempts": ("integer", 3), "base": ("integer", 60), "cap": ("i
 FENCED_WRITES: dict[str, dict[str, tuple[str, object]]] = {  # query: parameter: (type, value)
     "complete": {"id": ("bigint", 1), "attempt": ("integer", 1)},
     "extend_lease": {"id": ("bigint", 1), "attempt": ("integer", 1), "lease": ("integer", 300)},
-    "fail": {"id": ("bigint", 1), "attempt": ("integer", 1), "permanent": ("boolean", False),
-             "error": ("text", "x"), **_SETTINGS},
-    "record_batch": {"ids": ("bigint[]", list(range(1, 11))), "attempts": ("integer[]", [1] * 10),
-                     "results": ("text[]", ["ok"] * 10), "errors": ("text[]", [""] * 10),
-                     **_SETTINGS},
+    "fail": {
+        "id": ("bigint", 1),
+        "attempt": ("integer", 1),
+        "permanent": ("boolean", False),
+        "error": ("text", "x"),
+        **_SETTINGS,
+    },
+    "record_batch": {
+        "ids": ("bigint[]", list(range(1, 11))),
+        "attempts": ("integer[]", [1] * 10),
+        "results": ("text[]", ["ok"] * 10),
+        "errors": ("text[]", [""] * 10),
+        **_SETTINGS,
+    },
 }
 
 
@@ -624,8 +685,10 @@ def fenced_write_plans(conn: psycopg.Connection) -> dict[str, dict[str, str]]:
         text = _PARAM.sub(lambda m: f"${order.index(m.group(1)) + 1}", text)
         types = ", ".join(params[p][0] for p in order)
         conn.execute(f"PREPARE knownstate_plan ({types}) AS {text}")
-        args = sql.SQL(", ").join(sql.SQL("{}::{}").format(sql.Literal(params[p][1]),
-                                                           sql.SQL(params[p][0])) for p in order)
+        args = sql.SQL(", ").join(
+            sql.SQL("{}::{}").format(sql.Literal(params[p][1]), sql.SQL(params[p][0]))
+            for p in order
+        )
         explain = sql.SQL("EXPLAIN EXECUTE knownstate_plan ({})").format(args)
         try:
             for mode in ("generic", "custom"):
@@ -648,8 +711,9 @@ class _Tally:
     empty: int = 0
 
 
-def _outbox_loops(dsn: str, n: int, batch: int, per_row: bool,
-                  send: Callable[[Claim, dict], str], name: str):
+def _outbox_loops(
+    dsn: str, n: int, batch: int, per_row: bool, send: Callable[[Claim, dict], str], name: str
+):
     """The reference worker loops (:class:`~knownstate.impl.outbox.OutboxWorker`), a thread
     each. Returns the loops, the workers (for their stats) and each loop's tally."""
     store = ob.OutboxStore()
@@ -658,8 +722,9 @@ def _outbox_loops(dsn: str, n: int, batch: int, per_row: bool,
 
     def make(i: int) -> Callable[[], int]:
         # The worker connects (and sets up its connection) itself, in the unmeasured warm-up.
-        worker = workers[i] = ob.OutboxWorker(lambda: psycopg.connect(dsn), store, send, batch,
-                                              per_row=per_row)
+        worker = workers[i] = ob.OutboxWorker(
+            lambda: psycopg.connect(dsn), store, send, batch, per_row=per_row
+        )
         tally = tallies[i]
 
         def step() -> int:  # one turn of the reference loop: OutboxWorker.run() without the close
@@ -670,6 +735,7 @@ def _outbox_loops(dsn: str, n: int, batch: int, per_row: bool,
                 tally.empty += 1  # the queue ran dry in a window: the figure is starved (reported)
                 time.sleep(0.001)
             return worker.stats.sent - sent
+
         return step
 
     def close(i: int) -> None:
@@ -701,6 +767,7 @@ def _async_loops(n: int, setup: Callable, name: str) -> tuple[_Loops, list[_Tall
                 tally.empty += 1
                 time.sleep(0.001)
             return done
+
         return step
 
     def close(i: int) -> None:
@@ -733,13 +800,18 @@ def _pgqueuer_loops(dsn: str, n: int, batch: int) -> tuple[_Loops, list[_Tally]]
         manager = uuid.uuid4()
 
         async def turn() -> tuple[int, int]:
-            jobs = await queries_.dequeue(batch_size=batch, entrypoints=entrypoints,
-                                          queue_manager_id=manager, global_concurrency_limit=None,
-                                          heartbeat_timeout=heartbeat)
+            jobs = await queries_.dequeue(
+                batch_size=batch,
+                entrypoints=entrypoints,
+                queue_manager_id=manager,
+                global_concurrency_limit=None,
+                heartbeat_timeout=heartbeat,
+            )
             if not jobs:
                 return 0, 1
             await queries_.log_jobs([(job, "successful", None) for job in jobs])
             return len(jobs), 2
+
         return turn, conn.close
 
     return _async_loops(n, setup, "pgqueuer")
@@ -763,6 +835,7 @@ def _procrastinate_loops(dsn: str, n: int) -> tuple[_Loops, list[_Tally]]:
                 return 0, 1
             await manager.finish_job(job, Status.SUCCEEDED, delete_job=False)
             return 1, 2
+
         return turn, app.close_async
 
     return _async_loops(n, setup, "procrastinate")
@@ -790,8 +863,15 @@ class _Set:
         return sum(getattr(t, attr) for t in self.tallies)
 
 
-def _figures(dsn: str, stack: contextlib.ExitStack, workers: int, batch: int, names: list[str],
-             queues: dict[str, _Queue], sink_url: str | None) -> list[_Set]:
+def _figures(
+    dsn: str,
+    stack: contextlib.ExitStack,
+    workers: int,
+    batch: int,
+    names: list[str],
+    queues: dict[str, _Queue],
+    sink_url: str | None,
+) -> list[_Set]:
     def noop(claim: Claim, payload: dict) -> str:
         return ob.OK
 
@@ -802,8 +882,9 @@ def _figures(dsn: str, stack: contextlib.ExitStack, workers: int, batch: int, na
     for name in names:
         ws: list = []
         if name in (OURS, OURS_PER_ROW, OURS_SINK):
-            loops, ws, tallies = _outbox_loops(dsn, workers, batch, name == OURS_PER_ROW,
-                                               sink if name == OURS_SINK else noop, name)
+            loops, ws, tallies = _outbox_loops(
+                dsn, workers, batch, name == OURS_PER_ROW, sink if name == OURS_SINK else noop, name
+            )
         elif name == "pgqueuer":
             loops, tallies = _pgqueuer_loops(dsn, workers, batch)
         else:
@@ -813,10 +894,19 @@ def _figures(dsn: str, stack: contextlib.ExitStack, workers: int, batch: int, na
     return sets
 
 
-def _outbox_step(dsn: str, admin: psycopg.Connection, workers: int, batch: int,
-                 names: list[str], queues: dict[str, _Queue], sink_url: str | None,
-                 n_slices: int, slice_s: float, meter: _CpuMeter,
-                 say: Callable[[str], None]) -> dict:
+def _outbox_step(
+    dsn: str,
+    admin: psycopg.Connection,
+    workers: int,
+    batch: int,
+    names: list[str],
+    queues: dict[str, _Queue],
+    sink_url: str | None,
+    n_slices: int,
+    slice_s: float,
+    meter: _CpuMeter,
+    say: Callable[[str], None],
+) -> dict:
     """Every figure at one batch size, from fresh tables, in interleaved slices."""
     for q in queues.values():
         q.reset()
@@ -854,8 +944,10 @@ def _outbox_step(dsn: str, admin: psycopg.Connection, workers: int, batch: int,
             ceiling_wal += _wal_lsn(admin) - before
             for s in sets:
                 run(s, s.fig, slice_s)
-            say(f"  batch {batch}, slice {k + 1}/{n_slices}: ceiling {ceiling.slices[-1]:.0f}/s"
-                + "".join(f", {s.name} {s.fig.slices[-1]:.0f}/s" for s in sets))
+            say(
+                f"  batch {batch}, slice {k + 1}/{n_slices}: ceiling {ceiling.slices[-1]:.0f}/s"
+                + "".join(f", {s.name} {s.fig.slices[-1]:.0f}/s" for s in sets)
+            )
 
     out = {"ceiling": _figure_dict(ceiling, ceiling, 1.0, ceiling_wal)}
     for s in sets:
@@ -870,10 +962,13 @@ def _outbox_step(dsn: str, admin: psycopg.Connection, workers: int, batch: int,
 def _figure_dict(fig: Figure, ceiling: Figure, tx_per_job: float, wal: int) -> dict:
     d = fig.as_dict()
     own = fig.cpu.bench + fig.cpu.postgres + fig.cpu.app
-    d.update(ratio=_ratio(fig, ceiling), tx_per_job=round(tx_per_job, 4),
-             wal_per_job=round(wal / fig.count, 1) if fig.count else 0.0,
-             cpu_per_job=round(_cpu_per_op(fig), 1),
-             cores_own=round(own / fig.cpu.wall, 2) if fig.cpu.wall else 0.0)
+    d.update(
+        ratio=_ratio(fig, ceiling),
+        tx_per_job=round(tx_per_job, 4),
+        wal_per_job=round(wal / fig.count, 1) if fig.count else 0.0,
+        cpu_per_job=round(_cpu_per_op(fig), 1),
+        cores_own=round(own / fig.cpu.wall, 2) if fig.cpu.wall else 0.0,
+    )
     return d
 
 
@@ -885,9 +980,16 @@ def _check_batches(batches: Iterable[int]) -> tuple[int, ...]:
     return out
 
 
-def bench_outbox(workers: int = 4, seconds: float = 10, batches: Iterable[int] = BATCHES,
-                 effect: str = "noop", durability: str = "fsync", peers: Iterable[str] = (),
-                 *, progress: Callable[[str], None] | None = None) -> dict:
+def bench_outbox(
+    workers: int = 4,
+    seconds: float = 10,
+    batches: Iterable[int] = BATCHES,
+    effect: str = "noop",
+    durability: str = "fsync",
+    peers: Iterable[str] = (),
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Jobs/s of the reference worker loop (batched and per-row completion), of each peer that is
     installed, and of the ceiling, at each batch size, in one run on one cluster.
 
@@ -902,8 +1004,11 @@ def bench_outbox(workers: int = 4, seconds: float = 10, batches: Iterable[int] =
         raise ValueError(f"unknown durability {durability!r}: {' or '.join(DURABILITY)}")
     versions = peer_versions(peers)
     measured = [p for p, v in versions.items() if v is not None]
-    names = ([OURS, OURS_PER_ROW] if effect != "sink" else []) \
-        + ([OURS_SINK] if effect != "noop" else []) + measured
+    names = (
+        ([OURS, OURS_PER_ROW] if effect != "sink" else [])
+        + ([OURS_SINK] if effect != "noop" else [])
+        + measured
+    )
     say = progress or (lambda _m: None)
     n_slices, slice_s = _slices(seconds)
     settings, meaning = DURABILITY[durability]
@@ -915,9 +1020,11 @@ def bench_outbox(workers: int = 4, seconds: float = 10, batches: Iterable[int] =
         sink = stack.enter_context(_ServerProcess("sink")) if effect != "noop" else None
         meter = _CpuMeter(pg._proc.pid if pg._proc else None, sink.pid if sink else None)
         admin = stack.enter_context(psycopg.connect(dsn, autocommit=True))
-        say(f"{pg.describe()}, {meaning}; {os.cpu_count()} cores, load {load:.2f}; {n_slices} "
+        say(
+            f"{pg.describe()}, {meaning}; {os.cpu_count()} cores, load {load:.2f}; {n_slices} "
             f"interleaved slices of {slice_s:.2f}s per figure; figures: ceiling, "
-            f"{', '.join(names)}")
+            f"{', '.join(names)}"
+        )
         for p, v in versions.items():
             if v is None:
                 say(f"{p}: not installed, not measured (pip install -e '.[bench]')")
@@ -926,21 +1033,45 @@ def bench_outbox(workers: int = 4, seconds: float = 10, batches: Iterable[int] =
         for q in queues.values():
             q.install()
         for batch in batches:
-            runs[batch] = _outbox_step(dsn, admin, workers, batch, names, queues,
-                                       sink.url if sink else None, n_slices, slice_s, meter, say)
+            runs[batch] = _outbox_step(
+                dsn,
+                admin,
+                workers,
+                batch,
+                names,
+                queues,
+                sink.url if sink else None,
+                n_slices,
+                slice_s,
+                meter,
+                say,
+            )
         plans = fenced_write_plans(admin)
-    return {"bench": "outbox", "workers": workers, "seconds": seconds, "batches": list(batches),
-            "durability": durability, "durability_means": meaning, "settings": settings,
-            "figures": names, "peers": versions, "cores": os.cpu_count() or 1,
-            "load": [round(load, 2), round(os.getloadavg()[0], 2)], "runs": runs, "plans": plans}
+    return {
+        "bench": "outbox",
+        "workers": workers,
+        "seconds": seconds,
+        "batches": list(batches),
+        "durability": durability,
+        "durability_means": meaning,
+        "settings": settings,
+        "figures": names,
+        "peers": versions,
+        "cores": os.cpu_count() or 1,
+        "load": [round(load, 2), round(os.getloadavg()[0], 2)],
+        "runs": runs,
+        "plans": plans,
+    }
 
 
 def _cpu_line(label: str, unit: str, d: dict, app: str | None = None) -> str:
     u = d["cpu_us_per_op"]
     app_part = f"  {app} {u.get('app', 0.0):7.1f}" if app else ""
-    return (f"  {label:<9} {unit:<9} bench {u['bench']:7.1f}{app_part}  "
-            f"postgres {u['postgres']:7.1f}  others {u['others']:7.1f}  "
-            f"(machine busy {d['cores_busy']:.2f} of {d['cores']} cores)")
+    return (
+        f"  {label:<9} {unit:<9} bench {u['bench']:7.1f}{app_part}  "
+        f"postgres {u['postgres']:7.1f}  others {u['others']:7.1f}  "
+        f"(machine busy {d['cores_busy']:.2f} of {d['cores']} cores)"
+    )
 
 
 FIGURE_MEANS = {
@@ -968,18 +1099,24 @@ def _limit_lines(batch: int, run: dict, cores: int, durability: str) -> list[str
     o, c = run[OURS], run["ceiling"]
     u, cu = o["cpu_us_per_op"], c["cpu_us_per_op"]
     commits = o["per_second"] * o["tx_per_job"]
-    lines = [f"  batch {batch}: {o['tx_per_job']:.2f} commits, {o['wal_per_job']:.0f} WAL bytes "
-             f"and {o['cpu_per_job']:.0f} us of CPU per job (postgres {u['postgres']:.0f}, the "
-             f"loop {u['bench']:.0f});",
-             f"    a ceiling commit: {c['wal_per_job']:.0f} WAL bytes, {c['cpu_per_job']:.0f} us "
-             f"(postgres {cu['postgres']:.0f}); ours committed {commits:.0f}/s, the ceiling "
-             f"{c['per_second']:.0f}/s"]
+    lines = [
+        f"  batch {batch}: {o['tx_per_job']:.2f} commits, {o['wal_per_job']:.0f} WAL bytes "
+        f"and {o['cpu_per_job']:.0f} us of CPU per job (postgres {u['postgres']:.0f}, the "
+        f"loop {u['bench']:.0f});",
+        f"    a ceiling commit: {c['wal_per_job']:.0f} WAL bytes, {c['cpu_per_job']:.0f} us "
+        f"(postgres {cu['postgres']:.0f}); ours committed {commits:.0f}/s, the ceiling "
+        f"{c['per_second']:.0f}/s",
+    ]
     if o["cores_busy"] >= 0.85 * cores:
-        why = (f"CPU: the machine was busy {o['cores_busy']:.2f} of {cores} cores, "
-               f"{o['cores_own']:.2f} of them this loop and its server, the rest other work")
+        why = (
+            f"CPU: the machine was busy {o['cores_busy']:.2f} of {cores} cores, "
+            f"{o['cores_own']:.2f} of them this loop and its server, the rest other work"
+        )
     elif durability == "fsync":
-        why = ("the commit: the cores were not saturated, so the loops waited on WAL flushes; "
-               "ours needs 2 per batch")
+        why = (
+            "the commit: the cores were not saturated, so the loops waited on WAL flushes; "
+            "ours needs 2 per batch"
+        )
     else:
         why = "round trips: no core was saturated and no commit waits for the disk"
     return lines + [f"    -> bound by {why}"]
@@ -989,46 +1126,62 @@ def outbox_lines(r: dict) -> list[str]:
     """The outbox bench's result as plain readable lines."""
     runs, cores = r["runs"], r["cores"]
     slices = next(iter(runs.values()))["ceiling"]["slices"]
-    lines = [f"bench outbox: {r['workers']} workers for every figure (threads, a connection "
-             f"each), no-op effect unless named, {r['seconds']:g}s per figure in {slices} "
-             f"interleaved slices; {cores} cores, load average {r['load'][0]:.2f} at start, "
-             f"{r['load'][1]:.2f} at end",
-             f"  durability {r['durability']}: {r['durability_means']}"]
+    lines = [
+        f"bench outbox: {r['workers']} workers for every figure (threads, a connection "
+        f"each), no-op effect unless named, {r['seconds']:g}s per figure in {slices} "
+        f"interleaved slices; {cores} cores, load average {r['load'][0]:.2f} at start, "
+        f"{r['load'][1]:.2f} at end",
+        f"  durability {r['durability']}: {r['durability_means']}",
+    ]
     for p, v in r["peers"].items():
-        lines.append(f"  {p} {v}: measured in the same run, same workers and batch size" if v else
-                     f"  {p}: not installed, not measured (pip install -e '.[bench]')")
+        lines.append(
+            f"  {p} {v}: measured in the same run, same workers and batch size"
+            if v
+            else f"  {p}: not installed, not measured (pip install -e '.[bench]')"
+        )
     for batch, run in runs.items():
-        lines += [f"batch {batch}:",
-                  f"  {'figure':<15} {'jobs/s':>8} {'/ceiling':>8} {'tx/job':>7} {'WAL B/job':>9} "
-                  f"{'CPU us/job':>10} {'busy':>5}  {'slices/s':<13} what"]
+        lines += [
+            f"batch {batch}:",
+            f"  {'figure':<15} {'jobs/s':>8} {'/ceiling':>8} {'tx/job':>7} {'WAL B/job':>9} "
+            f"{'CPU us/job':>10} {'busy':>5}  {'slices/s':<13} what",
+        ]
         for name, d in run.items():
             spread = f"{d['slice_rate_min']:.0f}..{d['slice_rate_max']:.0f}"
-            lines.append(f"  {name:<15} {d['per_second']:>8.0f} {d.get('ratio', 1.0):>8.3f} "
-                         f"{d['tx_per_job']:>7.2f} {d['wal_per_job']:>9.0f} "
-                         f"{d['cpu_per_job']:>10.1f} {d['cores_busy']:>5.2f}  {spread:<13} "
-                         f"{FIGURE_MEANS[name]}")
+            lines.append(
+                f"  {name:<15} {d['per_second']:>8.0f} {d.get('ratio', 1.0):>8.3f} "
+                f"{d['tx_per_job']:>7.2f} {d['wal_per_job']:>9.0f} "
+                f"{d['cpu_per_job']:>10.1f} {d['cores_busy']:>5.2f}  {spread:<13} "
+                f"{FIGURE_MEANS[name]}"
+            )
             if d.get("starved"):
                 lines.append(f"  {'':<15} STARVED: its queue ran dry in a window: too low")
             if d.get("fenced") or d.get("errors") or d.get("failed"):
-                lines.append(f"  {'':<15} fenced {d['fenced']}, failed {d['failed']}, "
-                             f"errors {d['errors']}")
+                lines.append(
+                    f"  {'':<15} fenced {d['fenced']}, failed {d['failed']}, errors {d['errors']}"
+                )
         pairs = [(f"{OURS} / {p}", _ratio_of(run, OURS, p)) for p in (*PEERS, OURS_PER_ROW)]
         lines.append("  " + "; ".join(f"{k} = {_fmt(v)}" for k, v in pairs if v is not None))
     batches = list(runs)
     lines.append(f"ratios at batch {' / '.join(map(str, batches))}:")
     for name in r["figures"]:
-        lines.append(f"  {name + ' / ceiling':<30} "
-                     + " / ".join(_fmt(runs[b][name]["ratio"]) for b in batches))
+        lines.append(
+            f"  {name + ' / ceiling':<30} "
+            + " / ".join(_fmt(runs[b][name]["ratio"]) for b in batches)
+        )
     if OURS in r["figures"]:
         for other in [p for p in (*PEERS, OURS_PER_ROW) if p in r["figures"]]:
-            lines.append(f"  {OURS + ' / ' + other:<30} "
-                         + " / ".join(_fmt(_ratio_of(runs[b], OURS, other)) for b in batches))
+            lines.append(
+                f"  {OURS + ' / ' + other:<30} "
+                + " / ".join(_fmt(_ratio_of(runs[b], OURS, other)) for b in batches)
+            )
         lines.append("what limits ours:")
         for b in batches:
             lines += _limit_lines(b, runs[b], cores, r["durability"])
-        lines += ["  ours writes each row twice (claim, record); pgqueuer writes each job three",
-                  "  times (dequeue, delete, log insert). Recording the batch in one statement",
-                  "  took ours from 1 + 1/batch commits per job to 2/batch, pgqueuer's count."]
+        lines += [
+            "  ours writes each row twice (claim, record); pgqueuer writes each job three",
+            "  times (dequeue, delete, log insert). Recording the batch in one statement",
+            "  took ours from 1 + 1/batch commits per job to 2/batch, pgqueuer's count.",
+        ]
     lines.append("the fenced writes' plans (after an ANALYZE with nothing in flight):")
     for q, modes in r["plans"].items():
         lines.append(f"  {q}: " + "; ".join(f"{m} {scan}" for m, scan in modes.items()))
@@ -1046,8 +1199,10 @@ def _goal_lines(r: dict) -> list[str]:
         if peer in r["figures"]:
             v = [_ratio_of(runs[b], OURS, peer) for b in at]
             verdict = "met" if all(x is not None and x >= goal for x in v) else "not met"
-            out.append(f"goal (issue 11, fsync on): ours >= {goal:g}x {peer} at batch "
-                       f"{' and '.join(map(str, at))}: {verdict} ({', '.join(map(_fmt, v))})")
+            out.append(
+                f"goal (issue 11, fsync on): ours >= {goal:g}x {peer} at batch "
+                f"{' and '.join(map(str, at))}: {verdict} ({', '.join(map(_fmt, v))})"
+            )
     return out
 
 
@@ -1105,8 +1260,12 @@ class _Client:
 
     def put(self, http: _Http) -> bool:
         self.seq += 1
-        body = {"expectedVersion": self.version, "writerId": self.writer, "saveSeq": self.seq,
-                "content": {"title": f"save {self.seq}", "count": self.seq}}
+        body = {
+            "expectedVersion": self.version,
+            "writerId": self.writer,
+            "saveSeq": self.seq,
+            "content": {"title": f"save {self.seq}", "count": self.seq},
+        }
         status, answer = http.request("PUT", f"/api/desk/files/{self.doc}", body)
         if status == 200:
             self.version = answer["version"]
@@ -1139,10 +1298,12 @@ def _doc_loops(url: str, clients: list[_Client]) -> _Loops:
             if ok:
                 c.latencies.append(time.perf_counter() - t)
             return int(ok)
+
         return step
 
-    return _Loops(len(clients), make, lambda i: https.pop(i).close() if i in https else None,
-                  "documents")
+    return _Loops(
+        len(clients), make, lambda i: https.pop(i).close() if i in https else None, "documents"
+    )
 
 
 def _open_loop(url: str, clients: list[_Client], rate: float, seconds: float) -> dict:
@@ -1172,8 +1333,12 @@ def _open_loop(url: str, clients: list[_Client], rate: float, seconds: float) ->
             if c.put(http):
                 c.latencies.append(time.perf_counter() - at)
 
-    threads = [threading.Thread(target=_capture(lambda i=i: run(i), errors), daemon=True,
-                                name=f"bench-open-loop-{i}") for i in range(len(clients))]
+    threads = [
+        threading.Thread(
+            target=_capture(lambda i=i: run(i), errors), daemon=True, name=f"bench-open-loop-{i}"
+        )
+        for i in range(len(clients))
+    ]
     try:
         for t in threads:
             t.start()
@@ -1186,12 +1351,20 @@ def _open_loop(url: str, clients: list[_Client], rate: float, seconds: float) ->
         raise errors[0]
     took = time.perf_counter() - start
     lat = sorted(x for c in clients for x in c.latencies)
-    return {"rate": rate, "seconds": seconds, "requests": total, "saves": len(lat),
-            "achieved_per_second": round(len(lat) / took, 1) if took > 0 else 0.0,
-            "errors": sum(c.errors for c in clients),
-            "conflicts": sum(c.conflicts for c in clients),
-            "p50_ms": _ms(lat, 0.50), "p90_ms": _ms(lat, 0.90), "p99_ms": _ms(lat, 0.99),
-            "max_ms": _ms(lat, 1.0), "behind_ms": round(max(late) * 1e3, 2)}
+    return {
+        "rate": rate,
+        "seconds": seconds,
+        "requests": total,
+        "saves": len(lat),
+        "achieved_per_second": round(len(lat) / took, 1) if took > 0 else 0.0,
+        "errors": sum(c.errors for c in clients),
+        "conflicts": sum(c.conflicts for c in clients),
+        "p50_ms": _ms(lat, 0.50),
+        "p90_ms": _ms(lat, 0.90),
+        "p99_ms": _ms(lat, 0.99),
+        "max_ms": _ms(lat, 1.0),
+        "behind_ms": round(max(late) * 1e3, 2),
+    }
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -1205,8 +1378,13 @@ def _ms(sorted_values: list[float], q: float) -> float:
     return round(_percentile(sorted_values, q) * 1e3, 2)
 
 
-def bench_documents(clients: int = 8, seconds: float = 10, rate: float | None = None, *,
-                    progress: Callable[[str], None] | None = None) -> dict:
+def bench_documents(
+    clients: int = 8,
+    seconds: float = 10,
+    rate: float | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Saves/s of the real document server at full load, against the ceiling, in one run; with
     ``rate``, first the PUT latency at that fixed rate (open loop)."""
     _check_bounds(clients, seconds, "--clients")
@@ -1218,21 +1396,28 @@ def bench_documents(clients: int = 8, seconds: float = 10, rate: float | None = 
     n_slices, slice_s = _slices(seconds)
     ceiling, saves = Figure("ceiling", clients), Figure("documents", clients)
     state = [_Client(f"bench{i}", f"bench-writer-{i}") for i in range(clients)]
-    out: dict = {"bench": "documents", "clients": clients, "seconds": seconds,
-                 "load_before": round(os.getloadavg()[0], 2)}
+    out: dict = {
+        "bench": "documents",
+        "clients": clients,
+        "seconds": seconds,
+        "load_before": round(os.getloadavg()[0], 2),
+    }
     with contextlib.ExitStack() as stack:
         pg = stack.enter_context(PostgresCluster(faketime=False))
         dsn = pg.dsn()
         with DocumentStore(dsn, pool_size=None) as store:
             store.install()
             for i in range(clients):  # one document per client: saves never conflict
-                store.seed(f"bench{i}", "record", DOC_SCHEMA, {"title": "new", "count": 0},
-                           f"user{i}")
+                store.seed(
+                    f"bench{i}", "record", DOC_SCHEMA, {"title": "new", "count": 0}, f"user{i}"
+                )
         server = stack.enter_context(_ServerProcess("documents", dsn))
         postmaster = pg._proc.pid if pg._proc else None
         meter = _CpuMeter(postmaster, server.pid)
-        say(f"{pg.describe()}; document server {server.url} (uvicorn, own process, a pool of "
-            f"connections); {os.cpu_count()} cores; load average {out['load_before']}")
+        say(
+            f"{pg.describe()}; document server {server.url} (uvicorn, own process, a pool of "
+            f"connections); {os.cpu_count()} cores; load average {out['load_before']}"
+        )
         if rate is not None:
             say(f"open loop: {rate:g} PUT/s for {seconds:g}s over {clients} clients")
             _open_loop(server.url, state, rate, min(seconds, 1.0))  # warm-up, not measured
@@ -1250,15 +1435,23 @@ def bench_documents(clients: int = 8, seconds: float = 10, rate: float | None = 
         for k in range(n_slices):
             ceil_loops.run_slice(slice_s, meter, ceiling)
             doc_loops.run_slice(slice_s, meter, saves)
-            say(f"  slice {k + 1}/{n_slices}: ceiling {ceiling.slices[-1]:.0f}/s, "
-                f"saves {saves.slices[-1]:.0f}/s")
+            say(
+                f"  slice {k + 1}/{n_slices}: ceiling {ceiling.slices[-1]:.0f}/s, "
+                f"saves {saves.slices[-1]:.0f}/s"
+            )
     lat = sorted(x for c in state for x in c.latencies)
     d = saves.as_dict()
-    d.update(ratio=_ratio(saves, ceiling), conflicts=sum(c.conflicts for c in state),
-             errors=sum(c.errors for c in state), p50_ms=_ms(lat, 0.50), p99_ms=_ms(lat, 0.99),
-             mean_ms=round(statistics.fmean(lat) * 1e3, 2) if lat else 0.0,
-             expected_ratio_cpu=(round(_cpu_per_op(ceiling) / _cpu_per_op(saves), 4)
-                                 if saves.count else 0.0))
+    d.update(
+        ratio=_ratio(saves, ceiling),
+        conflicts=sum(c.conflicts for c in state),
+        errors=sum(c.errors for c in state),
+        p50_ms=_ms(lat, 0.50),
+        p99_ms=_ms(lat, 0.99),
+        mean_ms=round(statistics.fmean(lat) * 1e3, 2) if lat else 0.0,
+        expected_ratio_cpu=(
+            round(_cpu_per_op(ceiling) / _cpu_per_op(saves), 4) if saves.count else 0.0
+        ),
+    )
     return {**out, "ceiling": ceiling.as_dict(), "documents": d}
 
 
@@ -1266,9 +1459,11 @@ def documents_lines(r: dict) -> list[str]:
     """The documents bench's result as plain readable lines."""
     c, d = r["ceiling"], r["documents"]
     u = d["cpu_us_per_op"]
-    lines = [f"bench documents: {r['clients']} clients (threads, keep-alive http.client), "
-             f"{r['seconds']:g}s per "
-             f"figure, {c['cores']} cores, load average {r['load_before']} before the run"]
+    lines = [
+        f"bench documents: {r['clients']} clients (threads, keep-alive http.client), "
+        f"{r['seconds']:g}s per "
+        f"figure, {c['cores']} cores, load average {r['load_before']} before the run"
+    ]
     if "open_loop" in r:
         o = r["open_loop"]
         verdict = "met" if o["p99_ms"] <= P99_GOAL_MS else "not met"
@@ -1309,17 +1504,23 @@ def documents_lines(r: dict) -> list[str]:
         f"  (two statements, against {c['cpu_us_per_op']['postgres']:.0f} us for the ceiling's "
         f"one). The largest share is {_largest(u)}; the",
         f"  machine's other load took {u['others']:.0f} us per save in the same windows. "
-        + ("The database's commit rate is not the bound: the ceiling is "
-           f"{c['per_second'] / d['per_second']:.0f}x the saves." if d["per_second"]
-           and c["per_second"] > 5 * d["per_second"] else
-           "The saves come close to the ceiling: the database's commit rate is near the bound."),
+        + (
+            "The database's commit rate is not the bound: the ceiling is "
+            f"{c['per_second'] / d['per_second']:.0f}x the saves."
+            if d["per_second"] and c["per_second"] > 5 * d["per_second"]
+            else "The saves come close to the ceiling: the database's commit rate is near "
+            "the bound."
+        ),
     ]
     return lines
 
 
 def _largest(u: dict) -> str:
-    shares = {"the document server's Python": u.get("app", 0.0), "the clients": u["bench"],
-              "PostgreSQL": u["postgres"]}
+    shares = {
+        "the document server's Python": u.get("app", 0.0),
+        "the clients": u["bench"],
+        "PostgreSQL": u["postgres"],
+    }
     return max(shares, key=shares.get)
 
 
@@ -1335,7 +1536,8 @@ def _seconds(s: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {s!r}") from None
     if not 0 < v <= MAX_SECONDS:
         raise argparse.ArgumentTypeError(
-            f"must be more than 0 and at most {MAX_SECONDS:g}, got {s}")
+            f"must be more than 0 and at most {MAX_SECONDS:g}, got {s}"
+        )
     return v
 
 
@@ -1359,49 +1561,96 @@ def _peers(s: str) -> tuple[str, ...]:
 def add_parser(subparsers) -> None:
     """Register ``bench`` with its sub-commands ``outbox`` and ``documents`` (each sets
     ``func``)."""
-    p = subparsers.add_parser("bench",
-                              help="throughput as a ratio to a one-row UPDATE ceiling, in one run",
-                              description="Benchmarks. Each figure is printed with its ratio to "
-                                          "the ceiling (one-row UPDATE commits/s over the same "
-                                          "number of connections), "
-                                          "measured in the same run on interleaved slices.")
+    p = subparsers.add_parser(
+        "bench",
+        help="throughput as a ratio to a one-row UPDATE ceiling, in one run",
+        description="Benchmarks. Each figure is printed with its ratio to "
+        "the ceiling (one-row UPDATE commits/s over the same "
+        "number of connections), "
+        "measured in the same run on interleaved slices.",
+    )
     sub = p.add_subparsers(dest="bench", metavar="{outbox,documents}", required=True)
-    o = sub.add_parser("outbox", help="jobs/s of the reference outbox loop beside peer queues",
-                       description="Jobs/s of the reference outbox worker loop (claim a batch, a "
-                                   "no-op effect, the batch's outcomes recorded with one fenced "
-                                   "write), of the same loop recording row by row, and of the peer "
-                                   "queues named: each a ratio to the ceiling and to the others, "
-                                   "at each batch size, in one run.")
-    o.add_argument("--workers", type=int, default=4,
-                   help="worker threads, a connection each, for every figure; default 4")
-    o.add_argument("--seconds", type=_seconds, default=10.0,
-                   help="seconds per figure and batch size; default 10")
-    o.add_argument("--batch", type=_batches, default=BATCHES, metavar="N[,N...]",
-                   help="jobs per claim, for ours and pgqueuer alike; default 1,10,100")
-    o.add_argument("--durability", choices=tuple(DURABILITY), default="fsync",
-                   help="fsync: PostgreSQL's default, a commit waits for the disk (default); "
-                        "no-fsync: the test harness's setting, it never does")
-    o.add_argument("--peers", type=_peers, default=(), metavar="NAME[,NAME]",
-                   help=f"also measure {' and '.join(PEERS)} (pip install -e '.[bench]')")
-    o.add_argument("--effect", choices=("noop", "sink", "both"), default="noop",
-                   help="our loop's effect: no-op (default), the real HTTP sink, or both")
+    o = sub.add_parser(
+        "outbox",
+        help="jobs/s of the reference outbox loop beside peer queues",
+        description="Jobs/s of the reference outbox worker loop (claim a batch, a "
+        "no-op effect, the batch's outcomes recorded with one fenced "
+        "write), of the same loop recording row by row, and of the peer "
+        "queues named: each a ratio to the ceiling and to the others, "
+        "at each batch size, in one run.",
+    )
+    o.add_argument(
+        "--workers",
+        type=int,
+        default=4,
+        help="worker threads, a connection each, for every figure; default 4",
+    )
+    o.add_argument(
+        "--seconds",
+        type=_seconds,
+        default=10.0,
+        help="seconds per figure and batch size; default 10",
+    )
+    o.add_argument(
+        "--batch",
+        type=_batches,
+        default=BATCHES,
+        metavar="N[,N...]",
+        help="jobs per claim, for ours and pgqueuer alike; default 1,10,100",
+    )
+    o.add_argument(
+        "--durability",
+        choices=tuple(DURABILITY),
+        default="fsync",
+        help="fsync: PostgreSQL's default, a commit waits for the disk (default); "
+        "no-fsync: the test harness's setting, it never does",
+    )
+    o.add_argument(
+        "--peers",
+        type=_peers,
+        default=(),
+        metavar="NAME[,NAME]",
+        help=f"also measure {' and '.join(PEERS)} (pip install -e '.[bench]')",
+    )
+    o.add_argument(
+        "--effect",
+        choices=("noop", "sink", "both"),
+        default="noop",
+        help="our loop's effect: no-op (default), the real HTTP sink, or both",
+    )
     o.set_defaults(func=run_outbox)
-    d = sub.add_parser("documents", help="PUT throughput and latency of the document server",
-                       description="Saves/s and PUT latency of the real document server, each "
-                                   "client saving its own document; with --rate, first the PUT "
-                                   "latency at a fixed rate (open loop).")
-    d.add_argument("--clients", type=int, default=8,
-                   help="client threads (and ceiling connections); default 8")
+    d = sub.add_parser(
+        "documents",
+        help="PUT throughput and latency of the document server",
+        description="Saves/s and PUT latency of the real document server, each "
+        "client saving its own document; with --rate, first the PUT "
+        "latency at a fixed rate (open loop).",
+    )
+    d.add_argument(
+        "--clients", type=int, default=8, help="client threads (and ceiling connections); default 8"
+    )
     d.add_argument("--seconds", type=_seconds, default=10.0, help="seconds per figure; default 10")
-    d.add_argument("--rate", type=_rate, default=None, metavar="PUTS_PER_SECOND",
-                   help="first, PUT latency at this fixed rate (open loop), e.g. 200")
+    d.add_argument(
+        "--rate",
+        type=_rate,
+        default=None,
+        metavar="PUTS_PER_SECOND",
+        help="first, PUT latency at this fixed rate (open loop), e.g. 200",
+    )
     d.set_defaults(func=run_documents)
 
 
 def run_outbox(args) -> int:
     try:
-        r = bench_outbox(args.workers, args.seconds, args.batch, args.effect, args.durability,
-                         args.peers, progress=lambda m: print(m, flush=True))
+        r = bench_outbox(
+            args.workers,
+            args.seconds,
+            args.batch,
+            args.effect,
+            args.durability,
+            args.peers,
+            progress=lambda m: print(m, flush=True),
+        )
     except ValueError as e:
         print(f"bench outbox: {e}")
         return 2
@@ -1421,8 +1670,9 @@ def _rate(s: str) -> float:
 
 def run_documents(args) -> int:
     try:
-        r = bench_documents(args.clients, args.seconds, args.rate,
-                            progress=lambda m: print(m, flush=True))
+        r = bench_documents(
+            args.clients, args.seconds, args.rate, progress=lambda m: print(m, flush=True)
+        )
     except ValueError as e:
         print(f"bench documents: {e}")
         return 2

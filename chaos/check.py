@@ -114,9 +114,22 @@ from .harness import (
 )
 
 __all__ = [
-    "QUANTUM", "Candidate", "CheckResult", "Env", "EnvironmentFault", "Failure", "FaultPolicy",
-    "KindCheck", "PROFILES", "Profile", "Requirement", "Stats", "Worker", "WorkerDied",
-    "run_check", "toxics",
+    "QUANTUM",
+    "Candidate",
+    "CheckResult",
+    "Env",
+    "EnvironmentFault",
+    "Failure",
+    "FaultPolicy",
+    "KindCheck",
+    "PROFILES",
+    "Profile",
+    "Requirement",
+    "Stats",
+    "Worker",
+    "WorkerDied",
+    "run_check",
+    "toxics",
 ]
 
 
@@ -217,12 +230,26 @@ class Profile:
 
 
 PROFILES = {
-    "ci": Profile("ci", 25, 3000, 30, 3, 240.0,
-                  "until every required transition and event was seen 3 times (25 examples at "
-                  "least, 4 minutes at most per kind)"),
-    "deep": Profile("deep", 1000, 100000, 80, 20, 3600.0,
-                    "nightly depth: 1,000 examples at least and every requirement seen 20 "
-                    "times (an hour at most per kind)"),
+    "ci": Profile(
+        "ci",
+        25,
+        3000,
+        30,
+        3,
+        240.0,
+        "until every required transition and event was seen 3 times (25 examples at "
+        "least, 4 minutes at most per kind)",
+    ),
+    "deep": Profile(
+        "deep",
+        1000,
+        100000,
+        80,
+        20,
+        3600.0,
+        "nightly depth: 1,000 examples at least and every requirement seen 20 "
+        "times (an hour at most per kind)",
+    ),
 }
 
 
@@ -249,8 +276,9 @@ class RunState:
 
     def count(self, r: Requirement) -> int:
         if r.what == "transition":
-            return sum(n for (s, e, t), n in self.stats.transitions.items()
-                       if f"{s} -{e}-> {t}" == r.label)
+            return sum(
+                n for (s, e, t), n in self.stats.transitions.items() if f"{s} -{e}-> {t}" == r.label
+            )
         return self.stats.events.get(r.label, 0)
 
     def reachable(self) -> list[Requirement]:
@@ -347,8 +375,12 @@ class _Blocks:
         return [w for w in self.workers if self.offers(w.index)]
 
     def _may_block(self) -> bool:
-        return ("concurrency" in self.run.capabilities and len(self.candidates) == 1
-                and len(self._able()) >= 2 and all(w.clean() for w in self.workers))
+        return (
+            "concurrency" in self.run.capabilities
+            and len(self.candidates) == 1
+            and len(self._able()) >= 2
+            and all(w.clean() for w in self.workers)
+        )
 
     def _contested(self) -> dict[Any, list[Worker]]:
         """Runs that two workers or more can write now (each with an offer naming the run)."""
@@ -357,8 +389,11 @@ class _Blocks:
             for o in self.offers(w.index):
                 for run in o.runs:
                     by_run.setdefault(run, set()).add(w.index)
-        return {run: [self.workers[i] for i in sorted(ws)]
-                for run, ws in sorted(by_run.items(), key=lambda kv: repr(kv[0])) if len(ws) > 1}
+        return {
+            run: [self.workers[i] for i in sorted(ws)]
+            for run, ws in sorted(by_run.items(), key=lambda kv: repr(kv[0]))
+            if len(ws) > 1
+        }
 
     @precondition(lambda self: self._may_block())
     @rule(data=st.data(), aim=st.booleans())
@@ -370,18 +405,25 @@ class _Blocks:
             # a fenced write meeting another worker's write of its run is where locks are waited
             # on and fences meet: such runs twice as often as others (a key two requests race
             # for, a row two claims race for), which are never left out
-            fenced = [run for run, able in contested.items()
-                      if any(o.fenced and run in o.runs
-                             for w in able for o in self.offers(w.index))]
-            run = data.draw(st.sampled_from(fenced + list(contested)),
-                            label="the run they contest")
+            fenced = [
+                run
+                for run, able in contested.items()
+                if any(o.fenced and run in o.runs for w in able for o in self.offers(w.index))
+            ]
+            run = data.draw(st.sampled_from(fenced + list(contested)), label="the run they contest")
             able = contested[run]
         else:
             run, able = None, self._able()
         n = data.draw(st.integers(2, min(3, len(able))), label="workers in the block")
-        chosen = sorted(data.draw(st.lists(st.sampled_from(able), min_size=n, max_size=n,
-                                           unique_by=lambda w: w.index), label="who"),
-                        key=lambda w: w.index)
+        chosen = sorted(
+            data.draw(
+                st.lists(
+                    st.sampled_from(able), min_size=n, max_size=n, unique_by=lambda w: w.index
+                ),
+                label="who",
+            ),
+            key=lambda w: w.index,
+        )
         self._block(data, chosen, run)
 
     def race(self, data, w: int, frozen: bool = False, due: frozenset = frozenset()) -> bool:
@@ -394,11 +436,18 @@ class _Blocks:
         ``due``: the runs of the write it was about to make (empty: any it holds). False when no
         other worker can touch its runs."""
         mine = {run for o in self.offers(w) if o.fenced for run in o.runs}  # the runs it holds
-        contested = {run: ws for run, ws in self._contested().items()
-                     if run in mine and any(x.index == w for x in ws)}
+        contested = {
+            run: ws
+            for run, ws in self._contested().items()
+            if run in mine and any(x.index == w for x in ws)
+        }
         contested = {run: ws for run, ws in contested.items() if run in due} or contested
-        if (not contested or "concurrency" not in self.run.capabilities
-                or not all(x.clean() for x in self.workers) or len(self.candidates) > 1):
+        if (
+            not contested
+            or "concurrency" not in self.run.capabilities
+            or not all(x.clean() for x in self.workers)
+            or len(self.candidates) > 1
+        ):
             return False
         run = data.draw(st.sampled_from(list(contested)), label="the run they race on")
         others = [x for x in contested[run] if x.index != w]
@@ -406,17 +455,30 @@ class _Blocks:
             racers = others
         else:
             n = data.draw(st.integers(1, min(2, len(others))), label="how many race it")
-            racers = data.draw(st.lists(st.sampled_from(others), min_size=n, max_size=n,
-                                        unique_by=lambda x: x.index), label="who races it")
+            racers = data.draw(
+                st.lists(
+                    st.sampled_from(others), min_size=n, max_size=n, unique_by=lambda x: x.index
+                ),
+                label="who races it",
+            )
         stalled = self.workers[w]
         writes = [o for o in self.offers(w) if o.fenced and run in o.runs]
         schedule = None
         if frozen:
             schedule = lambda data, names, offers: self._frozen(  # noqa: E731
-                data, stalled.name, [n for n in names if n != stalled.name],
-                [n for n in names if run in offers[n].once_freed])
-        self._block(data, sorted([stalled, *racers], key=lambda x: x.index), run,
-                    only={stalled.name: writes}, schedule=schedule, faults=not frozen)
+                data,
+                stalled.name,
+                [n for n in names if n != stalled.name],
+                [n for n in names if run in offers[n].once_freed],
+            )
+        self._block(
+            data,
+            sorted([stalled, *racers], key=lambda x: x.index),
+            run,
+            only={stalled.name: writes},
+            schedule=schedule,
+            faults=not frozen,
+        )
         return True
 
     @staticmethod
@@ -428,8 +490,12 @@ class _Blocks:
         write) needs d - 1 change points, so short draws reach it often, and the schedule shrinks
         towards running the workers one after another."""
         order = list(data.draw(st.permutations(names), label="priority"))
-        changes = set(data.draw(st.lists(st.integers(1, 2 * len(names)), max_size=2,
-                                         unique=True), label="priority changes after steps"))
+        changes = set(
+            data.draw(
+                st.lists(st.integers(1, 2 * len(names)), max_size=2, unique=True),
+                label="priority changes after steps",
+            )
+        )
         step = 0
 
         def choose(options: list[str]) -> str:
@@ -444,8 +510,9 @@ class _Blocks:
         return choose
 
     @staticmethod
-    def _frozen(data, stalled: str, others: list[str], later: list[str] = ()
-                ) -> Callable[[list[str]], str]:
+    def _frozen(
+        data, stalled: str, others: list[str], later: list[str] = ()
+    ) -> Callable[[list[str]], str]:
         """The schedule of a worker frozen inside its operation (a GC pause, a suspended VM,
         between two statements of its transaction, holding what it locked): it runs its first
         statements (after each one, whether it freezes there is drawn: after the first, three
@@ -461,8 +528,12 @@ class _Blocks:
         def choose(options: list[str]) -> str:
             nonlocal frozen
             if not frozen and stalled in options:
-                frozen = data.draw(st.integers(0, 3), label=f"{stalled} freezes after this step "
-                                                            "(unless 0)") > 0
+                frozen = (
+                    data.draw(
+                        st.integers(0, 3), label=f"{stalled} freezes after this step (unless 0)"
+                    )
+                    > 0
+                )
                 return stalled
             return next((n for n in order if n in options), stalled)
 
@@ -471,8 +542,9 @@ class _Blocks:
     def _unowned(self, model: Any, runs: frozenset) -> bool:
         """Whether, in ``model``, one of ``runs`` is in a status nobody owns it in."""
         views = self.views(self.observe_model(model)) if self.contract is not None else {}
-        return any(str(r) in views and views[str(r)].status not in self.contract.owned
-                   for r in runs)
+        return any(
+            str(r) in views and views[str(r)].status not in self.contract.owned for r in runs
+        )
 
     def _ended_then_changed(self, states: tuple, real: Any) -> tuple[str, ...]:
         """``terminal-answers-from-receipts`` when a run is terminal in one of ``states`` (where
@@ -484,17 +556,27 @@ class _Blocks:
             return ()
         after = self.views(real)
         for m in states:
-            ended = {r: v for r, v in self.views(self.observe_model(m)).items()
-                     if self.contract.is_terminal(v.status) and r in after}
-            if any(v.invariant == "terminal-answers-from-receipts"
-                   for v in check_invariants(self.contract, ended, {r: after[r] for r in ended})):
+            ended = {
+                r: v
+                for r, v in self.views(self.observe_model(m)).items()
+                if self.contract.is_terminal(v.status) and r in after
+            }
+            if any(
+                v.invariant == "terminal-answers-from-receipts"
+                for v in check_invariants(self.contract, ended, {r: after[r] for r in ended})
+            ):
                 return ("terminal-answers-from-receipts",)
         return ()
 
-    def _block(self, data, chosen: list[Worker], run: Any,
-               only: dict[str, list[Offer]] | None = None,
-               schedule: Callable[..., Callable[[list[str]], str]] | None = None,
-               faults: bool = True) -> None:
+    def _block(
+        self,
+        data,
+        chosen: list[Worker],
+        run: Any,
+        only: dict[str, list[Offer]] | None = None,
+        schedule: Callable[..., Callable[[list[str]], str]] | None = None,
+        faults: bool = True,
+    ) -> None:
         """Run one block of ``chosen`` workers' operations (aimed at ``run`` when given; a worker
         named in ``only`` does one of those offers), scheduled by ``schedule(data, names,
         offers)`` (default: drawn as :meth:`_schedule` draws it); a fault may strike inside it
@@ -507,8 +589,9 @@ class _Blocks:
             aimed = [o for o in mine if run in o.runs]
             return aimed or mine
 
-        offers = {w.name: data.draw(st.sampled_from(choices(w)), label=f"{w.name} does")
-                  for w in chosen}
+        offers = {
+            w.name: data.draw(st.sampled_from(choices(w)), label=f"{w.name} does") for w in chosen
+        }
         self.start_step(len(chosen))
         for w in chosen:
             w.ready()  # a connection the server dropped (a crash) is replaced before the block
@@ -516,8 +599,11 @@ class _Blocks:
         struck: list[Link] = []
         # one block in three meets a fault, between two of its steps (most blocks must run to
         # their end: a race needs every operation in it to reach its writes)
-        when = (data.draw(st.sampled_from([None, None, 1, 2, 3, 4]), label="a fault before step")
-                if faults else None)
+        when = (
+            data.draw(st.sampled_from([None, None, 1, 2, 3, 4]), label="a fault before step")
+            if faults
+            else None
+        )
         steps = 0
 
         def between(block) -> None:
@@ -525,15 +611,21 @@ class _Blocks:
             steps += 1
             if struck or steps != when:
                 return
-            fate = data.draw(st.sampled_from([f"cut {w.name}" for w in chosen]
-                                             + (["crash"] if self._may_crash() else [])),
-                             label="fault in the block")
+            fate = data.draw(
+                st.sampled_from(
+                    [f"cut {w.name}" for w in chosen] + (["crash"] if self._may_crash() else [])
+                ),
+                label="fault in the block",
+            )
             if fate == "crash":
                 self.crashes += 1
                 struck.append(None)
                 self.stats.faults["db-crash"] += 1
-                block.fault("database crash (SIGKILL of the postmaster) and restart",
-                            self.env.crash_and_restart, lost=[w.name for w in chosen])
+                block.fault(
+                    "database crash (SIGKILL of the postmaster) and restart",
+                    self.env.crash_and_restart,
+                    lost=[w.name for w in chosen],
+                )
             else:
                 worker = next(w for w in chosen if w.name == fate.split()[1])
                 struck.append(worker.link)
@@ -541,8 +633,9 @@ class _Blocks:
                 block.fault(f"link down {worker.link.name}", worker.link.down, lost=[worker.name])
 
         names = [w.name for w in chosen]
-        choose = (schedule(data, names, offers) if schedule is not None
-                  else self._schedule(data, names))
+        choose = (
+            schedule(data, names, offers) if schedule is not None else self._schedule(data, names)
+        )
         try:
             res = self.ws.scheduler().run(ops, choose, between=between)
         except SchedulerEnvironmentError as e:
@@ -563,6 +656,7 @@ class _Blocks:
                 self.event("serialization failure")
             if r.error is not None:
                 self._lost_connection(w, None, r.error if not r.transient else None)
+
         def model_op(w: Worker) -> Callable[[Any], Any]:
             offer, r = offers[w.name], results[w.name]
             if offer.among_others is not None and r.error is None:
@@ -571,29 +665,42 @@ class _Blocks:
 
         # as in a sequential step, an operation that raised on a lost connection, a dead worker or
         # a failed external call committed nothing (a COMMIT in flight is indeterminate)
-        history = interleave.history(res, {w.name: model_op(w) for w in chosen},
-                                     no_effect=(ConnectionLost, WorkerDied, ExternalCallFailed))
+        history = interleave.history(
+            res,
+            {w.name: model_op(w) for w in chosen},
+            no_effect=(ConnectionLost, WorkerDied, ExternalCallFailed),
+        )
         self._after_block = True  # a run may have moved twice: the linearization judges moves
         real = self.observe_impl()
-        verdict = linearize.check(history, [c.model for c in self.candidates],
-                                  fingerprint=self.fingerprint,
-                                  final=linearize.FinalState(real, self.observe_model))
+        verdict = linearize.check(
+            history,
+            [c.model for c in self.candidates],
+            fingerprint=self.fingerprint,
+            final=linearize.FinalState(real, self.observe_model),
+        )
         if not verdict.ok:
             named: tuple[str, ...] = ()
             refused = verdict.refused_anywhere or tuple(
-                (op, answers, ()) for (op, _), answers in zip(verdict.next_refused,
-                                                              verdict.next_answers))
+                (op, answers, ())
+                for (op, _), answers in zip(verdict.next_refused, verdict.next_answers)
+            )
             for op, answers, states in refused:
                 offer = offers[op.client]
                 for answer in answers or (None,):
                     named += broken_by(answer, op.output, offer.fenced, offer.guarantee)
-                if offer.fenced and isinstance(op.output, Won) and any(
-                        self._unowned(m, offer.runs) for m in states):
+                if (
+                    offer.fenced
+                    and isinstance(op.output, Won)
+                    and any(self._unowned(m, offer.runs) for m in states)
+                ):
                     # a stale owner's write landed on a run nobody holds: no status guard
                     named += ("conditional-transition",)
                 named += self._ended_then_changed(states, real)
-            self.fail("\n".join(verdict.explain()), real=real,
-                      otherwise=named or ("conditional-transition",))
+            self.fail(
+                "\n".join(verdict.explain()),
+                real=real,
+                otherwise=named or ("conditional-transition",),
+            )
         self.candidates = [Candidate(m) for m in verdict.final_states]
         if any(op.ret is None for op in history):
             self.event("indeterminate commit in a block")
@@ -642,10 +749,13 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
 
     @classmethod
     def requirements(cls) -> tuple[Requirement, ...]:
-        rows = tuple(Requirement(f"{t.source} -{t.event}-> {t.target}", "transition")
-                     for t in cls.table().transitions)
-        events = tuple(r if isinstance(r, Requirement) else Requirement(r)
-                       for r in cls.required_events)
+        rows = tuple(
+            Requirement(f"{t.source} -{t.event}-> {t.target}", "transition")
+            for t in cls.table().transitions
+        )
+        events = tuple(
+            r if isinstance(r, Requirement) else Requirement(r) for r in cls.required_events
+        )
         return rows + events
 
     def new_model(self) -> Any:
@@ -719,13 +829,13 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         if len(kept) != self.n_workers:
             for w in kept:
                 w.close()
-            kept[:] = [self.worker_class(self.env, self.ws, self.kind, i)
-                       for i in range(self.n_workers)]
+            kept[:] = [
+                self.worker_class(self.env, self.ws, self.kind, i) for i in range(self.n_workers)
+            ]
         for w in kept:
             w.links = [w.link]
             w.ready()
         return kept
-
 
     def _swarm_faults_only(self) -> None:
         """Hypothesis's swarm testing switches a random subset of rules off for each example. Let
@@ -753,7 +863,8 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         if abs(seconds - q) >= QUANTUM / 2 - 5:
             raise EnvironmentFault(
                 f"an example ran {time.monotonic() - self.started:.0f} s, longer than the clock "
-                f"tolerance ({QUANTUM / 2 - 5:.0f} s): the machine is too slow or too loaded")
+                f"tolerance ({QUANTUM / 2 - 5:.0f} s): the machine is too slow or too loaded"
+            )
         return int(q)
 
     def advance(self, seconds: int) -> None:
@@ -799,8 +910,13 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         self.begin_step(n)
 
     # -- the door -------------------------------------------------------------------------------
-    def fail(self, problem: str, violations: list[Violation] | None = None,
-             real: Any = None, otherwise: str | tuple[str, ...] | None = None) -> NoReturn:
+    def fail(
+        self,
+        problem: str,
+        violations: list[Violation] | None = None,
+        real: Any = None,
+        otherwise: str | tuple[str, ...] | None = None,
+    ) -> NoReturn:
         """The one door every failure goes through. It judges first: the invariants on the real
         state (unless ``violations`` are given); a failure names those it finds, and shows
         ``problem`` (the difference from the model) after them. When the failing operation's
@@ -813,8 +929,7 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         judged = violations is None
         if judged:
             violations = self._judge_safely(real)
-        names = list(dict.fromkeys((otherwise,) if isinstance(otherwise, str)
-                                   else otherwise or ()))
+        names = list(dict.fromkeys((otherwise,) if isinstance(otherwise, str) else otherwise or ()))
         extra = [n for n in names if n not in {v.invariant for v in violations}] if judged else []
         if violations:
             message = "invariant violated: " + "; ".join(map(str, violations))
@@ -830,8 +945,10 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         names = tuple(sorted({v.invariant for v in violations}))
         unknown = set(names) - set(self.named_invariants())
         if unknown:
-            raise AssertionError(f"{type(self).__name__} judged invariant(s) {sorted(unknown)} "
-                                 "that it does not declare: add them to own_invariants")
+            raise AssertionError(
+                f"{type(self).__name__} judged invariant(s) {sorted(unknown)} "
+                "that it does not declare: add them to own_invariants"
+            )
         self.run.failures.append((message, names, list(self.trace)))
         self.run.allow_save = True
         raise Failure(message, names)
@@ -845,8 +962,11 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
             raise
         except Exception:
             # The state cannot be read (a part is failing): judge what the step did.
-            return (check_invariants(self.contract, {}, {}, self.writes, self.repeats)
-                    if self.contract else [])
+            return (
+                check_invariants(self.contract, {}, {}, self.writes, self.repeats)
+                if self.contract
+                else []
+            )
 
     def judge(self, real: Any) -> list[Violation]:
         """Every invariant on the real state after this step (no side effect). After a concurrent
@@ -861,12 +981,18 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         return out + self.kind_violations(real)
 
     # -- the step ----------------------------------------------------------------------------
-    def apply(self, worker: Worker | None, label: str, model_op: Callable[[Any], Any],
-              impl_op: Callable[[psycopg.Connection], Any], *,
-              on_error: Callable[[], None] | None = None,
-              external_maybe: Callable[[Any], None] | None = None,
-              fenced: tuple[Any, int, bool] | Callable[[], tuple[Any, int, bool]] | None = None,
-              guarantee: str | None = None) -> Any:
+    def apply(
+        self,
+        worker: Worker | None,
+        label: str,
+        model_op: Callable[[Any], Any],
+        impl_op: Callable[[psycopg.Connection], Any],
+        *,
+        on_error: Callable[[], None] | None = None,
+        external_maybe: Callable[[Any], None] | None = None,
+        fenced: tuple[Any, int, bool] | Callable[[], tuple[Any, int, bool]] | None = None,
+        guarantee: str | None = None,
+    ) -> Any:
         """Apply one operation to the model and to the implementation, and compare outcomes.
 
         Returns the implementation's outcome, or None when the operation failed on a fault; then
@@ -890,7 +1016,7 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         seen = None
         try:
             conn = worker.connection() if worker else self.ws.admin()
-            with (watch(self.env, worker, others) if worker else contextlib.nullcontext()) as seen:
+            with watch(self.env, worker, others) if worker else contextlib.nullcontext() as seen:
                 got = impl_op(conn)
         except CommitIndeterminate:
             self.log(f"{label} -> indeterminate (the connection died during COMMIT)")
@@ -899,28 +1025,44 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
             self._indeterminate = True
             # the model refuses it: had it committed, it would have changed nothing; rows that
             # neither state explains are then its refused write landing
-            self._if_landed = (broken_by(expected, Won(None), fenced is not None, guarantee)
-                               if isinstance(expected, LostRace) else ())
+            self._if_landed = (
+                broken_by(expected, Won(None), fenced is not None, guarantee)
+                if isinstance(expected, LostRace)
+                else ()
+            )
             self.candidates = self._with_external(
-                [Candidate(base, committed=False), Candidate(trial, committed=True)],
-                external_maybe)
+                [Candidate(base, committed=False), Candidate(trial, committed=True)], external_maybe
+            )
             return None
         except (ConnectionLost, WorkerDied, ExternalCallFailed, psycopg.OperationalError) as e:
             if isinstance(e, psycopg.Error) and not is_connection_error(e):
                 self._lost_connection(worker, on_error)
-                self.fail(f"{label}: the server refused a statement the model accepts: "
-                          f"{e.sqlstate} {first_line(e)}")
-            really = (faulted or self._struck or struck_before or worker is None
-                      or isinstance(e, (WorkerDied, ExternalCallFailed))
-                      or worker.conn is None or worker.conn.closed or worker.conn.broken)
-            name = {WorkerDied: "worker died before commit",
-                    ExternalCallFailed: "external call failed"}.get(type(e), "connection lost")
+                self.fail(
+                    f"{label}: the server refused a statement the model accepts: "
+                    f"{e.sqlstate} {first_line(e)}"
+                )
+            really = (
+                faulted
+                or self._struck
+                or struck_before
+                or worker is None
+                or isinstance(e, (WorkerDied, ExternalCallFailed))
+                or worker.conn is None
+                or worker.conn.closed
+                or worker.conn.broken
+            )
+            name = {
+                WorkerDied: "worker died before commit",
+                ExternalCallFailed: "external call failed",
+            }.get(type(e), "connection lost")
             self.log(f"{label} -> {type(e).__name__}")
             if not really:
                 self._lost_connection(worker, on_error)
-                self.fail(f"{label}: the implementation reported a lost connection ({e}) on a "
-                          "healthy link, with its connection still open: a client-side error "
-                          "reported as a network failure")
+                self.fail(
+                    f"{label}: the implementation reported a lost connection ({e}) on a "
+                    "healthy link, with its connection still open: a client-side error "
+                    "reported as a network failure"
+                )
             self.event(name)
             self._lost_connection(worker, on_error, e)
             self.candidates = self._with_external([Candidate(base)], external_maybe)
@@ -929,32 +1071,42 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
             self._lost_connection(worker, on_error)
             if seen is not None and seen.blocked_by:
                 who = ", ".join(seen.blocked_by)
-                problem = (f"{label}: waited on a lock held by {who}'s open transaction (seen "
-                           "by the server: pg_blocking_pids), and was cancelled")
-                self.fail(problem, [Violation(self.lock_wait_breaks, problem)]
-                          if self.lock_wait_breaks else None)
+                problem = (
+                    f"{label}: waited on a lock held by {who}'s open transaction (seen "
+                    "by the server: pg_blocking_pids), and was cancelled"
+                )
+                self.fail(
+                    problem,
+                    [Violation(self.lock_wait_breaks, problem)] if self.lock_wait_breaks else None,
+                )
             if seen is not None and seen.hung:
-                self.fail(f"{label}: ran for more than a minute without waiting on any lock "
-                          "(a hung statement), and was cancelled")
+                self.fail(
+                    f"{label}: ran for more than a minute without waiting on any lock "
+                    "(a hung statement), and was cancelled"
+                )
             self.fail(f"{label}: the server refused a statement the model accepts: {e.detail}")
         except ClientError as e:
             self._lost_connection(worker, on_error)
             self.fail(f"{label}: the driver refused the implementation's call: {e.detail}")
         except psycopg.Error as e:
             self._lost_connection(worker, on_error)
-            self.fail(f"{label}: the implementation raised {type(e).__name__}: "
-                      f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+            self.fail(
+                f"{label}: the implementation raised {type(e).__name__}: "
+                f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            )
         self.log(f"{label} -> {fmt(got)}")
         if fenced is not None and isinstance(got, (Won, LostRace)):
             run_id, token, owner = fenced() if callable(fenced) else fenced
-            self.writes.append(Write(str(run_id), token, accepted=isinstance(got, Won),
-                                     owner_current=owner))
+            self.writes.append(
+                Write(str(run_id), token, accepted=isinstance(got, Won), owner_current=owner)
+            )
             if not owner and got == expected:
                 self._count_refusal(label, str(run_id))
         if got != expected:
-            self.fail(f"{label}: implementation answered {fmt(got)}, the model expects "
-                      f"{fmt(expected)}",
-                      otherwise=broken_by(expected, got, fenced is not None, guarantee))
+            self.fail(
+                f"{label}: implementation answered {fmt(got)}, the model expects {fmt(expected)}",
+                otherwise=broken_by(expected, got, fenced is not None, guarantee),
+            )
         if isinstance(got, LostRace):
             self.event("lost race")
         self.model = trial
@@ -968,18 +1120,22 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         fenced write in both situations, where a write without its fence, or without its
         status guard, shows."""
         view = self.prev_views.get(run_id)
-        owned = (view is not None and self.contract is not None
-                 and view.status in self.contract.owned)
-        self.event(f"fence refusal: {label.split('(')[0]} "
-                   f"({'re-claimed' if owned else 'no longer claimed'})")
+        owned = (
+            view is not None and self.contract is not None and view.status in self.contract.owned
+        )
+        self.event(
+            f"fence refusal: {label.split('(')[0]} "
+            f"({'re-claimed' if owned else 'no longer claimed'})"
+        )
 
     def maybe(self, *candidates: Candidate) -> None:
         """After a step whose outcome nobody knows (an answer lost), the possible states."""
         self.candidates = list(candidates)
 
     @staticmethod
-    def _with_external(cands: list[Candidate],
-                       external_maybe: Callable[[Any], None] | None) -> list[Candidate]:
+    def _with_external(
+        cands: list[Candidate], external_maybe: Callable[[Any], None] | None
+    ) -> list[Candidate]:
         if external_maybe is None:
             return cands
         out = [Candidate(c.model, c.committed, external=False) for c in cands]
@@ -989,8 +1145,12 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
             out.append(Candidate(acted, c.committed, external=True))
         return out
 
-    def _lost_connection(self, worker: Worker | None, on_error: Callable[[], None] | None,
-                         error: BaseException | None = None) -> None:
+    def _lost_connection(
+        self,
+        worker: Worker | None,
+        on_error: Callable[[], None] | None,
+        error: BaseException | None = None,
+    ) -> None:
         cleanup, self._fault_cleanup = self._fault_cleanup, None
         if cleanup is not None:
             cleanup()
@@ -1013,18 +1173,26 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         if not matching:
             expected = self.observe_model(self.candidates[-1].model)
             more = len(self.candidates)
-            self.fail("the database disagrees with the model after this step:\n"
-                      + diff(expected, real)
-                      + ("" if more == 1 else
-                         f"\n(none of the {more} possible states after an indeterminate step "
-                         "matched)"), real=real,
-                      otherwise=self._if_landed if self._indeterminate else None)
+            self.fail(
+                "the database disagrees with the model after this step:\n"
+                + diff(expected, real)
+                + (
+                    ""
+                    if more == 1
+                    else f"\n(none of the {more} possible states after an indeterminate step "
+                    "matched)"
+                ),
+                real=real,
+                otherwise=self._if_landed if self._indeterminate else None,
+            )
         chosen = matching[0]
         if self._indeterminate and len({c.committed for c in matching}) == 1:
             landed = "committed" if chosen.committed else "not committed"
             self.event(f"indeterminate resolved: {landed}")
-            self.log(f"  (observed: the indeterminate step "
-                     f"{'committed' if chosen.committed else 'did not commit'})")
+            self.log(
+                f"  (observed: the indeterminate step "
+                f"{'committed' if chosen.committed else 'did not commit'})"
+            )
         if chosen.external is not None and len({c.external for c in matching}) == 1:
             self.log(f"  (observed: the stand-in {'acted' if chosen.external else 'did not act'})")
         self._indeterminate = False
@@ -1100,8 +1268,9 @@ class CheckResult:
         return sum(1 for line in self.counterexample if not line.startswith("  "))
 
 
-def build_machine(machine: type[KindCheck], env: Env, seed: int, run: RunState,
-                  ws: Workspace) -> type[KindCheck]:
+def build_machine(
+    machine: type[KindCheck], env: Env, seed: int, run: RunState, ws: Workspace
+) -> type[KindCheck]:
     cls = type(machine.__name__, (machine,), {"env": env, "ws": ws, "run": run})
     return hyp_seed(seed)(cls)
 
@@ -1151,18 +1320,35 @@ def shrink_budget(replays: int):
         runner.test_function, engine.MAX_SHRINKING_SECONDS = original, old
 
 
-def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | Profile = "ci",
-              examples: int | None = None, steps: int | None = None, require_all: bool = True,
-              progress: Callable[[RunState], None] | None = None, shrinks: int = SHRINKS,
-              database: ExampleDatabase | None = None, database_key: str | None = None,
-              traces: list[list[str]] | None = None, start_batch: int = 0) -> CheckResult:
+def run_check(
+    machine: type[KindCheck],
+    env: Env,
+    *,
+    seed: int,
+    profile: str | Profile = "ci",
+    examples: int | None = None,
+    steps: int | None = None,
+    require_all: bool = True,
+    progress: Callable[[RunState], None] | None = None,
+    shrinks: int = SHRINKS,
+    database: ExampleDatabase | None = None,
+    database_key: str | None = None,
+    traces: list[list[str]] | None = None,
+    start_batch: int = 0,
+) -> CheckResult:
     """Run one kind's check against the real parts. ``examples`` fixes the number of examples
     (one batch, no coverage stop); otherwise the profile directs the run, batch after batch from
     ``start_batch``. Raises EnvironmentFault when a real part dies, carrying what the run had
     done so far in its ``partial`` (a CheckResult; ``stopped`` says why)."""
     prof = PROFILES[profile] if isinstance(profile, str) else profile
-    run = RunState(prof, machine.requirements(), env.capabilities(), fixed_examples=examples,
-                   progress=progress, all_traces=traces)
+    run = RunState(
+        prof,
+        machine.requirements(),
+        env.capabilities(),
+        fixed_examples=examples,
+        progress=progress,
+        all_traces=traces,
+    )
     try:
         ws = env.workspace(machine.kind, machine.schema)
     except SchemaRefused as e:
@@ -1177,10 +1363,16 @@ def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | P
             db = None  # stored examples are replayed in the first batch; all batches save
             if database is not None:
                 db = GateDatabase(database if run.batch == start_batch else SaveOnly(database), run)
-            conf = settings(max_examples=examples or BATCH, stateful_step_count=steps or prof.steps,
-                            deadline=None, database=db, suppress_health_check=list(HealthCheck),
-                            verbosity=Verbosity.quiet, report_multiple_bugs=False,
-                            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink))
+            conf = settings(
+                max_examples=examples or BATCH,
+                stateful_step_count=steps or prof.steps,
+                deadline=None,
+                database=db,
+                suppress_health_check=list(HealthCheck),
+                verbosity=Verbosity.quiet,
+                report_multiple_bugs=False,
+                phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
+            )
             test = get_state_machine_test(cls, settings=conf)
             key = database_key or f"knownstate:{machine.kind}"
             test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()
@@ -1191,8 +1383,9 @@ def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | P
             except Exception as e:  # the check failed: the last run is Hypothesis's shrunk replay
                 problem = env.health()
                 if problem:
-                    raise _interrupted(EnvironmentFault(problem), machine, env, seed, run,
-                                       prof) from None
+                    raise _interrupted(
+                        EnvironmentFault(problem), machine, env, seed, run, prof
+                    ) from None
                 failure, invariants, trace = _failure_of(e, run)
                 run.stopped = f"a failure in batch {run.batch}"
                 break
@@ -1205,13 +1398,18 @@ def run_check(machine: type[KindCheck], env: Env, *, seed: int, profile: str | P
         raise _interrupted(EnvironmentFault(problem), machine, env, seed, run, prof)
     result = _result(machine, env, seed, run, prof, failure, invariants, trace)
     if failure is None and require_all:
-        result.vacuous = [f"{r.what} '{r.label}' (seen {run.count(r)} times)" if run.count(r)
-                          else f"{r.what} '{r.label}'" for r in run.missing(1)]
+        result.vacuous = [
+            f"{r.what} '{r.label}' (seen {run.count(r)} times)"
+            if run.count(r)
+            else f"{r.what} '{r.label}'"
+            for r in run.missing(1)
+        ]
     return result
 
 
-def _interrupted(e: EnvironmentFault, machine: type[KindCheck], env: Env, seed: int,
-                 run: RunState, prof: Profile) -> EnvironmentFault:
+def _interrupted(
+    e: EnvironmentFault, machine: type[KindCheck], env: Env, seed: int, run: RunState, prof: Profile
+) -> EnvironmentFault:
     """``e``, carrying what the run had done when the environment failed (its ``partial``).
     When a part died, the fault names it, whatever symptom raised ``e`` (a refused connection,
     a Toxiproxy call unanswered)."""
@@ -1224,22 +1422,39 @@ def _interrupted(e: EnvironmentFault, machine: type[KindCheck], env: Env, seed: 
     return e
 
 
-def _result(machine: type[KindCheck], env: Env, seed: int, run: RunState, prof: Profile,
-            failure: str | None, invariants: tuple[str, ...], trace: list[str]) -> CheckResult:
-    return CheckResult(kind=machine.kind, seed=seed, examples=run.stats.examples,
-                       steps=run.stats.steps, seconds=time.monotonic() - run.started,
-                       stats=run.stats, profile=prof.name, failure=failure,
-                       invariants=invariants, counterexample=trace, batch=run.batch,
-                       unavailable=env.unavailable(),
-                       not_covered=[r.key for r in run.not_covered()],
-                       coverage={r.key: run.count(r) for r in run.reachable()},
-                       stopped=run.stopped)
+def _result(
+    machine: type[KindCheck],
+    env: Env,
+    seed: int,
+    run: RunState,
+    prof: Profile,
+    failure: str | None,
+    invariants: tuple[str, ...],
+    trace: list[str],
+) -> CheckResult:
+    return CheckResult(
+        kind=machine.kind,
+        seed=seed,
+        examples=run.stats.examples,
+        steps=run.stats.steps,
+        seconds=time.monotonic() - run.started,
+        stats=run.stats,
+        profile=prof.name,
+        failure=failure,
+        invariants=invariants,
+        counterexample=trace,
+        batch=run.batch,
+        unavailable=env.unavailable(),
+        not_covered=[r.key for r in run.not_covered()],
+        coverage={r.key: run.count(r) for r in run.reachable()},
+        stopped=run.stopped,
+    )
 
 
 def _shortest(run: RunState) -> tuple[str, tuple[str, ...], list[str]]:
-    message, names, trace = min(run.failures,
-                                key=lambda f: (len([l for l in f[2] if not l.startswith("  ")]),
-                                               len(f[2])))
+    message, names, trace = min(
+        run.failures, key=lambda f: (len([l for l in f[2] if not l.startswith("  ")]), len(f[2]))
+    )
     return message, names, trace
 
 

@@ -98,21 +98,25 @@ class Progress:
         self._last = now
         stats = run.stats
         todo = [r.key for r in run.missing(run.profile.times_each)]
-        line = (f"  {self.label}: {stats.examples} examples, {stats.steps} steps, "
-                f"{sum(stats.faults.values())} faults, "
-                + ("shrinking a failure" if run.failures else
-                   f"{len(todo)} requirements still to observe"
-                   + (": " + ", ".join(todo) if 0 < len(todo) <= 3 else "")))
+        line = (
+            f"  {self.label}: {stats.examples} examples, {stats.steps} steps, "
+            f"{sum(stats.faults.values())} faults, "
+            + (
+                "shrinking a failure"
+                if run.failures
+                else f"{len(todo)} requirements still to observe"
+                + (": " + ", ".join(todo) if 0 < len(todo) <= 3 else "")
+            )
+        )
         if self.live:
-            self.stream.write("\r\033[K" + line[:self._width()])
+            self.stream.write("\r\033[K" + line[: self._width()])
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
 
     @staticmethod
     def _width() -> int:
-        return os.get_terminal_size(sys.stderr.fileno()).columns - 1 if sys.stderr.isatty() \
-            else 200
+        return os.get_terminal_size(sys.stderr.fileno()).columns - 1 if sys.stderr.isatty() else 200
 
     def done(self) -> None:
         if self.live and self._last is not None:
@@ -158,8 +162,10 @@ def plan(args, command: str) -> Plan:
             raise UsageError(f"--{name} must be at least {low}")
     shard = parse_shard(args.shard) if args.shard else None
     if shard and args.seed is None:
-        raise UsageError("--shard needs --seed: every shard must run the same seeds "
-                         "(in CI, e.g. --seed $GITHUB_RUN_ID)")
+        raise UsageError(
+            "--shard needs --seed: every shard must run the same seeds "
+            "(in CI, e.g. --seed $GITHUB_RUN_ID)"
+        )
     base = args.seed if args.seed is not None else secrets.randbelow(2**32)
     seeds = [base + i for i in range(args.seeds or 1)]
     wanted = args.mutant if isinstance(args.mutant, list) else [args.mutant] if args.mutant else []
@@ -169,8 +175,7 @@ def plan(args, command: str) -> Plan:
     for name in wanted:
         if not any(m.name == name for ms in catalogue.values() for m in ms):
             choices = ", ".join(m.name for ms in catalogue.values() for m in ms)
-            raise UsageError(f"{', '.join(selected)} has no mutant {name!r}: choose from "
-                             f"{choices}")
+            raise UsageError(f"{', '.join(selected)} has no mutant {name!r}: choose from {choices}")
     units: list[Unit] = []
     for kind in selected:
         chosen = [m for m in catalogue[kind] if not wanted or m.name in wanted]
@@ -192,11 +197,15 @@ def plan(args, command: str) -> Plan:
         raise UsageError("--json and --junit name the same file: give each its own")
     mem, notes = _memory(args, command)
     explicit_db = getattr(args, "example_db", None)
-    replay = Replay(profile=args.profile, examples=args.examples, steps=args.steps,
-                    shrinks=args.shrinks,
-                    example_db=explicit_db if explicit_db != memory.DEFAULT_DIR else None,
-                    no_example_db=command == "mutants" or bool(args.no_example_db),
-                    dsn=bool(args.dsn))
+    replay = Replay(
+        profile=args.profile,
+        examples=args.examples,
+        steps=args.steps,
+        shrinks=args.shrinks,
+        example_db=explicit_db if explicit_db != memory.DEFAULT_DIR else None,
+        no_example_db=command == "mutants" or bool(args.no_example_db),
+        dsn=bool(args.dsn),
+    )
     return Plan(command, units, planned, seeds, shard, replay, mem, len(seeds) == 1, notes)
 
 
@@ -219,7 +228,8 @@ def _memory(args, command: str) -> tuple[memory.Memory | None, list[str]]:
     problem = memory.prepare_default()
     if problem:
         return (memory.Memory(None, github) if github else None), [
-            f"{problem}: running without memory of earlier failures (--example-db DIR)"]
+            f"{problem}: running without memory of earlier failures (--example-db DIR)"
+        ]
     return memory.Memory(memory.DEFAULT_DIR, github), []
 
 
@@ -236,10 +246,12 @@ def _machine(unit: Unit):
 def _header(args, p: Plan) -> str:
     prof = PROFILES[args.profile]
     names = ", ".join(dict.fromkeys(u.kind for u in p.units)) or "nothing"
-    seeds = (f"seed {p.seeds[0]}" if len(p.seeds) == 1
-             else f"{len(p.seeds)} seeds ({p.seeds[0]}..{p.seeds[-1]})")
-    text = (f"knownstate {p.command}: {names} — profile {args.profile} ({prof.description}), "
-            f"{seeds}")
+    seeds = (
+        f"seed {p.seeds[0]}"
+        if len(p.seeds) == 1
+        else f"{len(p.seeds)} seeds ({p.seeds[0]}..{p.seeds[-1]})"
+    )
+    text = f"knownstate {p.command}: {names} — profile {args.profile} ({prof.description}), {seeds}"
     if p.shard:
         text += f"; shard {p.shard[0]}/{p.shard[1]}: {len(p.units)} of {p.planned} runs"
     return text
@@ -254,8 +266,16 @@ def _unit_line(rec: dict) -> str:
 
 
 def execute(args, p: Plan) -> int:
-    report = Report(p.command, ["knownstate", *args.argv], args.profile, p.seeds, p.units,
-                    p.planned, p.shard, p.memory.local if p.memory else None)
+    report = Report(
+        p.command,
+        ["knownstate", *args.argv],
+        args.profile,
+        p.seeds,
+        p.units,
+        p.planned,
+        p.shard,
+        p.memory.local if p.memory else None,
+    )
     print(_header(args, p), flush=True)
     for note in p.notes:
         print(f"  note: {note}", flush=True)
@@ -270,8 +290,7 @@ def execute(args, p: Plan) -> int:
             print(f"  on {env.db.describe()}, Toxiproxy {env.toxiproxy.url}", flush=True)
             if p.memory and p.memory.local:
                 how = "replayed first" if p.replay_stored else "new ones kept, none replayed"
-                print(f"  example database: {p.memory.local} (failing examples {how})",
-                      flush=True)
+                print(f"  example database: {p.memory.local} (failing examples {how})", flush=True)
             for unit in p.units:
                 _run_unit(args, p, report, env, unit)
         tools.interrupt_caught()  # a signal from here on waits for the reports
@@ -295,10 +314,10 @@ def _stopped_by(e: BaseException, report: Report) -> tuple[str, str | None, str]
         print("knownstate: stopped; every server it started has been stopped.", file=sys.stderr)
         return "environment", None, str(e)
     sig = getattr(cause, "signal", "SIGINT")
-    message = f"interrupted by {sig}" + (f" during {report.current.label}"
-                                         if report.current else "")
-    print(f"\nknownstate: {message}; every server it started has been stopped.",
-          file=sys.stderr)
+    message = f"interrupted by {sig}" + (
+        f" during {report.current.label}" if report.current else ""
+    )
+    print(f"\nknownstate: {message}; every server it started has been stopped.", file=sys.stderr)
     return "interrupted", sig, message
 
 
@@ -318,18 +337,27 @@ def _run_unit(args, p: Plan, report: Report, env, unit: Unit) -> None:
     missing = unit.mutant.missing(env.capabilities()) if unit.mutant else []
     if missing:
         report.finish(unit, not_covered_record(unit, args.profile, missing))
-        print(f"  {unit.label}: not covered on this database (the mutant needs "
-              f"{', '.join(missing)})")
+        print(
+            f"  {unit.label}: not covered on this database (the mutant needs {', '.join(missing)})"
+        )
         return
     progress = Progress(unit.label, report)
     db = p.memory.database(p.replay_stored) if p.memory else None
     try:
-        r = run_check(_machine(unit), env, seed=unit.seed, profile=args.profile,
-                      examples=args.examples, steps=args.steps,
-                      require_all=p.command == "verify" and unit.mutant is None,
-                      progress=progress, shrinks=args.shrinks, database=db,
-                      database_key=memory.key(unit.kind, unit.mutant and unit.mutant.name),
-                      start_batch=args.batch)
+        r = run_check(
+            _machine(unit),
+            env,
+            seed=unit.seed,
+            profile=args.profile,
+            examples=args.examples,
+            steps=args.steps,
+            require_all=p.command == "verify" and unit.mutant is None,
+            progress=progress,
+            shrinks=args.shrinks,
+            database=db,
+            database_key=memory.key(unit.kind, unit.mutant and unit.mutant.name),
+            start_batch=args.batch,
+        )
     finally:
         progress.done()
     rec = report.finish(unit, finished_record(unit, r, p.replay, db.stored if db else 0))
@@ -363,14 +391,24 @@ def cmd_verify(args) -> int:
 
 def cmd_mutants(args) -> int:
     p = plan(args, "mutants")
-    problems = [q for k in dict.fromkeys(u.kind for u in p.units)
-                for q in catalogue_problems(kinds.check(k), kinds.mutants(k))]
+    problems = [
+        q
+        for k in dict.fromkeys(u.kind for u in p.units)
+        for q in catalogue_problems(kinds.check(k), kinds.mutants(k))
+    ]
     if problems:
         for q in problems:
             print(f"knownstate mutants: catalogue: {q}", file=sys.stderr)
         message = "the mutant catalogue has problems: " + "; ".join(problems)
-        report = Report("mutants", ["knownstate", *args.argv], args.profile, p.seeds,
-                        p.units, p.planned, p.shard)
+        report = Report(
+            "mutants",
+            ["knownstate", *args.argv],
+            args.profile,
+            p.seeds,
+            p.units,
+            p.planned,
+            p.shard,
+        )
         doc = report.document("failed", message)
         write_reports(doc, args.json, args.junit)
         print("knownstate mutants: REFUSED — fix the catalogue first (nothing ran)")
@@ -405,8 +443,10 @@ def cmd_specs(args) -> int:
         print("knownstate specs: " + ("drift found" if problems else "specs/ agree with model/"))
         return EXIT_FAILED if problems else EXIT_OK
     changed = specs.write()
-    print("knownstate specs: rewrote " + (", ".join(changed) if changed else "nothing "
-                                          "(already current)"))
+    print(
+        "knownstate specs: rewrote "
+        + (", ".join(changed) if changed else "nothing (already current)")
+    )
     return EXIT_OK
 
 
@@ -420,95 +460,168 @@ def _dsn_option(value: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
-        prog="knownstate", formatter_class=raw, epilog=EXIT_CODES_HELP + "\n\n" + profiles_help(),
+        prog="knownstate",
+        formatter_class=raw,
+        epilog=EXIT_CODES_HELP + "\n\n" + profiles_help(),
         description="The verification gate for durable work on PostgreSQL: pure models checked "
-                    "against the reference implementation under real faults.")
+        "against the reference implementation under real faults.",
+    )
     p.add_argument("--version", action="version", version=f"knownstate {knownstate_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp):
-        sp.add_argument("kinds", nargs="*", metavar="KIND",
-                        help=f"run kinds (default: all of {', '.join(kinds.names())})")
+        sp.add_argument(
+            "kinds",
+            nargs="*",
+            metavar="KIND",
+            help=f"run kinds (default: all of {', '.join(kinds.names())})",
+        )
         sp.add_argument("--examples", type=int, help="examples per kind (default: the profile's)")
-        sp.add_argument("--steps", type=int,
-                        help="maximum steps per example (default: the profile's)")
+        sp.add_argument(
+            "--steps", type=int, help="maximum steps per example (default: the profile's)"
+        )
         sp.add_argument("--seed", type=int, help="the seed (default: a random one, printed)")
-        sp.add_argument("--dsn", type=_dsn_option, metavar="DSN", help=(
-            "an external PostgreSQL (default: a throwaway cluster). Only the database the DSN "
-            "names is used, in schemas the run creates and drops; its user needs CONNECT and "
-            "CREATE on it. env:NAME reads the DSN from the environment variable NAME (e.g. "
-            "--dsn env:DATABASE_URL); no variable is ever read otherwise"))
+        sp.add_argument(
+            "--dsn",
+            type=_dsn_option,
+            metavar="DSN",
+            help=(
+                "an external PostgreSQL (default: a throwaway cluster). Only the database the DSN "
+                "names is used, in schemas the run creates and drops; its user needs CONNECT and "
+                "CREATE on it. env:NAME reads the DSN from the environment variable NAME (e.g. "
+                "--dsn env:DATABASE_URL); no variable is ever read otherwise"
+            ),
+        )
         sp.add_argument("--json", metavar="FILE", help="write a JSON report")
-        sp.add_argument("--shrinks", type=int, default=DEFAULT_SHRINKS,
-                        help="replays at most, shrinking a failure to its shortest "
-                             f"counterexample (default {DEFAULT_SHRINKS}; a count, never a time)")
-        sp.add_argument("--batch", type=int, default=0,
-                        help="start at this batch of examples "
-                             "(a failure's replay command gives it)")
-        sp.add_argument("--kind", action="append", default=[], metavar="MODULE:CHECK",
-                        dest="own_kinds",
-                        help="also a kind of your own: a check class, e.g. mypkg.kinds:WebhookKind")
+        sp.add_argument(
+            "--shrinks",
+            type=int,
+            default=DEFAULT_SHRINKS,
+            help="replays at most, shrinking a failure to its shortest "
+            f"counterexample (default {DEFAULT_SHRINKS}; a count, never a time)",
+        )
+        sp.add_argument(
+            "--batch",
+            type=int,
+            default=0,
+            help="start at this batch of examples (a failure's replay command gives it)",
+        )
+        sp.add_argument(
+            "--kind",
+            action="append",
+            default=[],
+            metavar="MODULE:CHECK",
+            dest="own_kinds",
+            help="also a kind of your own: a check class, e.g. mypkg.kinds:WebhookKind",
+        )
         sp.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
-        sp.add_argument("--profile", choices=sorted(PROFILES), default="ci",
-                        help="how long each run goes on: " + "; ".join(
-                            f"{n}: {pr.description}" for n, pr in PROFILES.items()))
-        sp.add_argument("--seeds", type=int, metavar="N",
-                        help="run each check at N seeds (--seed, --seed + 1, ...) and print per "
-                             "kind or mutant how many passed / were caught, and at which seeds")
-        sp.add_argument("--shard", metavar="I/N",
-                        help="run only shard I of N of the runs (kinds x seeds x mutants, dealt "
-                             "round-robin); needs --seed; join the reports with 'report merge'")
+        sp.add_argument(
+            "--profile",
+            choices=sorted(PROFILES),
+            default="ci",
+            help="how long each run goes on: "
+            + "; ".join(f"{n}: {pr.description}" for n, pr in PROFILES.items()),
+        )
+        sp.add_argument(
+            "--seeds",
+            type=int,
+            metavar="N",
+            help="run each check at N seeds (--seed, --seed + 1, ...) and print per "
+            "kind or mutant how many passed / were caught, and at which seeds",
+        )
+        sp.add_argument(
+            "--shard",
+            metavar="I/N",
+            help="run only shard I of N of the runs (kinds x seeds x mutants, dealt "
+            "round-robin); needs --seed; join the reports with 'report merge'",
+        )
 
-    v = sub.add_parser("verify", formatter_class=raw, epilog=EXIT_CODES_HELP,
-                       help="run the gate: each kind's model against its implementation under "
-                            "faults")
+    v = sub.add_parser(
+        "verify",
+        formatter_class=raw,
+        epilog=EXIT_CODES_HELP,
+        help="run the gate: each kind's model against its implementation under faults",
+    )
     common(v)
-    v.add_argument("--mutant", metavar="NAME",
-                   help="check a named mutant instead of the reference (one KIND): CAUGHT exits "
-                        "0, NOT CAUGHT exits 1")
+    v.add_argument(
+        "--mutant",
+        metavar="NAME",
+        help="check a named mutant instead of the reference (one KIND): CAUGHT exits "
+        "0, NOT CAUGHT exits 1",
+    )
     db = v.add_mutually_exclusive_group()
-    db.add_argument("--example-db", metavar="DIR",
-                    help=f"keep failing examples here and replay them first (default "
-                         f"{memory.DEFAULT_DIR}, git-ignored)")
-    db.add_argument("--no-example-db", action="store_true",
-                    help="neither replay nor keep failing examples")
-    v.add_argument("--example-db-github", metavar="OWNER/REPO[:ARTIFACT]",
-                   help="also replay the failing examples in this GitHub Actions artifact "
-                        f"(read-only; artifact name default {memory.ARTIFACT}; needs "
-                        "GITHUB_TOKEN for a private repository)")
+    db.add_argument(
+        "--example-db",
+        metavar="DIR",
+        help=f"keep failing examples here and replay them first (default "
+        f"{memory.DEFAULT_DIR}, git-ignored)",
+    )
+    db.add_argument(
+        "--no-example-db", action="store_true", help="neither replay nor keep failing examples"
+    )
+    v.add_argument(
+        "--example-db-github",
+        metavar="OWNER/REPO[:ARTIFACT]",
+        help="also replay the failing examples in this GitHub Actions artifact "
+        f"(read-only; artifact name default {memory.ARTIFACT}; needs "
+        "GITHUB_TOKEN for a private repository)",
+    )
     v.set_defaults(func=cmd_verify)
 
-    m = sub.add_parser("mutants", formatter_class=raw, epilog=EXIT_CODES_HELP,
-                       help="run the gate against each named bug; every one must be caught")
+    m = sub.add_parser(
+        "mutants",
+        formatter_class=raw,
+        epilog=EXIT_CODES_HELP,
+        help="run the gate against each named bug; every one must be caught",
+    )
     common(m)
-    m.add_argument("--mutant", metavar="NAME", action="append",
-                   help="only this mutant (repeatable); the reference always runs")
-    m.add_argument("-v", "--verbose", action="store_true",
-                   help="print each mutant's counterexample and replay command")
+    m.add_argument(
+        "--mutant",
+        metavar="NAME",
+        action="append",
+        help="only this mutant (repeatable); the reference always runs",
+    )
+    m.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print each mutant's counterexample and replay command",
+    )
     m.set_defaults(func=cmd_mutants, no_example_db=True, example_db=None)
 
     r = sub.add_parser("report", help="work with JSON reports")
     rsub = r.add_subparsers(dest="report_command", required=True)
-    rm = rsub.add_parser("merge", formatter_class=raw, epilog=EXIT_CODES_HELP,
-                         help="join the JSON reports of the shards of one run (--shard I/N)",
-                         description="Join the JSON reports of every shard of one run into the "
-                                     "report of the whole; exits as that run would have.")
+    rm = rsub.add_parser(
+        "merge",
+        formatter_class=raw,
+        epilog=EXIT_CODES_HELP,
+        help="join the JSON reports of the shards of one run (--shard I/N)",
+        description="Join the JSON reports of every shard of one run into the "
+        "report of the whole; exits as that run would have.",
+    )
     rm.add_argument("reports", nargs="+", metavar="REPORT.json")
     rm.add_argument("--json", metavar="FILE", help="write the merged JSON report")
     rm.add_argument("--junit", metavar="FILE", help="write the merged JUnit XML report")
     rm.set_defaults(func=cmd_report_merge)
 
-    sp = sub.add_parser("specs",
-                        help="regenerate the diagrams and the contract table in specs/ from model/")
+    sp = sub.add_parser(
+        "specs", help="regenerate the diagrams and the contract table in specs/ from model/"
+    )
     sp.add_argument("--check", action="store_true", help="only report drift (exit 1 when found)")
     sp.set_defaults(func=cmd_specs)
 
     from . import bench
 
     bench.add_parser(sub)
-    from . import soak; soak.add_parser(sub)  # noqa: E702
-    from . import scaffold; scaffold.add_parser(sub)  # noqa: E702
-    from . import serve; serve.add_parser(sub)  # noqa: E702
+    from . import soak
+
+    soak.add_parser(sub)  # noqa: E702
+    from . import scaffold
+
+    scaffold.add_parser(sub)  # noqa: E702
+    from . import serve
+
+    serve.add_parser(sub)  # noqa: E702
     return p
 
 
@@ -540,8 +653,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ENVIRONMENT
     except KeyboardInterrupt as e:
         tools.interrupt_caught()
-        print("\nknownstate: interrupted; every server it started has been stopped.",
-              file=sys.stderr)
+        print(
+            "\nknownstate: interrupted; every server it started has been stopped.", file=sys.stderr
+        )
         return EXIT_TERMINATED if getattr(e, "signal", "") == "SIGTERM" else EXIT_INTERRUPTED
     finally:
         for s, handler in previous.items():

@@ -165,16 +165,21 @@ class DbClock:
         os.replace(tmp, self.path)
 
 
-def _wait_ready(dsn: str, proc: subprocess.Popen | None, log: Path | None,
-                deadline_s: float = 30.0) -> None:
+def _wait_ready(
+    dsn: str, proc: subprocess.Popen | None, log: Path | None, deadline_s: float = 30.0
+) -> None:
     deadline = time.monotonic() + deadline_s
     last: Exception | None = None
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             tail = log.read_text()[-800:] if log and log.exists() else ""
             code = proc.returncode
-            how = (f"was killed by {signal.Signals(-code).name} while starting: was it killed "
-                   "from outside?" if code < 0 else f"exited with code {code} while starting.")
+            how = (
+                f"was killed by {signal.Signals(-code).name} while starting: was it killed "
+                "from outside?"
+                if code < 0
+                else f"exited with code {code} while starting."
+            )
             raise ClusterError(f"PostgreSQL (postgres) {how} Server log tail: {tail!r}")
         try:
             with psycopg.connect(dsn, connect_timeout=2, autocommit=True) as c:
@@ -213,9 +218,25 @@ class PostgresCluster:
                 pw = pwd.getpwnam(self._user)
                 os.chown(self._dir, pw.pw_uid, pw.pw_gid)
             self.data = self._dir / "data"
-            out = subprocess.run([initdb, "-D", str(self.data), "-U", "postgres", "-A", "trust",
-                                  "--no-sync", "-E", "UTF8", "--locale=C"],
-                                 capture_output=True, text=True, user=self._user, cwd=self._dir)
+            out = subprocess.run(
+                [
+                    initdb,
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    "postgres",
+                    "-A",
+                    "trust",
+                    "--no-sync",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                ],
+                capture_output=True,
+                text=True,
+                user=self._user,
+                cwd=self._dir,
+            )
             if out.returncode != 0:
                 raise ClusterError(f"initdb failed: {out.stderr.strip()[-500:]}")
             if ld:
@@ -236,21 +257,31 @@ class PostgresCluster:
         try:
             pwd.getpwnam("postgres")
         except KeyError:
-            raise ClusterError("running as root, and there is no `postgres` user to run the server "
-                               "as: create it (useradd postgres) or run as a normal user") from None
+            raise ClusterError(
+                "running as root, and there is no `postgres` user to run the server "
+                "as: create it (useradd postgres) or run as a normal user"
+            ) from None
         return "postgres"
 
     def _launch(self) -> None:
         assert self._dir is not None and self.port is not None
         conf = {
-            "listen_addresses": self.host, "port": str(self.port),
+            "listen_addresses": self.host,
+            "port": str(self.port),
             "unix_socket_directories": str(self._dir),
-            "fsync": "off", "full_page_writes": "off", "synchronous_commit": "on",
-            "max_connections": "200", "shared_buffers": "128MB", "autovacuum": "off",
+            "fsync": "off",
+            "full_page_writes": "off",
+            "synchronous_commit": "on",
+            "max_connections": "200",
+            "shared_buffers": "128MB",
+            "autovacuum": "off",
             # Checkpoint often: crash recovery replays the WAL since the last one, and a check
             # crashes the server hundreds of times (a restart stays a tenth of a second).
-            "checkpoint_timeout": "30s", "max_wal_size": "64MB", "min_wal_size": "32MB",
-            "log_min_messages": "fatal", "logging_collector": "off",
+            "checkpoint_timeout": "30s",
+            "max_wal_size": "64MB",
+            "min_wal_size": "32MB",
+            "log_min_messages": "fatal",
+            "logging_collector": "off",
         }
         conf.update(self.settings)
         args = [self._postgres, "-D", str(self.data)]
@@ -258,14 +289,19 @@ class PostgresCluster:
             args += ["-c", f"{k}={v}"]
         env = dict(os.environ)
         if self._ld:
-            env.update(LD_PRELOAD=self._ld, FAKETIME_TIMESTAMP_FILE=str(self.clock.path),
-                       FAKETIME_NO_CACHE="1", FAKETIME_DONT_FAKE_MONOTONIC="1")
+            env.update(
+                LD_PRELOAD=self._ld,
+                FAKETIME_TIMESTAMP_FILE=str(self.clock.path),
+                FAKETIME_NO_CACHE="1",
+                FAKETIME_DONT_FAKE_MONOTONIC="1",
+            )
         self._log = self._dir / "postgres.log"
         with open(self._log, "ab") as log:
             if self._user:
                 os.chown(self._log, pwd.getpwnam(self._user).pw_uid, -1)
-            self._proc = tools.spawn(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=self._dir, user=self._user)
+            self._proc = tools.spawn(
+                args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self._dir, user=self._user
+            )
         _wait_ready(self.dsn(), self._proc, self._log)
 
     def crash(self) -> None:
@@ -274,8 +310,10 @@ class PostgresCluster:
         if self._proc is None:
             return
         if not self.running:
-            raise ClusterError("the postmaster had died before the injected crash (was it killed "
-                               f"from outside?); server log tail: {self.log_tail(300)!r}")
+            raise ClusterError(
+                "the postmaster had died before the injected crash (was it killed "
+                f"from outside?); server log tail: {self.log_tail(300)!r}"
+            )
         with contextlib.suppress(ProcessLookupError):
             os.kill(self._proc.pid, signal.SIGSTOP)  # no new backend between listing and killing
         victims = [self._proc.pid, *_descendants(self._proc.pid), *_living_in(self.data)]
@@ -324,7 +362,6 @@ class PostgresCluster:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
-
     def __enter__(self) -> "PostgresCluster":
         return self.start() if self._proc is None else self
 
@@ -332,8 +369,9 @@ class PostgresCluster:
         self.stop()
 
     # -- addresses -----------------------------------------------------------
-    def dsn(self, dbname: str = "postgres", host: str | None = None,
-            port: int | None = None) -> str:
+    def dsn(
+        self, dbname: str = "postgres", host: str | None = None, port: int | None = None
+    ) -> str:
         return f"host={host or self.host} port={port or self.port} user=postgres dbname={dbname}"
 
     def describe(self) -> str:
@@ -369,43 +407,62 @@ class ExternalDatabase:
         with conn:
             self.user, self.dbname, may_create = conn.execute(
                 "select current_user, current_database(), "
-                "has_database_privilege(current_database(), 'CREATE')").fetchone()
+                "has_database_privilege(current_database(), 'CREATE')"
+            ).fetchone()
             if not may_create:
-                raise Refused(f"user {self.user} may not create schemas in database "
-                              f"{self.dbname} on {self.host}:{self.port}: grant it with GRANT "
-                              f"CREATE ON DATABASE {_ident(self.dbname)} TO {_ident(self.user)}")
+                raise Refused(
+                    f"user {self.user} may not create schemas in database "
+                    f"{self.dbname} on {self.host}:{self.port}: grant it with GRANT "
+                    f"CREATE ON DATABASE {_ident(self.dbname)} TO {_ident(self.user)}"
+                )
             self._may_end_own_sessions(conn)
 
     def _connect_or_refuse(self, deadline_s: float) -> psycopg.Connection:
         deadline = time.monotonic() + deadline_s
         while True:
             try:
-                return psycopg.connect(self._dsn, autocommit=True, connect_timeout=5,
-                                       application_name="knownstate-preflight")
+                return psycopg.connect(
+                    self._dsn,
+                    autocommit=True,
+                    connect_timeout=5,
+                    application_name="knownstate-preflight",
+                )
             except psycopg.OperationalError as e:
                 text = str(e)
                 refused = self._refusal(" ".join(text.split()))
                 if refused:
                     raise Refused(refused) from None
                 if time.monotonic() > deadline:
-                    raise Refused(f"PostgreSQL at {self.host}:{self.port} is not answering "
-                                  f"({_reason(text)}): is it running, and is the DSN right?"
-                                  ) from None
+                    raise Refused(
+                        f"PostgreSQL at {self.host}:{self.port} is not answering "
+                        f"({_reason(text)}): is it running, and is the DSN right?"
+                    ) from None
                 time.sleep(0.1)
 
     def _refusal(self, text: str) -> str | None:
         """The one-line message for a connection the server refused (None: not a refusal)."""
         where = f"{self.host}:{self.port}"
         if "permission denied for database" in text:
-            return (f"user {self.user} may not connect to database {self.dbname} on {where}: "
-                    f"grant it with GRANT CONNECT ON DATABASE {_ident(self.dbname)} TO "
-                    f"{_ident(self.user)}")
+            return (
+                f"user {self.user} may not connect to database {self.dbname} on {where}: "
+                f"grant it with GRANT CONNECT ON DATABASE {_ident(self.dbname)} TO "
+                f"{_ident(self.user)}"
+            )
         if f'database "{self.dbname}" does not exist' in text:
-            return (f"database {self.dbname} does not exist on {where}: create it, or name "
-                    "an existing one in the DSN (the harness never creates databases)")
-        if any(m in text for m in ("authentication failed", "does not exist",
-                                   "no pg_hba.conf entry", "not permitted to log in",
-                                   "too many connections for role")):
+            return (
+                f"database {self.dbname} does not exist on {where}: create it, or name "
+                "an existing one in the DSN (the harness never creates databases)"
+            )
+        if any(
+            m in text
+            for m in (
+                "authentication failed",
+                "does not exist",
+                "no pg_hba.conf entry",
+                "not permitted to log in",
+                "too many connections for role",
+            )
+        ):
             return f"{where} refused user {self.user}: {_reason(text)}: check the DSN"
         return None
 
@@ -413,8 +470,9 @@ class ExternalDatabase:
         """The harness ends its own abandoned sessions (pg_terminate_backend) and watches its
         own lock waits (pg_blocking_pids): try both on a session of its own."""
         app = f"knownstate-preflight-{secrets.token_hex(4)}"
-        with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5,
-                             application_name=app) as probe:
+        with psycopg.connect(
+            self._dsn, autocommit=True, connect_timeout=5, application_name=app
+        ) as probe:
             pid = probe.info.backend_pid
             for function in ("pg_blocking_pids", "pg_terminate_backend"):
                 try:
@@ -422,22 +480,28 @@ class ExternalDatabase:
                 except psycopg.errors.InsufficientPrivilege:
                     (signature,) = conn.execute(
                         "select min(oid::regprocedure::text) from pg_proc where proname = %s",
-                        (function,)).fetchone()
-                    raise Refused(f"user {self.user} may not call {function}() in database "
-                                  f"{self.dbname} on {self.host}:{self.port} (the harness ends "
-                                  "and watches its own sessions): grant it with GRANT EXECUTE "
-                                  f"ON FUNCTION {signature} TO {_ident(self.user)}") from None
+                        (function,),
+                    ).fetchone()
+                    raise Refused(
+                        f"user {self.user} may not call {function}() in database "
+                        f"{self.dbname} on {self.host}:{self.port} (the harness ends "
+                        "and watches its own sessions): grant it with GRANT EXECUTE "
+                        f"ON FUNCTION {signature} TO {_ident(self.user)}"
+                    ) from None
             if ended is not True:
-                raise Refused(f"user {self.user} may not end its own sessions in database "
-                              f"{self.dbname} on {self.host}:{self.port}: grant it with "
-                              f"GRANT pg_signal_backend TO {_ident(self.user)}")
+                raise Refused(
+                    f"user {self.user} may not end its own sessions in database "
+                    f"{self.dbname} on {self.host}:{self.port}: grant it with "
+                    f"GRANT pg_signal_backend TO {_ident(self.user)}"
+                )
 
     def stop(self) -> None:
         pass
 
     def crash(self) -> None:
-        raise Unavailable("database crash is unavailable on an external DSN (the harness does not "
-                          "own the server)")
+        raise Unavailable(
+            "database crash is unavailable on an external DSN (the harness does not own the server)"
+        )
 
     restart = crash
 
@@ -445,8 +509,9 @@ class ExternalDatabase:
     def running(self) -> bool:
         return True
 
-    def dsn(self, dbname: str | None = None, host: str | None = None,
-            port: int | None = None) -> str:
+    def dsn(
+        self, dbname: str | None = None, host: str | None = None, port: int | None = None
+    ) -> str:
         info = dict(self._info)
         if dbname:
             info["dbname"] = dbname
@@ -457,8 +522,10 @@ class ExternalDatabase:
         return psycopg.conninfo.make_conninfo(**info)
 
     def describe(self) -> str:
-        return (f"external PostgreSQL at {self.host}:{self.port}, database {self.dbname} "
-                "(clock and crash faults unavailable)")
+        return (
+            f"external PostgreSQL at {self.host}:{self.port}, database {self.dbname} "
+            "(clock and crash faults unavailable)"
+        )
 
     def __enter__(self):
         return self.start()
@@ -484,8 +551,9 @@ def docker_available() -> str | None:
     """None when a Docker engine answers, else the reason it does not."""
     if not shutil.which("docker"):
         return "no docker command on this machine"
-    out = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True
+    )
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["?"])[-1]
         return "no Docker engine reachable (`docker info` failed: " + last + ")"
@@ -505,8 +573,9 @@ class ContainerDatabase(ExternalDatabase):
             raise Unavailable(reason)
         from testcontainers.postgres import PostgresContainer
 
-        self._container = PostgresContainer(self.image, username="postgres", password="postgres",
-                                            dbname="postgres")
+        self._container = PostgresContainer(
+            self.image, username="postgres", password="postgres", dbname="postgres"
+        )
         self._container.start()
         host = self._container.get_container_host_ip()
         port = self._container.get_exposed_port(5432)
@@ -527,8 +596,9 @@ def resolve_dsn(value: str) -> str:
         name = value[4:]
         found = os.environ.get(name, "")
         if not name or not found.strip():
-            raise ValueError(f"--dsn {value}: the environment variable {name or '(none)'} is "
-                             "not set or empty")
+            raise ValueError(
+                f"--dsn {value}: the environment variable {name or '(none)'} is not set or empty"
+            )
         return found.strip()
     if not value.strip():
         raise ValueError("--dsn needs a DSN (postgresql://... or key=value pairs) or env:NAME")

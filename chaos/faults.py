@@ -53,8 +53,17 @@ if TYPE_CHECKING:
     from .check import KindCheck
 
 COMMIT_FAULTS = ("commit-reply-lost", "commit-request-lost", "worker-death", "db-crash")
-FAULT_KINDS = ("toxic", "link-down", "db-clock-jump", "db-crash", "commit-reply-lost",
-               "commit-request-lost", "worker-death", "worker-stall", "reply-lost")
+FAULT_KINDS = (
+    "toxic",
+    "link-down",
+    "db-clock-jump",
+    "db-crash",
+    "commit-reply-lost",
+    "commit-request-lost",
+    "worker-death",
+    "worker-stall",
+    "reply-lost",
+)
 
 
 @dataclass(frozen=True)
@@ -75,8 +84,14 @@ class FaultPolicy:
     ``db-crash`` is one of ``commit_faults``)."""
     commit_faults: tuple[str, ...] = ("commit-reply-lost", "commit-request-lost", "worker-death")
     """What may meet a worker's next COMMIT (a subset of :data:`COMMIT_FAULTS`)."""
-    clock_jumps: tuple[int, ...] = (QUANTUM, 2 * QUANTUM, 5 * QUANTUM, 6 * QUANTUM,
-                                    60 * QUANTUM, -QUANTUM)
+    clock_jumps: tuple[int, ...] = (
+        QUANTUM,
+        2 * QUANTUM,
+        5 * QUANTUM,
+        6 * QUANTUM,
+        60 * QUANTUM,
+        -QUANTUM,
+    )
     """Database clock jumps, in seconds."""
     db_clock_moves_model: bool = True
     """False when no guard of the kind reads the database clock: a jump must then move nothing."""
@@ -104,16 +119,26 @@ def toxics() -> st.SearchStrategy[Toxic]:
     run."""
     stream = st.sampled_from(["upstream", "downstream"])
     return st.one_of(
-        st.builds(lambda s, l, j: Toxic("latency", s, {"latency": l, "jitter": j}),
-                  stream, st.integers(1, 25), st.integers(0, 5)),
+        st.builds(
+            lambda s, l, j: Toxic("latency", s, {"latency": l, "jitter": j}),
+            stream,
+            st.integers(1, 25),
+            st.integers(0, 5),
+        ),
         st.builds(lambda r: Toxic("bandwidth", "downstream", {"rate": r}), st.integers(16, 256)),
-        st.builds(lambda a, v: Toxic("slicer", "downstream",
-                                     {"average_size": a, "size_variation": v, "delay": 0}),
-                  st.integers(4, 64), st.integers(0, 3)),
+        st.builds(
+            lambda a, v: Toxic(
+                "slicer", "downstream", {"average_size": a, "size_variation": v, "delay": 0}
+            ),
+            st.integers(4, 64),
+            st.integers(0, 3),
+        ),
         st.builds(lambda t: Toxic("timeout", "upstream", {"timeout": t}), st.integers(20, 200)),
         st.just(Toxic("reset_peer", "upstream", {"timeout": 0})),
-        st.builds(lambda b: Toxic("limit_data", "downstream", {"bytes": b}),
-                  st.sampled_from([0, 64, 512, 2048])),
+        st.builds(
+            lambda b: Toxic("limit_data", "downstream", {"bytes": b}),
+            st.sampled_from([0, 64, 512, 2048]),
+        ),
     )
 
 
@@ -143,8 +168,9 @@ class FaultRules:
         return []
 
     def turn(self, w: int, data) -> None:
-        raise NotImplementedError(f"{type(self).__name__}.turns() offers work "
-                                  "but turn() is missing")
+        raise NotImplementedError(
+            f"{type(self).__name__}.turns() offers work but turn() is missing"
+        )
 
     def leases(self) -> list[int]:
         return []
@@ -203,8 +229,12 @@ class FaultRules:
                 self.log(f"  (heal {link.name} after {self.policy.heal_after} operations)")
 
     def _may_fault_link(self: "KindCheck") -> bool:
-        return (self._calm() and not self.faulted_links()
-                and self.link_faults < self.policy.link_faults and bool(self.all_links()))
+        return (
+            self._calm()
+            and not self.faulted_links()
+            and self.link_faults < self.policy.link_faults
+            and bool(self.all_links())
+        )
 
     def _link(self: "KindCheck", w: int) -> Link:
         links = self.all_links()
@@ -216,6 +246,7 @@ class FaultRules:
         except ToxiproxyError as e:
             self.env.ensure_alive()
             from .harness import EnvironmentFault
+
             raise EnvironmentFault(str(e)) from None
 
     # -- link faults -----------------------------------------------------------------------------
@@ -258,8 +289,11 @@ class FaultRules:
             self.advance(seconds)
             self.fault("db-clock-jump", f"{self.env.clock.label} {seconds:+d}s")
         else:
-            self.fault("db-clock-jump", f"db clock jump {seconds:+d}s (no guard of this kind reads "
-                                        "the database clock: nothing may move)")
+            self.fault(
+                "db-clock-jump",
+                f"db clock jump {seconds:+d}s (no guard of this kind reads "
+                "the database clock: nothing may move)",
+            )
 
     @initialize(crashable=st.booleans())
     def _crashable(self: "KindCheck", crashable: bool) -> None:
@@ -268,11 +302,20 @@ class FaultRules:
         self.may_crash_here = crashable
 
     def _may_crash(self: "KindCheck") -> bool:
-        return (self.env.can_crash and self.crashes < self.policy.db_crashes
-                and getattr(self, "may_crash_here", False))
+        return (
+            self.env.can_crash
+            and self.crashes < self.policy.db_crashes
+            and getattr(self, "may_crash_here", False)
+        )
 
-    @precondition(lambda self: self.policy.crash_between_steps and self._may_crash()
-                  and self._calm() and self.crash_matters())
+    @precondition(
+        lambda self: (
+            self.policy.crash_between_steps
+            and self._may_crash()
+            and self._calm()
+            and self.crash_matters()
+        )
+    )
     @rule()
     def fault_db_crash(self: "KindCheck") -> None:
         self.crashes += 1
@@ -287,9 +330,11 @@ class FaultRules:
         return [w.index for w in self.workers if self.turns(w.index)]
 
     def _may_meet_commit(self: "KindCheck") -> bool:
-        return (bool(self.policy.commit_faults)
-                and all(w.before_commit is None for w in self.workers)
-                and bool(self._turners()))
+        return (
+            bool(self.policy.commit_faults)
+            and all(w.before_commit is None for w in self.workers)
+            and bool(self._turners())
+        )
 
     @precondition(lambda self: self._may_meet_commit())
     @rule(data=st.data(), kind=st.sampled_from(COMMIT_FAULTS))
@@ -327,8 +372,11 @@ class FaultRules:
         worker.arm(hook)
 
     def _may_lose_reply(self: "KindCheck") -> bool:
-        return (self.policy.reply_lost and self.reply_lost_armed is None
-                and any(self.external_links(self.workers[w]) for w in self._turners()))
+        return (
+            self.policy.reply_lost
+            and self.reply_lost_armed is None
+            and any(self.external_links(self.workers[w]) for w in self._turners())
+        )
 
     @precondition(lambda self: self._may_lose_reply())
     @rule(data=st.data())
@@ -353,8 +401,12 @@ class FaultRules:
         return self.policy.stall_clock == "app" or self.env.clock is not None
 
     @precondition(lambda self: self._may_stall())
-    @rule(data=st.data(), resume=st.sampled_from(["at once", "later", "racing the others",
-                                                  "inside its write", "inside its write"]))
+    @rule(
+        data=st.data(),
+        resume=st.sampled_from(
+            ["at once", "later", "racing the others", "inside its write", "inside its write"]
+        ),
+    )
     def stall(self: "KindCheck", data, resume: str) -> None:
         """A worker holding a live lease freezes (a GC pause, a suspended VM) until its lease
         lapsed; then either the world goes on meanwhile (the kind's ``meanwhile``) and it
@@ -365,7 +417,8 @@ class FaultRules:
         racing stalls are such too). Its writes must be fenced either way."""
         w = data.draw(st.sampled_from(self.leases()), label="worker")
         frozen = resume == "inside its write" or (
-            resume == "racing the others" and data.draw(st.booleans(), label="or froze inside"))
+            resume == "racing the others" and data.draw(st.booleans(), label="or froze inside")
+        )
         due = frozenset()
         if frozen:
             due = self.next_write(w, data)
@@ -375,15 +428,18 @@ class FaultRules:
             self.env.clock.jump(seconds)
         self.advance(seconds)
         if resume in ("racing the others", "inside its write"):
-            how = ("inside its next write; meanwhile the others do whole operations:" if frozen
-                   else "and resumes racing the others:")
-            self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease, {how}",
-                       pace=False)
+            how = (
+                "inside its next write; meanwhile the others do whole operations:"
+                if frozen
+                else "and resumes racing the others:"
+            )
+            self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease, {how}", pace=False)
             if self.race(data, w, frozen=frozen, due=due):
                 return
         else:
-            self.fault("worker-stall", f"w{w} stalls {seconds}s, past its lease; meanwhile:",
-                       pace=False)
+            self.fault(
+                "worker-stall", f"w{w} stalls {seconds}s, past its lease; meanwhile:", pace=False
+            )
         self.meanwhile(w, data)
         if resume == "at once" and self.turns(w):
             self.log(f"  (w{w} resumes)")

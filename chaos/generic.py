@@ -50,12 +50,7 @@ from .sink import JsonHandler, NotificationSink
 
 ANSWERS = {200: OK, 503: RETRY, 422: PERMANENT}
 
-GUARDS = {
-    "fence": "lease-fence",
-    "status": "lease-fence",
-    "lease": "lease",
-    "skip_locked": "claim",
-}
+GUARDS = {"fence": "lease-fence", "status": "lease-fence", "lease": "lease", "skip_locked": "claim"}
 """A guard the adapter names -> the invariant a query without it must be caught breaking."""
 
 
@@ -146,8 +141,9 @@ class GenericCheck(KindCheck):
             self.receiver = self.env.stand_in("receiver", lambda: Receiver())  # in process
             self.receiver.reset()
             for w in self.workers:
-                w.ext_link = self.env.api.link(f"{self.kind}-{w.name}-ext", self.receiver.host,
-                                               self.receiver.port)
+                w.ext_link = self.env.api.link(
+                    f"{self.kind}-{w.name}-ext", self.receiver.host, self.receiver.port
+                )
                 w.links = [w.link, w.ext_link]
 
     def new_model(self) -> generic.GenericModel:
@@ -160,14 +156,17 @@ class GenericCheck(KindCheck):
         try:
             rows = [as_row(r) for r in self.adapter.read(self.ws.admin())]
         except (KeyError, TypeError) as e:
-            self.fail(f"the adapter's read gave a row without {e}: return Row(...) or "
-                      "mappings with 'key' and 'status'", [])
+            self.fail(
+                f"the adapter's read gave a row without {e}: return Row(...) or "
+                "mappings with 'key' and 'status'",
+                [],
+            )
         now = self.candidates[0].model.now
-        observed = tuple(sorted((self._observe(r, now) for r in rows),
-                                key=lambda o: _order(o.key)))
+        observed = tuple(sorted((self._observe(r, now) for r in rows), key=lambda o: _order(o.key)))
         received = self.receiver.received() if self.receiver else {}
-        return observed, tuple(sorted(((str(k), n) for k, n in received.items()),
-                                      key=lambda kv: _order(kv[0])))
+        return observed, tuple(
+            sorted(((str(k), n) for k, n in received.items()), key=lambda kv: _order(kv[0]))
+        )
 
     def _observe(self, r, now: int) -> Observed:
         d, model = self.description, self.model
@@ -176,13 +175,17 @@ class GenericCheck(KindCheck):
             due = 0 if r.due is None else max(0, self._time(r.due, "due") - now)
         if d.lease is not None and r.status in d.owned and r.lease_until is not None:
             lease = max(0, self._time(r.lease_until, "lease_until") - now)
-        return Observed(r.key, r.status, r.attempts if model.tracks_attempts() else None, due,
-                        lease)
+        return Observed(
+            r.key, r.status, r.attempts if model.tracks_attempts() else None, due, lease
+        )
 
     def _time(self, ts, column: str) -> int:
         if getattr(ts, "tzinfo", None) is None:
-            self.fail(f"the adapter's read gave {column} = {ts!r}, not a timestamp with a "
-                      "time zone: use timestamptz columns", [])
+            self.fail(
+                f"the adapter's read gave {column} = {ts!r}, not a timestamp with a "
+                "time zone: use timestamptz columns",
+                [],
+            )
         return self.to_model_time(ts)
 
     def views(self, observation):
@@ -197,19 +200,34 @@ class GenericCheck(KindCheck):
             landed = {r.status for r in rows if r.key == key}
             possible = {c.model.runs[key].status for c in self.candidates if key in c.model.runs}
             if landed and not landed <= possible:
-                out.append(Violation("lease-fence", f"run {key}: a write with stale token {token} "
-                                     f"landed (its answer was lost; the run is now "
-                                     f"{', '.join(sorted(landed))})"))
+                out.append(
+                    Violation(
+                        "lease-fence",
+                        f"run {key}: a write with stale token {token} "
+                        f"landed (its answer was lost; the run is now "
+                        f"{', '.join(sorted(landed))})",
+                    )
+                )
         keys = [r.key for r in rows]
         for key in sorted({k for k in keys if keys.count(k) > 1}, key=_order):
-            out.append(Violation("claim", f"run {key}: {keys.count(key)} runs under one key (a "
-                                          "repeated request must get the existing run)"))
+            out.append(
+                Violation(
+                    "claim",
+                    f"run {key}: {keys.count(key)} runs under one key (a "
+                    "repeated request must get the existing run)",
+                )
+            )
         if self.receiver is not None and self.description.external_key:
             for run, sent in sorted(self.receiver.keys().items(), key=lambda kv: _order(kv[0])):
                 if len(sent) > 1 or "" in sent:
-                    out.append(Violation("external-effect-semantics", f"run {run}: its external "
-                                         f"calls carried idempotency keys {sorted(sent)}; the "
-                                         "same key on every call lets the other side de-duplicate"))
+                    out.append(
+                        Violation(
+                            "external-effect-semantics",
+                            f"run {run}: its external "
+                            f"calls carried idempotency keys {sorted(sent)}; the "
+                            "same key on every call lets the other side de-duplicate",
+                        )
+                    )
         return out
 
     def observed(self, m: generic.GenericModel) -> None:
@@ -225,9 +243,11 @@ class GenericCheck(KindCheck):
     def clock_matters(self) -> bool:
         held = {key for _, key in self._holding()}
         m = self.model
-        return any((r.status == m.owned and r.key not in held)
-                   or (r.status == self.description.initial and r.due > m.now)
-                   for r in m.runs.values())
+        return any(
+            (r.status == m.owned and r.key not in held)
+            or (r.status == self.description.initial and r.due > m.now)
+            for r in m.runs.values()
+        )
 
     def turns(self, w: int) -> list[str]:
         """What ``w`` can do next: record an outcome, make the external call, claim."""
@@ -252,8 +272,10 @@ class GenericCheck(KindCheck):
             step = next((o for o in options if o != "send"), step)
         if step == "claim":
             return self.claim(w, 3)
-        key = data.draw(st.sampled_from(self._mine(w, sent=step == "record" and
-                                                   self.receiver is not None)), label="run")
+        key = data.draw(
+            st.sampled_from(self._mine(w, sent=step == "record" and self.receiver is not None)),
+            label="run",
+        )
         if step == "send":
             commit_armed = self.workers[w].before_commit is not None
             self._send(w, key, data.draw(st.sampled_from(self._answers()), label="answer"))
@@ -270,10 +292,14 @@ class GenericCheck(KindCheck):
 
     def leases(self) -> list[int]:
         m = self.model
-        live = {r.key for r in m.runs.values() if r.status == m.owned
-                and r.lease_until is not None and r.lease_until > m.now}
-        return sorted({w for w, key in self._holding()
-                       if key in live and m.owns(self.held[w][key].job)})
+        live = {
+            r.key
+            for r in m.runs.values()
+            if r.status == m.owned and r.lease_until is not None and r.lease_until > m.now
+        }
+        return sorted(
+            {w for w, key in self._holding() if key in live and m.owns(self.held[w][key].job)}
+        )
 
     def meanwhile(self, w: int, data) -> None:
         other = 1 - w
@@ -293,8 +319,12 @@ class GenericCheck(KindCheck):
         return out
 
     def _holding(self, sent: bool | None = None) -> list[tuple[int, str]]:
-        return [(w, k) for w, held in enumerate(self.held) for k in sorted(held, key=_order)
-                if sent is None or (held[k].result is not None) == sent]
+        return [
+            (w, k)
+            for w, held in enumerate(self.held)
+            for k in sorted(held, key=_order)
+            if sent is None or (held[k].result is not None) == sent
+        ]
 
     def _mine(self, w: int, sent: bool | None) -> list[str]:
         return [k for x, k in self._holding(sent) if x == w]
@@ -315,8 +345,10 @@ class GenericCheck(KindCheck):
             raise self._translate(e, worker, op) from e
         if closes and worker.mode != "own" and worker.in_transaction():
             worker.abandon()
-            self.fail(f"{op}: the adapter returned with its transaction still open: commit it "
-                      "(or use conn.transaction())")
+            self.fail(
+                f"{op}: the adapter returned with its transaction still open: commit it "
+                "(or use conn.transaction())"
+            )
         return result, self.adapter.lost_race.returned(result)
 
     def _translate(self, e: BaseException, worker, op: str) -> BaseException:
@@ -325,8 +357,11 @@ class GenericCheck(KindCheck):
         text = str(pg or e).strip().splitlines()[0] if str(pg or e).strip() else type(e).__name__
         if pg is not None and is_connection_error(pg):
             conn = worker.conn
-            if (worker.mode == "own" or getattr(conn, "in_commit", False)
-                    or getattr(conn, "autocommit", False)):
+            if (
+                worker.mode == "own"
+                or getattr(conn, "in_commit", False)
+                or getattr(conn, "autocommit", False)
+            ):
                 return CommitIndeterminate(f"{where}: {text}")
             return ConnectionLost(f"{where}: {text}")
         if pg is not None and not pg.sqlstate:
@@ -340,11 +375,14 @@ class GenericCheck(KindCheck):
 
     def _write(self, op: str):
         """impl_op of a fenced write: Won, or LostRace('fenced')."""
+
         def impl(worker, *args):
             def run(conn):
                 _, lost = self._call(worker, op, conn, *args)
                 return LostRace("fenced") if lost else Won()
+
             return run
+
         return impl
 
     def _fence(self, h: Held):
@@ -354,18 +392,24 @@ class GenericCheck(KindCheck):
         """A fenced write whose answer was lost: the worker forgets what it held, and if the
         writer no longer owned the run, the observation that follows judges whether the write
         landed anyway (the fence's violation, with no answer to show it)."""
+
         def lost() -> None:
             self.forget(worker)
             if not self.model.owns(h.job):
                 self._unsure = (h.job.key, h.job.attempt)
+
         return lost
 
     def _stale(self, h: Held) -> bool:
         """Whether ``h``'s holder writes on a run another claim took since: what a fence is
         for. Counted per write, so a run goes on until each write met it often enough."""
         r = self.model.runs.get(h.job.key)
-        return (r is not None and r.status == self.model.owned and h.job.attempt is not None
-                and r.attempts > h.job.attempt)
+        return (
+            r is not None
+            and r.status == self.model.owned
+            and h.job.attempt is not None
+            and r.attempts > h.job.attempt
+        )
 
     def _waiting(self) -> int:
         return sum(r.status == self.description.initial for r in self.model.runs.values())
@@ -396,16 +440,21 @@ class GenericCheck(KindCheck):
         def impl(conn):
             self._call(worker, "enqueue", conn, key)
             return Won(key)
+
         return self.apply(worker, f"enqueue(w{w}, key={key})", lambda m: m.enqueue(key), impl)
 
     @rule(w=st.integers(0, 1), batch=st.integers(1, 3))
     def claim(self, w: int, batch: int) -> None:
         worker = self.workers[w]
         box: dict[str, Any] = {}
-        got = self.apply(worker, f"claim(w{w}, batch={batch})",
-                         lambda m: self._expect_claim(m, batch, box),
-                         lambda conn: self._claim(worker, conn, batch, box),
-                         on_error=lambda: self.forget(worker), guarantee="claim")
+        got = self.apply(
+            worker,
+            f"claim(w{w}, batch={batch})",
+            lambda m: self._expect_claim(m, batch, box),
+            lambda conn: self._claim(worker, conn, batch, box),
+            on_error=lambda: self.forget(worker),
+            guarantee="claim",
+        )
         if isinstance(got, Won):
             self._hold(w, box)
 
@@ -458,8 +507,9 @@ class GenericCheck(KindCheck):
         else:
             self.log(f"{label} -> {h.result}")
             if h.result != ANSWERS[answer]:
-                self.fail(f"{label}: the adapter read the answer as {h.result!r}, not "
-                          f"{ANSWERS[answer]!r}")
+                self.fail(
+                    f"{label}: the adapter read the answer as {h.result!r}, not {ANSWERS[answer]!r}"
+                )
             self.model = trial
             self.candidates = [Candidate(trial)]
         finally:
@@ -487,10 +537,17 @@ class GenericCheck(KindCheck):
             def model_op(m):
                 self.owing = frozenset({key})  # judged after this step: it owes its backoff
                 return m.fail(h.job, permanent)
+
             impl = write(worker, h.claimed, permanent)
         stale = self._stale(h)
-        got = self.apply(worker, label, model_op, impl, on_error=self._unanswered(worker, h),
-                         fenced=self._fence(h))
+        got = self.apply(
+            worker,
+            label,
+            model_op,
+            impl,
+            on_error=self._unanswered(worker, h),
+            fenced=self._fence(h),
+        )
         if stale and got is not None:
             self.event(f"stale {'complete' if result == OK else 'fail'} on a re-claimed run")
         if isinstance(got, LostRace):
@@ -505,10 +562,14 @@ class GenericCheck(KindCheck):
         w, key = data.draw(st.sampled_from(self._holding()), label="worker, run")
         worker, h = self.workers[w], self.held[w][key]
         stale = self._stale(h)
-        got = self.apply(worker, f"extend_lease(w{w}, {key}, attempt={h.job.attempt})",
-                         lambda m: m.extend_lease(h.job),
-                         self._write("extend_lease")(worker, h.claimed),
-                         on_error=self._unanswered(worker, h), fenced=self._fence(h))
+        got = self.apply(
+            worker,
+            f"extend_lease(w{w}, {key}, attempt={h.job.attempt})",
+            lambda m: m.extend_lease(h.job),
+            self._write("extend_lease")(worker, h.claimed),
+            on_error=self._unanswered(worker, h),
+            fenced=self._fence(h),
+        )
         if stale and got is not None:
             self.event("stale extend_lease on a re-claimed run")
         if isinstance(got, LostRace):
@@ -532,8 +593,9 @@ class GenericCheck(KindCheck):
                 return expected  # the adapter cannot tell which: the state read back decides
             if isinstance(result, int) and not isinstance(result, bool):
                 return expected if result == len(expected.value) else Won(f"{result} runs")
-            keys = [getattr(r, "key", None) or (r["key"] if isinstance(r, dict) else r)
-                    for r in result]
+            keys = [
+                getattr(r, "key", None) or (r["key"] if isinstance(r, dict) else r) for r in result
+            ]
             return Won(tuple(sorted((str(k) for k in keys), key=_order)))
 
         got = self.apply(worker, f"reclaim_stale(w{w})", expect, impl, guarantee="lease")
@@ -541,8 +603,12 @@ class GenericCheck(KindCheck):
             self.event("reclaim", len(got.value))
 
     def _may_race(self) -> bool:
-        return (self.description.claim.skip_locked and self.workers[0].mode != "own"
-                and all(w.clean() for w in self.workers) and len(self.model.due()) >= 2)
+        return (
+            self.description.claim.skip_locked
+            and self.workers[0].mode != "own"
+            and all(w.clean() for w in self.workers)
+            and len(self.model.due()) >= 2
+        )
 
     @precondition(lambda self: self._may_race())
     @rule(ba=st.integers(1, 2), bb=st.integers(1, 2))
@@ -578,8 +644,10 @@ class GenericCheck(KindCheck):
         if "failure" in race:
             raise race["failure"]
         if got != expected:
-            self.fail(f"{label}: implementation answered {fmt(got)}, the model expects "
-                      f"{fmt(expected)}", otherwise="claim")
+            self.fail(
+                f"{label}: implementation answered {fmt(got)}, the model expects {fmt(expected)}",
+                otherwise="claim",
+            )
         self.model = trial
         self.candidates = [Candidate(trial)]
         self._hold(0, box_a)
@@ -609,8 +677,10 @@ class GenericCheck(KindCheck):
         if error is not None:
             self.log(f"{label} -> {type(error).__name__}")
             if seen is not None and seen.blocked_by:
-                problem = (f"{label}: waited on a lock held by w0's open transaction (seen by "
-                           "the server: pg_blocking_pids), and was cancelled")
+                problem = (
+                    f"{label}: waited on a lock held by w0's open transaction (seen by "
+                    "the server: pg_blocking_pids), and was cancelled"
+                )
                 self.fail(problem, [Violation("claim", problem)])
             if isinstance(error, ConnectionLost):
                 return
@@ -622,8 +692,10 @@ class GenericCheck(KindCheck):
         self.log(f"{label} -> {fmt(got)}")
         self.log("  (w0 commits)")
         if got != expected:
-            self.fail(f"{label}: implementation answered {fmt(got)}, the model expects "
-                      f"{fmt(expected)}", otherwise="claim")
+            self.fail(
+                f"{label}: implementation answered {fmt(got)}, the model expects {fmt(expected)}",
+                otherwise="claim",
+            )
         self.model = trial
         self.candidates = [Candidate(trial)]
         self._hold(1, box)
@@ -641,8 +713,11 @@ def adapter_problems(d: RunKind, adapter: type[Adapter]) -> list[str]:
     out = []
     name = adapter.__name__
     events = d.events()
-    need = {"enqueue": "(conn, key)", "claim": "(conn, batch) -> [Claimed]",
-            "complete": "(conn, job)"}
+    need = {
+        "enqueue": "(conn, key)",
+        "claim": "(conn, batch) -> [Claimed]",
+        "complete": "(conn, job)",
+    }
     if d.retry is not None or generic.FAIL in events:
         need["fail"] = "(conn, job, permanent)"
     if generic.EXTEND in events:
@@ -657,14 +732,18 @@ def adapter_problems(d: RunKind, adapter: type[Adapter]) -> list[str]:
     if not adapter.schema.strip():
         out.append(f"{name}.schema is empty: give the SQL that creates the tables")
     if not adapter.read_query and adapter.read is Adapter.read:
-        out.append(f"{name} has neither read_query nor read(conn): give the query that reads "
-                   "every run back (key, status, attempts, due, lease_until)")
+        out.append(
+            f"{name} has neither read_query nor read(conn): give the query that reads "
+            "every run back (key, status, attempts, due, lease_until)"
+        )
     for guard, text in adapter.guards.items():
         if guard not in GUARDS:
             out.append(f"{name}.guards names {guard!r}: choose from {', '.join(GUARDS)}")
         elif not any(text in q for q in adapter.queries.values()):
-            out.append(f"{name}.guards[{guard!r}] = {text!r} appears in none of its queries: "
-                       "copy the guard's text exactly as the SQL has it")
+            out.append(
+                f"{name}.guards[{guard!r}] = {text!r} appears in none of its queries: "
+                "copy the guard's text exactly as the SQL has it"
+            )
     try:
         adapter.mode()
     except TypeError as e:
@@ -679,10 +758,15 @@ def derived_mutants(d: RunKind, adapter: type[Adapter]) -> list[Mutant]:
         for query, sql in adapter.queries.items():
             if guard in GUARDS and text in sql:
                 edited = sql_edit(adapter.queries, query, text, "")
-                out.append(Mutant(f"no-{guard.replace('_', '-')}-in-{query.replace('_', '-')}",
-                                  d.name, GUARDS[guard],
-                                  f"query {query!r} without its {guard} guard ({text.strip()!r})",
-                                  with_attrs(adapter_queries=edited)))
+                out.append(
+                    Mutant(
+                        f"no-{guard.replace('_', '-')}-in-{query.replace('_', '-')}",
+                        d.name,
+                        GUARDS[guard],
+                        f"query {query!r} without its {guard} guard ({text.strip()!r})",
+                        with_attrs(adapter_queries=edited),
+                    )
+                )
     return out
 
 
@@ -693,14 +777,19 @@ def required_events(d: RunKind, mode: str) -> tuple[str, ...]:
     if d.lease is not None:
         out.append("reclaim")
         if d.retry is not None:  # a run taken back is claimed again: each fenced write meets it
-            writes = ["complete", "fail"] + (["extend_lease"] if generic.EXTEND in d.events()
-                                             else [])
+            writes = ["complete", "fail"] + (
+                ["extend_lease"] if generic.EXTEND in d.events() else []
+            )
             out += [f"stale {w} on a re-claimed run" for w in writes]
     if d.retry is not None:
         out.append("backoff")
     if mode != "own":
-        out += ["worker died before commit", "indeterminate commit",
-                "indeterminate resolved: committed", "indeterminate resolved: not committed"]
+        out += [
+            "worker died before commit",
+            "indeterminate commit",
+            "indeterminate resolved: committed",
+            "indeterminate resolved: not committed",
+        ]
         if d.claim.skip_locked:
             out.append("skip locked")
     if d.external != "none":
@@ -712,8 +801,9 @@ def required_events(d: RunKind, mode: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def kind(description: RunKind, adapter: type[Adapter], *,
-         mutants: Iterable[Mutant] = ()) -> type[GenericCheck]:
+def kind(
+    description: RunKind, adapter: type[Adapter], *, mutants: Iterable[Mutant] = ()
+) -> type[GenericCheck]:
     """The check of ``description`` run against the system ``adapter`` binds. Raises
     :class:`KindError` naming what to change when the two cannot make a check."""
     problems = generic.fit_problems(description) + adapter_problems(description, adapter)
@@ -722,19 +812,29 @@ def kind(description: RunKind, adapter: type[Adapter], *,
     timing = Timing.of(description, QUANTUM)
     mode = adapter.mode()
     policy = FaultPolicy(
-        gap=1, heal_after=6,
+        gap=1,
+        heal_after=6,
         stall=timing.lease + QUANTUM if timing.lease else None,
         reply_lost=description.external != "none",
         commit_faults=() if mode == "own" else FaultPolicy().commit_faults,
     )
     title = "".join(p.capitalize() for p in description.name.split("-"))
-    cls = type(f"{title}Check", (GenericCheck,), {
-        "__module__": adapter.__module__,
-        "__doc__": f"The {description.name} kind, checked from its description.",
-        "kind": description.name, "description": description, "adapter_class": adapter,
-        "timing": timing, "contract": description.contract(), "schema": adapter.schema,
-        "policy": policy, "required_events": required_events(description, mode),
-        "worker_class": adapter_worker(adapter),
-    })
+    cls = type(
+        f"{title}Check",
+        (GenericCheck,),
+        {
+            "__module__": adapter.__module__,
+            "__doc__": f"The {description.name} kind, checked from its description.",
+            "kind": description.name,
+            "description": description,
+            "adapter_class": adapter,
+            "timing": timing,
+            "contract": description.contract(),
+            "schema": adapter.schema,
+            "policy": policy,
+            "required_events": required_events(description, mode),
+            "worker_class": adapter_worker(adapter),
+        },
+    )
     cls.mutants = derived_mutants(description, adapter) + list(mutants)
     return cls

@@ -45,14 +45,7 @@ import psycopg
 
 from knownstate.impl.errors import KnownstateError, first_line, is_connection_error
 
-from .cluster import (
-    ClusterError,
-    DbClock,
-    PostgresCluster,
-    Refused,
-    Unavailable,
-    open_database,
-)
+from .cluster import ClusterError, DbClock, PostgresCluster, Refused, Unavailable, open_database
 from .timeshift import TimeShift
 from .interleave import ScheduledConnection, Scheduler
 from .tools import deferred_signals
@@ -98,8 +91,12 @@ class Workspace:
     table names and can touch nothing else. Sessions are pinned to the settings the reference
     implementations assume (read committed, no timeouts), whatever the database's defaults."""
 
-    SETTINGS = ("default_transaction_isolation=read\\ committed", "statement_timeout=0",
-                "lock_timeout=0", "idle_in_transaction_session_timeout=0")
+    SETTINGS = (
+        "default_transaction_isolation=read\\ committed",
+        "statement_timeout=0",
+        "lock_timeout=0",
+        "idle_in_transaction_session_timeout=0",
+    )
 
     def __init__(self, env: "Env", name: str, schema_sql: str):
         self.env, self.name, self.schema_sql = env, name, schema_sql
@@ -113,8 +110,9 @@ class Workspace:
     def scheduler(self) -> Scheduler:
         """The scheduler of this workspace's concurrent blocks (its observer is direct)."""
         if self._scheduler is None:
-            self._scheduler = Scheduler(self.conninfo(), pause=self.env.can_crash,
-                                        clock_guard=self.env.clock is not None)
+            self._scheduler = Scheduler(
+                self.conninfo(), pause=self.env.can_crash, clock_guard=self.env.clock is not None
+            )
         return self._scheduler
 
     def create(self) -> "Workspace":
@@ -125,11 +123,15 @@ class Workspace:
         except (psycopg.errors.DuplicateSchema, psycopg.errors.InsufficientPrivilege) as e:
             user, db = admin.execute("select current_user, current_database()").fetchone()
             if isinstance(e, psycopg.errors.DuplicateSchema):
-                raise EnvironmentFault(f"schema {self.name} already exists in database {db}: "
-                                       "another run with the same id? Run again (a new id is "
-                                       "drawn)") from None
-            raise EnvironmentFault(f"user {user} may not create schemas in database {db}: grant "
-                                   f"it with GRANT CREATE ON DATABASE {db} TO {user}") from None
+                raise EnvironmentFault(
+                    f"schema {self.name} already exists in database {db}: "
+                    "another run with the same id? Run again (a new id is "
+                    "drawn)"
+                ) from None
+            raise EnvironmentFault(
+                f"user {user} may not create schemas in database {db}: grant "
+                f"it with GRANT CREATE ON DATABASE {db} TO {user}"
+            ) from None
         return self
 
     def apply_schema(self) -> None:
@@ -143,30 +145,43 @@ class Workspace:
                 if is_connection_error(e):
                     raise
                 pos = e.diag.statement_position
-                line = self.schema_sql[:int(pos)].count("\n") + 1 if pos else None
+                line = self.schema_sql[: int(pos)].count("\n") + 1 if pos else None
                 raise SchemaRefused(
                     f"the server refused the kind's schema SQL{f' at line {line}' if line else ''}"
                     f": {e.sqlstate} {first_line(e)}. Fix the schema (a kind "
                     "of your own: its adapter's `schema`): it must apply, as one script, to "
-                    "an empty schema") from None
-            self.tables = tuple(r[0] for r in conn.execute(
-                "select tablename from pg_tables where schemaname = %s order by tablename",
-                (self.name,)).fetchall())
+                    "an empty schema"
+                ) from None
+            self.tables = tuple(
+                r[0]
+                for r in conn.execute(
+                    "select tablename from pg_tables where schemaname = %s order by tablename",
+                    (self.name,),
+                ).fetchall()
+            )
             columns: dict[str, list[str]] = {}
             for table, column in conn.execute(
-                    "select c.relname, a.attname from pg_attribute a "
-                    "join pg_class c on c.oid = a.attrelid "
-                    "join pg_namespace n on n.oid = c.relnamespace "
-                    "where n.nspname = %s and c.relkind in ('r', 'p') and not c.relispartition "
-                    "and a.attnum > 0 and not a.attisdropped and a.attgenerated = '' "
-                    "and a.atttypid in ('timestamptz'::regtype, 'timestamp'::regtype) "
-                    "order by c.relname, a.attnum", (self.name,)).fetchall():
+                "select c.relname, a.attname from pg_attribute a "
+                "join pg_class c on c.oid = a.attrelid "
+                "join pg_namespace n on n.oid = c.relnamespace "
+                "where n.nspname = %s and c.relkind in ('r', 'p') and not c.relispartition "
+                "and a.attnum > 0 and not a.attisdropped and a.attgenerated = '' "
+                "and a.atttypid in ('timestamptz'::regtype, 'timestamp'::regtype) "
+                "order by c.relname, a.attnum",
+                (self.name,),
+            ).fetchall():
                 columns.setdefault(table, []).append(column)
             self.time_columns = {t: tuple(cs) for t, cs in columns.items()}
-            self.triggered = frozenset(r[0] for r in conn.execute(
-                "select distinct c.relname from pg_trigger t join pg_class c on c.oid = t.tgrelid "
-                "join pg_namespace n on n.oid = c.relnamespace "
-                "where n.nspname = %s and not t.tgisinternal", (self.name,)).fetchall())
+            self.triggered = frozenset(
+                r[0]
+                for r in conn.execute(
+                    "select distinct c.relname from pg_trigger t "
+                    "join pg_class c on c.oid = t.tgrelid "
+                    "join pg_namespace n on n.oid = c.relnamespace "
+                    "where n.nspname = %s and not t.tgisinternal",
+                    (self.name,),
+                ).fetchall()
+            )
         finally:
             conn.close()
 
@@ -188,17 +203,25 @@ class Workspace:
         self.close()
         self.env.admin().execute(f'drop schema if exists "{self.name}" cascade')
 
-    def conninfo(self, *, host: str | None = None, port: int | None = None,
-                 options: str = "") -> str:
+    def conninfo(
+        self, *, host: str | None = None, port: int | None = None, options: str = ""
+    ) -> str:
         """A DSN for this workspace, through ``host:port`` (a worker's link) when given."""
         pinned = " ".join(f"-c {s}" for s in (f"search_path={self.name}", *self.SETTINGS))
         return psycopg.conninfo.make_conninfo(
-            self.env.db.dsn(host=host, port=port), options=f"{pinned} {options}".strip())
+            self.env.db.dsn(host=host, port=port), options=f"{pinned} {options}".strip()
+        )
 
-    def connect(self, *, application_name: str, host: str | None = None,
-                port: int | None = None, **kwargs) -> psycopg.Connection:
-        return psycopg.connect(self.conninfo(host=host, port=port), autocommit=True,
-                               application_name=application_name, connect_timeout=5, **kwargs)
+    def connect(
+        self, *, application_name: str, host: str | None = None, port: int | None = None, **kwargs
+    ) -> psycopg.Connection:
+        return psycopg.connect(
+            self.conninfo(host=host, port=port),
+            autocommit=True,
+            application_name=application_name,
+            connect_timeout=5,
+            **kwargs,
+        )
 
     def admin(self) -> psycopg.Connection:
         """The check's own connection to this workspace: direct, never through a proxy."""
@@ -234,17 +257,21 @@ class Workspace:
             # One message: the statements run as one transaction, in one round trip.
             self.admin().execute("; ".join(statements))
         except psycopg.errors.LockNotAvailable:
-            raise RuntimeError(f"the time shift of {self.name} waited 10 s on a row lock: a "
-                               "session of this run left a transaction open between steps"
-                               ) from None
+            raise RuntimeError(
+                f"the time shift of {self.name} waited 10 s on a row lock: a "
+                "session of this run left a transaction open between steps"
+            ) from None
         except psycopg.Error as e:
             if is_connection_error(e):
                 self.env.ensure_alive()
-                raise EnvironmentFault(f"PostgreSQL stopped answering during a time shift: "
-                                       f"{first_line(e)}") from None
-            raise RuntimeError(f"the schema of {self.name} refuses a time shift of {seconds:+d}s "
-                               f"({e.sqlstate} {first_line(e)}): a constraint "
-                               "reading now(), or a unique timestamp") from None
+                raise EnvironmentFault(
+                    f"PostgreSQL stopped answering during a time shift: {first_line(e)}"
+                ) from None
+            raise RuntimeError(
+                f"the schema of {self.name} refuses a time shift of {seconds:+d}s "
+                f"({e.sqlstate} {first_line(e)}): a constraint "
+                "reading now(), or a unique timestamp"
+            ) from None
         self.shifted += seconds
 
 
@@ -319,8 +346,12 @@ class Env:
         if not names or (self.db.owns_server and not self.db.running):
             return  # nothing created, or a cluster the harness owns, dead and removed with it
         try:
-            with psycopg.connect(self.db.dsn(), autocommit=True, connect_timeout=5,
-                                 application_name=self.app_name("cleanup")) as conn:
+            with psycopg.connect(
+                self.db.dsn(),
+                autocommit=True,
+                connect_timeout=5,
+                application_name=self.app_name("cleanup"),
+            ) as conn:
                 conn.execute("set lock_timeout = '2s'")
                 deadline = time.monotonic() + 30
                 while names:
@@ -336,14 +367,19 @@ class Env:
             where = getattr(self.db, "dbname", "the database")
             why = first_line(e)
             for name in names:
-                print(f"knownstate: could not drop schema {name} in {where} ({why}): drop it "
-                      f"with DROP SCHEMA {name} CASCADE", file=sys.stderr)
+                print(
+                    f"knownstate: could not drop schema {name} in {where} ({why}): drop it "
+                    f"with DROP SCHEMA {name} CASCADE",
+                    file=sys.stderr,
+                )
 
     def _end_own_sessions(self, conn: psycopg.Connection, deadline_s: float = 10.0) -> None:
         """End every other session of this run (its application names), and wait until the
         server has let them go."""
-        mine = ("select pid from pg_stat_activity where application_name like %s "
-                "and pid <> pg_backend_pid()")
+        mine = (
+            "select pid from pg_stat_activity where application_name like %s "
+            "and pid <> pg_backend_pid()"
+        )
         pattern = self.app_name("%")
         conn.execute(f"select pg_terminate_backend(pid) from ({mine}) s", (pattern,))
         deadline = time.monotonic() + deadline_s
@@ -385,14 +421,17 @@ class Env:
     def unavailable(self) -> list[str]:
         out = []
         if not isinstance(self.clock, DbClock):
-            out.append("db-clock (now() cannot move here: a clock jump shifts the workspace's "
-                       "stored timestamps instead, so leases still lapse, but an application "
-                       "clock that disagrees with the database's is not covered)")
+            out.append(
+                "db-clock (now() cannot move here: a clock jump shifts the workspace's "
+                "stored timestamps instead, so leases still lapse, but an application "
+                "clock that disagrees with the database's is not covered)"
+            )
         if not self.can_crash:
             out.append("db-crash (the harness does not own the database server)")
         if not self.can_schedule():
-            out.append("concurrent blocks (setting deadlock_timeout and log_lock_waits takes a "
-                       "superuser)")
+            out.append(
+                "concurrent blocks (setting deadlock_timeout and log_lock_waits takes a superuser)"
+            )
         return out
 
     def stand_in(self, name: str, part: type | Callable[[], Any]):
@@ -440,9 +479,13 @@ class Env:
         self.ensure_alive()
         app = self.app_name("observer")
         try:
-            conn = (ws.connect(application_name=app) if ws is not None else
-                    psycopg.connect(self.db.dsn(), autocommit=True, connect_timeout=5,
-                                    application_name=app))
+            conn = (
+                ws.connect(application_name=app)
+                if ws is not None
+                else psycopg.connect(
+                    self.db.dsn(), autocommit=True, connect_timeout=5, application_name=app
+                )
+            )
         except psycopg.Error as e:
             raise self._not_answering(e) from None
         self._admin[key] = conn
@@ -452,8 +495,10 @@ class Env:
         """The fault for a connection PostgreSQL refused or lost: the part that died, if one did
         (a kill from outside between two statements), else what the server said."""
         problem = self.health()
-        return EnvironmentFault(problem or f"PostgreSQL at {self.db.host}:{self.db.port} is not "
-                                f"answering: {first_line(e)}")
+        return EnvironmentFault(
+            problem
+            or f"PostgreSQL at {self.db.host}:{self.db.port} is not answering: {first_line(e)}"
+        )
 
     def query(self, sql: str, params: Any = None, ws: Workspace | None = None) -> list[tuple]:
         for attempt in (1, 2):
@@ -474,11 +519,15 @@ class Env:
         starts to exit (:func:`~.cluster.process_alive`), so whoever saw one of its sockets
         close finds it dead here."""
         if isinstance(self.db, PostgresCluster) and not self.db.running and not self.crashing:
-            return (f"PostgreSQL ({self.db.describe()}) died, and not by an injected crash: was "
-                    f"it killed from outside? Server log tail: {self.db.log_tail(300)!r}")
+            return (
+                f"PostgreSQL ({self.db.describe()}) died, and not by an injected crash: was "
+                f"it killed from outside? Server log tail: {self.db.log_tail(300)!r}"
+            )
         if not self.toxiproxy.running:
-            return (f"toxiproxy-server ({self.toxiproxy.url}) died, and not by the harness: was "
-                    "it killed from outside?")
+            return (
+                f"toxiproxy-server ({self.toxiproxy.url}) died, and not by the harness: was "
+                "it killed from outside?"
+            )
         for name, part in self.stand_ins.items():
             if getattr(part, "running", True) is False:
                 who = part.describe() if hasattr(part, "describe") else f"the {name} stand-in"
@@ -501,14 +550,19 @@ class Env:
                     ws._scheduler.close()  # its observer connection died with the server
             self.db.restart()
         except ClusterError as e:
-            raise EnvironmentFault(f"PostgreSQL ({self.db.describe()}) failed around an injected "
-                                   f"crash: {e}") from None
+            raise EnvironmentFault(
+                f"PostgreSQL ({self.db.describe()}) failed around an injected crash: {e}"
+            ) from None
         finally:
             self.crashing = False
 
     def backends(self, application_name: str) -> list[int]:
-        return [r[0] for r in self.query(
-            "select pid from pg_stat_activity where application_name = %s", (application_name,))]
+        return [
+            r[0]
+            for r in self.query(
+                "select pid from pg_stat_activity where application_name = %s", (application_name,)
+            )
+        ]
 
     def settle(self, application_name: str, grace_s: float = 2.0) -> None:
         """Wait until the server has let go of an abandoned connection's backend, so a transaction
@@ -518,13 +572,17 @@ class Env:
         deadline = time.monotonic() + grace_s
         while self.backends(application_name):
             if time.monotonic() > deadline:
-                self.query("select pg_terminate_backend(pid) from pg_stat_activity "
-                           "where application_name = %s", (application_name,))
+                self.query(
+                    "select pg_terminate_backend(pid) from pg_stat_activity "
+                    "where application_name = %s",
+                    (application_name,),
+                )
                 deadline = time.monotonic() + 10
                 while self.backends(application_name):
                     if time.monotonic() > deadline:
-                        raise EnvironmentFault(f"backend {application_name} did not go away after "
-                                               "pg_terminate_backend")
+                        raise EnvironmentFault(
+                            f"backend {application_name} did not go away after pg_terminate_backend"
+                        )
                     time.sleep(0.005)
                 return
             time.sleep(0.002)
@@ -610,8 +668,12 @@ def watch(env: Env, worker: "Worker", others: list["Worker"]):
     def run() -> None:
         start, delay = time.monotonic(), 0.002
         try:
-            observer = psycopg.connect(env.db.dsn(), autocommit=True, connect_timeout=5,
-                                       application_name=env.app_name("watch"))
+            observer = psycopg.connect(
+                env.db.dsn(),
+                autocommit=True,
+                connect_timeout=5,
+                application_name=env.app_name("watch"),
+            )
         except psycopg.Error:
             return
         with observer:
@@ -673,11 +735,12 @@ class Worker:
             try:
                 self.conn = HookedConnection.connect(
                     self.ws.conninfo(host=self.link.host, port=self.link.port),
-                    application_name=self.app_name, connect_timeout=3)
+                    application_name=self.app_name,
+                    connect_timeout=3,
+                )
             except psycopg.Error as e:
                 self.conn = None
-                raise ConnectionLost(
-                    f"{self.name} connect: {first_line(e)}") from None
+                raise ConnectionLost(f"{self.name} connect: {first_line(e)}") from None
             self.conn.owner = self
         return self.conn
 
@@ -716,7 +779,8 @@ class Worker:
             self.connection()
         except ConnectionLost as e:
             raise EnvironmentFault(
-                f"{self.name} could not connect through its clean link: {e}") from None
+                f"{self.name} could not connect through its clean link: {e}"
+            ) from None
 
     def faulted(self) -> bool:
         """A toxic on one of its links, a link down, or a COMMIT fault armed."""
@@ -746,7 +810,11 @@ class Stats:
     transitions: Counter = field(default_factory=Counter)
 
     def as_dict(self) -> dict:
-        return {"examples": self.examples, "steps": self.steps,
-                "invariants_checked": self.invariants_checked,
-                "faults": dict(self.faults), "events": dict(self.events),
-                "transitions": {f"{s} -{e}-> {t}": n for (s, e, t), n in self.transitions.items()}}
+        return {
+            "examples": self.examples,
+            "steps": self.steps,
+            "invariants_checked": self.invariants_checked,
+            "faults": dict(self.faults),
+            "events": dict(self.events),
+            "transitions": {f"{s} -{e}-> {t}": n for (s, e, t), n in self.transitions.items()},
+        }

@@ -754,8 +754,10 @@ def _plan_update(
 ) -> None:
     old, new = a.old, a.new
     token = op.token(run) if op is not None else None
-    if op is not None and op.name in STEP_OPS and (
-        old["status"] != "executing" or old["generation"] != token
+    if (
+        op is not None
+        and op.name in STEP_OPS
+        and (old["status"] != "executing" or old["generation"] != token)
     ):
         # First: a write under a token the row no longer says is the fence's to refuse, also
         # (above all) behind a terminal status.
@@ -1036,11 +1038,7 @@ def _ended(h: History, op: Op | None, otherwise: float) -> float:
 
 
 def _attribute_create(
-    h: History,
-    v: Verdict,
-    run: str,
-    first: tuple[float, Op | None],
-    again: tuple[float, Op | None],
+    h: History, v: Verdict, run: str, first: tuple[float, Op | None], again: tuple[float, Op | None]
 ) -> None:
     """A create request the API deduplicated, attributed to the one of the two requests (the
     one that created the operation, the one answered with it) whose sender never recorded the

@@ -199,8 +199,15 @@ def statement_label(query: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-_NO_SEND = frozenset({"_set_autocommit_gen", "_set_isolation_level_gen", "_set_read_only_gen",
-                      "_set_deferrable_gen", "_check_intrans_gen"})
+_NO_SEND = frozenset(
+    {
+        "_set_autocommit_gen",
+        "_set_isolation_level_gen",
+        "_set_read_only_gen",
+        "_set_deferrable_gen",
+        "_check_intrans_gen",
+    }
+)
 
 
 def _round_trip_label(gen: Any, conn: psycopg.Connection) -> str | None:
@@ -235,10 +242,12 @@ def _round_trip_label(gen: Any, conn: psycopg.Connection) -> str | None:
 # ---------------------------------------------------------------------------------------
 
 
-_NOTICE = re.compile(r"^process \d+ (?P<kind>still waiting|acquired|avoided deadlock|"
-                     r"detected deadlock while waiting|failed to acquire) "
-                     r"for (?P<mode>\S+) on (?P<lock>.+?)"
-                     r"(?: by rearranging queue order)? after [\d.]+ ms$")
+_NOTICE = re.compile(
+    r"^process \d+ (?P<kind>still waiting|acquired|avoided deadlock|"
+    r"detected deadlock while waiting|failed to acquire) "
+    r"for (?P<mode>\S+) on (?P<lock>.+?)"
+    r"(?: by rearranging queue order)? after [\d.]+ ms$"
+)
 
 
 class ScheduledConnection(psycopg.Connection):
@@ -524,9 +533,14 @@ def _lock_text(locktype: str | None, database, relation, page, tuple_, vxid, xid
 
 def _lock_what(locktype: str | None, mode: str | None, relname: str | None) -> str:
     """A stable, readable name of the awaited lock (row and transaction ids vary by run)."""
-    what = {"transactionid": "its transaction", "tuple": f"a row of {relname}",
-            "relation": f"table {relname}", "extend": f"extending {relname}",
-            "page": f"a page of {relname}", "virtualxid": "its virtual transaction"}
+    what = {
+        "transactionid": "its transaction",
+        "tuple": f"a row of {relname}",
+        "relation": f"table {relname}",
+        "extend": f"extending {relname}",
+        "page": f"a page of {relname}",
+        "virtualxid": "its virtual transaction",
+    }
     return f"{mode} on {what.get(locktype or '', locktype or 'a lock')}"
 
 
@@ -535,8 +549,15 @@ class Scheduler:
     same server (never through a proxy): the scheduler reads lock waits on it, and reconnects
     after a database crash."""
 
-    def __init__(self, observer_dsn: str, *, deadline_s: float = DEADLINE_SECONDS,
-                 max_steps: int = MAX_STEPS, clock_guard: bool = True, pause: bool = False):
+    def __init__(
+        self,
+        observer_dsn: str,
+        *,
+        deadline_s: float = DEADLINE_SECONDS,
+        max_steps: int = MAX_STEPS,
+        clock_guard: bool = True,
+        pause: bool = False,
+    ):
         self.observer_dsn = observer_dsn
         self.pause = pause
         """Stop and continue backends (SIGSTOP, SIGCONT) so that at most one runs at a time:
@@ -554,8 +575,13 @@ class Scheduler:
         """Start ``ops`` together; use as a context manager (it always cleans up)."""
         return Block(self, ops)
 
-    def run(self, ops: Sequence[Op], choose: Callable[[list[str]], str], *,
-            between: Callable[["Block"], None] | None = None) -> BlockResult:
+    def run(
+        self,
+        ops: Sequence[Op],
+        choose: Callable[[list[str]], str],
+        *,
+        between: Callable[["Block"], None] | None = None,
+    ) -> BlockResult:
         """Start ``ops`` together, let ``choose`` pick each next step, return what happened.
         ``between(block)`` runs at rest before each choice (the engine's faults)."""
         with self.block(ops) as block:
@@ -574,9 +600,12 @@ class Scheduler:
         while True:
             try:
                 if self._observer is None or self._observer.closed or self._observer.broken:
-                    self._observer = psycopg.connect(self.observer_dsn, autocommit=True,
-                                                     connect_timeout=5,
-                                                     application_name="knownstate-scheduler")
+                    self._observer = psycopg.connect(
+                        self.observer_dsn,
+                        autocommit=True,
+                        connect_timeout=5,
+                        application_name="knownstate-scheduler",
+                    )
                 if not pids:
                     return {}
                 rows = self._observer.execute(_OBSERVE, {"pids": pids}).fetchall()
@@ -585,16 +614,18 @@ class Scheduler:
                 self.close()
                 if time.monotonic() > deadline:
                     first = first_line(e)
-                    raise WorkerStuck(f"the scheduler's observer connection to PostgreSQL failed "
-                                      f"for {self.deadline_s:.0f} s ({first}): is the server up?"
-                                      ) from None
+                    raise WorkerStuck(
+                        f"the scheduler's observer connection to PostgreSQL failed "
+                        f"for {self.deadline_s:.0f} s ({first}): is the server up?"
+                    ) from None
                 time.sleep(_POLL * 5)  # the server is restarting: poll again, within the deadline
         out: dict[int, _Activity] = {}
         for pid, blocking, state, wait, locktype, db, rel, page, tup, vxid, xid, mode, rn in rows:
             text = _lock_text(locktype, db, rel, page, tup, vxid, xid)
             if pid not in out or (text and not out[pid].lock):
-                out[pid] = _Activity(tuple(blocking or ()), state, wait, mode, text,
-                                     _lock_what(locktype, mode, rn))
+                out[pid] = _Activity(
+                    tuple(blocking or ()), state, wait, mode, text, _lock_what(locktype, mode, rn)
+                )
         return out
 
     def check_clock(self, tolerance_s: float = 1.0) -> None:
@@ -604,21 +635,26 @@ class Scheduler:
         self.observe([])
         before = time.time()
         (server,) = self._observer.execute(
-            "SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+            "SELECT extract(epoch FROM clock_timestamp())::float8"
+        ).fetchone()
         ahead = server - (before + time.time()) / 2
         if ahead > tolerance_s:
-            raise ClockAhead(f"the database clock is {ahead:.0f} s ahead of real time: under "
-                             f"libfaketime its lock-wait timers would fire {ahead:.0f} s late, "
-                             "so a concurrent block cannot run; keep the fake clock's base in "
-                             "the past (e.g. jump it a day back first) and jump from there")
+            raise ClockAhead(
+                f"the database clock is {ahead:.0f} s ahead of real time: under "
+                f"libfaketime its lock-wait timers would fire {ahead:.0f} s late, "
+                "so a concurrent block cannot run; keep the fake clock's base in "
+                "the past (e.g. jump it a day back first) and jump from there"
+            )
 
     def terminate(self, pids: Iterable[int]) -> None:
         """End these backends (the workers of an aborted block); errors are ignored."""
         with contextlib.suppress(psycopg.Error):
             self.observe([])
             if self._observer is not None:
-                self._observer.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                       "WHERE pid = ANY(%s)", (sorted(set(pids)),))
+                self._observer.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY(%s)",
+                    (sorted(set(pids)),),
+                )
 
 
 class Block:
@@ -647,8 +683,9 @@ class Block:
             for op in ops:
                 self._prepare(op)
             for w in self._workers:
-                w.thread = threading.Thread(target=self._main, args=(w,), daemon=True,
-                                            name=f"knownstate-{w.name}")
+                w.thread = threading.Thread(
+                    target=self._main, args=(w,), daemon=True, name=f"knownstate-{w.name}"
+                )
                 w.op.conn._seat = w
             for w in self._workers:
                 w.thread.start()
@@ -662,15 +699,19 @@ class Block:
     def _prepare(self, op: Op) -> None:
         conn = op.conn
         if not isinstance(conn, ScheduledConnection):
-            raise TypeError(f"{op.worker}: a block needs a ScheduledConnection, got "
-                            f"{type(conn).__name__}: connect with ScheduledConnection.connect()")
+            raise TypeError(
+                f"{op.worker}: a block needs a ScheduledConnection, got "
+                f"{type(conn).__name__}: connect with ScheduledConnection.connect()"
+            )
         if conn.closed or conn.broken:
             raise ValueError(f"{op.worker}: its connection is closed; reconnect before the block")
         if conn._seat is not None:
             raise ValueError(f"{op.worker}: its connection is already in a running block")
         if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
-            raise ValueError(f"{op.worker}: its connection has a transaction open; a block starts "
-                             "whole operations on idle connections")
+            raise ValueError(
+                f"{op.worker}: its connection has a transaction open; a block starts "
+                "whole operations on idle connections"
+            )
         _apply_settings(conn, op.worker)
         self._workers.append(_Worker(self, op, conn.info.backend_pid))
 
@@ -708,8 +749,10 @@ class Block:
                     with contextlib.suppress(Exception):
                         w.op.conn.close()
             if stuck:
-                raise WorkerStuck(f"worker threads {stuck} did not end within 10 s of the block's "
-                                  "abort: an operation is stuck outside the database")
+                raise WorkerStuck(
+                    f"worker threads {stuck} did not end within 10 s of the block's "
+                    "abort: an operation is stuck outside the database"
+                )
             self._await_gone([w.pid for w in cut])
             return
         for w in self._workers:
@@ -723,16 +766,21 @@ class Block:
     @staticmethod
     def _open(w: _Worker) -> bool:
         status = w.op.conn.pgconn.transaction_status
-        return status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR,
-                          pq.TransactionStatus.ACTIVE)
+        return status in (
+            pq.TransactionStatus.INTRANS,
+            pq.TransactionStatus.INERROR,
+            pq.TransactionStatus.ACTIVE,
+        )
 
     def _await_gone(self, pids: list[int]) -> None:
         self.scheduler.terminate(pids)
         deadline = time.monotonic() + self.scheduler.deadline_s
-        while (left := self.scheduler.observe(pids)):
+        while left := self.scheduler.observe(pids):
             if time.monotonic() > deadline:
-                raise WorkerStuck(f"backends {sorted(left)} of an aborted block did not go away "
-                                  f"within {self.scheduler.deadline_s:.0f} s")
+                raise WorkerStuck(
+                    f"backends {sorted(left)} of an aborted block did not go away "
+                    f"within {self.scheduler.deadline_s:.0f} s"
+                )
             time.sleep(_POLL)  # polling the server with a deadline
 
     # -- the worker side -------------------------------------------------------------------------
@@ -811,11 +859,15 @@ class Block:
         w = self._worker(worker)
         with self._cv:
             if w.state != PARKED:
-                raise ValueError(f"{worker} is {w.state}, not parked at a statement: "
-                                 f"choose among {self.options()}")
+                raise ValueError(
+                    f"{worker} is {w.state}, not parked at a statement: "
+                    f"choose among {self.options()}"
+                )
             if len(self._schedule) >= self.scheduler.max_steps:
-                raise Runaway(f"the block passed {self.scheduler.max_steps} steps: an operation "
-                              f"keeps issuing statements ({w.name} next: {w.pending})")
+                raise Runaway(
+                    f"the block passed {self.scheduler.max_steps} steps: an operation "
+                    f"keeps issuing statements ({w.name} next: {w.pending})"
+                )
             self._pause_resting()
             self._schedule.append(w.name)
             n = len(self._schedule)
@@ -840,8 +892,12 @@ class Block:
         self._settle()
         self._note_changes()
 
-    def run(self, choose: Callable[[list[str]], str], *,
-            between: Callable[["Block"], None] | None = None) -> BlockResult:
+    def run(
+        self,
+        choose: Callable[[list[str]], str],
+        *,
+        between: Callable[["Block"], None] | None = None,
+    ) -> BlockResult:
         while not self.finished:
             if between is not None:
                 between(self)
@@ -861,8 +917,11 @@ class Block:
         for w in self._workers:
             status = w.op.conn.pgconn.transaction_status
             left_open = status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
-            ops.append(OpResult(w.name, w.op.label, w.value, w.error, w.statements,
-                                w.done_at or 0, left_open))
+            ops.append(
+                OpResult(
+                    w.name, w.op.label, w.value, w.error, w.statements, w.done_at or 0, left_open
+                )
+            )
         return BlockResult(tuple(ops), tuple(self._schedule), tuple(self._trace), self._waits)
 
     # -- coming to rest ---------------------------------------------------------------------------
@@ -882,9 +941,15 @@ class Block:
         noted = False
         while True:
             with self._cv:  # a worker that parks or ends wakes this at once
-                self._cv.wait_for(lambda: not any(
-                    w.state == RUNNING and not w.blocked_by and w.pid not in self._paused
-                    for w in self._workers), _POLL)
+                self._cv.wait_for(
+                    lambda: (
+                        not any(
+                            w.state == RUNNING and not w.blocked_by and w.pid not in self._paused
+                            for w in self._workers
+                        )
+                    ),
+                    _POLL,
+                )
                 flying = [w for w in self._workers if w.state == RUNNING]
                 ghosts = [g.pid for g in self._ghosts]
             if not flying and not ghosts:
@@ -901,13 +966,16 @@ class Block:
             elif len(active) > 1 and not noted:
                 noted = True
                 names = " and ".join(name for name, _ in active)
-                self._trace.append(f"       {names} run together: the server orders them "
-                                   "(pausing backends needs the server on this machine)")
+                self._trace.append(
+                    f"       {names} run together: the server orders them "
+                    "(pausing backends needs the server on this machine)"
+                )
             if time.monotonic() > deadline:
                 raise WorkerStuck(self._stuck_message(seen))
 
-    def _active(self, flying: list[_Worker],
-                seen: dict[int, _Activity]) -> list[tuple[str, int]] | None:
+    def _active(
+        self, flying: list[_Worker], seen: dict[int, _Activity]
+    ) -> list[tuple[str, int]] | None:
         """The backends not at rest, workers in order then ghosts: (name, pid). None when a
         worker parked or ended since ``flying`` was taken: its statement may have released
         locks after the server was asked, so the answer is stale."""
@@ -918,9 +986,14 @@ class Block:
                 return None
             for w in flying:
                 act = seen.get(w.pid)
-                checked = (act is not None and act.blocking and w.notice is not None
-                           and w.notice[0] == "still waiting" and w.notice[1] == act.mode
-                           and (act.lock is None or w.notice[2] == act.lock))
+                checked = (
+                    act is not None
+                    and act.blocking
+                    and w.notice is not None
+                    and w.notice[0] == "still waiting"
+                    and w.notice[1] == act.mode
+                    and (act.lock is None or w.notice[2] == act.lock)
+                )
                 if checked:
                     w.blocked_by = tuple(names.get(p, f"pid {p}") for p in act.blocking)
                     w.waits_for = act.what
@@ -1005,23 +1078,30 @@ class Block:
         for w in self._workers:
             if w.state == RUNNING and not w.blocked_by:
                 act = seen.get(w.pid)
-                server = ("its backend is gone" if act is None else
-                          f"server: state={act.state or '?'} wait={act.wait or 'none'}"
-                          + (f" for {act.mode} on {act.lock}" if act.lock else "")
-                          + f"; last lock notice: {' '.join(w.notice) if w.notice else 'none'}")
+                server = (
+                    "its backend is gone"
+                    if act is None
+                    else f"server: state={act.state or '?'} wait={act.wait or 'none'}"
+                    + (f" for {act.mode} on {act.lock}" if act.lock else "")
+                    + f"; last lock notice: {' '.join(w.notice) if w.notice else 'none'}"
+                )
                 parts.append(f"{w.name} ({w.op.label}) still in statement {w.statements}; {server}")
         for g in self._ghosts:
             if not g.blocked:
                 parts.append(f"the backend of lost worker {g.name} (pid {g.pid}) is still there")
-        return (f"a concurrent block did not come to rest within "
-                f"{self.scheduler.deadline_s:.0f} s: "
-                + "; ".join(parts or [self._states()])
-                + ". Is the server or the machine overloaded, or a link stalled?")
+        return (
+            f"a concurrent block did not come to rest within "
+            f"{self.scheduler.deadline_s:.0f} s: "
+            + "; ".join(parts or [self._states()])
+            + ". Is the server or the machine overloaded, or a link stalled?"
+        )
 
     def _deadlock_message(self) -> str:
-        return (f"every unfinished worker of the block waits on a lock nobody can release "
-                f"({self._states()}): a holder ended with its transaction open, or a lock is held "
-                f"outside the block")
+        return (
+            f"every unfinished worker of the block waits on a lock nobody can release "
+            f"({self._states()}): a holder ended with its transaction open, or a lock is held "
+            f"outside the block"
+        )
 
 
 def _check_backend(pid: int) -> None:
@@ -1036,14 +1116,17 @@ def _check_backend(pid: int) -> None:
     except (OSError, ValueError, IndexError):
         cmdline = parent = b""
     if b"postgres" not in cmdline or b"postgres" not in parent:
-        raise SchedulerEnvironmentError(f"backend pid {pid} is not a PostgreSQL process on this "
-                                        "machine: pausing backends needs the server here; use "
-                                        "Scheduler(pause=False) for a remote server")
+        raise SchedulerEnvironmentError(
+            f"backend pid {pid} is not a PostgreSQL process on this "
+            "machine: pausing backends needs the server here; use "
+            "Scheduler(pause=False) for a remote server"
+        )
 
 
 def _apply_settings(conn: psycopg.Connection, worker: str) -> None:
-    sql = "SELECT " + ", ".join(f"set_config('{k}', '{v}', false)"
-                                for k, v in SESSION_SETTINGS.items())
+    sql = "SELECT " + ", ".join(
+        f"set_config('{k}', '{v}', false)" for k, v in SESSION_SETTINGS.items()
+    )
     try:
         conn.execute(sql)
         if not conn.autocommit:
@@ -1051,9 +1134,11 @@ def _apply_settings(conn: psycopg.Connection, worker: str) -> None:
     except psycopg.errors.InsufficientPrivilege as e:
         with contextlib.suppress(psycopg.Error):
             conn.rollback()
-        raise SettingsRefused(f"{worker}: {first_line(e)}: concurrent blocks set "
-                              "deadlock_timeout and log_lock_waits per session, which needs a "
-                              "superuser; connect the workers as one") from None
+        raise SettingsRefused(
+            f"{worker}: {first_line(e)}: concurrent blocks set "
+            "deadlock_timeout and log_lock_waits per session, which needs a "
+            "superuser; connect the workers as one"
+        ) from None
 
 
 def _reset_settings(conn: psycopg.Connection) -> None:
@@ -1062,8 +1147,10 @@ def _reset_settings(conn: psycopg.Connection) -> None:
     if conn.closed or conn.broken or conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
         return
     with contextlib.suppress(psycopg.Error):
-        conn.execute("SELECT set_config(name, reset_val, false) FROM pg_settings "
-                     "WHERE name = ANY(%s)", (list(SESSION_SETTINGS),))
+        conn.execute(
+            "SELECT set_config(name, reset_val, false) FROM pg_settings WHERE name = ANY(%s)",
+            (list(SESSION_SETTINGS),),
+        )
         if not conn.autocommit:
             conn.commit()
 
@@ -1083,9 +1170,15 @@ class Raised:
     message: str
 
 
-def history(result: BlockResult, model_ops: Any, *, start: float = 0,
-            keys: Any = None, no_effect: tuple[type[BaseException], ...] | None = None,
-            maybe: tuple[type[BaseException], ...] | None = None) -> list:
+def history(
+    result: BlockResult,
+    model_ops: Any,
+    *,
+    start: float = 0,
+    keys: Any = None,
+    no_effect: tuple[type[BaseException], ...] | None = None,
+    maybe: tuple[type[BaseException], ...] | None = None,
+) -> list:
     """The block's operations as a :mod:`knownstate.chaos.linearize` history.
 
     ``model_ops[worker]`` applies the worker's operation to a model and returns its outcome;
@@ -1118,8 +1211,20 @@ def history(result: BlockResult, model_ops: Any, *, start: float = 0,
             else:
                 server = r.server_error
                 text = str(server if server is not None else r.error).strip()
-                output = Raised(type(r.error).__name__, r.sqlstate,
-                                _short(text.splitlines()[0] if text else "", 120))
-        out.append(Operation(r.worker, r.label, model_ops[r.worker], start, ret, output,
-                             None if keys is None else keys[r.worker]))
+                output = Raised(
+                    type(r.error).__name__,
+                    r.sqlstate,
+                    _short(text.splitlines()[0] if text else "", 120),
+                )
+        out.append(
+            Operation(
+                r.worker,
+                r.label,
+                model_ops[r.worker],
+                start,
+                ret,
+                output,
+                None if keys is None else keys[r.worker],
+            )
+        )
     return out

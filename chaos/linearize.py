@@ -132,22 +132,31 @@ class Verdict:
     def explain(self) -> list[str]:
         """The verdict as lines a counterexample can print."""
         if self.ok:
-            return [f"linearizable: {len(self.history)} operations, {self.partitions} part(s), "
-                    f"{self.seconds:.3f} s"]
+            return [
+                f"linearizable: {len(self.history)} operations, {self.partitions} part(s), "
+                f"{self.seconds:.3f} s"
+            ]
         if self.ok is None:
-            return [f"undecided: the search ran out of time after {self.seconds:.1f} s "
-                    f"({len(self.history)} operations)"]
+            return [
+                f"undecided: the search ran out of time after {self.seconds:.1f} s "
+                f"({len(self.history)} operations)"
+            ]
         where = "" if self.key is None else f" (part {self.key!r})"
-        lines = [f"not linearizable{where}: no order of these {len(self.part)} operations, "
-                 "consistent with real time, explains what was observed:"]
+        lines = [
+            f"not linearizable{where}: no order of these {len(self.part)} operations, "
+            "consistent with real time, explains what was observed:"
+        ]
         if len(self.part) <= 30:
             lines += [f"  {op.describe()}" for op in self.part]
         if self.final is not None and len(self.order) == len(self.part):
-            lines.append("every outcome is explained, but no order ends in the observed rows; "
-                         "closest order:")
+            lines.append(
+                "every outcome is explained, but no order ends in the observed rows; closest order:"
+            )
             lines += [f"  {i}. {op.client} {op.label}" for i, op in enumerate(self.order, 1)]
-            lines += [f"  model:    {_short(repr(self.final[0]), 300)}",
-                      f"  observed: {_short(repr(self.final[1]), 300)}"]
+            lines += [
+                f"  model:    {_short(repr(self.final[0]), 300)}",
+                f"  observed: {_short(repr(self.final[1]), 300)}",
+            ]
             return lines
         if self.order:
             lines.append(f"longest linearizable prefix ({len(self.order)} of {len(self.part)}):")
@@ -158,8 +167,10 @@ class Verdict:
             lines.append("then none of the others can come next:")
         lines += [f"  {op.client} {op.label}: {why}" for op, why in self.next_refused]
         if self.final is not None:
-            lines += [f"  (rows) model: {_short(repr(self.final[0]), 300)}",
-                      f"         observed: {_short(repr(self.final[1]), 300)}"]
+            lines += [
+                f"  (rows) model: {_short(repr(self.final[0]), 300)}",
+                f"         observed: {_short(repr(self.final[1]), 300)}",
+            ]
         return lines
 
 
@@ -194,8 +205,10 @@ def freeze(value: Any) -> Hashable:
 
 def default_fingerprint(model: Any) -> Hashable:
     """Every attribute of the model except its transition log, frozen."""
-    return (type(model).__name__,
-            freeze({k: v for k, v in vars(model).items() if k not in NOT_STATE}))
+    return (
+        type(model).__name__,
+        freeze({k: v for k, v in vars(model).items() if k not in NOT_STATE}),
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -222,8 +235,9 @@ def _apply(op: Operation, model: Any, copy: Callable[[Any], Any]) -> tuple[Any, 
         return None, f"the model raises {type(e).__name__}: {e}"
 
 
-def _step(states: _States, op: Operation, fp: Callable[[Any], Hashable],
-          copy: Callable[[Any], Any]) -> _States | None:
+def _step(
+    states: _States, op: Operation, fp: Callable[[Any], Hashable], copy: Callable[[Any], Any]
+) -> _States | None:
     out: dict[Hashable, Any] = {}
     for key, model in states.models.items():
         if op.ret is None:
@@ -238,10 +252,14 @@ class _Budget(Exception):
     pass
 
 
-def _search(ops: Sequence[Operation], start: _States, fp: Callable[[Any], Hashable],
-            copy: Callable[[Any], Any], final_ok: Callable[[Any], bool] | None,
-            deadline: float | None
-            ) -> tuple[bool, list[int], _States | None, bool]:
+def _search(
+    ops: Sequence[Operation],
+    start: _States,
+    fp: Callable[[Any], Hashable],
+    copy: Callable[[Any], Any],
+    final_ok: Callable[[Any], bool] | None,
+    deadline: float | None,
+) -> tuple[bool, list[int], _States | None, bool]:
     """Porcupine's checkSingle over ``ops``. Returns (ok, order or longest prefix, final states
     when ok, whether the longest prefix covers every operation but failed the final check)."""
     n = len(ops)
@@ -327,9 +345,13 @@ def _search(ops: Sequence[Operation], start: _States, fp: Callable[[Any], Hashab
         entry = nxt[entry]
 
 
-def _refusals(ops: Sequence[Operation], prefix: list[int], start: _States,
-              fp: Callable[[Any], Hashable], copy: Callable[[Any], Any]
-              ) -> tuple[_States, list[tuple[Operation, str, tuple[Any, ...]]]]:
+def _refusals(
+    ops: Sequence[Operation],
+    prefix: list[int],
+    start: _States,
+    fp: Callable[[Any], Hashable],
+    copy: Callable[[Any], Any],
+) -> tuple[_States, list[tuple[Operation, str, tuple[Any, ...]]]]:
     """The states after ``prefix``, and why each operation that could come next cannot (and what
     the model answers instead)."""
     state = start
@@ -359,9 +381,12 @@ DEAD_ENDS_UP_TO = 6
 """Parts up to this many operations have their dead ends enumerated (at most 6! orders)."""
 
 
-def _dead_ends(ops: Sequence[Operation], start: _States, fp: Callable[[Any], Hashable],
-               copy: Callable[[Any], Any]
-               ) -> tuple[tuple[Operation, tuple[Any, ...], tuple[Any, ...]], ...]:
+def _dead_ends(
+    ops: Sequence[Operation],
+    start: _States,
+    fp: Callable[[Any], Hashable],
+    copy: Callable[[Any], Any],
+) -> tuple[tuple[Operation, tuple[Any, ...], tuple[Any, ...]], ...]:
     """Every (operation, the model's answers, the states it was refused in) refused right after
     some prefix that the model explains, over every order consistent with real time (for small
     parts only)."""
@@ -389,12 +414,16 @@ def _dead_ends(ops: Sequence[Operation], start: _States, fp: Callable[[Any], Has
     return tuple((ops[i], tuple(out[i][0]), tuple(out[i][1])) for i in sorted(out))
 
 
-def check(history: Iterable[Operation], initial: Any | Sequence[Any], *,
-          fingerprint: Callable[[Any], Hashable] = default_fingerprint,
-          copy: Callable[[Any], Any] = lambda model: model.copy(),
-          final: FinalState | None = None,
-          partition: Callable[[Operation], Hashable] | None = None,
-          budget_s: float | None = None) -> Verdict:
+def check(
+    history: Iterable[Operation],
+    initial: Any | Sequence[Any],
+    *,
+    fingerprint: Callable[[Any], Hashable] = default_fingerprint,
+    copy: Callable[[Any], Any] = lambda model: model.copy(),
+    final: FinalState | None = None,
+    partition: Callable[[Operation], Hashable] | None = None,
+    budget_s: float | None = None,
+) -> Verdict:
     """Is ``history`` linearizable from ``initial`` (a model, or a list of candidate models)?
 
     ``partition(op)``: check each part alone (the caller asserts the model's parts are
@@ -404,8 +433,9 @@ def check(history: Iterable[Operation], initial: Any | Sequence[Any], *,
     ops = tuple(history)
     for op in ops:
         if op.ret is not None and op.ret < op.call:
-            raise ValueError(f"{op.client} {op.label}: returns at {op.ret}, before its call "
-                             f"at {op.call}")
+            raise ValueError(
+                f"{op.client} {op.label}: returns at {op.ret}, before its call at {op.call}"
+            )
     candidates = list(initial) if isinstance(initial, (list, tuple)) else [initial]
     start = _States({fingerprint(m): m for m in candidates})
     deadline = None if budget_s is None else t0 + budget_s
@@ -431,8 +461,9 @@ def check(history: Iterable[Operation], initial: Any | Sequence[Any], *,
     for key, part in parts.items():
         ok_final = final_ok_for(key)
         try:
-            ok, order, end_states, complete = _search(part, start, fingerprint, copy, ok_final,
-                                                     deadline)
+            ok, order, end_states, complete = _search(
+                part, start, fingerprint, copy, ok_final, deadline
+            )
         except _Budget:
             return Verdict(None, ops, partitions=len(parts), seconds=time.monotonic() - t0)
         if not ok:
@@ -445,13 +476,22 @@ def check(history: Iterable[Operation], initial: Any | Sequence[Any], *,
                 if split is not None:
                     mine, theirs = split(mine).get(key), observed_parts.get(key)
                 shown = (mine, theirs)
-            anywhere = (_dead_ends(part, start, fingerprint, copy)
-                        if len(part) <= DEAD_ENDS_UP_TO else ())
-            return Verdict(False, ops, tuple(part[i] for i in order), tuple(part), key,
-                           tuple((op, why) for op, why, _ in refused), shown,
-                           next_answers=tuple(raw for _, _, raw in refused),
-                           refused_anywhere=anywhere,
-                           partitions=len(parts), seconds=time.monotonic() - t0)
+            anywhere = (
+                _dead_ends(part, start, fingerprint, copy) if len(part) <= DEAD_ENDS_UP_TO else ()
+            )
+            return Verdict(
+                False,
+                ops,
+                tuple(part[i] for i in order),
+                tuple(part),
+                key,
+                tuple((op, why) for op, why, _ in refused),
+                shown,
+                next_answers=tuple(raw for _, _, raw in refused),
+                refused_anywhere=anywhere,
+                partitions=len(parts),
+                seconds=time.monotonic() - t0,
+            )
         orders += [part[i] for i in order]
         ends.append(end_states)
     if split is not None:  # rows no operation touched must be as they started
@@ -463,8 +503,17 @@ def check(history: Iterable[Operation], initial: Any | Sequence[Any], *,
                 break
         else:
             k = bad[0]
-            return Verdict(False, ops, (), (), k, (), (mine.get(k), observed_parts.get(k)),
-                           partitions=len(parts), seconds=time.monotonic() - t0)
+            return Verdict(
+                False,
+                ops,
+                (),
+                (),
+                k,
+                (),
+                (mine.get(k), observed_parts.get(k)),
+                partitions=len(parts),
+                seconds=time.monotonic() - t0,
+            )
     if len(ends) == 1:
         final_states = tuple(ends[0].models.values())
     else:  # independent parts: replay the parts' orders one after another
@@ -472,8 +521,14 @@ def check(history: Iterable[Operation], initial: Any | Sequence[Any], *,
         for op in orders:
             state = _step(state, op, fingerprint, copy) or state
         final_states = tuple(state.models.values())
-    return Verdict(True, ops, tuple(orders), partitions=len(parts), final_states=final_states,
-                   seconds=time.monotonic() - t0)
+    return Verdict(
+        True,
+        ops,
+        tuple(orders),
+        partitions=len(parts),
+        final_states=final_states,
+        seconds=time.monotonic() - t0,
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -491,13 +546,16 @@ class BenchResult:
     what: str
 
     def report(self) -> str:
-        return (f"linearizability: {self.operations} operations, {self.clients} clients, "
-                f"{self.partitions} part(s), {self.what}: {self.seconds:.2f} s "
-                f"({({True: 'linearizable', False: 'NOT linearizable'}).get(self.ok, '?')})")
+        return (
+            f"linearizability: {self.operations} operations, {self.clients} clients, "
+            f"{self.partitions} part(s), {self.what}: {self.seconds:.2f} s "
+            f"({({True: 'linearizable', False: 'NOT linearizable'}).get(self.ok, '?')})"
+        )
 
 
-def outbox_history(n_ops: int = 1000, clients: int = 3, seed: int = 0
-                   ) -> tuple[list[Operation], Any, FinalState]:
+def outbox_history(
+    n_ops: int = 1000, clients: int = 3, seed: int = 0
+) -> tuple[list[Operation], Any, FinalState]:
     """A random concurrent history of the outbox model (linearizable by construction: each
     operation takes effect at a random instant between its call and its return), with its
     initial model and final rows. Every operation kind of the outbox, reaper included."""
@@ -576,16 +634,21 @@ def _outbox_copy(model: Any) -> Any:
     return other
 
 
-def bench(n_ops: int = 1000, clients: int = 3, seed: int = 0,
-          model_copy: bool = False) -> BenchResult:
+def bench(
+    n_ops: int = 1000, clients: int = 3, seed: int = 0, model_copy: bool = False
+) -> BenchResult:
     """Seconds to check a random ``n_ops``-operation outbox history (not partitioned: a claim
     reads every row), final rows included. ``model_copy``: copy states with the model's own
     ``copy()`` (a deepcopy) instead of a structural copy. For ``knownstate bench``."""
     history, initial, final = outbox_history(n_ops, clients, seed)
-    verdict = check(history, initial, final=final,
-                    copy=(lambda m: m.copy()) if model_copy else _outbox_copy,
-                    fingerprint=lambda m: (m.now, m.state(), m._next_id))
-    what = "outbox model, final rows, " + ("its deepcopy copy()" if model_copy
-                                           else "structural copy")
-    return BenchResult(len(history), clients, verdict.seconds, verdict.ok, verdict.partitions,
-                       what)
+    verdict = check(
+        history,
+        initial,
+        final=final,
+        copy=(lambda m: m.copy()) if model_copy else _outbox_copy,
+        fingerprint=lambda m: (m.now, m.state(), m._next_id),
+    )
+    what = "outbox model, final rows, " + (
+        "its deepcopy copy()" if model_copy else "structural copy"
+    )
+    return BenchResult(len(history), clients, verdict.seconds, verdict.ok, verdict.partitions, what)

@@ -115,9 +115,16 @@ class Memory:
         if self.github and replay:
             owner, repo, artifact = self.github
             cache = Path(self.local).parent / "github" if self.local else None
-            parts.append(ReadOnlyDatabase(GitHubArtifactDatabase(
-                owner, repo, artifact_name=artifact,
-                path=cache / artifact if cache else None)))
+            parts.append(
+                ReadOnlyDatabase(
+                    GitHubArtifactDatabase(
+                        owner,
+                        repo,
+                        artifact_name=artifact,
+                        path=cache / artifact if cache else None,
+                    )
+                )
+            )
         if not parts:
             return None
         db = parts[0] if len(parts) == 1 else MultiplexedDatabase(*parts)
@@ -129,6 +136,8 @@ def parse_github(spec: str) -> tuple[str, str, str]:
     repo, _, artifact = spec.partition(":")
     owner, _, name = repo.partition("/")
     if not owner or not name or "/" in name:
-        raise ValueError(f"--example-db-github {spec!r}: give OWNER/REPO[:ARTIFACT], e.g. "
-                         f"myorg/myrepo:{ARTIFACT}")
+        raise ValueError(
+            f"--example-db-github {spec!r}: give OWNER/REPO[:ARTIFACT], e.g. "
+            f"myorg/myrepo:{ARTIFACT}"
+        )
     return owner, name, artifact or ARTIFACT

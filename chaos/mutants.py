@@ -42,11 +42,17 @@ def catalogue_problems(check: type[KindCheck], mutants: list[Mutant]) -> list[st
     """What is wrong with a kind's catalogue: a mutant declaring an invariant its check cannot
     name (it could never be caught), a mutant of another kind, two mutants with one name."""
     known = check.named_invariants()
-    out = [f"mutant {m.name} declares invariant {m.invariant!r}, which the {check.kind} check "
-           f"never names: choose from {', '.join(sorted(known))}"
-           for m in mutants if m.invariant not in known]
-    out += [f"mutant {m.name} is listed under {check.kind} but says it is of {m.kind}"
-            for m in mutants if m.kind != check.kind]
+    out = [
+        f"mutant {m.name} declares invariant {m.invariant!r}, which the {check.kind} check "
+        f"never names: choose from {', '.join(sorted(known))}"
+        for m in mutants
+        if m.invariant not in known
+    ]
+    out += [
+        f"mutant {m.name} is listed under {check.kind} but says it is of {m.kind}"
+        for m in mutants
+        if m.kind != check.kind
+    ]
     names = [m.name for m in mutants]
     out += [f"two mutants are named {n}" for n in sorted({n for n in names if names.count(n) > 1})]
     return out
@@ -67,6 +73,8 @@ def sql_edit(queries: dict[str, str], name: str, old: str, new: str) -> dict[str
 
 def with_attrs(**attrs) -> Callable[[type[KindCheck]], type[KindCheck]]:
     """Apply a mutant by overriding class attributes of the check (a store class, a query dict)."""
+
     def apply(check: type[KindCheck]) -> type[KindCheck]:
         return type(f"{check.__name__}Mutant", (check,), dict(attrs))
+
     return apply

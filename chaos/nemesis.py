@@ -118,9 +118,13 @@ def schedule(
             resume = rng.choice(("reaped", "reclaimed"))
             runs = rng.choice(("one", "any"))
             ms = int(lease * 150) if stand_in else 0
-            f = Fault(t, kind, rng.choice(workers), round(HOLD_BOUND * lease, 1),
-                      (("resume", resume), ("runs", runs), ("after", rng.randint(1, 3)),
-                       ("ms", ms)))
+            f = Fault(
+                t,
+                kind,
+                rng.choice(workers),
+                round(HOLD_BOUND * lease, 1),
+                (("resume", resume), ("runs", runs), ("after", rng.randint(1, 3)), ("ms", ms)),
+            )
         elif kind == "kill":
             f = Fault(t, kind, target, round(rng.uniform(0.3, 2.0), 1))
         elif kind == "stop":
@@ -186,14 +190,18 @@ class Parts(Protocol):
     def slow(self, stand_in: str, ms: int | None) -> None: ...
     def slow_others(self, proc: str, ms: int | None) -> None:
         """Latency on the stand-in links of every worker but ``proc`` (None: remove it)."""
+
     def holds(self, proc: str) -> dict[str, tuple[object, int]]:
         """The runs ``proc`` (its current incarnation) holds a lease on: run -> (token, how many
         changes it committed to the run under that token, its claim included)."""
+
     def writes_bound(self) -> int:
         """The most writes the kind's loop makes under one lease before its last (0: none)."""
+
     def quiet(self, proc: str, within: float) -> bool:
         """Polls until ``proc`` has no statement running and no transaction open at the
         server; False when that did not happen ``within`` seconds (or cannot be seen)."""
+
     def taken(self, held: dict[str, object]) -> dict[str, str] | None:
         """Where each of ``held`` (run -> token) is now: ``held`` (still under that token),
         ``free`` (taken back, waiting for a claim), ``reheld`` (under another token), ``done``
@@ -307,9 +315,20 @@ class Nemesis:
         p, now = self.parts, time.time()
         if now > until:
             del self._aim_until[f]
-            self.periods.append(Period(f.kind, f.target, now, now, _detail(
-                f, f"not stopped: it held no lease between transactions within {AIM_WITHIN:g} s",
-                self._after(f))))
+            self.periods.append(
+                Period(
+                    f.kind,
+                    f.target,
+                    now,
+                    now,
+                    _detail(
+                        f,
+                        f"not stopped: it held no lease between transactions "
+                        f"within {AIM_WITHIN:g} s",
+                        self._after(f),
+                    ),
+                )
+            )
             return
         if self._aimed(f, p.holds(f.target)):
             p.stop(f.target)
@@ -364,8 +383,15 @@ class Nemesis:
                 p.slow_others(f.target, None)
             held = ", ".join(f"{run}@{token}" for run, token in sorted(self._held.pop(f).items()))
             why = self._why.pop(f, "") or "still held (the bound was reached, or the quiet period)"
-            self.periods.append(Period(f.kind, f.target, began, time.time(), _detail(
-                f, f"stopped holding {held}; resumed: {why}", self._after(f))))
+            self.periods.append(
+                Period(
+                    f.kind,
+                    f.target,
+                    began,
+                    time.time(),
+                    _detail(f, f"stopped holding {held}; resumed: {why}", self._after(f)),
+                )
+            )
             return
         if f.kind == "kill":
             p.restart(f.target)
@@ -393,8 +419,17 @@ class Nemesis:
                 self._end(f)
             now = time.time()
             for f in sorted(self._aim_until, key=lambda f: f.at):  # every fault is recorded
-                self.periods.append(Period(f.kind, f.target, now, now, _detail(
-                    f, "not stopped: the quiet period began while it aimed", self._after(f))))
+                self.periods.append(
+                    Period(
+                        f.kind,
+                        f.target,
+                        now,
+                        now,
+                        _detail(
+                            f, "not stopped: the quiet period began while it aimed", self._after(f)
+                        ),
+                    )
+                )
             self._queue.clear()
             self._aim_until.clear()
 
@@ -403,8 +438,10 @@ def _detail(f: Fault, what: str = "", after: int = 1) -> str:
     if f.kind == "hold":
         slow = f", others +{f.param('ms')} ms per call" if f.param("ms") else ""
         runs = "one run" if f.param("runs") == "one" else "runs"
-        return (f"aimed at a holder of {runs} after write {after} under its lease, resume once "
-                f"{f.param('resume')}{slow}; {what}")
+        return (
+            f"aimed at a holder of {runs} after write {after} under its lease, resume once "
+            f"{f.param('resume')}{slow}; {what}"
+        )
     if f.kind == "partition":
         return f"links: {f.param('links')}"
     if f.kind == "clock-bump":

@@ -77,9 +77,12 @@ class OpsApi:
         self._server = QuietServer((self.host, self.port or 0), _handler_for(self))
         self.port = self._server.server_address[1]  # the kernel's pick, when none was asked
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        name=f"opsapi:{self.port}",
-                                        kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            name=f"opsapi:{self.port}",
+            kwargs={"poll_interval": 0.05},
+            daemon=True,
+        )
         self._thread.start()
         return self
 
@@ -114,8 +117,13 @@ class OpsApi:
             op = self._ops[op_id]
             if op.status is not ExternalStatus.IN_PROGRESS:
                 raise IllegalTransition(f"{KIND} operations API", op.status.value, "finish")
-            self._ops[op_id] = ExternalOp(op.op_id, op.run_id, op.branch, op.idempotency_key,
-                                          ExternalStatus.SUCCEEDED if ok else ExternalStatus.FAILED)
+            self._ops[op_id] = ExternalOp(
+                op.op_id,
+                op.run_id,
+                op.branch,
+                op.idempotency_key,
+                ExternalStatus.SUCCEEDED if ok else ExternalStatus.FAILED,
+            )
 
     def fail_next(self, n: int) -> None:
         """Answer the next ``n`` requests (any method) with 503, without acting on them."""
@@ -167,9 +175,13 @@ class OpsApi:
             existing = self._by_key.get(body.idempotency_key)
             if existing is not None:
                 return 200, self._ops[existing]
-            op = ExternalOp(op_id=f"op-{len(self._ops) + 1}", run_id=body.run_id,
-                            branch=body.branch, idempotency_key=body.idempotency_key,
-                            status=ExternalStatus.IN_PROGRESS)
+            op = ExternalOp(
+                op_id=f"op-{len(self._ops) + 1}",
+                run_id=body.run_id,
+                branch=body.branch,
+                idempotency_key=body.idempotency_key,
+                status=ExternalStatus.IN_PROGRESS,
+            )
             self._ops[op.op_id] = op
             self._by_key[body.idempotency_key] = op.op_id
             return 201, op

@@ -20,16 +20,30 @@ _databases = itertools.count()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("knownstate", "knownstate: durable work checked under real faults")
-    group.addoption("--knownstate-seed", type=int, default=None,
-                    help="seed of every check_run_kind (default: a random one, in the report)")
-    group.addoption("--knownstate-profile", default="ci", choices=("ci", "deep"),
-                    help="how long check_run_kind runs: ci (default) or deep (nightly)")
-    group.addoption("--knownstate-examples", type=int, default=None,
-                    help="a fixed number of examples per check (default: the profile's "
-                         "coverage-directed run)")
-    group.addoption("--knownstate-dsn", default=None,
-                    help="an external PostgreSQL for knownstate_cluster (default: a throwaway "
-                         "cluster; never $DATABASE_URL implicitly)")
+    group.addoption(
+        "--knownstate-seed",
+        type=int,
+        default=None,
+        help="seed of every check_run_kind (default: a random one, in the report)",
+    )
+    group.addoption(
+        "--knownstate-profile",
+        default="ci",
+        choices=("ci", "deep"),
+        help="how long check_run_kind runs: ci (default) or deep (nightly)",
+    )
+    group.addoption(
+        "--knownstate-examples",
+        type=int,
+        default=None,
+        help="a fixed number of examples per check (default: the profile's coverage-directed run)",
+    )
+    group.addoption(
+        "--knownstate-dsn",
+        default=None,
+        help="an external PostgreSQL for knownstate_cluster (default: a throwaway "
+        "cluster; never $DATABASE_URL implicitly)",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +53,7 @@ def knownstate_cluster(request):
     from knownstate.chaos.cluster import ExternalDatabase, PostgresCluster
 
     dsn = request.config.getoption("knownstate_dsn")
-    with (ExternalDatabase(dsn) if dsn else PostgresCluster()) as db:
+    with ExternalDatabase(dsn) if dsn else PostgresCluster() as db:
         yield db
 
 
@@ -141,9 +155,16 @@ def check_run_kind(request, knownstate_env):
 
     config = request.config
 
-    def run(kind, *, seed: int | None = None, profile: str | None = None,
-            examples: int | None = None, steps: int | None = None, mutant: str | None = None,
-            shrinks: int = SHRINKS):
+    def run(
+        kind,
+        *,
+        seed: int | None = None,
+        profile: str | None = None,
+        examples: int | None = None,
+        steps: int | None = None,
+        mutant: str | None = None,
+        shrinks: int = SHRINKS,
+    ):
         check = _resolve(kinds, kind)
         seed = seed if seed is not None else config.getoption("knownstate_seed")
         seed = seed if seed is not None else secrets.randbelow(2**32)
@@ -153,17 +174,29 @@ def check_run_kind(request, knownstate_env):
             catalogue = kinds.mutants_of(check)
             found = [m for m in catalogue if m.name == mutant]
             if not found:
-                pytest.fail(f"{check.kind} has no mutant {mutant!r}: choose from "
-                            + ", ".join(m.name for m in catalogue), pytrace=False)
+                pytest.fail(
+                    f"{check.kind} has no mutant {mutant!r}: choose from "
+                    + ", ".join(m.name for m in catalogue),
+                    pytrace=False,
+                )
             machine = found[0].machine(check)
         profile = profile or config.getoption("knownstate_profile")
-        result = run_check(machine, knownstate_env, seed=seed, profile=profile,
-                           examples=examples, steps=steps, require_all=mutant is None,
-                           shrinks=shrinks)
-        replay = Replay(profile=profile, examples=examples, steps=steps, shrinks=shrinks,
-                        no_example_db=True)
-        record = finished_record(Unit(0, check.kind, seed, found[0] if found else None),
-                                 result, replay)
+        result = run_check(
+            machine,
+            knownstate_env,
+            seed=seed,
+            profile=profile,
+            examples=examples,
+            steps=steps,
+            require_all=mutant is None,
+            shrinks=shrinks,
+        )
+        replay = Replay(
+            profile=profile, examples=examples, steps=steps, shrinks=shrinks, no_example_db=True
+        )
+        record = finished_record(
+            Unit(0, check.kind, seed, found[0] if found else None), result, replay
+        )
         report = "\n".join(run_lines(record))
         if mutant is None and not result.passed:
             pytest.fail(report, pytrace=False)

@@ -71,19 +71,24 @@ class ClaimReadThenWrite(outbox_impl.OutboxStore):
     id in another, with ``attempts`` computed from what it read: a read-modify-write split
     across two statements without a row lock."""
 
-    DUE = ("SELECT id, attempts, payload FROM outbox_delivery\n"
-           "WHERE status = 'pending' AND next_attempt_at <= now() ORDER BY id LIMIT %(batch)s")
-    TAKE = ("UPDATE outbox_delivery SET status = 'processing', attempts = %(attempts)s,\n"
-            "    lease_until = now() + make_interval(secs => %(lease)s)\n"
-            "WHERE id = %(id)s RETURNING id, attempts, payload")
+    DUE = (
+        "SELECT id, attempts, payload FROM outbox_delivery\n"
+        "WHERE status = 'pending' AND next_attempt_at <= now() ORDER BY id LIMIT %(batch)s"
+    )
+    TAKE = (
+        "UPDATE outbox_delivery SET status = 'processing', attempts = %(attempts)s,\n"
+        "    lease_until = now() + make_interval(secs => %(lease)s)\n"
+        "WHERE id = %(id)s RETURNING id, attempts, payload"
+    )
 
     def begin_claim(self, conn: psycopg.Connection, batch: int) -> list:
         with boundary("outbox.claim"):
             due = conn.execute(self.DUE, {"batch": batch}).fetchall()
             claimed = []
             for id_, attempts, _payload in due:
-                row = conn.execute(self.TAKE, {"id": id_, "attempts": attempts + 1,
-                                               "lease": self.config.lease}).fetchone()
+                row = conn.execute(
+                    self.TAKE, {"id": id_, "attempts": attempts + 1, "lease": self.config.lease}
+                ).fetchone()
                 claimed.append((outbox_model.Claim(row[0], row[1]), row[2]))
         return sorted(claimed, key=lambda c: c[0].id)
 
@@ -115,13 +120,16 @@ class CountBeforeLockWait(plan_impl.ApprovedPlanStore):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.q = sql_edit(self.q, "lock_executing",
-                          "SELECT status, generation, steps FROM agent_proposal WHERE id = %(id)s "
-                          "FOR NO KEY UPDATE",
-                          "SELECT p.status, p.generation, p.steps,\n"
-                          "       (SELECT count(*) FROM agent_proposal_step s "
-                          "WHERE s.proposal_id = p.id)\n"
-                          "FROM agent_proposal p WHERE p.id = %(id)s FOR NO KEY UPDATE OF p")
+        self.q = sql_edit(
+            self.q,
+            "lock_executing",
+            "SELECT status, generation, steps FROM agent_proposal WHERE id = %(id)s "
+            "FOR NO KEY UPDATE",
+            "SELECT p.status, p.generation, p.steps,\n"
+            "       (SELECT count(*) FROM agent_proposal_step s "
+            "WHERE s.proposal_id = p.id)\n"
+            "FROM agent_proposal p WHERE p.id = %(id)s FOR NO KEY UPDATE OF p",
+        )
 
     def _steps_done(self, conn: psycopg.Connection, proposal_id: int, locked: tuple) -> int:
         return locked[3]
@@ -133,9 +141,12 @@ class HeartbeatOwnerReadFirst(plan_impl.ApprovedPlanStore):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.q = sql_edit(self.q, "heartbeat",
-                          "WHERE id = %(id)s AND status = 'executing' AND generation = %(token)s",
-                          "WHERE id = %(id)s")
+        self.q = sql_edit(
+            self.q,
+            "heartbeat",
+            "WHERE id = %(id)s AND status = 'executing' AND generation = %(token)s",
+            "WHERE id = %(id)s",
+        )
 
     def heartbeat(self, conn: psycopg.Connection, proposal_id: int, token: int) -> Any:
         def body():
@@ -159,8 +170,9 @@ class RequestSelectThenInsert(reset_impl.BranchResetStore):
     def request(self, conn: psycopg.Connection, branch: str, idempotency_key: str) -> Any:
         try:
             with boundary("branch-reset.request"):
-                found = conn.execute(self.q["find_by_key"],
-                                     {"idempotency_key": idempotency_key}).fetchone()
+                found = conn.execute(
+                    self.q["find_by_key"], {"idempotency_key": idempotency_key}
+                ).fetchone()
             if found is not None:
                 conn.rollback()
                 same = found[1] == branch
@@ -178,9 +190,11 @@ def _schema_edit(schema: str, old: str, new: str) -> str:
     return schema.replace(old, new)
 
 
-KEY_NOT_UNIQUE_SCHEMA = _schema_edit(reset_impl.SCHEMA,
-                                     "CREATE UNIQUE INDEX branch_reset_idempotency_key",
-                                     "CREATE INDEX branch_reset_idempotency_key")
+KEY_NOT_UNIQUE_SCHEMA = _schema_edit(
+    reset_impl.SCHEMA,
+    "CREATE UNIQUE INDEX branch_reset_idempotency_key",
+    "CREATE INDEX branch_reset_idempotency_key",
+)
 
 
 @dataclass(frozen=True)
@@ -233,30 +247,48 @@ class Scenario:
         return sorted({c.worker for c in self.setup + self.block})
 
 
-OUTBOX_CONFIG = outbox_model.Config(lease=5 * QUANTUM, backoff_base=QUANTUM,
-                                    backoff_cap=60 * QUANTUM, max_attempts=3)
+OUTBOX_CONFIG = outbox_model.Config(
+    lease=5 * QUANTUM, backoff_base=QUANTUM, backoff_cap=60 * QUANTUM, max_attempts=3
+)
 _CLAIM = outbox_model.Claim(1, 1)
 
 
-def _outbox(name: str, block: tuple[Call, ...], setup: tuple[Call, ...] = (),
-            jump: int = 0) -> Scenario:
+def _outbox(
+    name: str, block: tuple[Call, ...], setup: tuple[Call, ...] = (), jump: int = 0
+) -> Scenario:
     return Scenario(
-        name, "outbox", outbox_impl.SCHEMA, outbox_impl.TABLES,
+        name,
+        "outbox",
+        outbox_impl.SCHEMA,
+        outbox_impl.TABLES,
         new_model=lambda: outbox_model.OutboxModel(OUTBOX_CONFIG),
         new_store=lambda cls, worker: cls(OUTBOX_CONFIG),
-        project=outbox_impl.project, project_model=lambda m: m.state(),
-        block=block, setup=setup, jump=jump, reference_store=outbox_impl.OutboxStore,
-        fingerprint=lambda m: (m.now, m.state(), m._next_id))
+        project=outbox_impl.project,
+        project_model=lambda m: m.state(),
+        block=block,
+        setup=setup,
+        jump=jump,
+        reference_store=outbox_impl.OutboxStore,
+        fingerprint=lambda m: (m.now, m.state(), m._next_id),
+    )
 
 
 def _plan(name: str, block: tuple[Call, ...], setup: tuple[Call, ...], jump: int = 0) -> Scenario:
     return Scenario(
-        name, "approved-plan", plan_impl.SCHEMA, plan_impl.TABLES,
+        name,
+        "approved-plan",
+        plan_impl.SCHEMA,
+        plan_impl.TABLES,
         new_model=plan_model.ApprovedPlanModel,
         new_store=lambda cls, worker: cls(plan_model.HEARTBEAT_S),
-        project=plan_impl.project, project_model=lambda m: m.state(),
-        block=block, setup=setup, jump=jump, reference_store=plan_impl.ApprovedPlanStore,
-        fingerprint=lambda m: (m.now, m.state()))
+        project=plan_impl.project,
+        project_model=lambda m: m.state(),
+        block=block,
+        setup=setup,
+        jump=jump,
+        reference_store=plan_impl.ApprovedPlanStore,
+        fingerprint=lambda m: (m.now, m.state()),
+    )
 
 
 def _reset_store(cls: type, worker: str) -> Any:
@@ -265,52 +297,125 @@ def _reset_store(cls: type, worker: str) -> Any:
 
 
 _EXECUTING = (
-    Call("w0", "propose([credit a 5, credit a 7])",
-         lambda m: m.propose([{"op": "credit", "account": "a", "amount": 5},
-                              {"op": "credit", "account": "a", "amount": 7}]),
-         lambda s, c: s.propose(c, [{"op": "credit", "account": "a", "amount": 5},
-                                    {"op": "credit", "account": "a", "amount": 7}])),
+    Call(
+        "w0",
+        "propose([credit a 5, credit a 7])",
+        lambda m: m.propose(
+            [
+                {"op": "credit", "account": "a", "amount": 5},
+                {"op": "credit", "account": "a", "amount": 7},
+            ]
+        ),
+        lambda s, c: s.propose(
+            c,
+            [
+                {"op": "credit", "account": "a", "amount": 5},
+                {"op": "credit", "account": "a", "amount": 7},
+            ],
+        ),
+    ),
     Call("w0", "approve(1)", lambda m: m.approve(1), lambda s, c: s.approve(c, 1)),
-    Call("w0", "mark_executing(1)", lambda m: m.mark_executing(1),
-         lambda s, c: s.mark_executing(c, 1)),
+    Call(
+        "w0",
+        "mark_executing(1)",
+        lambda m: m.mark_executing(1),
+        lambda s, c: s.mark_executing(c, 1),
+    ),
 )
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    _outbox("outbox: two claims of one due row",
-            setup=(Call("w0", "enqueue(1)", lambda m: m.enqueue(1),
-                        lambda s, c: s.enqueue(c, 1)),),
-            block=(Call("w0", "claim(batch=1)", lambda m: m.claim(1), lambda s, c: s.claim(c, 1)),
-                   Call("w1", "claim(batch=1)", lambda m: m.claim(1), lambda s, c: s.claim(c, 1)))),
-    _outbox("outbox: a stale owner completes while the reaper and another worker move on",
-            setup=(Call("w0", "enqueue(1)", lambda m: m.enqueue(1),
-                        lambda s, c: s.enqueue(c, 1)),
-                   Call("w0", "claim(batch=1)", lambda m: m.claim(1), lambda s, c: s.claim(c, 1))),
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        _outbox(
+            "outbox: two claims of one due row",
+            setup=(Call("w0", "enqueue(1)", lambda m: m.enqueue(1), lambda s, c: s.enqueue(c, 1)),),
+            block=(
+                Call("w0", "claim(batch=1)", lambda m: m.claim(1), lambda s, c: s.claim(c, 1)),
+                Call("w1", "claim(batch=1)", lambda m: m.claim(1), lambda s, c: s.claim(c, 1)),
+            ),
+        ),
+        _outbox(
+            "outbox: a stale owner completes while the reaper and another worker move on",
+            setup=(
+                Call("w0", "enqueue(1)", lambda m: m.enqueue(1), lambda s, c: s.enqueue(c, 1)),
+                Call("w0", "claim(batch=1)", lambda m: m.claim(1), lambda s, c: s.claim(c, 1)),
+            ),
             jump=OUTBOX_CONFIG.lease,
-            block=(Call("w0", "complete(1, attempt=1)", lambda m: m.complete(_CLAIM),
-                        lambda s, c: s.complete(c, _CLAIM)),
-                   Call("w1", "reclaim_stale()", lambda m: m.reclaim_stale(),
-                        lambda s, c: s.reclaim_stale(c)),
-                   Call("w2", "claim(batch=1)", lambda m: m.claim(1), lambda s, c: s.claim(c, 1)))),
-    _plan("approved-plan: one step run twice at once",
-          setup=_EXECUTING,
-          block=(Call("w0", "run_step(1, 0, token=1)", lambda m: m.run_step(1, 0, 1),
-                      lambda s, c: s.run_step(c, 1, 0, 1)),
-                 Call("w1", "run_step(1, 0, token=1)", lambda m: m.run_step(1, 0, 1),
-                      lambda s, c: s.run_step(c, 1, 0, 1)))),
-    _plan("approved-plan: a heartbeat races the lazy heal of its stale lease",
-          setup=_EXECUTING, jump=plan_model.HEARTBEAT_S,
-          block=(Call("w0", "heartbeat(1, token=1)", lambda m: m.heartbeat(1, 1),
-                      lambda s, c: s.heartbeat(c, 1, 1)),
-                 Call("w1", "read(1)", lambda m: m.read(1), lambda s, c: s.read(c, 1)))),
-    Scenario("branch-reset: one idempotency key for two branches at once", "branch-reset",
-             reset_impl.SCHEMA, reset_impl.TABLES, new_model=reset_model.BranchResetModel,
-             new_store=_reset_store, project=reset_impl.project,
-             project_model=lambda m: m.rows(), reference_store=reset_impl.BranchResetStore,
-             block=(Call("w0", "request(b1, key=k)", lambda m: m.request("b1", "k"),
-                         lambda s, c: s.request(c, "b1", "k")),
-                    Call("w1", "request(b2, key=k)", lambda m: m.request("b2", "k"),
-                         lambda s, c: s.request(c, "b2", "k")))),
-)}
+            block=(
+                Call(
+                    "w0",
+                    "complete(1, attempt=1)",
+                    lambda m: m.complete(_CLAIM),
+                    lambda s, c: s.complete(c, _CLAIM),
+                ),
+                Call(
+                    "w1",
+                    "reclaim_stale()",
+                    lambda m: m.reclaim_stale(),
+                    lambda s, c: s.reclaim_stale(c),
+                ),
+                Call("w2", "claim(batch=1)", lambda m: m.claim(1), lambda s, c: s.claim(c, 1)),
+            ),
+        ),
+        _plan(
+            "approved-plan: one step run twice at once",
+            setup=_EXECUTING,
+            block=(
+                Call(
+                    "w0",
+                    "run_step(1, 0, token=1)",
+                    lambda m: m.run_step(1, 0, 1),
+                    lambda s, c: s.run_step(c, 1, 0, 1),
+                ),
+                Call(
+                    "w1",
+                    "run_step(1, 0, token=1)",
+                    lambda m: m.run_step(1, 0, 1),
+                    lambda s, c: s.run_step(c, 1, 0, 1),
+                ),
+            ),
+        ),
+        _plan(
+            "approved-plan: a heartbeat races the lazy heal of its stale lease",
+            setup=_EXECUTING,
+            jump=plan_model.HEARTBEAT_S,
+            block=(
+                Call(
+                    "w0",
+                    "heartbeat(1, token=1)",
+                    lambda m: m.heartbeat(1, 1),
+                    lambda s, c: s.heartbeat(c, 1, 1),
+                ),
+                Call("w1", "read(1)", lambda m: m.read(1), lambda s, c: s.read(c, 1)),
+            ),
+        ),
+        Scenario(
+            "branch-reset: one idempotency key for two branches at once",
+            "branch-reset",
+            reset_impl.SCHEMA,
+            reset_impl.TABLES,
+            new_model=reset_model.BranchResetModel,
+            new_store=_reset_store,
+            project=reset_impl.project,
+            project_model=lambda m: m.rows(),
+            reference_store=reset_impl.BranchResetStore,
+            block=(
+                Call(
+                    "w0",
+                    "request(b1, key=k)",
+                    lambda m: m.request("b1", "k"),
+                    lambda s, c: s.request(c, "b1", "k"),
+                ),
+                Call(
+                    "w1",
+                    "request(b2, key=k)",
+                    lambda m: m.request("b2", "k"),
+                    lambda s, c: s.request(c, "b2", "k"),
+                ),
+            ),
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -336,47 +441,62 @@ class RaceMutant:
 
 RACE_MUTANTS: tuple[RaceMutant, ...] = (
     RaceMutant(
-        "claim-read-then-write", "outbox", "claim",
+        "claim-read-then-write",
+        "outbox",
+        "claim",
         "the claim SELECTs due rows without a row lock, then UPDATEs each by id with attempts + 1 "
         "computed from the read: two workers both claim the row, with the same attempt",
         Variant("claim-read-then-write", ClaimReadThenWrite),
         "outbox: two claims of one due row",
         "one claim after the other: the second one's SELECT already sees the row processing and "
-        "claims nothing. Only w1's SELECT between w0's SELECT and w0's COMMIT reads it pending."),
+        "claims nothing. Only w1's SELECT between w0's SELECT and w0's COMMIT reads it pending.",
+    ),
     RaceMutant(
-        "complete-reads-attempt-first", "outbox", "lease-fence",
+        "complete-reads-attempt-first",
+        "outbox",
+        "lease-fence",
         "the completion reads status and attempt in one statement, then writes 'sent' guarded on "
         "status alone: a stale owner completes the row another worker claimed since",
         Variant("complete-reads-attempt-first", CompleteReadsAttemptFirst),
         "outbox: a stale owner completes while the reaper and another worker move on",
         "in any order of whole operations the read sees the attempt the write will meet: the "
-        "reclaim and the new claim (attempt 2) must both commit between w0's read and its write."),
+        "reclaim and the new claim (attempt 2) must both commit between w0's read and its write.",
+    ),
     RaceMutant(
-        "count-before-lock-wait", "approved-plan", "stable-step-identity",
+        "count-before-lock-wait",
+        "approved-plan",
+        "stable-step-identity",
         "the receipt count is a subquery of lock_executing (commit 3a43514): after waiting for the "
         "run lock it misses the receipt of the step that held it, and runs that step again",
         Variant("count-before-lock-wait", CountBeforeLockWait),
         "approved-plan: one step run twice at once",
         "run one after the other, the second run_step never waits for the lock, so its snapshot "
         "already holds the first one's receipt and it answers from it. Only a wait on the lock "
-        "(w1 locking while w0 holds the run) leaves the subquery's snapshot behind."),
+        "(w1 locking while w0 holds the run) leaves the subquery's snapshot behind.",
+    ),
     RaceMutant(
-        "heartbeat-owner-read-first", "approved-plan", "lease-fence",
+        "heartbeat-owner-read-first",
+        "approved-plan",
+        "lease-fence",
         "the heartbeat reads status and token, then renews heartbeat_at by id alone: a stale "
         "owner renews the lease of a run a reader just failed as interrupted",
         Variant("heartbeat-owner-read-first", HeartbeatOwnerReadFirst),
         "approved-plan: a heartbeat races the lazy heal of its stale lease",
         "whole operations: a heartbeat after the heal reads 'failed' and refuses, one before it "
         "refreshes the lease so the heal spares the run. Only the heal committing between the "
-        "heartbeat's read and its update shows the unfenced write."),
+        "heartbeat's read and its update shows the unfenced write.",
+    ),
     RaceMutant(
-        "idempotency-select-then-insert", "branch-reset", "claim",
+        "idempotency-select-then-insert",
+        "branch-reset",
+        "claim",
         "the idempotency check is SELECT-by-key then INSERT, with no unique index on the key: two "
         "requests with one key for two branches both make a run",
         Variant("idempotency-select-then-insert", RequestSelectThenInsert, KEY_NOT_UNIQUE_SCHEMA),
         "branch-reset: one idempotency key for two branches at once",
         "the second request, run after the first committed, finds the key by its SELECT and "
-        "refuses it as reused. Only both SELECTs before either INSERT commits find nothing."),
+        "refuses it as reused. Only both SELECTs before either INSERT commits find nothing.",
+    ),
 )
 
 MUTANTS: dict[str, list[Mutant]] = {}
@@ -429,8 +549,9 @@ class Rig:
     def admin(self, dbname: str) -> psycopg.Connection:
         conn = self._admin.get(dbname)
         if conn is None or conn.closed or conn.broken:
-            conn = self._admin[dbname] = psycopg.connect(self.db.dsn(dbname), autocommit=True,
-                                                         application_name="knownstate-observer")
+            conn = self._admin[dbname] = psycopg.connect(
+                self.db.dsn(dbname), autocommit=True, application_name="knownstate-observer"
+            )
         return conn
 
     def worker(self, dbname: str, name: str) -> ScheduledConnection:
@@ -439,8 +560,10 @@ class Rig:
         if conn is None or conn.closed or conn.broken:
             link = self.api.link(f"{self.prefix}-{name}-pg", self.db.host, self.db.port)
             conn = ScheduledConnection.connect(
-                self.db.dsn(dbname, host=link.host, port=link.port), connect_timeout=5,
-                application_name=f"{self.prefix}-{name}-{next(self._serial)}")
+                self.db.dsn(dbname, host=link.host, port=link.port),
+                connect_timeout=5,
+                application_name=f"{self.prefix}-{name}-{next(self._serial)}",
+            )
             self._workers[(dbname, name)] = conn
         return conn
 
@@ -452,8 +575,10 @@ class Rig:
         self._workers.clear()
         self._admin.clear()
         if getattr(self.db, "running", True):
-            with contextlib.suppress(psycopg.Error), \
-                    psycopg.connect(self.db.dsn(), autocommit=True) as admin:
+            with (
+                contextlib.suppress(psycopg.Error),
+                psycopg.connect(self.db.dsn(), autocommit=True) as admin,
+            ):
                 for name in self._dbs.values():
                     admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         self._dbs.clear()
@@ -470,8 +595,9 @@ class Example:
         return list(self.result.trace) + self.verdict.explain()
 
 
-def run_example(rig: Rig, scenario: Scenario, variant: Variant,
-                choose: Callable[[list[str]], str]) -> Example:
+def run_example(
+    rig: Rig, scenario: Scenario, variant: Variant, choose: Callable[[list[str]], str]
+) -> Example:
     """Reset the tables, run the setup, jump the clock, run the block with ``choose`` picking
     each step, read the rows back and judge the block by linearizability."""
     dbname = rig.database(variant.schema or scenario.schema)
@@ -490,8 +616,10 @@ def run_example(rig: Rig, scenario: Scenario, variant: Variant,
         seconds = (ts - t0).total_seconds()
         q = round(seconds / QUANTUM) * QUANTUM
         if abs(seconds - q) >= QUANTUM / 2 - 5:
-            raise SetupFailed(f"{scenario.name}: the example ran {time.monotonic() - started:.0f}"
-                              " s, longer than the clock tolerance: the machine is too slow")
+            raise SetupFailed(
+                f"{scenario.name}: the example ran {time.monotonic() - started:.0f}"
+                " s, longer than the clock tolerance: the machine is too slow"
+            )
         return int(q)
 
     model = scenario.new_model()
@@ -502,21 +630,33 @@ def run_example(rig: Rig, scenario: Scenario, variant: Variant,
         expected = call.model(model)
         got = call.impl(stores[call.worker], conns[call.worker])
         if got != expected:
-            raise SetupFailed(f"{scenario.name}: setup {call.worker} {call.label} answered "
-                              f"{got!r}, the model {expected!r}")
+            raise SetupFailed(
+                f"{scenario.name}: setup {call.worker} {call.label} answered "
+                f"{got!r}, the model {expected!r}"
+            )
     if scenario.jump:
         clock.jump(scenario.jump)
         model.advance(scenario.jump)
-    ops = [Op(c.worker, c.label, conns[c.worker],
-              (lambda call: lambda conn: call.impl(stores[call.worker], conn))(c))
-           for c in scenario.block]
+    ops = [
+        Op(
+            c.worker,
+            c.label,
+            conns[c.worker],
+            (lambda call: lambda conn: call.impl(stores[call.worker], conn))(c),
+        )
+        for c in scenario.block
+    ]
     result = rig.scheduler.run(ops, choose)
     observed = scenario.project(admin, to_model_time)
     if clock is not None:
         clock.reset()
     hist = history(result, {c.worker: c.model for c in scenario.block})
-    verdict = linearize.check(hist, model, fingerprint=scenario.fingerprint,
-                              final=linearize.FinalState(observed, scenario.project_model))
+    verdict = linearize.check(
+        hist,
+        model,
+        fingerprint=scenario.fingerprint,
+        final=linearize.FinalState(observed, scenario.project_model),
+    )
     return Example(result, verdict)
 
 
@@ -525,13 +665,17 @@ def sequential_schedules(rig: Rig, scenario: Scenario, variant: Variant) -> list
     order of the workers."""
     out = []
     for order in itertools.permutations([c.worker for c in scenario.block]):
-        out.append(run_example(rig, scenario, variant,
-                               lambda options, order=order: min(options, key=order.index)))
+        out.append(
+            run_example(
+                rig, scenario, variant, lambda options, order=order: min(options, key=order.index)
+            )
+        )
     return out
 
 
-def every_schedule(rig: Rig, scenario: Scenario, variant: Variant,
-                   limit: int = 1000) -> list[Example]:
+def every_schedule(
+    rig: Rig, scenario: Scenario, variant: Variant, limit: int = 1000
+) -> list[Example]:
     """Every schedule of the scenario, depth first over the choices (the scheduler is
     deterministic, so a prefix of choices replays): a small block is checked exhaustively.
     Raises when there are more than ``limit``."""
@@ -575,14 +719,24 @@ class Hunt:
 
     def report(self) -> str:
         if not self.caught:
-            return (f"{self.name}: not caught in {self.examples} schedules, "
-                    f"{self.total_seconds:.1f} s")
-        return (f"{self.name}: caught after {self.examples} schedules, {self.seconds:.1f} s; "
-                f"shrunk to {self.steps} steps ({self.total_seconds:.1f} s with shrinking)")
+            return (
+                f"{self.name}: not caught in {self.examples} schedules, {self.total_seconds:.1f} s"
+            )
+        return (
+            f"{self.name}: caught after {self.examples} schedules, {self.seconds:.1f} s; "
+            f"shrunk to {self.steps} steps ({self.total_seconds:.1f} s with shrinking)"
+        )
 
 
-def hunt(rig: Rig, scenario: Scenario, variant: Variant, *, seed: int = 0,
-         max_examples: int = 100, shrink: bool = True) -> Hunt:
+def hunt(
+    rig: Rig,
+    scenario: Scenario,
+    variant: Variant,
+    *,
+    seed: int = 0,
+    max_examples: int = 100,
+    shrink: bool = True,
+) -> Hunt:
     """Let Hypothesis draw schedules of ``scenario`` (seeded) until the checker refuses one,
     then shrink it. ``caught`` is False when every schedule drawn was linearizable."""
     failures: list[Example] = []
@@ -591,14 +745,23 @@ def hunt(rig: Rig, scenario: Scenario, variant: Variant, *, seed: int = 0,
     t0 = time.monotonic()
 
     @hyp_seed(seed)
-    @settings(max_examples=max_examples, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-              phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,))
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,),
+    )
     @given(st.data())
     def schedule(data: Any) -> None:
         runs[0] += 1
-        example = run_example(rig, scenario, variant,
-                              lambda options: data.draw(st.sampled_from(options), label="next"))
+        example = run_example(
+            rig,
+            scenario,
+            variant,
+            lambda options: data.draw(st.sampled_from(options), label="next"),
+        )
         if not example.verdict.ok:
             if not first:
                 first.append((time.monotonic() - t0, runs[0]))
@@ -614,8 +777,15 @@ def hunt(rig: Rig, scenario: Scenario, variant: Variant, *, seed: int = 0,
         return Hunt(variant.name, False, runs[0], total, total)
     smallest = min(failures, key=lambda e: e.result.steps)
     seconds, schedules = first[0]
-    return Hunt(variant.name, True, schedules, seconds, total, smallest.result.steps,
-                smallest.counterexample())
+    return Hunt(
+        variant.name,
+        True,
+        schedules,
+        seconds,
+        total,
+        smallest.result.steps,
+        smallest.counterexample(),
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -623,8 +793,12 @@ def hunt(rig: Rig, scenario: Scenario, variant: Variant, *, seed: int = 0,
 # ---------------------------------------------------------------------------------------
 
 
-def measure(seeds: Sequence[int] = (0, 1, 2, 3, 4), max_examples: int = 200,
-            names: Sequence[str] | None = None, out: Callable[[str], None] = print) -> bool:
+def measure(
+    seeds: Sequence[int] = (0, 1, 2, 3, 4),
+    max_examples: int = 200,
+    names: Sequence[str] | None = None,
+    out: Callable[[str], None] = print,
+) -> bool:
     """Start PostgreSQL and Toxiproxy, hunt every race mutant (and the reference on the same
     seeds), print the figures. True when every mutant was caught on every seed and the
     reference never was."""

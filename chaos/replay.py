@@ -74,7 +74,7 @@ def canon(x: Any) -> str:
 
 def short(x: Any, limit: int = 400) -> str:
     text = repr(x)
-    return text if len(text) < limit else text[:limit - 3] + "..."
+    return text if len(text) < limit else text[: limit - 3] + "..."
 
 
 class Diverged(Exception):
@@ -86,7 +86,7 @@ class Redundant(Exception):
 
 
 class Exchange(NamedTuple):
-    wire: str       # which client made it
+    wire: str  # which client made it
     request: Any
     answer: Any
 
@@ -191,12 +191,14 @@ class ReplayCheck(KindCheck):
             real = outcome(lambda: script(self.real_side()), self.domain_errors)
         exchanges = self.recorder.take()
         self.step_exchanges += exchanges
-        wire = "; ".join(f"{self.describe_request(x.request)} -> {self.describe(x.answer)}"
-                         for x in exchanges)
+        wire = "; ".join(
+            f"{self.describe_request(x.request)} -> {self.describe(x.answer)}" for x in exchanges
+        )
         self.log(f"{label}{tag}{': ' + wire if wire else ''} => {self.describe(real)}")
         self.after_step()
-        unknown = [i for i, x in enumerate(exchanges)
-                   if self.lost(x.answer) and self.may_change(x.request)]
+        unknown = [
+            i for i, x in enumerate(exchanges) if self.lost(x.answer) and self.may_change(x.request)
+        ]
         kept, problems = [], []
         for world in self.worlds:
             for fates in itertools.product((False, True), repeat=len(unknown)):
@@ -209,9 +211,11 @@ class ReplayCheck(KindCheck):
                     problems.append(f"{label}: {e}")
                     continue
                 if canon(got) != canon(real):
-                    problems.append(f"{label}: the implementation's outcome is "
-                                    f"{self.describe(real)} ({short(real)}), the model's is "
-                                    f"{self.describe(got)} ({short(got)})")
+                    problems.append(
+                        f"{label}: the implementation's outcome is "
+                        f"{self.describe(real)} ({short(real)}), the model's is "
+                        f"{self.describe(got)} ({short(got)})"
+                    )
                     continue
                 kept.append(trial)
         if kept:
@@ -226,8 +230,14 @@ class ReplayCheck(KindCheck):
         self.worlds = [follow]
         return real
 
-    def _replay(self, trial: Candidate, script, exchanges: list[Exchange],
-                landed: dict[int, bool], follow: bool = False) -> Any:
+    def _replay(
+        self,
+        trial: Candidate,
+        script,
+        exchanges: list[Exchange],
+        landed: dict[int, bool],
+        follow: bool = False,
+    ) -> Any:
         pos = 0
 
         def deliver(req):
@@ -236,15 +246,19 @@ class ReplayCheck(KindCheck):
             if i >= len(exchanges):
                 if follow:
                     return self.unanswered("never sent")
-                raise Diverged(f"the model sends {self.describe_request(req)}, which the "
-                               "implementation never sent")
+                raise Diverged(
+                    f"the model sends {self.describe_request(req)}, which the "
+                    "implementation never sent"
+                )
             _, sent, answer = exchanges[i]
             if canon(req) != canon(sent):
                 if follow:
                     return self.unanswered("diverged")
-                raise Diverged(f"the implementation sent {self.describe_request(sent)} "
-                               f"({short(sent)}), the model sends {self.describe_request(req)} "
-                               f"({short(req)})")
+                raise Diverged(
+                    f"the implementation sent {self.describe_request(sent)} "
+                    f"({short(sent)}), the model sends {self.describe_request(req)} "
+                    f"({short(req)})"
+                )
             if self.lost(answer):
                 if follow or not self.may_change(req):
                     return answer
@@ -259,16 +273,20 @@ class ReplayCheck(KindCheck):
                 return answer
             expected = self.deliver_to_model(trial.model, req)
             if not follow and canon(expected) != canon(answer):
-                raise Diverged(f"{self.describe_request(req)}: the server answered "
-                               f"{self.describe(answer)} ({short(answer)}), the model's server "
-                               f"answers {self.describe(expected)} ({short(expected)})")
+                raise Diverged(
+                    f"{self.describe_request(req)}: the server answered "
+                    f"{self.describe(answer)} ({short(answer)}), the model's server "
+                    f"answers {self.describe(expected)} ({short(expected)})"
+                )
             return answer
 
         got = outcome(lambda: script(self.model_side(trial.model, deliver)), self.domain_errors)
         if pos < len(exchanges) and not follow:
-            raise Diverged(f"the implementation sent "
-                           f"{self.describe_request(exchanges[pos].request)}, which the model "
-                           "never sends")
+            raise Diverged(
+                f"the implementation sent "
+                f"{self.describe_request(exchanges[pos].request)}, which the model "
+                "never sends"
+            )
         return got
 
     @invariant()
@@ -286,8 +304,12 @@ class ReplayCheck(KindCheck):
             why = self.divergence or (
                 "the implementation disagrees with the model after this step:\n"
                 + self.difference(self.observe_model(w.model), real)
-                + ("" if len(self.worlds) == 1 else
-                   f"\n  (none of the {len(self.worlds)} possible worlds matched)"))
+                + (
+                    ""
+                    if len(self.worlds) == 1
+                    else f"\n  (none of the {len(self.worlds)} possible worlds matched)"
+                )
+            )
             violations = self.judge(real, w.model, exchanges)
             if not violations and self.before_step is not self.worlds:
                 # what the model can no longer follow, judged against the last world both agreed

@@ -15,7 +15,7 @@ from string import Template
 
 NAME = re.compile(r"^[a-z][a-z0-9-]*$")
 
-PYPROJECT = Template('''\
+PYPROJECT = Template("""\
 [build-system]
 requires = ["setuptools>=61"]
 build-backend = "setuptools.build_meta"
@@ -36,7 +36,7 @@ packages = ["$package"]
 
 [tool.pytest.ini_options]
 pythonpath = ["."]
-''')
+""")
 
 INIT = Template('''\
 """The $name run kind: ``queue`` is the system under check, ``binding`` puts it under
@@ -232,7 +232,7 @@ def test_the_gate_catches_a_terminal_write_without_the_fence(check_run_kind):
     check_run_kind($title, mutant="no-fence-in-done")
 ''')
 
-README = Template('''\
+README = Template("""\
 # $name
 
 A run kind checked by knownstate from its description.
@@ -247,7 +247,7 @@ pip install -e .                      # registers the kind: `knownstate verify $
 pytest                                # the check, and a mutant the gate must catch
 knownstate mutants $name              # every mutant derived from the adapter's guards
 ```
-''')
+""")
 
 
 class ScaffoldError(ValueError):
@@ -257,19 +257,29 @@ class ScaffoldError(ValueError):
 def write(name: str, where: Path) -> list[Path]:
     """Write the package of kind ``name`` into ``where/name``; the files written."""
     if not NAME.match(name):
-        raise ScaffoldError(f"kind name {name!r}: lower-case letters, digits and dashes, "
-                            "starting with a letter (e.g. invoice-sync)")
+        raise ScaffoldError(
+            f"kind name {name!r}: lower-case letters, digits and dashes, "
+            "starting with a letter (e.g. invoice-sync)"
+        )
     root = where / name
     if root.exists():
         raise ScaffoldError(f"{root} already exists: choose another name or --dir")
     package = name.replace("-", "_") + "_kind"
     base = "".join(p.capitalize() for p in name.split("-"))
-    values = {"name": name, "package": package, "title": base + "Kind", "base": base,
-              "table": name.replace("-", "_") + "_job"}
+    values = {
+        "name": name,
+        "package": package,
+        "title": base + "Kind",
+        "base": base,
+        "table": name.replace("-", "_") + "_job",
+    }
     files = {
-        root / "pyproject.toml": PYPROJECT, root / "README.md": README,
-        root / package / "__init__.py": INIT, root / package / "queue.py": QUEUE,
-        root / package / "binding.py": BINDING, root / "tests" / f"test_{package}.py": TEST,
+        root / "pyproject.toml": PYPROJECT,
+        root / "README.md": README,
+        root / package / "__init__.py": INIT,
+        root / package / "queue.py": QUEUE,
+        root / package / "binding.py": BINDING,
+        root / "tests" / f"test_{package}.py": TEST,
     }
     for path, template in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -278,8 +288,10 @@ def write(name: str, where: Path) -> list[Path]:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("init-kind", help="scaffold a run kind of your own: a description, an "
-                                         "adapter and a test that passes")
+    p = sub.add_parser(
+        "init-kind",
+        help="scaffold a run kind of your own: a description, an adapter and a test that passes",
+    )
     p.add_argument("name", metavar="NAME", help="the kind's name (lower case, dashes)")
     p.add_argument("--dir", default=".", help="where to create NAME/ (default: here)")
     p.set_defaults(func=cmd_init_kind)

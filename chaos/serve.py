@@ -26,12 +26,17 @@ EXIT_OK, EXIT_USAGE, EXIT_ENVIRONMENT = 0, 2, 3
 def add_parser(subparsers) -> None:
     """Register ``serve`` (sets ``func``)."""
     p = subparsers.add_parser(
-        "serve", help="run the document server (on a throwaway PostgreSQL, or --dsn)",
+        "serve",
+        help="run the document server (on a throwaway PostgreSQL, or --dsn)",
         description="Run the document API on a throwaway PostgreSQL (or --dsn) until Ctrl-C. "
-                    "X-User names the user and is trusted as sent: a stand-in for "
-                    "authentication, so the server listens on loopback by default.")
-    p.add_argument("--dsn", help="serve the documents of this PostgreSQL (tables are created if "
-                                 "missing); default: a throwaway cluster, removed on exit")
+        "X-User names the user and is trusted as sent: a stand-in for "
+        "authentication, so the server listens on loopback by default.",
+    )
+    p.add_argument(
+        "--dsn",
+        help="serve the documents of this PostgreSQL (tables are created if "
+        "missing); default: a throwaway cluster, removed on exit",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0: any free one)")
     p.set_defaults(func=run)
@@ -63,8 +68,8 @@ def guide(url: str) -> list[str]:
     return [
         "create a document (alice owns it; the answer has its id):",
         f"  curl -s -X POST {files} -H 'X-User: alice' {json} \\",
-        "    -d '{\"kind\": \"record\", \"schema\": {\"attributes\": {\"title\": \"text\"}}, "
-        "\"content\": {\"title\": \"hello\"}, \"writerId\": \"cli\", \"saveSeq\": 1}'",
+        '    -d \'{"kind": "record", "schema": {"attributes": {"title": "text"}}, '
+        '"content": {"title": "hello"}, "writerId": "cli", "saveSeq": 1}\'',
         "share it with bob (canWrite false: he may read it; true: write it too), "
         "and see who has it:",
         f"  curl -s -X PUT {files}/ID/acl/bob -H 'X-User: alice' {json} "
@@ -73,8 +78,8 @@ def guide(url: str) -> list[str]:
         "read it as bob, and save on the version read (a stale one is 409 with the stored copy):",
         f"  curl -s {files}/ID -H 'X-User: bob'",
         f"  curl -s -X PUT {files}/ID -H 'X-User: bob' {json} \\",
-        "    -d '{\"expectedVersion\": 1, \"content\": {\"title\": \"hi\"}, \"writerId\": "
-        "\"bob-cli\", \"saveSeq\": 1}'",
+        '    -d \'{"expectedVersion": 1, "content": {"title": "hi"}, "writerId": '
+        '"bob-cli", "saveSeq": 1}\'',
         f"stop sharing: curl -s -X DELETE {files}/ID/acl/bob -H 'X-User: alice'",
     ]
 
@@ -92,22 +97,30 @@ def run(args) -> int:
                 dsn, where = pg.dsn(), f"{pg.describe()}, removed when this stops"
             with DocumentStore(dsn, pool_size=None) as store:
                 store.install()
-            server = stack.enter_context(DocumentServer(dsn, host=args.host,
-                                                        port=args.port or None))
+            server = stack.enter_context(
+                DocumentServer(dsn, host=args.host, port=args.port or None)
+            )
         except (ClusterError, Unavailable, KnownstateError, psycopg.Error) as e:
             print(f"knownstate serve: cannot start: {first_line(e)}")
             return EXIT_ENVIRONMENT
         except RuntimeError as e:  # uvicorn could not listen
             print(f"knownstate serve: {e}: is port {args.port} taken? choose another with --port")
             return EXIT_ENVIRONMENT
-        print(f"knownstate serve: the document API on {server.url} (OpenAPI: {server.url}/openapi"
-              f".json)", flush=True)
+        print(
+            f"knownstate serve: the document API on {server.url} (OpenAPI: {server.url}/openapi"
+            f".json)",
+            flush=True,
+        )
         print(f"  database: {where}")
-        print("  X-User names the user and is trusted as sent: a stand-in for authentication, "
-              "not authentication.")
+        print(
+            "  X-User names the user and is trusted as sent: a stand-in for authentication, "
+            "not authentication."
+        )
         if not _loopback(args.host):
-            print(f"  WARNING: listening on {args.host}: anyone who reaches this port can act as "
-                  "any user. Put it behind a proxy that authenticates and sets X-User.")
+            print(
+                f"  WARNING: listening on {args.host}: anyone who reaches this port can act as "
+                "any user. Put it behind a proxy that authenticates and sets X-User."
+            )
         for line in guide(server.url):
             print(f"  {line}")
         print("  Ctrl-C stops it.", flush=True)

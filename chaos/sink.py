@@ -71,8 +71,9 @@ class NotificationSink:
         self.port = self._server.server_address[1]
         self._server.daemon_threads = True
         self._server.sink = self  # type: ignore[attr-defined]
-        threading.Thread(target=self._server.serve_forever, name="notification-sink",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._server.serve_forever, name="notification-sink", daemon=True
+        ).start()
         return self
 
     def stop(self) -> None:

@@ -222,10 +222,14 @@ END $$;
 
 
 def audit_ddl(tables: tuple[str, ...]) -> str:
-    return AUDIT_DDL + "CREATE INDEX ON soak_audit (app, tbl, (new->>'id'));\n" + "".join(
-        f"CREATE TRIGGER soak_audit AFTER INSERT OR UPDATE OR DELETE ON {t} "
-        "FOR EACH ROW EXECUTE FUNCTION soak_audit();\n"
-        for t in tables
+    return (
+        AUDIT_DDL
+        + "CREATE INDEX ON soak_audit (app, tbl, (new->>'id'));\n"
+        + "".join(
+            f"CREATE TRIGGER soak_audit AFTER INSERT OR UPDATE OR DELETE ON {t} "
+            "FOR EACH ROW EXECUTE FUNCTION soak_audit();\n"
+            for t in tables
+        )
     )
 
 
@@ -365,7 +369,10 @@ class Processes:
             with open(err, "wb") as errf:
                 proc = tools.spawn(
                     [sys.executable, "-m", "knownstate.chaos.soakworker", json.dumps(spec)],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf)
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=errf,
+                )
             r = Running(name, role, inc, proc, log, err, time.time())
             self.running[name] = r
             self.pids.append(proc.pid)
@@ -1045,8 +1052,14 @@ def check_result(r: SoakResult):
     )
     failure = v.findings[0].line(h.t0) if v.findings else None
     return CheckResult(
-        kind=r.kind, seed=r.seed, examples=1, steps=len(h.ops), seconds=r.wall_seconds,
-        stats=stats, profile="soak", failure=failure,
+        kind=r.kind,
+        seed=r.seed,
+        examples=1,
+        steps=len(h.ops),
+        seconds=r.wall_seconds,
+        stats=stats,
+        profile="soak",
+        failure=failure,
         invariants=tuple(sorted({f.invariant for f in v.findings})),
         counterexample=[f.line(h.t0) for f in v.findings],
         stopped=f"{r.seconds:g} s of work and a quiet period ({r.quiet_end})",
@@ -1166,8 +1179,10 @@ def cmd_soak(args) -> int:
     # As `verify --mutant`: caught when the soak failed naming the invariant the mutant declares.
     declared = next(m.invariant for m in kinds_mutants(r.kind) if m.name == r.mutant)
     caught = not r.passed and declared in {f.invariant for f in r.verdict.findings}
-    print(f"knownstate soak: {'CAUGHT' if caught else 'NOT CAUGHT'} — mutant {r.mutant} "
-          f"({'the violations name' if caught else 'no violation names'} {declared})")
+    print(
+        f"knownstate soak: {'CAUGHT' if caught else 'NOT CAUGHT'} — mutant {r.mutant} "
+        f"({'the violations name' if caught else 'no violation names'} {declared})"
+    )
     return cli.EXIT_OK if caught else cli.EXIT_FAILED
 
 

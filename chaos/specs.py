@@ -44,28 +44,51 @@ def contract_table() -> str:
     description (which a drift test holds equal to its model's CONTRACT)."""
     contracts: list[Contract] = [d.contract() for d in BUILT_IN]
     rows = [
-        ("Status machine", "every transition is a conditional UPDATE … WHERE status = <from>",
-         [_status_machine(c) for c in contracts]),
+        (
+            "Status machine",
+            "every transition is a conditional UPDATE … WHERE status = <from>",
+            [_status_machine(c) for c in contracts],
+        ),
         ("Claim", "exactly one worker owns the run", [c.claim for c in contracts]),
-        ("Lease + reaper", "a dead owner is detected, never waited on forever",
-         [f"{c.lease}; {c.reaper}" for c in contracts]),
+        (
+            "Lease + reaper",
+            "a dead owner is detected, never waited on forever",
+            [f"{c.lease}; {c.reaper}" for c in contracts],
+        ),
         ("Lease clock", "whose clock judges the lease", [c.lease_clock.value for c in contracts]),
-        ("Fence", "a stale owner cannot write after losing the lease",
-         [c.fence for c in contracts]),
-        ("Receipts", "what committed is recorded with the effect, not after it",
-         [c.receipts for c in contracts]),
+        (
+            "Fence",
+            "a stale owner cannot write after losing the lease",
+            [c.fence for c in contracts],
+        ),
+        (
+            "Receipts",
+            "what committed is recorded with the effect, not after it",
+            [c.receipts for c in contracts],
+        ),
         ("Retry policy", "retries are bounded and spaced", [c.retry_policy for c in contracts]),
-        ("External effect", "at-least-once unless the external API takes an idempotency key",
-         [c.external_effect.value for c in contracts]),
-        ("Recorded deviations", "where a kind departs from the contract, and why",
-         ["; ".join(c.deviations) or "none" for c in contracts]),
-        ("Described as", "the description's structured facts (model/descriptions.py)",
-         [d.summary() for d in BUILT_IN]),
+        (
+            "External effect",
+            "at-least-once unless the external API takes an idempotency key",
+            [c.external_effect.value for c in contracts],
+        ),
+        (
+            "Recorded deviations",
+            "where a kind departs from the contract, and why",
+            ["; ".join(c.deviations) or "none" for c in contracts],
+        ),
+        (
+            "Described as",
+            "the description's structured facts (model/descriptions.py)",
+            [d.summary() for d in BUILT_IN],
+        ),
     ]
     head = "| Element | What it guarantees | " + " | ".join(f"`{c.kind}`" for c in contracts) + " |"
     sep = "|" + "---|" * (len(contracts) + 2)
-    body = [f"| {name} | {what} | " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
-            for name, what, cells in rows]
+    body = [
+        f"| {name} | {what} | " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+        for name, what, cells in rows
+    ]
     return "\n".join([head, sep, *body])
 
 
@@ -92,8 +115,9 @@ def drift() -> list[str]:
         if m is None:
             problems.append(f"specs/{file} has no generated:{name} block")
         elif m.group(2) != content:
-            problems.append(f"specs/{file}: the {name} block differs from the model: "
-                            "run `knownstate specs`")
+            problems.append(
+                f"specs/{file}: the {name} block differs from the model: run `knownstate specs`"
+            )
     return problems
 
 

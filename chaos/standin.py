@@ -100,8 +100,12 @@ class StandInProcess:
     def start(self) -> "StandInProcess":
         self._log = tempfile.TemporaryFile()
         target = f"{self.cls.__module__}:{self.cls.__qualname__}"
-        self.proc = tools.spawn([sys.executable, "-m", __name__, target],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
+        self.proc = tools.spawn(
+            [sys.executable, "-m", __name__, target],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+        )
         ready, _, _ = select.select([self.proc.stdout], [], [], self.START_S)
         try:
             if not ready:
@@ -165,10 +169,14 @@ class StandInProcess:
         except subprocess.TimeoutExpired:
             proc.kill()
             return StandInDied(f"{self.describe()} stopped answering its control pipe; killed")
-        how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
-               else f"exit code {code}")
-        return StandInDied(f"{self.describe()} died ({how}), and not by the harness: was it "
-                           "killed from outside?")
+        how = (
+            f"killed by {signal.Signals(-code).name}"
+            if code is not None and code < 0
+            else f"exit code {code}"
+        )
+        return StandInDied(
+            f"{self.describe()} died ({how}), and not by the harness: was it killed from outside?"
+        )
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name in ("name", "cls", "proc"):

@@ -43,22 +43,27 @@ def pg_binary(name: str) -> str:
     if bindir is None or not (bindir / name).exists():
         raise MissingTool(
             f"PostgreSQL server binary {name!r} not found: run `make setup` "
-            "(apt-get install postgresql-15) or set KNOWNSTATE_PG_BINDIR")
+            "(apt-get install postgresql-15) or set KNOWNSTATE_PG_BINDIR"
+        )
     return str(bindir / name)
 
 
 def libfaketime() -> str:
     env = os.environ.get("KNOWNSTATE_LIBFAKETIME")
     candidates = [Path(env)] if env else []
-    candidates += [Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"),
-                   Path("/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1"),
-                   Path("/usr/lib/faketime/libfaketime.so.1"),
-                   Path("/usr/local/lib/faketime/libfaketime.so.1")]
+    candidates += [
+        Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"),
+        Path("/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1"),
+        Path("/usr/lib/faketime/libfaketime.so.1"),
+        Path("/usr/local/lib/faketime/libfaketime.so.1"),
+    ]
     for c in candidates:
         if c.exists():
             return str(c)
-    raise MissingTool("libfaketime not found: run `make setup` (apt-get install libfaketime) "
-                      "or set KNOWNSTATE_LIBFAKETIME to libfaketime.so.1")
+    raise MissingTool(
+        "libfaketime not found: run `make setup` (apt-get install libfaketime) "
+        "or set KNOWNSTATE_LIBFAKETIME to libfaketime.so.1"
+    )
 
 
 def toxiproxy_server() -> str:
@@ -69,8 +74,10 @@ def toxiproxy_server() -> str:
     found = shutil.which("toxiproxy-server")
     if found:
         return found
-    raise MissingTool("toxiproxy-server not found: run `make setup` (builds Toxiproxy v2.12.0 "
-                      "with Go into tools/bin) or set KNOWNSTATE_TOXIPROXY")
+    raise MissingTool(
+        "toxiproxy-server not found: run `make setup` (builds Toxiproxy v2.12.0 "
+        "with Go into tools/bin) or set KNOWNSTATE_TOXIPROXY"
+    )
 
 
 def free_port() -> int:
@@ -94,8 +101,7 @@ def spawn(args: list[str], **kwargs) -> subprocess.Popen:
     with us. Signals are held while it forks: a handler that raised inside the fork's hooks
     would have its interrupt printed and dropped by Python, and the run would go on."""
     with deferred_signals():
-        return subprocess.Popen(args, start_new_session=True, preexec_fn=die_with_parent,
-                                **kwargs)
+        return subprocess.Popen(args, start_new_session=True, preexec_fn=die_with_parent, **kwargs)
 
 
 @contextlib.contextmanager
@@ -107,8 +113,10 @@ def deferred_signals():
         yield
         return
     held: list[int] = []
-    kept = {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
-            for sig in (signal.SIGINT, signal.SIGTERM)}
+    kept = {
+        sig: signal.signal(sig, lambda signum, frame: held.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         yield
     finally:
@@ -128,6 +136,7 @@ class Interrupted(KeyboardInterrupt):
 
 class _Stop:
     """The signal that stopped the command, and whether the command has caught it yet."""
+
     signal: str | None = None
     caught = False
 

@@ -31,8 +31,15 @@ class ToxiproxyError(RuntimeError):
     """The Toxiproxy server is not answering: it may have been killed."""
 
 
-TOXIC_KINDS = ("latency", "timeout", "reset_peer", "slicer", "limit_data", "bandwidth",
-               "slow_close")
+TOXIC_KINDS = (
+    "latency",
+    "timeout",
+    "reset_peer",
+    "slicer",
+    "limit_data",
+    "bandwidth",
+    "slow_close",
+)
 
 
 @dataclass(frozen=True)
@@ -65,13 +72,17 @@ class ToxiproxyServer:
     def start(self) -> "ToxiproxyServer":
         binary = tools.toxiproxy_server()
         self.port = tools.free_port()
-        self._proc = tools.spawn([binary, "-host", self.host, "-port", str(self.port)],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._proc = tools.spawn(
+            [binary, "-host", self.host, "-port", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise ToxiproxyError(f"toxiproxy-server exited with code {self._proc.returncode} "
-                                     "at start")
+                raise ToxiproxyError(
+                    f"toxiproxy-server exited with code {self._proc.returncode} at start"
+                )
             try:
                 with urllib.request.urlopen(f"{self.url}/version", timeout=1) as r:
                     r.read()
@@ -121,9 +132,17 @@ class Link:
         self.enabled = True
 
     def add(self, toxic: Toxic) -> None:
-        self.api._http("POST", f"/proxies/{self.name}/toxics", {
-            "name": toxic.name, "type": toxic.kind, "stream": toxic.stream, "toxicity": 1.0,
-            "attributes": toxic.attributes})
+        self.api._http(
+            "POST",
+            f"/proxies/{self.name}/toxics",
+            {
+                "name": toxic.name,
+                "type": toxic.kind,
+                "stream": toxic.stream,
+                "toxicity": 1.0,
+                "attributes": toxic.attributes,
+            },
+        )
         self.toxics.append(toxic)
 
     def remove(self, toxic: Toxic) -> None:
@@ -166,8 +185,9 @@ class Toxiproxy:
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(self.host, self.port, timeout=5)
             try:
-                self._conn.request(method, path, body=data,
-                                   headers={"Content-Type": "application/json"})
+                self._conn.request(
+                    method, path, body=data, headers={"Content-Type": "application/json"}
+                )
                 r = self._conn.getresponse()
                 answer = r.read()
             except (OSError, http.client.HTTPException) as e:
@@ -175,11 +195,14 @@ class Toxiproxy:
                 self._conn = None
                 if attempt == 1:  # the server closed an idle kept-alive connection: once more
                     continue
-                raise ToxiproxyError(f"toxiproxy-server at {self.host}:{self.port} is not "
-                                     f"answering ({e}); was it killed?") from None
+                raise ToxiproxyError(
+                    f"toxiproxy-server at {self.host}:{self.port} is not "
+                    f"answering ({e}); was it killed?"
+                ) from None
             if r.status >= 400:
-                raise ToxiproxyError(f"toxiproxy refused {method} {path}: {r.status} "
-                                     f"{answer[:200]!r}")
+                raise ToxiproxyError(
+                    f"toxiproxy refused {method} {path}: {r.status} {answer[:200]!r}"
+                )
             return answer
         raise AssertionError("unreachable")
 
@@ -189,8 +212,11 @@ class Toxiproxy:
             return self.links[name]
         port = tools.free_port()
         upstream = f"{upstream_host}:{upstream_port}"
-        self._http("POST", "/proxies", {"name": name, "listen": f"127.0.0.1:{port}",
-                                        "upstream": upstream, "enabled": True})
+        self._http(
+            "POST",
+            "/proxies",
+            {"name": name, "listen": f"127.0.0.1:{port}", "upstream": upstream, "enabled": True},
+        )
         link = self.links[name] = Link(self, name, port, upstream)
         return link
 

@@ -40,8 +40,13 @@ SCHEMA = _read_schema(SCHEMA_FILE)
 """The DDL that creates this kind's tables in an empty database."""
 QUERIES = load("approved_plan.sql")
 """The reference SQL, by name."""
-TABLES = ("demo_ledger", "demo_account", "agent_proposal_step", "agent_proposal",
-          "agent_proposal_ids")
+TABLES = (
+    "demo_ledger",
+    "demo_account",
+    "agent_proposal_step",
+    "agent_proposal",
+    "agent_proposal_ids",
+)
 """Every table of this kind, for ``TRUNCATE ... RESTART IDENTITY`` between examples."""
 
 
@@ -74,8 +79,9 @@ class ApprovedPlanStore:
         self.q = {**QUERIES, **(queries or {})}
 
     # -- one transaction per operation -------------------------------------------
-    def _transaction(self, conn: psycopg.Connection, op: str,
-                     body: Callable[[], tuple[Outcome, bool]]) -> Outcome:
+    def _transaction(
+        self, conn: psycopg.Connection, op: str, body: Callable[[], tuple[Outcome, bool]]
+    ) -> Outcome:
         """Run ``body`` (which returns the outcome and whether it wrote anything) as one
         transaction: commit what was written, roll back what was not."""
         where = f"{m.KIND}.{op}"
@@ -105,18 +111,22 @@ class ApprovedPlanStore:
 
         return self._transaction(conn, event, body)
 
-    def _insert(self, conn: psycopg.Connection, steps: tuple[m.Step, ...],
-                compensates: int | None) -> int:
+    def _insert(
+        self, conn: psycopg.Connection, steps: tuple[m.Step, ...], compensates: int | None
+    ) -> int:
         (pid,) = conn.execute(self.q["next_proposal_id"]).fetchone()
-        conn.execute(self.q["insert_proposal"], {"id": pid, "steps": _steps_json(steps),
-                                                 "compensates": compensates})
+        conn.execute(
+            self.q["insert_proposal"],
+            {"id": pid, "steps": _steps_json(steps), "compensates": compensates},
+        )
         return pid
 
     def _heal(self, conn: psycopg.Connection, proposal_id: int) -> bool:
         """mark_interrupted_if_stale; True when it failed a stale run (a write to commit)."""
-        row = conn.execute(self.q["mark_interrupted_if_stale"], {
-            "id": proposal_id, "failure": m.INTERRUPTED,
-            "heartbeat_s": self.heartbeat_s}).fetchone()
+        row = conn.execute(
+            self.q["mark_interrupted_if_stale"],
+            {"id": proposal_id, "failure": m.INTERRUPTED, "heartbeat_s": self.heartbeat_s},
+        ).fetchone()
         return row is not None
 
     def _report(self, conn: psycopg.Connection, proposal_id: int) -> m.RunReport | None:
@@ -124,16 +134,18 @@ class ApprovedPlanStore:
         if row is None:
             return None
         status, failure, receipts = row
-        return m.RunReport(proposal_id, m.Status(status), failure,
-                           tuple(m.Receipt(*r) for r in receipts))
+        return m.RunReport(
+            proposal_id, m.Status(status), failure, tuple(m.Receipt(*r) for r in receipts)
+        )
 
     # -- operations ----------------------------------------------------------------
     def propose(self, conn: psycopg.Connection, steps: Iterable) -> Outcome:
         parsed = m.parse_steps(steps)
         if isinstance(parsed, Rejected):
             return parsed
-        return self._transaction(conn, "propose",
-                                 lambda: (Won(self._insert(conn, parsed, None)), True))
+        return self._transaction(
+            conn, "propose", lambda: (Won(self._insert(conn, parsed, None)), True)
+        )
 
     def revise(self, conn: psycopg.Connection, proposal_id: int, steps: Iterable) -> Outcome:
         parsed = m.parse_steps(steps)
@@ -141,8 +153,9 @@ class ApprovedPlanStore:
             return parsed
 
         def body():
-            if conn.execute(self.q["revise"], {"id": proposal_id,
-                                               "steps": _steps_json(parsed)}).fetchone():
+            if conn.execute(
+                self.q["revise"], {"id": proposal_id, "steps": _steps_json(parsed)}
+            ).fetchone():
                 return Won(), True
             row = conn.execute(self.q["run"], {"id": proposal_id}).fetchone()
             if row is not None and row[2] is not None:
@@ -162,6 +175,7 @@ class ApprovedPlanStore:
 
     def mark_executing(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
         """The claim. Won(token)."""
+
         def body():
             row = conn.execute(self.q["mark_executing"], {"id": proposal_id}).fetchone()
             if row is not None:
@@ -172,22 +186,28 @@ class ApprovedPlanStore:
 
     def heartbeat(self, conn: psycopg.Connection, proposal_id: int, token: int) -> Outcome:
         def body():
-            if conn.execute(self.q["heartbeat"], {"id": proposal_id,
-                                                  "token": token}).fetchone() is not None:
+            if (
+                conn.execute(self.q["heartbeat"], {"id": proposal_id, "token": token}).fetchone()
+                is not None
+            ):
                 return Won(), True
             row = conn.execute(self.q["run"], {"id": proposal_id}).fetchone()
             if row is None:
                 return m.no_proposal(proposal_id), False
             status, _failure, _compensates, generation = row
-            return (m.fence("heartbeat", status, generation, token)
-                    or LostRace("heartbeat: not executing")), False
+            return (
+                m.fence("heartbeat", status, generation, token)
+                or LostRace("heartbeat: not executing")
+            ), False
 
         return self._transaction(conn, "heartbeat", body)
 
-    def run_step(self, conn: psycopg.Connection, proposal_id: int, step_index: int,
-                 token: int) -> Outcome:
+    def run_step(
+        self, conn: psycopg.Connection, proposal_id: int, step_index: int, token: int
+    ) -> Outcome:
         """One step in one transaction: fence, effect, receipt, heartbeat, transition.
         Won(Receipt)."""
+
         def body():
             row = conn.execute(self.q["lock_executing"], {"id": proposal_id}).fetchone()
             if row is None:
@@ -200,20 +220,28 @@ class ApprovedPlanStore:
             steps = _steps(steps_json)
             checked = m.check_step_index(steps, done, step_index)
             if checked is True:  # already ran: answer from its receipt
-                r = conn.execute(self.q["receipt"], {"id": proposal_id,
-                                                     "step_index": step_index}).fetchone()
+                r = conn.execute(
+                    self.q["receipt"], {"id": proposal_id, "step_index": step_index}
+                ).fetchone()
                 return Won(m.Receipt(*r)), False
             if checked is not None:
                 return checked, False
             step = steps[step_index]
             ok = self._apply(conn, proposal_id, step_index, step)
             receipt = m.Receipt(step_index, ok, m.describe(step, ok))
-            conn.execute(self.q["insert_receipt"], {"id": proposal_id, "step_index": step_index,
-                                               "ok": ok, "detail": receipt.detail})
+            conn.execute(
+                self.q["insert_receipt"],
+                {"id": proposal_id, "step_index": step_index, "ok": ok, "detail": receipt.detail},
+            )
             target = m.TABLE.next(status, m.step_event(ok, step_index, len(steps)))
-            finished = conn.execute(self.q["finish_step"], {
-                "id": proposal_id, "status": target,
-                "failure": None if ok else m.step_failure(step_index, receipt.detail)}).fetchone()
+            finished = conn.execute(
+                self.q["finish_step"],
+                {
+                    "id": proposal_id,
+                    "status": target,
+                    "failure": None if ok else m.step_failure(step_index, receipt.detail),
+                },
+            ).fetchone()
             assert finished is not None, "the locked run left executing inside its own step"
             return Won(receipt), True
 
@@ -225,17 +253,23 @@ class ApprovedPlanStore:
         (done,) = conn.execute(self.q["steps_done"], {"id": proposal_id}).fetchone()
         return done
 
-    def _apply(self, conn: psycopg.Connection, proposal_id: int, step_index: int,
-               step: m.Step) -> bool:
+    def _apply(
+        self, conn: psycopg.Connection, proposal_id: int, step_index: int, step: m.Step
+    ) -> bool:
         """The step's effect on the demo tables; False (and no effect) when the step is not ok."""
         if step.op == "fail":
             return False
-        params = {"id": proposal_id, "step_index": step_index, "account": step.account,
-                  "amount": step.amount}
+        params = {
+            "id": proposal_id,
+            "step_index": step_index,
+            "account": step.account,
+            "amount": step.amount,
+        }
         return conn.execute(self.q[step.op], params).fetchone() is not None
 
     def read(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
         """The run as seen, after the lazy heal. Won(RunReport)."""
+
         def body():
             healed = self._heal(conn, proposal_id)
             seen = self._report(conn, proposal_id)
@@ -246,6 +280,7 @@ class ApprovedPlanStore:
     def repeat(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
         """An execute request arriving again: a terminal run answers from its receipts,
         Won(RunReport)."""
+
         def body():
             healed = self._heal(conn, proposal_id)
             seen = self._report(conn, proposal_id)
@@ -259,6 +294,7 @@ class ApprovedPlanStore:
 
     def compensate(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
         """Propose the run that undoes this one's committed steps. Won(compensation id)."""
+
         def body():
             healed = self._heal(conn, proposal_id)
             row = conn.execute(self.q["lock_run"], {"id": proposal_id}).fetchone()
@@ -271,8 +307,9 @@ class ApprovedPlanStore:
             existing = conn.execute(self.q["compensation_of"], {"id": proposal_id}).fetchone()
             if existing is not None:
                 return Won(existing[0]), healed
-            receipts = [m.Receipt(*r) for r in conn.execute(self.q["receipts"],
-                                                            {"id": proposal_id})]
+            receipts = [
+                m.Receipt(*r) for r in conn.execute(self.q["receipts"], {"id": proposal_id})
+            ]
             steps = m.compensation_steps(_steps(steps_json), receipts)
             if not steps:
                 return m.NOTHING_TO_COMPENSATE, healed
@@ -288,7 +325,8 @@ def project(conn: psycopg.Connection, to_model_time: Callable[[datetime], int]) 
     with boundary(f"{m.KIND}.project"):
         try:
             runs, receipt_rows, balance_rows, ledger_rows = conn.execute(
-                QUERIES["project"]).fetchone()
+                QUERIES["project"]
+            ).fetchone()
         finally:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 _rollback_quietly(conn)
@@ -296,10 +334,18 @@ def project(conn: psycopg.Connection, to_model_time: Callable[[datetime], int]) 
     for pid, step_index, ok, detail in receipt_rows:
         receipts.setdefault(pid, []).append(m.Receipt(step_index, ok, detail))
     proposals = tuple(
-        m.Proposal(pid, m.Status(status), _steps(steps), compensates, generation,
-                   None if hb is None else to_model_time(datetime.fromtimestamp(hb, timezone.utc)),
-                   failure, tuple(receipts.get(pid, ())))
-        for pid, status, steps, compensates, generation, hb, failure in runs)
+        m.Proposal(
+            pid,
+            m.Status(status),
+            _steps(steps),
+            compensates,
+            generation,
+            None if hb is None else to_model_time(datetime.fromtimestamp(hb, timezone.utc)),
+            failure,
+            tuple(receipts.get(pid, ())),
+        )
+        for pid, status, steps, compensates, generation, hb, failure in runs
+    )
     balances = tuple((a, b) for a, b in balance_rows)
     ledger = tuple(sorted(m.LedgerEntry(*r) for r in ledger_rows))
     return m.PlanState(proposals, balances, ledger)

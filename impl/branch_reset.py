@@ -86,8 +86,11 @@ class OpsApiClient:
 
     def create(self, run_id: str, branch: str, idempotency_key: str) -> tuple[str, ExternalStatus]:
         """POST /operations: the operation (new, or the one this key already created)."""
-        body = self._call("POST", "/operations",
-                          {"run_id": run_id, "branch": branch, "idempotency_key": idempotency_key})
+        body = self._call(
+            "POST",
+            "/operations",
+            {"run_id": run_id, "branch": branch, "idempotency_key": idempotency_key},
+        )
         return self._op(body)
 
     def status(self, op_id: str) -> ExternalStatus:
@@ -99,12 +102,17 @@ class OpsApiClient:
             return str(body["id"]), ExternalStatus(body["status"])
         except (TypeError, KeyError, ValueError):
             raise ExternalCallFailed(
-                f"operations API: malformed answer {str(body)[:120]!r}") from None
+                f"operations API: malformed answer {str(body)[:120]!r}"
+            ) from None
 
     def _call(self, method: str, path: str, payload: dict | None = None) -> object:
         data = json.dumps(payload).encode() if payload is not None else None
-        req = urllib.request.Request(self.base_url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.base_url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
         where = f"operations API {method} {path}"
         try:
             with self._opener.open(req, timeout=self.timeout) as r:
@@ -139,9 +147,16 @@ class BranchResetStore:
     (an aware datetime); ``ops_url`` is this worker's base URL of the operations API.
     ``queries_`` defaults to the reference SQL; the mutant catalogue replaces some."""
 
-    def __init__(self, worker: str, ops_url: str, app_clock: Callable[[], datetime], *,
-                 lease_seconds: int = LEASE_SECONDS, http_timeout: float = 2.0,
-                 queries_: dict[str, str] | None = None):
+    def __init__(
+        self,
+        worker: str,
+        ops_url: str,
+        app_clock: Callable[[], datetime],
+        *,
+        lease_seconds: int = LEASE_SECONDS,
+        http_timeout: float = 2.0,
+        queries_: dict[str, str] | None = None,
+    ):
         self.worker = worker
         self.app_clock = app_clock
         self.lease = timedelta(seconds=lease_seconds)
@@ -157,11 +172,13 @@ class BranchResetStore:
         where = "branch-reset.request"
         try:
             with boundary(where):
-                row = conn.execute(self.q["request"], {
-                    "branch": branch, "idempotency_key": idempotency_key}).fetchone()
+                row = conn.execute(
+                    self.q["request"], {"branch": branch, "idempotency_key": idempotency_key}
+                ).fetchone()
                 if row is None:
-                    found = conn.execute(self.q["find_by_key"],
-                                         {"idempotency_key": idempotency_key}).fetchone()
+                    found = conn.execute(
+                        self.q["find_by_key"], {"idempotency_key": idempotency_key}
+                    ).fetchone()
                     conn.rollback()
                     if found is None:
                         return Rejected(IN_FLIGHT_REASON)
@@ -177,15 +194,19 @@ class BranchResetStore:
         try:
             with boundary(where):
                 lease_until = self.app_clock() + self.lease
-                row = conn.execute(self.q["claim"], {"run_id": run_id, "worker": self.worker,
-                                                 "lease_until": lease_until}).fetchone()
+                row = conn.execute(
+                    self.q["claim"],
+                    {"run_id": run_id, "worker": self.worker, "lease_until": lease_until},
+                ).fetchone()
                 if row is None:
                     outcome = self._miss(conn, run_id)
                     conn.rollback()
                     return outcome
                 op_id, op_status = self.api.create(run_id, row[0], idempotency_key=run_id)
-                recorded = conn.execute(self.q["record_operation"], {
-                    "run_id": run_id, "op_id": op_id, "op_status": op_status.value}).fetchone()
+                recorded = conn.execute(
+                    self.q["record_operation"],
+                    {"run_id": run_id, "op_id": op_id, "op_status": op_status.value},
+                ).fetchone()
                 if recorded is None:  # cannot happen while the claim's row lock holds
                     outcome = self._miss(conn, run_id)
                     conn.rollback()
@@ -217,8 +238,12 @@ class BranchResetStore:
                 event = POLL_EVENT[observed]
                 target = Status(TABLE.next(Status.RUNNING.value, event.value))
                 params = {
-                    "run_id": run_id, "op_id": op_id, "app_now": app_now, "status": target.value,
-                    "observed": observed.value, "error": ERROR.get(event),
+                    "run_id": run_id,
+                    "op_id": op_id,
+                    "app_now": app_now,
+                    "status": target.value,
+                    "observed": observed.value,
+                    "error": ERROR.get(event),
                     "lease_until": app_now + self.lease if target is Status.RUNNING else None,
                 }
                 moved = conn.execute(self.q["record_poll"], params).fetchone()
@@ -253,8 +278,9 @@ class BranchResetStore:
         where = "branch-reset.reap"
         try:
             with boundary(where):
-                rows = conn.execute(self.q["reap"], {"app_now": self.app_clock(),
-                                                 "error": ERROR[Event.REAP]}).fetchall()
+                rows = conn.execute(
+                    self.q["reap"], {"app_now": self.app_clock(), "error": ERROR[Event.REAP]}
+                ).fetchall()
             commit(conn, where)
             return Won(tuple(sorted(r[0] for r in rows)))
         except BaseException:
@@ -275,8 +301,14 @@ def project(conn: psycopg.Connection, to_model_time: Callable[[datetime], int]) 
     out: dict[str, Run] = {}
     for run_id, branch, key, status, claimed_by, op_id, op_statuses, lease_until, error in rows:
         out[run_id] = Run(
-            run_id=run_id, branch=branch, idempotency_key=key, status=Status(status),
-            claimed_by=claimed_by, external_op_id=op_id, op_statuses=tuple(op_statuses),
-            lease_until=None if lease_until is None else to_model_time(lease_until), error=error,
+            run_id=run_id,
+            branch=branch,
+            idempotency_key=key,
+            status=Status(status),
+            claimed_by=claimed_by,
+            external_op_id=op_id,
+            op_statuses=tuple(op_statuses),
+            lease_until=None if lease_until is None else to_model_time(lease_until),
+            error=error,
         )
     return out

@@ -33,12 +33,27 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from knownstate.model.contract import LostRace, Outcome, Rejected, Won
-from knownstate.model.outbox import (DUPLICATE_ID, OK, PERMANENT, RETRYABLE, TWICE_IN_BATCH, Claim,
-                                     Config, Delivery, Report)
+from knownstate.model.outbox import (
+    DUPLICATE_ID,
+    OK,
+    PERMANENT,
+    RETRYABLE,
+    TWICE_IN_BATCH,
+    Claim,
+    Config,
+    Delivery,
+    Report,
+)
 
 from . import queries
-from .errors import (CommitIndeterminate, ConnectionLost, ExternalCallFailed, KnownstateError,
-                     boundary, commit)
+from .errors import (
+    CommitIndeterminate,
+    ConnectionLost,
+    ExternalCallFailed,
+    KnownstateError,
+    boundary,
+    commit,
+)
 
 SCHEMA = queries.schema("outbox_schema.sql")
 TABLES = ("outbox_delivery",)
@@ -62,21 +77,24 @@ class OutboxStore:
         commit(conn, f"outbox.{op}")
         return rows
 
-    def enqueue(self, conn: psycopg.Connection, id: int | None = None,
-                payload: dict | None = None) -> Outcome:
+    def enqueue(
+        self, conn: psycopg.Connection, id: int | None = None, payload: dict | None = None
+    ) -> Outcome:
         """A new delivery. ``id`` is the producer's event id; without one the sequence picks it.
         An id already taken is ``Rejected`` and changes nothing."""
         params = {"id": id, "payload": Jsonb(payload or {})}
-        rows = self._one_tx(conn, "enqueue",
-                            self.q["enqueue" if id is not None else "enqueue_generated"], params)
+        rows = self._one_tx(
+            conn, "enqueue", self.q["enqueue" if id is not None else "enqueue_generated"], params
+        )
         return Won(rows[0][0]) if rows else Rejected(DUPLICATE_ID)
 
     def begin_claim(self, conn: psycopg.Connection, batch: int) -> list[tuple[Claim, dict]]:
         """The claim's statement, without COMMIT: the rows stay locked until the caller commits
         (on a connection not in autocommit; in autocommit the statement commits by itself)."""
         with boundary("outbox.claim"):
-            rows = conn.execute(self.q["claim_due"], {"batch": batch,
-                                                      "lease": self.config.lease}).fetchall()
+            rows = conn.execute(
+                self.q["claim_due"], {"batch": batch, "lease": self.config.lease}
+            ).fetchall()
         return sorted(((Claim(r[0], r[1]), r[2]) for r in rows), key=lambda c: c[0].id)
 
     def claim_batch(self, conn: psycopg.Connection, batch: int) -> list[tuple[Claim, dict]]:
@@ -89,19 +107,31 @@ class OutboxStore:
         return Won(tuple(c for c, _ in self.claim_batch(conn, batch)))
 
     def extend_lease(self, conn: psycopg.Connection, c: Claim) -> Outcome:
-        rows = self._one_tx(conn, "extend_lease", self.q["extend_lease"],
-                            {"id": c.id, "attempt": c.attempt, "lease": self.config.lease})
+        rows = self._one_tx(
+            conn,
+            "extend_lease",
+            self.q["extend_lease"],
+            {"id": c.id, "attempt": c.attempt, "lease": self.config.lease},
+        )
         return Won() if rows else LostRace("fenced")
 
     def complete(self, conn: psycopg.Connection, c: Claim) -> Outcome:
-        rows = self._one_tx(conn, "complete", self.q["complete"], {"id": c.id,
-                                                                   "attempt": c.attempt})
+        rows = self._one_tx(
+            conn, "complete", self.q["complete"], {"id": c.id, "attempt": c.attempt}
+        )
         return Won(rows[0][0]) if rows else LostRace("fenced")
 
     def fail_params(self, c: Claim, permanent: bool, error: str) -> dict:
         cfg = self.config
-        return {"id": c.id, "attempt": c.attempt, "permanent": permanent, "error": error,
-                "max_attempts": cfg.max_attempts, "base": cfg.backoff_base, "cap": cfg.backoff_cap}
+        return {
+            "id": c.id,
+            "attempt": c.attempt,
+            "permanent": permanent,
+            "error": error,
+            "max_attempts": cfg.max_attempts,
+            "base": cfg.backoff_base,
+            "cap": cfg.backoff_cap,
+        }
 
     def fail(self, conn: psycopg.Connection, c: Claim, permanent: bool, error: str = "") -> Outcome:
         rows = self._one_tx(conn, "fail", self.q["fail"], self.fail_params(c, permanent, error))
@@ -111,14 +141,22 @@ class OutboxStore:
         """The batch as parallel arrays, sorted by id (one lock order for every batch)."""
         order = sorted(range(len(reports)), key=lambda k: reports[k].claim.id)
         cfg = self.config
-        return {"ids": [reports[k].claim.id for k in order],
-                "attempts": [reports[k].claim.attempt for k in order],
-                "results": [str(reports[k].result) for k in order],
-                "errors": [None if reports[k].result == OK else (errors[k] or "") for k in order],
-                "max_attempts": cfg.max_attempts, "base": cfg.backoff_base, "cap": cfg.backoff_cap}
+        return {
+            "ids": [reports[k].claim.id for k in order],
+            "attempts": [reports[k].claim.attempt for k in order],
+            "results": [str(reports[k].result) for k in order],
+            "errors": [None if reports[k].result == OK else (errors[k] or "") for k in order],
+            "max_attempts": cfg.max_attempts,
+            "base": cfg.backoff_base,
+            "cap": cfg.backoff_cap,
+        }
 
-    def record_batch(self, conn: psycopg.Connection, reports: Sequence[Report],
-                     errors: Sequence[str | None] | None = None) -> Outcome:
+    def record_batch(
+        self,
+        conn: psycopg.Connection,
+        reports: Sequence[Report],
+        errors: Sequence[str | None] | None = None,
+    ) -> Outcome:
         """The outcomes of a batch in one statement and one commit, each row fenced on its own
         claimed attempt. ``Won`` of the per-row outcomes in the order of ``reports``:
         ``Won(status)`` for a row recorded, ``LostRace("fenced")`` for a stale one (it never
@@ -133,16 +171,29 @@ class OutboxStore:
             return Won(())
         if len(reports) == 1:
             (r,), error = reports, (errors or [None])[0]
-            return Won((self.complete(conn, r.claim) if r.result == OK else
-                        self.fail(conn, r.claim, r.result == PERMANENT, error or ""),))
+            return Won(
+                (
+                    self.complete(conn, r.claim)
+                    if r.result == OK
+                    else self.fail(conn, r.claim, r.result == PERMANENT, error or ""),
+                )
+            )
         params = self.record_batch_params(reports, errors or [None] * len(reports))
         status = dict(self._one_tx(conn, "record_batch", self.q["record_batch"], params))
-        return Won(tuple(Won(status[r.claim.id]) if r.claim.id in status else LostRace("fenced")
-                         for r in reports))
+        return Won(
+            tuple(
+                Won(status[r.claim.id]) if r.claim.id in status else LostRace("fenced")
+                for r in reports
+            )
+        )
 
     def reclaim_stale(self, conn: psycopg.Connection) -> Outcome:
-        rows = self._one_tx(conn, "reclaim_stale", self.q["reclaim_stale"],
-                            {"max_attempts": self.config.max_attempts})
+        rows = self._one_tx(
+            conn,
+            "reclaim_stale",
+            self.q["reclaim_stale"],
+            {"max_attempts": self.config.max_attempts},
+        )
         return Won(tuple(sorted(r[0] for r in rows)))
 
 
@@ -161,22 +212,35 @@ def _statement_commits(conn: psycopg.Connection):
 def project(conn: psycopg.Connection, to_model_time: Callable) -> tuple[Delivery, ...]:
     """The rows in the model's shape (:meth:`knownstate.model.outbox.OutboxModel.state`)."""
     rows = conn.execute(queries.load("outbox.sql")["project"]).fetchall()
-    return tuple(Delivery(id=r[0], status=r[1], attempts=r[2], next_attempt_at=to_model_time(r[3]),
-                          lease_until=None if r[4] is None else to_model_time(r[4])) for r in rows)
+    return tuple(
+        Delivery(
+            id=r[0],
+            status=r[1],
+            attempts=r[2],
+            next_attempt_at=to_model_time(r[3]),
+            lease_until=None if r[4] is None else to_model_time(r[4]),
+        )
+        for r in rows
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # The external send and the worker loop.
 # ---------------------------------------------------------------------------------------
 
+
 def send_to_sink(url: str, claim: Claim, payload: dict | None = None, timeout: float = 5.0) -> str:
     """POST one delivery to the notification sink. Returns ok / retryable (5xx) / permanent
     (4xx); raises ExternalCallFailed when no answer came (it may still have arrived)."""
-    body = json.dumps({"delivery_id": claim.id, "attempt": claim.attempt,
-                       "payload": payload or {}}).encode()
-    req = urllib.request.Request(f"{url}/deliveries", data=body, method="POST",
-                                 headers={"Content-Type": "application/json",
-                                          "Idempotency-Key": f"outbox-{claim.id}"})
+    body = json.dumps(
+        {"delivery_id": claim.id, "attempt": claim.attempt, "payload": payload or {}}
+    ).encode()
+    req = urllib.request.Request(
+        f"{url}/deliveries",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", "Idempotency-Key": f"outbox-{claim.id}"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             r.read()
@@ -209,8 +273,14 @@ class OutboxWorker:
     Its connection runs in autocommit: the claim and each record are single statements, so
     each is still its own transaction, in one round trip instead of three."""
 
-    def __init__(self, connect: Callable[[], psycopg.Connection], store: OutboxStore,
-                 send: Callable[[Claim, dict], str], batch: int = 10, per_row: bool = False):
+    def __init__(
+        self,
+        connect: Callable[[], psycopg.Connection],
+        store: OutboxStore,
+        send: Callable[[Claim, dict], str],
+        batch: int = 10,
+        per_row: bool = False,
+    ):
         self.connect, self.store, self.send, self.batch = connect, store, send, batch
         self.per_row = per_row
         self.conn: psycopg.Connection | None = None
@@ -236,8 +306,9 @@ class OutboxWorker:
                     if result == OK:
                         outcome = self.store.complete(self.conn, claim)
                     else:
-                        outcome = self.store.fail(self.conn, claim, permanent=result == PERMANENT,
-                                                  error=error)
+                        outcome = self.store.fail(
+                            self.conn, claim, permanent=result == PERMANENT, error=error
+                        )
                     self._count(result, outcome)
                 else:
                     reports.append(Report(claim, result))

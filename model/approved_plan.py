@@ -90,21 +90,24 @@ class Status(enum.StrEnum):
 
 P, A, X = Status.PENDING.value, Status.APPROVED.value, Status.EXECUTING.value
 
-TABLE = TransitionTable(KIND, [
-    (CREATED, "propose", P),
-    (CREATED, "compensate", P),
-    (P, "revise", P),
-    (P, "approve", A),
-    (P, "reject", Status.REJECTED.value),
-    (P, "expire", Status.EXPIRED.value),
-    (A, "expire", Status.EXPIRED.value),
-    (A, "mark_executing", X),
-    (X, "heartbeat", X),
-    (X, "step_ok", X),
-    (X, "last_step_ok", Status.EXECUTED.value),
-    (X, "step_failed", Status.FAILED.value),
-    (X, "mark_interrupted_if_stale", Status.FAILED.value),
-])
+TABLE = TransitionTable(
+    KIND,
+    [
+        (CREATED, "propose", P),
+        (CREATED, "compensate", P),
+        (P, "revise", P),
+        (P, "approve", A),
+        (P, "reject", Status.REJECTED.value),
+        (P, "expire", Status.EXPIRED.value),
+        (A, "expire", Status.EXPIRED.value),
+        (A, "mark_executing", X),
+        (X, "heartbeat", X),
+        (X, "step_ok", X),
+        (X, "last_step_ok", Status.EXECUTED.value),
+        (X, "step_failed", Status.FAILED.value),
+        (X, "mark_interrupted_if_stale", Status.FAILED.value),
+    ],
+)
 """``(source, event) -> target``: the whole status machine, and every operation's guard."""
 
 TERMINAL = frozenset({Status.EXECUTED, Status.FAILED, Status.EXPIRED, Status.REJECTED})
@@ -114,18 +117,18 @@ CONTRACT = Contract(
     table=TABLE,
     terminal=frozenset(s.value for s in TERMINAL),
     claim="mark_executing: the conditional approved -> executing; exactly one caller wins the "
-          "claim token",
+    "claim token",
     lease=f"{HEARTBEAT_S} s per-step heartbeat, stamped with the database's now() by the claim and "
-          "by every step",
+    "by every step",
     lease_clock=LeaseClock.DATABASE,
     reaper="none in the background: mark_interrupted_if_stale heals a stale executing run to "
-           "failed on the next read (read, repeat, compensate)",
+    "failed on the next read (read, repeat, compensate)",
     fence="lock_executing: each step's transaction locks the run row and refuses unless it is "
-          "still executing under the caller's token",
+    "still executing under the caller's token",
     receipts="agent_proposal_step, primary key (proposal_id, step_index), written in the step's "
-             "own transaction together with the step's database effect",
+    "own transaction together with the step's database effect",
     retry_policy="none: a failed step is a receipt and a new plan is a new proposal; undoing "
-                 "committed steps is a separate compensating proposal with its own receipts",
+    "committed steps is a separate compensating proposal with its own receipts",
     external_effect=ExternalEffect.NONE,
     retries=False,
     owned=frozenset({Status.EXECUTING.value}),
@@ -153,8 +156,11 @@ class Step:
         return cls(d["op"], d.get("account"), d.get("amount"))
 
     def to_json(self) -> dict:
-        return {"op": self.op} if self.op == "fail" else {"op": self.op, "account": self.account,
-                                                          "amount": self.amount}
+        return (
+            {"op": self.op}
+            if self.op == "fail"
+            else {"op": self.op, "account": self.account, "amount": self.amount}
+        )
 
     def inverse(self) -> "Step":
         """The step that undoes this one once it committed ok."""
@@ -250,8 +256,11 @@ def describe(step: Step, ok: bool) -> str:
         return "failed by its payload"
     if step.op == "credit":
         return f"credited {step.amount} to {step.account}"
-    return (f"debited {step.amount} from {step.account}" if ok
-            else f"{step.account} holds less than {step.amount}")
+    return (
+        f"debited {step.amount} from {step.account}"
+        if ok
+        else f"{step.account} holds less than {step.amount}"
+    )
 
 
 def step_failure(step_index: int, detail: str) -> str:
@@ -294,8 +303,9 @@ def not_terminal(status: str) -> Rejected:
 def compensation_refusal(status: str) -> Rejected | None:
     if status in (Status.EXECUTED, Status.FAILED):
         return None
-    return Rejected(f"compensate: run is {status}; "
-                    "only an executed or failed run has committed steps")
+    return Rejected(
+        f"compensate: run is {status}; only an executed or failed run has committed steps"
+    )
 
 
 def check_step_index(steps: tuple[Step, ...], done: int, step_index: int) -> Rejected | bool | None:
@@ -336,10 +346,14 @@ def views(state: PlanState) -> dict[str, RunView]:
             run_id=str(p.proposal_id),
             status=p.status.value,
             fence_token=p.generation,
-            steps={str(i): StepView(receipts=int(i in ok),
-                                    effects=effects.get((p.proposal_id, i), 0),
-                                    failed=int(i in failed))
-                   for i in sorted(ids)},
+            steps={
+                str(i): StepView(
+                    receipts=int(i in ok),
+                    effects=effects.get((p.proposal_id, i), 0),
+                    failed=int(i in failed),
+                )
+                for i in sorted(ids)
+            },
             valid_step_ids=frozenset(str(i) for i in range(len(p.steps))),
         )
     return out
@@ -386,8 +400,11 @@ class ApprovedPlanModel:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ApprovedPlanModel):
             return NotImplemented
-        return (self.now, self.heartbeat_s, self.state()) == (other.now, other.heartbeat_s,
-                                                              other.state())
+        return (self.now, self.heartbeat_s, self.state()) == (
+            other.now,
+            other.heartbeat_s,
+            other.state(),
+        )
 
     __hash__ = None  # mutable
 
@@ -476,8 +493,12 @@ class ApprovedPlanModel:
     def mark_executing(self, proposal_id: int) -> Outcome:
         """The claim. Won(token): the token every step of this run must present."""
         p = self._runs.get(proposal_id)
-        out = self._conditional(proposal_id, "mark_executing", heartbeat_at=self.now,
-                                generation=p.generation + 1 if p else 0)
+        out = self._conditional(
+            proposal_id,
+            "mark_executing",
+            heartbeat_at=self.now,
+            generation=p.generation + 1 if p else 0,
+        )
         return Won(self._runs[proposal_id].generation) if isinstance(out, Won) else out
 
     def heartbeat(self, proposal_id: int, token: int) -> Outcome:
@@ -511,8 +532,11 @@ class ApprovedPlanModel:
         event = step_event(ok, step_index, len(p.steps))
         self.transition(proposal_id, event)
         self._runs[proposal_id] = replace(
-            self._runs[proposal_id], receipts=p.receipts + (receipt,), heartbeat_at=self.now,
-            failure=None if ok else step_failure(step_index, receipt.detail))
+            self._runs[proposal_id],
+            receipts=p.receipts + (receipt,),
+            heartbeat_at=self.now,
+            failure=None if ok else step_failure(step_index, receipt.detail),
+        )
         return Won(receipt)
 
     def _apply(self, proposal_id: int, step_index: int, step: Step) -> bool:

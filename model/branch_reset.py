@@ -151,15 +151,18 @@ class ExternalStatus(enum.StrEnum):
     FAILED = "failed"
 
 
-TABLE = TransitionTable(KIND, [
-    (CREATED, Event.REQUEST.value, Status.QUEUED.value),
-    (Status.QUEUED.value, Event.START.value, Status.RUNNING.value),
-    (Status.RUNNING.value, Event.POLL_IN_PROGRESS.value, Status.RUNNING.value),
-    (Status.RUNNING.value, Event.POLL_SUCCEEDED.value, Status.SUCCEEDED.value),
-    (Status.RUNNING.value, Event.POLL_FAILED.value, Status.FAILED.value),
-    (Status.RUNNING.value, Event.CANCEL.value, Status.CANCELED.value),
-    (Status.RUNNING.value, Event.REAP.value, Status.FAILED.value),
-])
+TABLE = TransitionTable(
+    KIND,
+    [
+        (CREATED, Event.REQUEST.value, Status.QUEUED.value),
+        (Status.QUEUED.value, Event.START.value, Status.RUNNING.value),
+        (Status.RUNNING.value, Event.POLL_IN_PROGRESS.value, Status.RUNNING.value),
+        (Status.RUNNING.value, Event.POLL_SUCCEEDED.value, Status.SUCCEEDED.value),
+        (Status.RUNNING.value, Event.POLL_FAILED.value, Status.FAILED.value),
+        (Status.RUNNING.value, Event.CANCEL.value, Status.CANCELED.value),
+        (Status.RUNNING.value, Event.REAP.value, Status.FAILED.value),
+    ],
+)
 
 IN_FLIGHT = frozenset({Status.QUEUED, Status.RUNNING})
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELED})
@@ -190,8 +193,13 @@ ERROR = {Event.POLL_FAILED: EXTERNAL_FAILED, Event.REAP: LEASE_LAPSED}
 EXTERNAL_STEP = "external-operation"
 """The one step of a branch reset: the external operation, created once then polled."""
 
-GENERATION = {Status.QUEUED: 0, Status.RUNNING: 1, Status.SUCCEEDED: 2, Status.FAILED: 2,
-              Status.CANCELED: 2}
+GENERATION = {
+    Status.QUEUED: 0,
+    Status.RUNNING: 1,
+    Status.SUCCEEDED: 2,
+    Status.FAILED: 2,
+    Status.CANCELED: 2,
+}
 """The fence token of RunView. The fence is the status itself: a write must find the run at
 generation 1 (running)."""
 
@@ -207,17 +215,17 @@ CONTRACT = Contract(
     table=TABLE,
     terminal=frozenset(s.value for s in TERMINAL),
     claim="one run in flight per branch (partial unique index over queued|running) + "
-          "idempotency_key under a unique index: a repeated request with the same key returns the "
-          "existing run",
+    "idempotency_key under a unique index: a repeated request with the same key returns the "
+    "existing run",
     lease=f"lease_until = app_now + {LEASE_SECONDS} s, stamped by start and by every in-progress "
-          "poll; checked on every poll, and a poll that finds it lapsed writes nothing",
+    "poll; checked on every poll, and a poll that finds it lapsed writes nothing",
     lease_clock=LeaseClock.APPLICATION,
     reaper="dbops-reaper job: reap fails every running run whose lease lapsed, judged by the "
-           "reaper's app clock",
+    "reaper's app clock",
     fence="every transition out of running, and every lease extension, is guarded on "
-          "status = 'running'",
+    "status = 'running'",
     receipts="the external operation id and the observed operation statuses (op_statuses, dbops' "
-             "neonOpStatuses) on the run row, written with the transition they cause",
+    "neonOpStatuses) on the run row, written with the transition they cause",
     retry_policy="none: the external operation is polled, never re-issued",
     external_effect=ExternalEffect.CREATE_ONCE_THEN_POLL,
     retries=False,
@@ -350,8 +358,9 @@ class BranchResetModel:
             changes.setdefault("lease_until", None)
         if event in ERROR:
             changes.setdefault("error", ERROR[event])
-        moved = (Run(status=target, **changes) if run is None
-                 else replace(run, status=target, **changes))
+        moved = (
+            Run(status=target, **changes) if run is None else replace(run, status=target, **changes)
+        )
         self.transitions.append((moved.run_id, source, event.value, target.value))
         return moved
 
@@ -367,8 +376,9 @@ class BranchResetModel:
             return Rejected(IN_FLIGHT_REASON)
         n = 1 + sum(1 for r in self.runs.values() if r.branch == branch)
         run_id = f"{branch}#{n}"
-        self.runs[run_id] = self._moved(None, Event.REQUEST, run_id=run_id, branch=branch,
-                                        idempotency_key=idempotency_key)
+        self.runs[run_id] = self._moved(
+            None, Event.REQUEST, run_id=run_id, branch=branch, idempotency_key=idempotency_key
+        )
         return Won(run_id)
 
     def start(self, run_id: str, worker: str) -> Outcome:
@@ -380,10 +390,14 @@ class BranchResetModel:
         if run.status is not Status.QUEUED:
             return LostRace(not_in(run.status))
         op = self.external_create(run_id, run.branch)
-        self.runs[run_id] = self._moved(run, Event.START, claimed_by=worker,
-                                        external_op_id=op.op_id,
-                                        op_statuses=(op.status.value,),
-                                        lease_until=self.app_now(worker) + self.lease)
+        self.runs[run_id] = self._moved(
+            run,
+            Event.START,
+            claimed_by=worker,
+            external_op_id=op.op_id,
+            op_statuses=(op.status.value,),
+            lease_until=self.app_now(worker) + self.lease,
+        )
         return Won(op.op_id)
 
     def poll(self, run_id: str, worker: str) -> Outcome:
@@ -399,8 +413,11 @@ class BranchResetModel:
         if run.lease_until <= app:
             return LostRace(LEASE_LAPSED)
         observed = self.external_status(run.external_op_id)
-        statuses = (run.op_statuses if run.op_statuses[-1:] == (observed.value,)
-                    else run.op_statuses + (observed.value,))
+        statuses = (
+            run.op_statuses
+            if run.op_statuses[-1:] == (observed.value,)
+            else run.op_statuses + (observed.value,)
+        )
         event = POLL_EVENT[observed]
         changes: dict = {"op_statuses": statuses}
         if event is Event.POLL_IN_PROGRESS:
@@ -423,15 +440,19 @@ class BranchResetModel:
         """The dbops-reaper: fail every running run whose lease lapsed by this worker's app clock.
         Won(the reaped run ids, sorted); Won(()) when there was none."""
         app = self.app_now(worker)
-        lapsed = sorted(r.run_id for r in self.runs.values()
-                        if r.status is Status.RUNNING and r.lease_until <= app)
+        lapsed = sorted(
+            r.run_id
+            for r in self.runs.values()
+            if r.status is Status.RUNNING and r.lease_until <= app
+        )
         for run_id in lapsed:
             self.runs[run_id] = self._moved(self.runs[run_id], Event.REAP)
         return Won(tuple(lapsed))
 
     # -- the operations API (mirrors the stand-in) ----------------------------
-    def external_create(self, run_id: str, branch: str,
-                        idempotency_key: str | None = None) -> ExternalOp:
+    def external_create(
+        self, run_id: str, branch: str, idempotency_key: str | None = None
+    ) -> ExternalOp:
         """A create request the API acted on. The same idempotency key (default: the run id)
         returns the existing operation, and only a new key creates one."""
         key = run_id if idempotency_key is None else idempotency_key
@@ -439,8 +460,13 @@ class BranchResetModel:
         for op in self.ops.values():
             if op.idempotency_key == key:
                 return op
-        op = ExternalOp(op_id=f"op-{len(self.ops) + 1}", run_id=run_id, branch=branch,
-                        idempotency_key=key, status=ExternalStatus.IN_PROGRESS)
+        op = ExternalOp(
+            op_id=f"op-{len(self.ops) + 1}",
+            run_id=run_id,
+            branch=branch,
+            idempotency_key=key,
+            status=ExternalStatus.IN_PROGRESS,
+        )
         self.ops[op.op_id] = op
         return op
 
@@ -479,8 +505,14 @@ class BranchResetModel:
         return other
 
     def _key(self):
-        return (self.lease, self.now, {w: s for w, s in self.app_skew.items() if s},
-                self.runs, self.ops, self.create_requests)
+        return (
+            self.lease,
+            self.now,
+            {w: s for w, s in self.app_skew.items() if s},
+            self.runs,
+            self.ops,
+            self.create_requests,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BranchResetModel):
@@ -491,5 +523,7 @@ class BranchResetModel:
 
     def __repr__(self) -> str:
         runs = ", ".join(f"{r.run_id}:{r.status.value}" for r in self.runs.values())
-        return (f"BranchResetModel(now={self.now}, skew={self.app_skew}, runs=[{runs}], "
-                f"ops={len(self.ops)})")
+        return (
+            f"BranchResetModel(now={self.now}, skew={self.app_skew}, runs=[{runs}], "
+            f"ops={len(self.ops)})"
+        )

@@ -136,8 +136,9 @@ class LeaseClock(enum.Enum):
 class ExternalEffect(enum.Enum):
     NONE = "none: every effect is a database mutation, exactly once per step"
     AT_LEAST_ONCE = "at-least-once: a reclaimed run can repeat the external call"
-    CREATE_ONCE_THEN_POLL = ("exactly one creation: the external operation is created once, "
-                             "then only polled")
+    CREATE_ONCE_THEN_POLL = (
+        "exactly one creation: the external operation is created once, then only polled"
+    )
 
 
 @dataclass(frozen=True)
@@ -273,96 +274,176 @@ def check_invariants(
         prev = before.get(run_id)
         src = prev.status if prev else CREATED
         if src != now.status and not table.allows(src, now.status):
-            out.append(Violation("conditional-transition",
-                                 f"run {run_id} moved {src} -> {now.status}, which the table does "
-                                 "not allow"))
-        if (prev is not None and prev.status not in contract.owned and now.status in contract.owned
-                and table.allows(src, now.status) and now.fence_token <= prev.fence_token):
-            out.append(Violation("lease-fence",
-                                 f"run {run_id} was claimed ({prev.status} -> {now.status}) "
-                                 f"keeping fence token {now.fence_token}: an owner that lost it is "
-                                 "not fenced off"))
+            out.append(
+                Violation(
+                    "conditional-transition",
+                    f"run {run_id} moved {src} -> {now.status}, which the table does not allow",
+                )
+            )
+        if (
+            prev is not None
+            and prev.status not in contract.owned
+            and now.status in contract.owned
+            and table.allows(src, now.status)
+            and now.fence_token <= prev.fence_token
+        ):
+            out.append(
+                Violation(
+                    "lease-fence",
+                    f"run {run_id} was claimed ({prev.status} -> {now.status}) "
+                    f"keeping fence token {now.fence_token}: an owner that lost it is "
+                    "not fenced off",
+                )
+            )
         for step_id, s in now.steps.items():
             if s.receipts != s.effects:
-                out.append(Violation("receipt-with-effect",
-                                     f"run {run_id} step {step_id}: {s.effects} effect(s) but "
-                                     f"{s.receipts} receipt(s)"))
+                out.append(
+                    Violation(
+                        "receipt-with-effect",
+                        f"run {run_id} step {step_id}: {s.effects} effect(s) but "
+                        f"{s.receipts} receipt(s)",
+                    )
+                )
             if s.receipts > 1 or s.effects > 1:
-                out.append(Violation("stable-step-identity",
-                                     f"run {run_id} step {step_id} committed "
-                                     f"{max(s.receipts, s.effects)} times"))
-            if (now.valid_step_ids is not None and step_id not in now.valid_step_ids
-                    and (s.receipts or s.effects)):
-                out.append(Violation("stable-step-identity",
-                                     f"run {run_id} recorded step {step_id!r}, which is not a step "
-                                     "of its frozen payload"))
+                out.append(
+                    Violation(
+                        "stable-step-identity",
+                        f"run {run_id} step {step_id} committed {max(s.receipts, s.effects)} times",
+                    )
+                )
+            if (
+                now.valid_step_ids is not None
+                and step_id not in now.valid_step_ids
+                and (s.receipts or s.effects)
+            ):
+                out.append(
+                    Violation(
+                        "stable-step-identity",
+                        f"run {run_id} recorded step {step_id!r}, which is not a step "
+                        "of its frozen payload",
+                    )
+                )
         if prev is not None and contract.is_terminal(prev.status):
             # At-least-once kinds: a stale owner may still repeat the external call after the run
             # ended (the documented duplicate); what must not change is the record.
             def record(v: RunView):
                 calls = contract.external_effect is not ExternalEffect.AT_LEAST_ONCE
-                return (v.status, v.external_creations,
-                        {k: (s.receipts, s.effects, s.external_calls if calls else None)
-                         for k, s in v.steps.items()})
+                return (
+                    v.status,
+                    v.external_creations,
+                    {
+                        k: (s.receipts, s.effects, s.external_calls if calls else None)
+                        for k, s in v.steps.items()
+                    },
+                )
 
             if record(now) != record(prev):
-                out.append(Violation("terminal-answers-from-receipts",
-                                     f"run {run_id} changed after it was terminal ({prev.status})"))
+                out.append(
+                    Violation(
+                        "terminal-answers-from-receipts",
+                        f"run {run_id} changed after it was terminal ({prev.status})",
+                    )
+                )
         out += _retry_policy(contract, run_id, prev, now)
-        if (prev is not None and prev.status not in contract.owned and now.status in contract.owned
-                and now.lease_granted is not None and now.lease_left != now.lease_granted):
-            out.append(Violation("lease", f"run {run_id} was claimed with {now.lease_left}s of "
-                                          "lease left by the clock that judges it, not the "
-                                          f"{now.lease_granted}s a claim grants: the lease was "
-                                          "stamped by another clock"))
-        if (contract.external_effect is ExternalEffect.CREATE_ONCE_THEN_POLL
-                and now.external_creations > 1):
-            out.append(Violation("external-effect-semantics",
-                                 f"run {run_id}: external operation created "
-                                 f"{now.external_creations} times"))
+        if (
+            prev is not None
+            and prev.status not in contract.owned
+            and now.status in contract.owned
+            and now.lease_granted is not None
+            and now.lease_left != now.lease_granted
+        ):
+            out.append(
+                Violation(
+                    "lease",
+                    f"run {run_id} was claimed with {now.lease_left}s of "
+                    "lease left by the clock that judges it, not the "
+                    f"{now.lease_granted}s a claim grants: the lease was "
+                    "stamped by another clock",
+                )
+            )
+        if (
+            contract.external_effect is ExternalEffect.CREATE_ONCE_THEN_POLL
+            and now.external_creations > 1
+        ):
+            out.append(
+                Violation(
+                    "external-effect-semantics",
+                    f"run {run_id}: external operation created {now.external_creations} times",
+                )
+            )
         if contract.external_effect is ExternalEffect.AT_LEAST_ONCE:
             for step_id, s in now.steps.items():
                 if s.effects and not s.external_calls:
-                    out.append(Violation("external-effect-semantics",
-                                         f"run {run_id} step {step_id} recorded as done but the "
-                                         "external call never arrived"))
+                    out.append(
+                        Violation(
+                            "external-effect-semantics",
+                            f"run {run_id} step {step_id} recorded as done but the "
+                            "external call never arrived",
+                        )
+                    )
     for run_id in before:
         if run_id not in after:
             out.append(Violation("receipt-with-effect", f"run {run_id} disappeared"))
     for w in writes:
         if w.accepted and not w.owner_current:
-            out.append(Violation("lease-fence",
-                                 f"run {w.run_id}: a write with stale token {w.token} "
-                                 "was accepted"))
+            out.append(
+                Violation(
+                    "lease-fence",
+                    f"run {w.run_id}: a write with stale token {w.token} was accepted",
+                )
+            )
         if not w.accepted and w.owner_current:
-            out.append(Violation("lease-fence",
-                                 f"run {w.run_id}: the current owner's write (token {w.token}) was "
-                                 "refused by the fence"))
+            out.append(
+                Violation(
+                    "lease-fence",
+                    f"run {w.run_id}: the current owner's write (token {w.token}) was "
+                    "refused by the fence",
+                )
+            )
     for r in repeats:
         if r.reexecuted:
-            out.append(Violation("terminal-answers-from-receipts",
-                                 f"run {r.run_id}: a repeat request on a terminal run re-executed"))
+            out.append(
+                Violation(
+                    "terminal-answers-from-receipts",
+                    f"run {r.run_id}: a repeat request on a terminal run re-executed",
+                )
+            )
     return out
 
 
-def _retry_policy(contract: Contract, run_id: str, prev: RunView | None,
-                  now: RunView) -> list[Violation]:
+def _retry_policy(
+    contract: Contract, run_id: str, prev: RunView | None, now: RunView
+) -> list[Violation]:
     out = []
     if not contract.retries and not contract.is_terminal(now.status):
         failed = [k for k, s in now.steps.items() if s.failed]
         if failed:
-            out.append(Violation("retry-policy", f"run {run_id} recorded step {failed[0]} as "
-                                                 f"failed and is still {now.status}: without "
-                                                 "retries a failed step ends the run"))
+            out.append(
+                Violation(
+                    "retry-policy",
+                    f"run {run_id} recorded step {failed[0]} as "
+                    f"failed and is still {now.status}: without "
+                    "retries a failed step ends the run",
+                )
+            )
     r = now.retry
     if r is None or not r.waiting:
         return out
     if r.attempts >= r.max_attempts > 0:  # a state no move may reach: judged in any step
-        out.append(Violation("retry-policy", f"run {run_id} waits to be tried again after its last "
-                                             f"attempt ({r.attempts} of {r.max_attempts})"))
+        out.append(
+            Violation(
+                "retry-policy",
+                f"run {run_id} waits to be tried again after its last "
+                f"attempt ({r.attempts} of {r.max_attempts})",
+            )
+        )
     if prev is not None and prev.status == now.status:
         return out  # the backoff is owed by the move into waiting: the time left runs down after
     if r.due_in < r.owed:
-        out.append(Violation("retry-policy", f"run {run_id} is due again in {r.due_in}s, before "
-                                             f"the {r.owed}s its backoff owes"))
+        out.append(
+            Violation(
+                "retry-policy",
+                f"run {run_id} is due again in {r.due_in}s, before the {r.owed}s its backoff owes",
+            )
+        )
     return out

@@ -54,8 +54,10 @@ def seconds(value: object) -> int:
         number, unit = _DURATION.match(value).groups()
         total = int(number) * _UNITS[unit]
     else:
-        raise ValueError(f"{value!r} is not a duration: give seconds, a timedelta, or a "
-                         "string like '90s', '5m', '2h'")
+        raise ValueError(
+            f"{value!r} is not a duration: give seconds, a timedelta, or a "
+            "string like '90s', '5m', '2h'"
+        )
     if total != int(total) or total <= 0:
         raise ValueError(f"{value!r}: a duration is a positive whole number of seconds")
     return int(total)
@@ -75,10 +77,14 @@ class Claim(BaseModel):
 
     model_config = _STRICT
     how: str = Field(description="the claim, in a sentence, as the contract table shows it")
-    skip_locked: bool = Field(True, description="the claim skips, never waits on, rows another "
-                                                "worker is claiming (FOR UPDATE SKIP LOCKED)")
-    order: Literal["created", "due"] = Field("created", description="which due runs a claim "
-                                             "takes first: oldest created, or soonest due")
+    skip_locked: bool = Field(
+        True,
+        description="the claim skips, never waits on, rows another "
+        "worker is claiming (FOR UPDATE SKIP LOCKED)",
+    )
+    order: Literal["created", "due"] = Field(
+        "created", description="which due runs a claim takes first: oldest created, or soonest due"
+    )
 
 
 class Lease(BaseModel):
@@ -87,11 +93,15 @@ class Lease(BaseModel):
     model_config = _STRICT
     seconds: Seconds = Field(description="how long a claim lasts without a heartbeat")
     clock: Literal["database", "application"] = Field(
-        "database", description="whose clock stamps and judges the lease")
-    heartbeat: Seconds | None = Field(None, description="an owner extends its lease this often "
-                                      "(on a timer); None: it never does")
-    taken_back_by: tuple[str, ...] = Field(description="the events by which a lapsed lease's run "
-                                           "is taken back (the reaper's, or a read's that heals)")
+        "database", description="whose clock stamps and judges the lease"
+    )
+    heartbeat: Seconds | None = Field(
+        None, description="an owner extends its lease this often (on a timer); None: it never does"
+    )
+    taken_back_by: tuple[str, ...] = Field(
+        description="the events by which a lapsed lease's run "
+        "is taken back (the reaper's, or a read's that heals)"
+    )
     how: str = Field("", description="the lease, in a sentence (default: from the fields)")
     reaper: str = Field("", description="the reaper, in a sentence (default: from the fields)")
 
@@ -102,8 +112,9 @@ class Fence(BaseModel):
     model_config = _STRICT
     kind: Literal["attempt", "status", "row-lock", "none"] = Field(
         description="attempt: writes match the claimed attempt; status: writes match only the "
-                    "owned status; row-lock: each write locks the row and checks it is still "
-                    "the caller's; none: nothing (checked for the violation that follows)")
+        "owned status; row-lock: each write locks the row and checks it is still "
+        "the caller's; none: nothing (checked for the violation that follows)"
+    )
     how: str = Field("", description="the fence, in a sentence (default: from the kind)")
 
 
@@ -121,7 +132,7 @@ class Retry(BaseModel):
         """Seconds a run waits after its ``attempts``-th attempt failed."""
         if self.backoff == "fixed":
             return self.base * scale
-        cap = (self.cap or self.base * 2 ** 30) * scale
+        cap = (self.cap or self.base * 2**30) * scale
         return min(cap, self.base * scale * 2 ** max(0, attempts - 1))
 
 
@@ -139,8 +150,10 @@ def _parse(line: str | tuple[str, str, str]) -> tuple[str, str, str]:
         return tuple(line)  # type: ignore[return-value]
     m = _ARROW.match(line) if isinstance(line, str) else None
     if m is None:
-        raise ValueError(f"transition {line!r}: write it as 'source -event-> target', e.g. "
-                         "'pending -claim-> processing' (a creating one from '(new)')")
+        raise ValueError(
+            f"transition {line!r}: write it as 'source -event-> target', e.g. "
+            "'pending -claim-> processing' (a creating one from '(new)')"
+        )
     return m.group(1), m.group(2), m.group(3)
 
 
@@ -148,8 +161,9 @@ class RunKind(BaseModel):
     """A run kind's contract, as data. Inconsistent descriptions are refused with a hint."""
 
     model_config = _STRICT
-    name: str = Field(pattern=r"^[a-z][a-z0-9-]*$",
-                      description="the kind's name (lower case, digits and dashes)")
+    name: str = Field(
+        pattern=r"^[a-z][a-z0-9-]*$", description="the kind's name (lower case, digits and dashes)"
+    )
     statuses: tuple[str, ...]
     initial: str = Field(description="the status a new run starts in")
     owned: tuple[str, ...] = Field(description="statuses in which a worker holds the claim")
@@ -159,15 +173,19 @@ class RunKind(BaseModel):
     lease: Lease | None = None
     fence: Fence
     receipts: str = Field(description="where what committed is recorded, with the effect")
-    retry: Retry | None = Field(None, description="None: no retries; a failed attempt ends "
-                                                  "the run")
-    retry_prose: str = Field("", description="the retry policy in a sentence, when there is "
-                                             "none (default: 'none')")
+    retry: Retry | None = Field(None, description="None: no retries; a failed attempt ends the run")
+    retry_prose: str = Field(
+        "", description="the retry policy in a sentence, when there is none (default: 'none')"
+    )
     external: Literal["none", "at-least-once", "create-once-then-poll"] = "none"
-    external_key: bool = Field(False, description="every external call for a run carries the "
-                                                  "same idempotency key")
-    idempotency_key: str | None = Field(None, description="a repeated request carrying the same "
-                                        "key gets the existing run (where the key is unique)")
+    external_key: bool = Field(
+        False, description="every external call for a run carries the same idempotency key"
+    )
+    idempotency_key: str | None = Field(
+        None,
+        description="a repeated request carrying the same "
+        "key gets the existing run (where the key is unique)",
+    )
     deviations: tuple[str, ...] = ()
 
     @model_validator(mode="before")
@@ -190,56 +208,79 @@ class RunKind(BaseModel):
         out: list[str] = []
         declared = set(self.statuses)
         listed = ", ".join(self.statuses)
-        for what, names in (("initial", (self.initial,)), ("owned", self.owned),
-                            ("terminal", self.terminal)):
+        for what, names in (
+            ("initial", (self.initial,)),
+            ("owned", self.owned),
+            ("terminal", self.terminal),
+        ):
             for s in names:
                 if s not in declared:
-                    out.append(f"{what} status {s!r} is not among statuses ({listed}): add it "
-                               "or fix the spelling")
+                    out.append(
+                        f"{what} status {s!r} is not among statuses ({listed}): add it "
+                        "or fix the spelling"
+                    )
         if not self.owned:
             out.append("no owned status: name the status(es) in which a worker holds the claim")
         if not self.terminal:
             out.append("no terminal status: a run must be able to end")
         for s in set(self.owned) & set(self.terminal):
-            out.append(f"status {s!r} is both owned and terminal: a worker cannot hold a run "
-                       "that has ended")
+            out.append(
+                f"status {s!r} is both owned and terminal: a worker cannot hold a run "
+                "that has ended"
+            )
         if self.initial in self.terminal or self.initial in self.owned:
-            out.append(f"initial status {self.initial!r} is owned or terminal: a new run waits "
-                       "to be claimed")
+            out.append(
+                f"initial status {self.initial!r} is owned or terminal: a new run waits "
+                "to be claimed"
+            )
         seen: dict[tuple[str, str], str] = {}
         for src, event, dst in self.transitions:
             for s in (src, dst):
                 if s != CREATED and s not in declared:
-                    out.append(f"transition {src} -{event}-> {dst}: status {s!r} is not among "
-                               f"statuses ({listed}): add it or fix the spelling")
+                    out.append(
+                        f"transition {src} -{event}-> {dst}: status {s!r} is not among "
+                        f"statuses ({listed}): add it or fix the spelling"
+                    )
             if dst == CREATED:
                 out.append(f"transition {src} -{event}-> {dst}: nothing goes back to {CREATED}")
             if src in self.terminal:
-                out.append(f"terminal status {src!r} has a transition out of it ({src} -{event}"
-                           f"-> {dst}): a terminal run never changes; remove the transition or "
-                           f"drop {src!r} from terminal")
+                out.append(
+                    f"terminal status {src!r} has a transition out of it ({src} -{event}"
+                    f"-> {dst}): a terminal run never changes; remove the transition or "
+                    f"drop {src!r} from terminal"
+                )
             if (src, event) in seen and seen[(src, event)] != dst:
-                out.append(f"event {event!r} from {src!r} leads both to {seen[(src, event)]!r} "
-                           f"and to {dst!r}: give the two transitions different event names")
+                out.append(
+                    f"event {event!r} from {src!r} leads both to {seen[(src, event)]!r} "
+                    f"and to {dst!r}: give the two transitions different event names"
+                )
             seen[(src, event)] = dst
         if out:
             return out
         if not any(src == CREATED and dst == self.initial for src, _, dst in self.transitions):
-            out.append(f"no transition creates a run in {self.initial!r}: add "
-                       f"'{CREATED} -enqueue-> {self.initial}'")
+            out.append(
+                f"no transition creates a run in {self.initial!r}: add "
+                f"'{CREATED} -enqueue-> {self.initial}'"
+            )
         out += self._reachability()
         owned = set(self.owned)
         if not any(src not in owned and dst in owned for src, _, dst in self.transitions):
-            out.append(f"no transition claims a run (into {', '.join(self.owned)}): add e.g. "
-                       f"'{self.initial} -claim-> {self.owned[0]}'")
+            out.append(
+                f"no transition claims a run (into {', '.join(self.owned)}): add e.g. "
+                f"'{self.initial} -claim-> {self.owned[0]}'"
+            )
         out += self._lease_problems() + self._retry_problems()
         if self.fence.kind != "none" and self.lease is None:
-            out.append(f"fence {self.fence.kind!r} without a lease: an owner never loses its "
-                       "claim, so there is nothing to fence; describe the lease, or use "
-                       "Fence(kind='none')")
+            out.append(
+                f"fence {self.fence.kind!r} without a lease: an owner never loses its "
+                "claim, so there is nothing to fence; describe the lease, or use "
+                "Fence(kind='none')"
+            )
         if self.external_key and self.external == "none":
-            out.append("external_key=True but external='none': an idempotency key goes with an "
-                       "external call; say which (at-least-once, create-once-then-poll)")
+            out.append(
+                "external_key=True but external='none': an idempotency key goes with an "
+                "external call; say which (at-least-once, create-once-then-poll)"
+            )
         return out
 
     def _reachability(self) -> list[str]:
@@ -253,8 +294,10 @@ class RunKind(BaseModel):
                     frontier.append(dst)
         for s in self.statuses:
             if s not in reach:
-                out.append(f"status {s!r} is never reached from {CREATED}: add a transition "
-                           "into it or drop it from statuses")
+                out.append(
+                    f"status {s!r} is never reached from {CREATED}: add a transition "
+                    "into it or drop it from statuses"
+                )
         ends = set(self.terminal)
         changed = True
         while changed:
@@ -265,8 +308,10 @@ class RunKind(BaseModel):
                     changed = True
         for s in self.statuses:
             if s not in ends and s in reach:
-                out.append(f"status {s!r} can never end: add a transition from it toward a "
-                           f"terminal status ({', '.join(self.terminal)})")
+                out.append(
+                    f"status {s!r} can never end: add a transition from it toward a "
+                    f"terminal status ({', '.join(self.terminal)})"
+                )
         return out
 
     def _lease_problems(self) -> list[str]:
@@ -277,41 +322,63 @@ class RunKind(BaseModel):
         owned = set(self.owned)
         events = {e for _, e, _ in self.transitions}
         if not lease.taken_back_by:
-            out.append("a lease that nothing takes back never ends a dead owner's claim: name "
-                       "the reaper's event(s) in Lease(taken_back_by=...)")
+            out.append(
+                "a lease that nothing takes back never ends a dead owner's claim: name "
+                "the reaper's event(s) in Lease(taken_back_by=...)"
+            )
         for e in lease.taken_back_by:
             if e not in events:
-                out.append(f"Lease(taken_back_by) names event {e!r}, which no transition has: "
-                           f"add e.g. '{self.owned[0]} -{e}-> {self.initial}'")
-            elif not any(ev == e and src in owned and dst not in owned
-                         for src, ev, dst in self.transitions):
-                out.append(f"event {e!r} does not take a run out of an owned status "
-                           f"({', '.join(self.owned)}): a reaper moves an owned run on")
+                out.append(
+                    f"Lease(taken_back_by) names event {e!r}, which no transition has: "
+                    f"add e.g. '{self.owned[0]} -{e}-> {self.initial}'"
+                )
+            elif not any(
+                ev == e and src in owned and dst not in owned for src, ev, dst in self.transitions
+            ):
+                out.append(
+                    f"event {e!r} does not take a run out of an owned status "
+                    f"({', '.join(self.owned)}): a reaper moves an owned run on"
+                )
         if lease.heartbeat is not None:
             if lease.heartbeat * 2 > lease.seconds:
-                out.append(f"a heartbeat every {lease.heartbeat} s with a {lease.seconds} s "
-                           "lease: one late beat loses the lease; beat at least twice per lease")
+                out.append(
+                    f"a heartbeat every {lease.heartbeat} s with a {lease.seconds} s "
+                    "lease: one late beat loses the lease; beat at least twice per lease"
+                )
             if not any(src == dst and src in owned for src, _, dst in self.transitions):
-                out.append("a heartbeat needs a transition that keeps the run owned, e.g. "
-                           f"'{self.owned[0]} -extend_lease-> {self.owned[0]}'")
+                out.append(
+                    "a heartbeat needs a transition that keeps the run owned, e.g. "
+                    f"'{self.owned[0]} -extend_lease-> {self.owned[0]}'"
+                )
         return out
 
     def _retry_problems(self) -> list[str]:
         out: list[str] = []
         owned = set(self.owned)
-        back = [(s, e, d) for s, e, d in self.transitions if s in owned and d == self.initial
-                and e not in (self.lease.taken_back_by if self.lease else ())]
+        back = [
+            (s, e, d)
+            for s, e, d in self.transitions
+            if s in owned
+            and d == self.initial
+            and e not in (self.lease.taken_back_by if self.lease else ())
+        ]
         if self.retry is None and back:
             s, e, d = back[0]
-            out.append(f"no retry policy, but '{s} -{e}-> {d}' tries the run again: declare "
-                       "retry=Retry(max_attempts=..., base=...) or end the run instead")
+            out.append(
+                f"no retry policy, but '{s} -{e}-> {d}' tries the run again: declare "
+                "retry=Retry(max_attempts=..., base=...) or end the run instead"
+            )
         if self.retry is not None:
             if not back:
-                out.append(f"a retry policy needs a transition from {self.owned[0]!r} back to "
-                           f"{self.initial!r}, e.g. '{self.owned[0]} -retry-> {self.initial}'")
+                out.append(
+                    f"a retry policy needs a transition from {self.owned[0]!r} back to "
+                    f"{self.initial!r}, e.g. '{self.owned[0]} -retry-> {self.initial}'"
+                )
             if self.retry.cap is not None and self.retry.cap < self.retry.base:
-                out.append(f"Retry(cap={self.retry.cap}) is shorter than base="
-                           f"{self.retry.base}: the cap bounds the wait from above")
+                out.append(
+                    f"Retry(cap={self.retry.cap}) is shorter than base="
+                    f"{self.retry.base}: the cap bounds the wait from above"
+                )
             if self.retry.backoff == "fixed" and self.retry.cap is not None:
                 out.append("Retry(backoff='fixed') has no cap: drop cap, or use 'exponential'")
         return out
@@ -339,8 +406,9 @@ class RunKind(BaseModel):
             return "none"
         if lease.reaper:
             return lease.reaper
-        moves = "; ".join(f"{s} -{e}-> {d}" for s, e, d in self.transitions
-                          if e in lease.taken_back_by)
+        moves = "; ".join(
+            f"{s} -{e}-> {d}" for s, e, d in self.transitions if e in lease.taken_back_by
+        )
         return f"runs whose lease lapsed are taken back ({moves})"
 
     def fence_text(self) -> str:
@@ -367,15 +435,27 @@ class RunKind(BaseModel):
 
     def contract(self) -> Contract:
         """The contract the invariants read, and the column specs/contract.md shows."""
-        clock = (LeaseClock.APPLICATION if self.lease and self.lease.clock == "application"
-                 else LeaseClock.DATABASE)
+        clock = (
+            LeaseClock.APPLICATION
+            if self.lease and self.lease.clock == "application"
+            else LeaseClock.DATABASE
+        )
         return Contract(
-            kind=self.name, table=self.table(), terminal=frozenset(self.terminal),
-            claim=self.claim.how, lease=self.lease_text(), lease_clock=clock,
-            reaper=self.reaper_text(), fence=self.fence_text(), receipts=self.receipts,
-            retry_policy=self.retry_text(), external_effect=EXTERNAL[self.external],
-            deviations=self.deviations, retries=self.retry is not None,
-            owned=frozenset(self.owned))
+            kind=self.name,
+            table=self.table(),
+            terminal=frozenset(self.terminal),
+            claim=self.claim.how,
+            lease=self.lease_text(),
+            lease_clock=clock,
+            reaper=self.reaper_text(),
+            fence=self.fence_text(),
+            receipts=self.receipts,
+            retry_policy=self.retry_text(),
+            external_effect=EXTERNAL[self.external],
+            deviations=self.deviations,
+            retries=self.retry is not None,
+            owned=frozenset(self.owned),
+        )
 
     def summary(self) -> str:
         """The description's structured facts in one line (the contract table's last row)."""
@@ -386,11 +466,14 @@ class RunKind(BaseModel):
         else:
             parts.append("lease: none")
         if self.retry:
-            parts.append(f"retry: {self.retry.max_attempts} attempts, {self.retry.backoff} "
-                         f"backoff from {self.retry.base} s")
+            parts.append(
+                f"retry: {self.retry.max_attempts} attempts, {self.retry.backoff} "
+                f"backoff from {self.retry.base} s"
+            )
         else:
             parts.append("retry: none")
         parts.append(f"claim: {'SKIP LOCKED' if self.claim.skip_locked else 'waits on locks'}")
-        parts.append(f"external: {self.external}" + (" with an idempotency key"
-                                                     if self.external_key else ""))
+        parts.append(
+            f"external: {self.external}" + (" with an idempotency key" if self.external_key else "")
+        )
         return "; ".join(parts)

@@ -31,15 +31,24 @@ OUTBOX = RunKind(
         "processing -reclaim_dead-> dead",
     ),
     claim=Claim(how="FOR UPDATE SKIP LOCKED claim of due rows that bumps attempts"),
-    lease=Lease(seconds="5m", taken_back_by=("reclaim", "reclaim_dead"),
-                how="claim lease (default 5 min) stamped with the database's now()",
-                reaper="reclaim_stale: processing rows whose lease lapsed go back to pending "
-                       "(dead at the limit)"),
-    fence=Fence(kind="attempt",
-                how="terminal writes and lease extensions match attempts = <claimed attempt>"),
+    lease=Lease(
+        seconds="5m",
+        taken_back_by=("reclaim", "reclaim_dead"),
+        how="claim lease (default 5 min) stamped with the database's now()",
+        reaper="reclaim_stale: processing rows whose lease lapsed go back to pending "
+        "(dead at the limit)",
+    ),
+    fence=Fence(
+        kind="attempt",
+        how="terminal writes and lease extensions match attempts = <claimed attempt>",
+    ),
     receipts="the delivery row itself",
-    retry=Retry(max_attempts=3, base="1m", cap="1h",
-                how="exponential backoff on next_attempt_at with a cap; dead after max attempts"),
+    retry=Retry(
+        max_attempts=3,
+        base="1m",
+        cap="1h",
+        how="exponential backoff on next_attempt_at with a cap; dead after max attempts",
+    ),
     external="at-least-once",
 )
 
@@ -64,20 +73,28 @@ APPROVED_PLAN = RunKind(
         "executing -step_failed-> failed",
         "executing -mark_interrupted_if_stale-> failed",
     ),
-    claim=Claim(how="mark_executing: the conditional approved -> executing; exactly one caller "
-                    "wins the claim token", skip_locked=False),
-    lease=Lease(seconds="120s", taken_back_by=("mark_interrupted_if_stale",),
-                how="120 s per-step heartbeat, stamped with the database's now() by the claim "
-                    "and by every step",
-                reaper="none in the background: mark_interrupted_if_stale heals a stale "
-                       "executing run to failed on the next read (read, repeat, compensate)"),
-    fence=Fence(kind="row-lock",
-                how="lock_executing: each step's transaction locks the run row and refuses "
-                    "unless it is still executing under the caller's token"),
+    claim=Claim(
+        how="mark_executing: the conditional approved -> executing; exactly one caller "
+        "wins the claim token",
+        skip_locked=False,
+    ),
+    lease=Lease(
+        seconds="120s",
+        taken_back_by=("mark_interrupted_if_stale",),
+        how="120 s per-step heartbeat, stamped with the database's now() by the claim "
+        "and by every step",
+        reaper="none in the background: mark_interrupted_if_stale heals a stale "
+        "executing run to failed on the next read (read, repeat, compensate)",
+    ),
+    fence=Fence(
+        kind="row-lock",
+        how="lock_executing: each step's transaction locks the run row and refuses "
+        "unless it is still executing under the caller's token",
+    ),
     receipts="agent_proposal_step, primary key (proposal_id, step_index), written in the step's "
-             "own transaction together with the step's database effect",
+    "own transaction together with the step's database effect",
     retry_prose="none: a failed step is a receipt and a new plan is a new proposal; undoing "
-                "committed steps is a separate compensating proposal with its own receipts",
+    "committed steps is a separate compensating proposal with its own receipts",
     external="none",
 )
 
@@ -96,24 +113,33 @@ BRANCH_RESET = RunKind(
         "running -cancel-> canceled",
         "running -reap-> failed",
     ),
-    claim=Claim(how="one run in flight per branch (partial unique index over queued|running) + "
-                    "idempotency_key under a unique index: a repeated request with the same key "
-                    "returns the existing run", skip_locked=False),
-    lease=Lease(seconds="10m", clock="application", taken_back_by=("reap",),
-                how="lease_until = app_now + 600 s, stamped by start and by every in-progress "
-                    "poll; checked on every poll, and a poll that finds it lapsed writes nothing",
-                reaper="dbops-reaper job: reap fails every running run whose lease lapsed, "
-                       "judged by the reaper's app clock"),
-    fence=Fence(kind="status",
-                how="every transition out of running, and every lease extension, is guarded on "
-                    "status = 'running'"),
+    claim=Claim(
+        how="one run in flight per branch (partial unique index over queued|running) + "
+        "idempotency_key under a unique index: a repeated request with the same key "
+        "returns the existing run",
+        skip_locked=False,
+    ),
+    lease=Lease(
+        seconds="10m",
+        clock="application",
+        taken_back_by=("reap",),
+        how="lease_until = app_now + 600 s, stamped by start and by every in-progress "
+        "poll; checked on every poll, and a poll that finds it lapsed writes nothing",
+        reaper="dbops-reaper job: reap fails every running run whose lease lapsed, "
+        "judged by the reaper's app clock",
+    ),
+    fence=Fence(
+        kind="status",
+        how="every transition out of running, and every lease extension, is guarded on "
+        "status = 'running'",
+    ),
     receipts="the external operation id and the observed operation statuses (op_statuses, "
-             "dbops' neonOpStatuses) on the run row, written with the transition they cause",
+    "dbops' neonOpStatuses) on the run row, written with the transition they cause",
     retry_prose="none: the external operation is polled, never re-issued",
     external="create-once-then-poll",
     external_key=True,
     idempotency_key="idempotency_key under a unique index: a repeated request with the same key "
-                    "gets the existing run",
+    "gets the existing run",
     deviations=(
         "lease in application time, not database now(): each worker's clock judges the lease, "
         "so an app-clock skew of L - M or more (reaper ahead of the last poller; 540 s with the "

@@ -157,13 +157,22 @@ class DocumentModel:
         self.drafts.failing = failing
 
     # -- tabs ------------------------------------------------------------------------------
-    def open_tab(self, tab: str, user: str, doc_id: str, kind: str, writer_id: str,
-                 now: float = 0.0) -> SessionCore:
+    def open_tab(
+        self, tab: str, user: str, doc_id: str, kind: str, writer_id: str, now: float = 0.0
+    ) -> SessionCore:
         if tab in self.tabs and self.tabs[tab].state is not State.CLOSED:
             raise ValueError(f"tab {tab!r} is open")
-        t = self.tabs[tab] = SessionCore(doc_id, user=user, kind=kind, writer_id=writer_id,
-                                         drafts=self.drafts, send=self.deliver, listener=self,
-                                         debounce=self.debounce, retry_delay=self.retry_delay)
+        t = self.tabs[tab] = SessionCore(
+            doc_id,
+            user=user,
+            kind=kind,
+            writer_id=writer_id,
+            drafts=self.drafts,
+            send=self.deliver,
+            listener=self,
+            debounce=self.debounce,
+            retry_delay=self.retry_delay,
+        )
         t.now = now
         return t
 
@@ -221,12 +230,12 @@ class DocumentModel:
         led = self.unsaved.get(self._wk(t), {})
         for k, v in list(led.items()):
             if not same(t.local.get(k), v):
-                del led[k]                       # the user's resolution chose another value
+                del led[k]  # the user's resolution chose another value
             else:
                 self._edit_gen[(self._wk(t), k)] = t.generation
 
     def copied(self, t: SessionCore, req: CopyRequest) -> None:
-        self.unsaved.pop(self._wk(t), None)      # the work is saved, in the copy
+        self.unsaved.pop(self._wk(t), None)  # the work is saved, in the copy
 
     def adopted(self, t: SessionCore, writer_id: str) -> None:
         src = (t.user, t.doc_id, writer_id)
@@ -246,12 +255,16 @@ class DocumentModel:
 
     # -- the world, as the invariants read it ----------------------------------------------------
     def world(self) -> World:
-        docs = {d.id: DocView(d.id, d.kind, d.version, dict(d.content), tuple(d.history))
-                for d in self.server.docs.values()}
+        docs = {
+            d.id: DocView(d.id, d.kind, d.version, dict(d.content), tuple(d.history))
+            for d in self.server.docs.values()
+        }
         drafts = {k: DraftView.from_record(k, r) for k, r in self.drafts.slots.items()}
         tabs = {name: t.view(name) for name, t in self.tabs.items()}
         return World(docs, drafts, tabs)
 
     def ledger(self) -> Ledger:
-        return Ledger({k: dict(v) for k, v in self.unsaved.items() if v},
-                      {k: dict(v) for k, v in self.lost_visibly.items() if v})
+        return Ledger(
+            {k: dict(v) for k, v in self.unsaved.items() if v},
+            {k: dict(v) for k, v in self.lost_visibly.items() if v},
+        )

@@ -58,9 +58,17 @@ class DraftView:
     @classmethod
     def from_record(cls, key: str, r: Mapping) -> "DraftView":
         inflight = r.get("inflight")
-        return cls(key, r["kind"], r["user"], r["fileId"], r["writerId"], dict(r["content"]),
-                   int(r["baseVersion"]), int(r["generation"]),
-                   int(inflight["seq"]) if inflight else None)
+        return cls(
+            key,
+            r["kind"],
+            r["user"],
+            r["fileId"],
+            r["writerId"],
+            dict(r["content"]),
+            int(r["baseVersion"]),
+            int(r["generation"]),
+            int(inflight["seq"]) if inflight else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -83,23 +91,28 @@ class Ledger:
 # ---------------------------------------------------------------------------------------
 
 INVARIANTS: dict[str, str] = {
-    "save-carries-base-version":
-        "Every save carries its base version, and the server rejects a stale one.",
-    "unsaved-work-in-one-place":
+    "save-carries-base-version": (
+        "Every save carries its base version, and the server rejects a stale one."
+    ),
+    "unsaved-work-in-one-place": (
         "Unsaved work exists in exactly one place per writer, and nothing deletes it until a "
-        "save of that work succeeded or the user discarded it.",
-    "conflict-resolved-by-user":
-        "A conflict is a state the user resolves; it is never resolved by last-write-wins.",
-    "close-flushes-never-drops":
-        "The session's lifetime is the document's, not a component's. Closing flushes, never "
-        "drops.",
-    "no-edit-lost-silently":
-        "Each edit is in the stored content, in a draft, or was explicitly discarded.",
+        "save of that work succeeded or the user discarded it."
+    ),
+    "conflict-resolved-by-user": (
+        "A conflict is a state the user resolves; it is never resolved by last-write-wins."
+    ),
+    "close-flushes-never-drops": (
+        "The session's lifetime is the document's, not a component's. Closing flushes, never drops."
+    ),
+    "no-edit-lost-silently": (
+        "Each edit is in the stored content, in a draft, or was explicitly discarded."
+    ),
     "no-stale-save-accepted": "No save based on a stale version is ever accepted.",
     "no-last-write-wins": "A conflict is never resolved by last-write-wins.",
-    "one-version-per-save":
+    "one-version-per-save": (
         "A save's identity (user, writerId, saveSeq) produces at most one version: a reused one "
-        "with other content is refused, never applied.",
+        "with other content is refused, never applied."
+    ),
 }
 
 
@@ -117,15 +130,21 @@ def save_carries_base_version(world: World, sent: Iterable[SaveRequest] = ()) ->
     for r in sent:
         base = r.base_version
         if not isinstance(base, int) or isinstance(base, bool) or base < 1:
-            out.append(Violation("save-carries-base-version",
-                                 f"writer {r.writer_id} sent save #{r.seq} without a base version "
-                                 f"({base!r})"))
+            out.append(
+                Violation(
+                    "save-carries-base-version",
+                    f"writer {r.writer_id} sent save #{r.seq} without a base version ({base!r})",
+                )
+            )
     for d in world.docs.values():
         for h in d.history:
             if h.base_version is None:
-                out.append(Violation("save-carries-base-version",
-                                     f"document {d.id} v{h.version} was accepted without a base "
-                                     "version"))
+                out.append(
+                    Violation(
+                        "save-carries-base-version",
+                        f"document {d.id} v{h.version} was accepted without a base version",
+                    )
+                )
     return out
 
 
@@ -135,14 +154,22 @@ def no_stale_save_accepted(world: World) -> list[Violation]:
         versions = [h.version for h in d.history]
         for h in d.history:
             if h.base_version is not None and h.version != h.base_version + 1:
-                out.append(Violation("no-stale-save-accepted",
-                                     f"document {d.id}: v{h.version} by {h.author} was based on "
-                                     f"v{h.base_version}"))
-        if versions != list(range(1, len(versions) + 1)) or (versions
-                                                             and versions[-1] != d.version):
-            out.append(Violation("no-stale-save-accepted",
-                                 f"document {d.id}: history versions {versions} do not lead to "
-                                 f"v{d.version}"))
+                out.append(
+                    Violation(
+                        "no-stale-save-accepted",
+                        f"document {d.id}: v{h.version} by {h.author} was based on "
+                        f"v{h.base_version}",
+                    )
+                )
+        if versions != list(range(1, len(versions) + 1)) or (
+            versions and versions[-1] != d.version
+        ):
+            out.append(
+                Violation(
+                    "no-stale-save-accepted",
+                    f"document {d.id}: history versions {versions} do not lead to v{d.version}",
+                )
+            )
     return out
 
 
@@ -155,9 +182,13 @@ def one_version_per_save(world: World) -> list[Violation]:
                 continue
             key = (h.author, h.writer_id, h.save_seq)
             if key in seen:
-                out.append(Violation("one-version-per-save",
-                                     f"document {d.id}: save {h.writer_id}#{h.save_seq} of "
-                                     f"{h.author} produced v{seen[key]} and v{h.version}"))
+                out.append(
+                    Violation(
+                        "one-version-per-save",
+                        f"document {d.id}: save {h.writer_id}#{h.save_seq} of "
+                        f"{h.author} produced v{seen[key]} and v{h.version}",
+                    )
+                )
             seen[key] = h.version
     return out
 
@@ -168,14 +199,20 @@ def unsaved_work_in_one_place(world: World, ledger: Ledger) -> list[Violation]:
     for key, d in world.drafts.items():
         expected = draft_key(d.kind, d.user, d.doc_id, d.writer_id)
         if key != expected:
-            out.append(Violation("unsaved-work-in-one-place",
-                                 f"draft of writer {d.writer_id} is in slot {key!r}, not its own "
-                                 f"{expected!r}"))
+            out.append(
+                Violation(
+                    "unsaved-work-in-one-place",
+                    f"draft of writer {d.writer_id} is in slot {key!r}, not its own {expected!r}",
+                )
+            )
         wk = (d.user, d.doc_id, d.writer_id)
         if wk in seen:
-            out.append(Violation("unsaved-work-in-one-place",
-                                 f"writer {d.writer_id} has drafts in two slots: {seen[wk]!r} and "
-                                 f"{key!r}"))
+            out.append(
+                Violation(
+                    "unsaved-work-in-one-place",
+                    f"writer {d.writer_id} has drafts in two slots: {seen[wk]!r} and {key!r}",
+                )
+            )
         seen[wk] = key
     tabs = _writer_tabs(world)
     for wk, edits in ledger.unsaved.items():
@@ -183,17 +220,24 @@ def unsaved_work_in_one_place(world: World, ledger: Ledger) -> list[Violation]:
         if t is not None and t.state not in (CLOSED, LOADING) and t.draft_status == "failing":
             continue
         if edits and wk not in seen:
-            out.append(Violation("unsaved-work-in-one-place",
-                                 f"writer {wk[2]} of {wk[0]} on {wk[1]} has unsaved edits "
-                                 f"{sorted(edits)} and no draft, with no failure reported"))
+            out.append(
+                Violation(
+                    "unsaved-work-in-one-place",
+                    f"writer {wk[2]} of {wk[0]} on {wk[1]} has unsaved edits "
+                    f"{sorted(edits)} and no draft, with no failure reported",
+                )
+            )
     return out
 
 
 def no_edit_lost_silently(world: World, ledger: Ledger) -> list[Violation]:
     out = []
     tabs = _writer_tabs(world)
-    slots = {(d.user, d.doc_id, d.writer_id): d for d in world.drafts.values()
-             if d.key == draft_key(d.kind, d.user, d.doc_id, d.writer_id)}
+    slots = {
+        (d.user, d.doc_id, d.writer_id): d
+        for d in world.drafts.values()
+        if d.key == draft_key(d.kind, d.user, d.doc_id, d.writer_id)
+    }
     for wk, edits in ledger.unsaved.items():
         t = tabs.get(wk)
         alive = t is not None and t.state not in (CLOSED, LOADING)  # loading: holds nothing yet
@@ -206,17 +250,29 @@ def no_edit_lost_silently(world: World, ledger: Ledger) -> list[Violation]:
             in_draft = slot is not None and same(slot.content.get(k), v)
             if alive:
                 if not local_has_it:
-                    out.append(Violation("no-edit-lost-silently",
-                                         f"tab {t.tab}: edit {k}={v!r} is gone from the local "
-                                         "copy though no save, discard or resolution covered it"))
+                    out.append(
+                        Violation(
+                            "no-edit-lost-silently",
+                            f"tab {t.tab}: edit {k}={v!r} is gone from the local "
+                            "copy though no save, discard or resolution covered it",
+                        )
+                    )
                 elif not in_draft and t.draft_status != "failing":
-                    out.append(Violation("no-edit-lost-silently",
-                                         f"tab {t.tab}: unsaved edit {k}={v!r} is in no draft, and "
-                                         "the draft store reports no failure"))
+                    out.append(
+                        Violation(
+                            "no-edit-lost-silently",
+                            f"tab {t.tab}: unsaved edit {k}={v!r} is in no draft, and "
+                            "the draft store reports no failure",
+                        )
+                    )
             elif not in_draft:
-                out.append(Violation("no-edit-lost-silently",
-                                     f"writer {wk[2]}: unsaved edit {k}={v!r} survives nowhere "
-                                     "after its tab ended"))
+                out.append(
+                    Violation(
+                        "no-edit-lost-silently",
+                        f"writer {wk[2]}: unsaved edit {k}={v!r} survives nowhere "
+                        "after its tab ended",
+                    )
+                )
     return out
 
 
@@ -228,8 +284,11 @@ def close_flushes_never_drops(world: World, ledger: Ledger) -> list[Violation]:
         if t.state != CLOSED:
             continue
         if t.transitions and t.transitions[-1][1] != "close":
-            out.append(Violation("close-flushes-never-drops",
-                                 f"tab {t.tab} is closed without a close event"))
+            out.append(
+                Violation(
+                    "close-flushes-never-drops", f"tab {t.tab} is closed without a close event"
+                )
+            )
         wk = (t.user, t.doc_id, t.writer_id)
         if current.get(wk) is not t:
             continue  # the writer reopened the document: its live tab holds the work now
@@ -240,9 +299,13 @@ def close_flushes_never_drops(world: World, ledger: Ledger) -> list[Violation]:
             if doc is not None and same(doc.content.get(k), v):
                 continue
             if slot is None or not same(slot.content.get(k), v):
-                out.append(Violation("close-flushes-never-drops",
-                                     f"tab {t.tab} closed with edit {k}={v!r} neither saved nor "
-                                     "parked in its draft"))
+                out.append(
+                    Violation(
+                        "close-flushes-never-drops",
+                        f"tab {t.tab} closed with edit {k}={v!r} neither saved nor "
+                        "parked in its draft",
+                    )
+                )
     return out
 
 
@@ -251,13 +314,19 @@ def conflict_resolved_by_user(world: World) -> list[Violation]:
     for t in world.tabs.values():
         for src, event, dst in t.transitions:
             if src == CONFLICT and dst != CONFLICT and event not in USER_EVENTS:
-                out.append(Violation("conflict-resolved-by-user",
-                                     f"tab {t.tab} left conflict by {event!r}, which no user "
-                                     "caused"))
+                out.append(
+                    Violation(
+                        "conflict-resolved-by-user",
+                        f"tab {t.tab} left conflict by {event!r}, which no user caused",
+                    )
+                )
             if src == CONFLICT and not TABLE.allows(src, dst):
-                out.append(Violation("conflict-resolved-by-user",
-                                     f"tab {t.tab} moved {src} -> {dst}, which the session table "
-                                     "does not allow"))
+                out.append(
+                    Violation(
+                        "conflict-resolved-by-user",
+                        f"tab {t.tab} moved {src} -> {dst}, which the session table does not allow",
+                    )
+                )
     return out
 
 
@@ -272,21 +341,29 @@ def no_last_write_wins(world: World, expected: World) -> list[Violation]:
             continue
         real = world.tabs.get(tab)
         if real is None or real.state != (CLOSED if parked else CONFLICT):
-            out.append(Violation("no-last-write-wins",
-                                 f"tab {tab} should be in conflict, is "
-                                 f"{real.state if real else 'gone'}"))
+            out.append(
+                Violation(
+                    "no-last-write-wins",
+                    f"tab {tab} should be in conflict, is {real.state if real else 'gone'}",
+                )
+            )
         md, rd = expected.docs.get(m.doc_id), world.docs.get(m.doc_id)
         if md is not None and rd is not None:
             extra = [h for h in rd.history if h.version > md.version and h.writer_id == m.writer_id]
             if extra or (rd.version == md.version and not same_content(rd.content, md.content)):
-                out.append(Violation("no-last-write-wins",
-                                     f"document {m.doc_id}: writer {m.writer_id}'s copy was stored "
-                                     "while its tab was in conflict"))
+                out.append(
+                    Violation(
+                        "no-last-write-wins",
+                        f"document {m.doc_id}: writer {m.writer_id}'s copy was stored "
+                        "while its tab was in conflict",
+                    )
+                )
     return out
 
 
-def check_invariants(world: World, ledger: Ledger, *, expected: World | None = None,
-                     sent: Iterable[SaveRequest] = ()) -> list[Violation]:
+def check_invariants(
+    world: World, ledger: Ledger, *, expected: World | None = None, sent: Iterable[SaveRequest] = ()
+) -> list[Violation]:
     """All eight invariants over one world (the model's own, or a projection of the real one).
     ``expected`` is the model's world, for the comparisons only it can judge."""
     out = save_carries_base_version(world, sent)

@@ -149,8 +149,9 @@ class RecordKind(Kind):
 
     def validate_schema(self, schema) -> dict:
         if not isinstance(schema, Mapping) or set(schema) != {"attributes"}:
-            raise KindError('a record schema is {"attributes": {attribute id: "text" | "number" '
-                            '| "bool"}}')
+            raise KindError(
+                'a record schema is {"attributes": {attribute id: "text" | "number" | "bool"}}'
+            )
         attrs = schema["attributes"]
         if not isinstance(attrs, Mapping) or not attrs or len(attrs) > MAX_KEYS:
             raise KindError(f"a record schema needs 1..{MAX_KEYS} attributes")
@@ -158,8 +159,9 @@ class RecordKind(Kind):
             if not isinstance(a, str) or not self.matches(self.ATTR, a):
                 raise KindError(f"attribute id {a!r} must match {self.ATTR.pattern}")
             if t not in self.TYPES:
-                raise KindError(f"attribute {a!r} has type {t!r}; expected one of "
-                                f"{', '.join(self.TYPES)}")
+                raise KindError(
+                    f"attribute {a!r} has type {t!r}; expected one of {', '.join(self.TYPES)}"
+                )
         return {"attributes": dict(attrs)}
 
     def validate_value(self, schema, key, value) -> None:
@@ -229,11 +231,14 @@ class SheetKind(Kind):
         m = self.matches(self.CELL, key)
         if not m:
             _check_text("cell id", key)
-            raise KindError(f"unknown cell id {key!r}: a cell is a column letter and a row "
-                            "number, like B7")
+            raise KindError(
+                f"unknown cell id {key!r}: a cell is a column letter and a row number, like B7"
+            )
         if self.column_number(m.group(1)) > schema["cols"] or int(m.group(2)) > schema["rows"]:
-            raise KindError(f"unknown cell id {key!r}: outside the sheet's {schema['cols']} "
-                            f"columns x {schema['rows']} rows")
+            raise KindError(
+                f"unknown cell id {key!r}: outside the sheet's {schema['cols']} "
+                f"columns x {schema['rows']} rows"
+            )
         if value is None:
             return
         what = f"cell {key!r}"
@@ -248,8 +253,10 @@ class MergeUnsupported(KindError):
     reloading."""
 
     def __init__(self, kind: str):
-        super().__init__(f"{kind} documents do not merge: keep the local copy as a new document, "
-                         "discard it, or discard and reload")
+        super().__init__(
+            f"{kind} documents do not merge: keep the local copy as a new document, "
+            "discard it, or discard and reload"
+        )
 
 
 RECORD, SHEET = RecordKind(), SheetKind()
@@ -270,4 +277,3 @@ def new_document(kind: str | None, schema, content, kinds: Mapping[str, Kind] = 
     schema = k.validate_schema(schema)
     k.validate_content(schema, content)
     return schema
-

@@ -70,13 +70,25 @@ class SaveRequest:
         return hash((self.doc_id, self.writer_id, self.seq))
 
     def to_json(self) -> dict:
-        return {"writerId": self.writer_id, "seq": self.seq, "baseVersion": self.base_version,
-                "content": dict(self.content), "generation": self.generation}
+        return {
+            "writerId": self.writer_id,
+            "seq": self.seq,
+            "baseVersion": self.base_version,
+            "content": dict(self.content),
+            "generation": self.generation,
+        }
 
     @classmethod
     def from_json(cls, doc_id: str, user: str, d: Mapping) -> "SaveRequest":
-        return cls(doc_id, user, d["writerId"], int(d["seq"]), int(d["baseVersion"]),
-                   dict(d["content"]), int(d["generation"]))
+        return cls(
+            doc_id,
+            user,
+            d["writerId"],
+            int(d["seq"]),
+            int(d["baseVersion"]),
+            dict(d["content"]),
+            int(d["generation"]),
+        )
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,25 @@ from typing import Mapping
 
 from .contract import Rejected, Won
 from .document_kinds import SERVER_AUTHOR, Content, KindError, kind_of, new_document
-from .document_protocol import (FORBIDDEN, NOT_FOUND, NOT_OWNER, OWNER_ACCESS,
-                                PRECONDITION_REQUIRED, Answer, Created, ReadRequest, Request,
-                                Saved, SaveRequest, SeqTaken, Snapshot, VersionConflict,
-                                create_fingerprint, created_id, save_fingerprint)
+from .document_protocol import (
+    FORBIDDEN,
+    NOT_FOUND,
+    NOT_OWNER,
+    OWNER_ACCESS,
+    PRECONDITION_REQUIRED,
+    Answer,
+    Created,
+    ReadRequest,
+    Request,
+    Saved,
+    SaveRequest,
+    SeqTaken,
+    Snapshot,
+    VersionConflict,
+    create_fingerprint,
+    created_id,
+    save_fingerprint,
+)
 
 
 @dataclass(frozen=True)
@@ -65,11 +80,26 @@ class ServerModel:
         self.docs: dict[str, ServerDoc] = {}
 
     # -- administration (not over HTTP) -----------------------------------------------------
-    def seed(self, doc_id: str, kind: str, schema: Mapping, content: Mapping, owner: str,
-             share: Mapping[str, bool] | None = None) -> ServerDoc:
+    def seed(
+        self,
+        doc_id: str,
+        kind: str,
+        schema: Mapping,
+        content: Mapping,
+        owner: str,
+        share: Mapping[str, bool] | None = None,
+    ) -> ServerDoc:
         schema = new_document(kind, schema, content)
-        doc = ServerDoc(doc_id, kind, schema, dict(content), 1, {owner: True, **dict(share or {})},
-                        [HistoryEntry(1, 0, owner)], created_by=owner)
+        doc = ServerDoc(
+            doc_id,
+            kind,
+            schema,
+            dict(content),
+            1,
+            {owner: True, **dict(share or {})},
+            [HistoryEntry(1, 0, owner)],
+            created_by=owner,
+        )
         self.docs[doc_id] = doc
         return doc
 
@@ -131,11 +161,18 @@ class ServerModel:
             return NOT_FOUND
         return Won(Snapshot(doc.id, doc.kind, dict(doc.schema), doc.version, dict(doc.content)))
 
-    def put(self, user: str, doc_id: str, expected: int | None, content: Mapping, writer_id: str,
-            seq: int) -> Won | VersionConflict | SeqTaken | Rejected:
+    def put(
+        self,
+        user: str,
+        doc_id: str,
+        expected: int | None,
+        content: Mapping,
+        writer_id: str,
+        seq: int,
+    ) -> Won | VersionConflict | SeqTaken | Rejected:
         doc = self._visible(user, doc_id)
         if doc is None:
-            return NOT_FOUND                      # authorization first: nothing revealed
+            return NOT_FOUND  # authorization first: nothing revealed
         if not doc.acl[user]:
             return FORBIDDEN
         if expected is None:
@@ -147,11 +184,11 @@ class ServerModel:
         fp = save_fingerprint(user, expected, content)
         r = doc.receipts.get((user, writer_id, seq))
         if r is not None:
-            if r.fingerprint == fp:               # a retry: the original success, from the receipt
+            if r.fingerprint == fp:  # a retry: the original success, from the receipt
                 return Won(Saved(r.version, replayed=True))
             last = max(s for (u, w, s) in doc.receipts if (u, w) == (user, writer_id))
             return SeqTaken("save_seq_taken", writer_id, seq, r.version, last)
-        if doc.version == expected:               # the one conditional UPDATE
+        if doc.version == expected:  # the one conditional UPDATE
             doc.content = dict(content)
             doc.version += 1
             doc.history.append(HistoryEntry(doc.version, expected, user, writer_id, seq))
@@ -159,9 +196,17 @@ class ServerModel:
             return Won(Saved(doc.version))
         return VersionConflict("version_conflict", doc.version, dict(doc.content))
 
-    def create(self, user: str, writer_id: str, seq: int, content: Mapping, *,
-               copy_of: str | None = None, kind: str | None = None,
-               schema: Mapping | None = None) -> Won | Rejected:
+    def create(
+        self,
+        user: str,
+        writer_id: str,
+        seq: int,
+        content: Mapping,
+        *,
+        copy_of: str | None = None,
+        kind: str | None = None,
+        schema: Mapping | None = None,
+    ) -> Won | Rejected:
         if copy_of is not None:
             src = self._visible(user, copy_of)
             if src is None:
@@ -178,17 +223,32 @@ class ServerModel:
             if existing.receipts[(user, writer_id, seq)].fingerprint == fp:
                 return Won(Created(new_id, 1, replayed=True))
             return Rejected("create_conflict")
-        self.docs[new_id] = ServerDoc(new_id, kind, dict(schema), dict(content), 1, {user: True},
-                                      [HistoryEntry(1, 0, user, writer_id, seq)], created_by=user,
-                                      receipts={(user, writer_id, seq): SaveReceipt(fp, 1)})
+        self.docs[new_id] = ServerDoc(
+            new_id,
+            kind,
+            dict(schema),
+            dict(content),
+            1,
+            {user: True},
+            [HistoryEntry(1, 0, user, writer_id, seq)],
+            created_by=user,
+            receipts={(user, writer_id, seq): SaveReceipt(fp, 1)},
+        )
         return Won(Created(new_id, 1))
 
     def handle(self, request: Request) -> Answer:
         """What the server answers to a session's request (the model of one HTTP exchange)."""
         if isinstance(request, SaveRequest):
-            return self.put(request.user, request.doc_id, request.base_version, request.content,
-                            request.writer_id, request.seq)
+            return self.put(
+                request.user,
+                request.doc_id,
+                request.base_version,
+                request.content,
+                request.writer_id,
+                request.seq,
+            )
         if isinstance(request, ReadRequest):
             return self.get(request.user, request.doc_id)
-        return self.create(request.user, request.writer_id, request.seq, request.content,
-                           copy_of=request.copy_of)
+        return self.create(
+            request.user, request.writer_id, request.seq, request.content, copy_of=request.copy_of
+        )

@@ -58,9 +58,21 @@ from typing import Callable, Mapping, Protocol
 
 from .contract import CREATED, IllegalTransition, Rejected, TransitionTable, Won
 from .document_kinds import Content, MergeUnsupported, Resolve, kind_of, same_content
-from .document_protocol import (Answer, CopyRequest, Dropped, NoAnswer, ReadRequest, Request,
-                                Saved, SaveRequest, SeqTaken, Snapshot, VersionConflict, draft_key,
-                                draft_prefix)
+from .document_protocol import (
+    Answer,
+    CopyRequest,
+    Dropped,
+    NoAnswer,
+    ReadRequest,
+    Request,
+    Saved,
+    SaveRequest,
+    SeqTaken,
+    Snapshot,
+    VersionConflict,
+    draft_key,
+    draft_prefix,
+)
 
 # ---------------------------------------------------------------------------------------
 # States and the one table.
@@ -68,56 +80,60 @@ from .document_protocol import (Answer, CopyRequest, Dropped, NoAnswer, ReadRequ
 
 
 class State(str, enum.Enum):
-    LOADING = "loading"    # created; the first read has not answered yet
-    CLEAN = "clean"        # local copy == confirmed base; nothing to save
-    DIRTY = "dirty"        # local edits not yet sent (debouncing, or due)
-    SAVING = "saving"      # one save request in flight (edits may continue: they stay pending)
-    OFFLINE = "offline"    # the last request got no answer; edits kept, the save retried unchanged
+    LOADING = "loading"  # created; the first read has not answered yet
+    CLEAN = "clean"  # local copy == confirmed base; nothing to save
+    DIRTY = "dirty"  # local edits not yet sent (debouncing, or due)
+    SAVING = "saving"  # one save request in flight (edits may continue: they stay pending)
+    OFFLINE = "offline"  # the last request got no answer; edits kept, the save retried unchanged
     CONFLICT = "conflict"  # the server refused a stale base; the user resolves
-    COPYING = "copying"    # keeping the local copy as a new document
-    CLOSED = "closed"      # the session ended: flushed, or its work parked in its durable draft
+    COPYING = "copying"  # keeping the local copy as a new document
+    CLOSED = "closed"  # the session ended: flushed, or its work parked in its durable draft
 
 
 _L, _C, _D, _S, _O, _X, _P, _Z = (s.value for s in State)
 
-TABLE = TransitionTable("document-session", [
-    (CREATED, "open", _L),
-    (_L, "loaded", _C),
-    (_L, "restored", _D),
-    (_L, "load_failed", _L),
-    (_L, "close", _Z),
-    (_C, "edit", _D),
-    (_C, "adopt", _D),
-    (_C, "reloaded", _C),
-    (_C, "discard_reloaded", _C),
-    (_C, "close", _Z),
-    (_D, "edit", _D),
-    (_D, "save", _S),
-    (_D, "discard", _C),
-    (_D, "discard_reloaded", _C),
-    (_S, "edit", _S),
-    (_S, "saved", _C),
-    (_S, "saved_pending", _D),
-    (_S, "save_failed", _O),
-    (_S, "seq_taken", _D),
-    (_S, "version_conflict", _X),
-    (_O, "edit", _O),
-    (_O, "save", _S),
-    (_O, "discard", _C),
-    (_O, "discard_reloaded", _C),
-    (_O, "close", _Z),
-    (_X, "edit", _X),
-    (_X, "rebase", _D),
-    (_X, "copy", _P),
-    (_X, "discard", _C),
-    (_X, "discard_reloaded", _C),
-    (_X, "close", _Z),
-    (_P, "copied", _C),
-    (_P, "copy_failed", _X),
-])
+TABLE = TransitionTable(
+    "document-session",
+    [
+        (CREATED, "open", _L),
+        (_L, "loaded", _C),
+        (_L, "restored", _D),
+        (_L, "load_failed", _L),
+        (_L, "close", _Z),
+        (_C, "edit", _D),
+        (_C, "adopt", _D),
+        (_C, "reloaded", _C),
+        (_C, "discard_reloaded", _C),
+        (_C, "close", _Z),
+        (_D, "edit", _D),
+        (_D, "save", _S),
+        (_D, "discard", _C),
+        (_D, "discard_reloaded", _C),
+        (_S, "edit", _S),
+        (_S, "saved", _C),
+        (_S, "saved_pending", _D),
+        (_S, "save_failed", _O),
+        (_S, "seq_taken", _D),
+        (_S, "version_conflict", _X),
+        (_O, "edit", _O),
+        (_O, "save", _S),
+        (_O, "discard", _C),
+        (_O, "discard_reloaded", _C),
+        (_O, "close", _Z),
+        (_X, "edit", _X),
+        (_X, "rebase", _D),
+        (_X, "copy", _P),
+        (_X, "discard", _C),
+        (_X, "discard_reloaded", _C),
+        (_X, "close", _Z),
+        (_P, "copied", _C),
+        (_P, "copy_failed", _X),
+    ],
+)
 
-USER_EVENTS = frozenset({"open", "edit", "adopt", "rebase", "copy", "discard", "discard_reloaded",
-                         "close"})
+USER_EVENTS = frozenset(
+    {"open", "edit", "adopt", "rebase", "copy", "discard", "discard_reloaded", "close"}
+)
 """Events only a user action causes. Every way out of ``conflict`` is one of them."""
 
 PENDING = (State.DIRTY, State.SAVING, State.OFFLINE, State.CONFLICT, State.COPYING)
@@ -136,23 +152,41 @@ class DraftStoreError(Exception):
 class DraftPort(Protocol):
     def key(self, kind: str, user: str, file_id: str, writer_id: str) -> str: ...
 
-    def write(self, key: str, record: dict) -> None: ...   # raises DraftStoreError
+    def write(self, key: str, record: dict) -> None: ...  # raises DraftStoreError
 
-    def delete(self, key: str) -> None: ...                # raises DraftStoreError
+    def delete(self, key: str) -> None: ...  # raises DraftStoreError
 
     def read(self, key: str) -> dict | None: ...
 
     def siblings(self, kind: str, user: str, file_id: str, writer_id: str) -> list[dict]: ...
 
 
-def draft_record(kind: str, user: str, file_id: str, writer_id: str, *, content: Mapping,
-                 base_version: int, base_content: Mapping, generation: int, next_seq: int,
-                 inflight: SaveRequest | None) -> dict:
+def draft_record(
+    kind: str,
+    user: str,
+    file_id: str,
+    writer_id: str,
+    *,
+    content: Mapping,
+    base_version: int,
+    base_content: Mapping,
+    generation: int,
+    next_seq: int,
+    inflight: SaveRequest | None,
+) -> dict:
     """The JSON a draft slot holds (every draft store writes exactly this shape)."""
-    return {"kind": kind, "user": user, "fileId": file_id, "writerId": writer_id,
-            "content": dict(content), "baseVersion": base_version,
-            "baseContent": dict(base_content), "generation": generation, "nextSeq": next_seq,
-            "inflight": inflight.to_json() if inflight is not None else None}
+    return {
+        "kind": kind,
+        "user": user,
+        "fileId": file_id,
+        "writerId": writer_id,
+        "content": dict(content),
+        "baseVersion": base_version,
+        "baseContent": dict(base_content),
+        "generation": generation,
+        "nextSeq": next_seq,
+        "inflight": inflight.to_json() if inflight is not None else None,
+    }
 
 
 class DraftsModel:
@@ -183,8 +217,11 @@ class DraftsModel:
 
     def siblings(self, kind: str, user: str, file_id: str, writer_id: str) -> list[dict]:
         prefix = draft_prefix(kind, user, file_id)
-        return [copy.deepcopy(r) for k, r in sorted(self.slots.items())
-                if k.startswith(prefix) and r.get("writerId") != writer_id]
+        return [
+            copy.deepcopy(r)
+            for k, r in sorted(self.slots.items())
+            if k.startswith(prefix) and r.get("writerId") != writer_id
+        ]
 
 
 # ---------------------------------------------------------------------------------------
@@ -207,8 +244,8 @@ class TabView:
     generation: int
     draft_status: str
     transitions: tuple[tuple[str, str, str], ...] = ()
-    siblings: tuple[str, ...] = ()         # the writers whose drafts it offers to adopt or discard
-    conflict_version: int | None = None    # in a conflict: the stored version it shows
+    siblings: tuple[str, ...] = ()  # the writers whose drafts it offers to adopt or discard
+    conflict_version: int | None = None  # in a conflict: the stored version it shows
 
 
 @dataclass(frozen=True)
@@ -258,15 +295,29 @@ class SessionCore:
     """One document's session for one writer (a tab). Generic over content: the kind
     (``record`` or ``sheet``) supplies validation and, for records, the merge."""
 
-    read_guards: tuple[str, ...] = ("_read_out_of_order", "_read_raced_local_edit",
-                                    "_read_during_save", "_read_after_save",
-                                    "_read_older_than_base")
+    read_guards: tuple[str, ...] = (
+        "_read_out_of_order",
+        "_read_raced_local_edit",
+        "_read_during_save",
+        "_read_after_save",
+        "_read_older_than_base",
+    )
     """The stale-read guard, one method per reason a read that arrives is dropped (in order)."""
 
-    def __init__(self, doc_id: str, *, user: str, kind: str, writer_id: str, drafts: DraftPort,
-                 send: Send | None = None, clock: Callable[[], float] | None = None,
-                 listener: SessionListener | None = None, debounce: float = 1.0,
-                 retry_delay: float = 0.0):
+    def __init__(
+        self,
+        doc_id: str,
+        *,
+        user: str,
+        kind: str,
+        writer_id: str,
+        drafts: DraftPort,
+        send: Send | None = None,
+        clock: Callable[[], float] | None = None,
+        listener: SessionListener | None = None,
+        debounce: float = 1.0,
+        retry_delay: float = 0.0,
+    ):
         self.doc_id, self.user, self.kind, self.writer_id = doc_id, user, kind, writer_id
         self.k = kind_of(kind)
         self.drafts, self.clock, self.listener = drafts, clock, listener
@@ -310,15 +361,28 @@ class SessionCore:
         return self.state in PENDING
 
     def view(self, tab: str) -> TabView:
-        return TabView(tab, self.user, self.doc_id, self.writer_id, self.kind, self.state.value,
-                       dict(self.local), self.base_version, self.generation, self.draft_status,
-                       tuple(self.transitions), tuple(d["writerId"] for d in self.siblings),
-                       self.conflict.version if self.conflict is not None else None)
+        return TabView(
+            tab,
+            self.user,
+            self.doc_id,
+            self.writer_id,
+            self.kind,
+            self.state.value,
+            dict(self.local),
+            self.base_version,
+            self.generation,
+            self.draft_status,
+            tuple(self.transitions),
+            tuple(d["writerId"] for d in self.siblings),
+            self.conflict.version if self.conflict is not None else None,
+        )
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({self.doc_id} {self.user}/{self.writer_id} "
-                f"{self.state.value} v{self.base_version} gen={self.generation} "
-                f"drafts={self.draft_status})")
+        return (
+            f"{type(self).__name__}({self.doc_id} {self.user}/{self.writer_id} "
+            f"{self.state.value} v{self.base_version} gen={self.generation} "
+            f"drafts={self.draft_status})"
+        )
 
     # -- the table, time, counts -----------------------------------------------------------
     def _check(self, event: str) -> str:
@@ -345,10 +409,18 @@ class SessionCore:
 
     # -- drafts ----------------------------------------------------------------------------
     def _record(self) -> dict:
-        return draft_record(self.kind, self.user, self.doc_id, self.writer_id, content=self.local,
-                            base_version=self.base_version, base_content=self.base_content,
-                            generation=self.generation, next_seq=self.next_seq,
-                            inflight=self.inflight or self.unconfirmed)
+        return draft_record(
+            self.kind,
+            self.user,
+            self.doc_id,
+            self.writer_id,
+            content=self.local,
+            base_version=self.base_version,
+            base_content=self.base_content,
+            generation=self.generation,
+            next_seq=self.next_seq,
+            inflight=self.inflight or self.unconfirmed,
+        )
 
     def _store_ok(self) -> None:
         if self.draft_status != "ok":
@@ -492,8 +564,11 @@ class SessionCore:
         self.siblings = self.drafts.siblings(self.kind, self.user, self.doc_id, self.writer_id)
         self.base_version, self.base_content = snap.version, dict(snap.content)
         self.local = dict(snap.content)
-        if own is not None and own.get("inflight") is None and same_content(own["content"],
-                                                                            snap.content):
+        if (
+            own is not None
+            and own.get("inflight") is None
+            and same_content(own["content"], snap.content)
+        ):
             self._delete_draft()  # its work is already the stored content
             own = None
         if own is None:
@@ -544,8 +619,12 @@ class SessionCore:
 
     # -- saves -------------------------------------------------------------------------------
     def due(self, now: float) -> bool:
-        return (self.state in (State.DIRTY, State.OFFLINE) and self.inflight is None
-                and self.due_at is not None and now >= self.due_at)
+        return (
+            self.state in (State.DIRTY, State.OFFLINE)
+            and self.inflight is None
+            and self.due_at is not None
+            and now >= self.due_at
+        )
 
     def begin_save(self, now: float | None = None) -> SaveRequest:
         """Start a save now (ignoring the debounce). A save whose answer was lost is retried
@@ -557,8 +636,15 @@ class SessionCore:
         if self.unconfirmed is not None:
             req = self.unconfirmed
         else:
-            req = SaveRequest(self.doc_id, self.user, self.writer_id, self.next_seq,
-                              self.base_version, dict(self.local), self.generation)
+            req = SaveRequest(
+                self.doc_id,
+                self.user,
+                self.writer_id,
+                self.next_seq,
+                self.base_version,
+                dict(self.local),
+                self.generation,
+            )
             self.next_seq += 1
         self.inflight = req
         self._write_draft()  # the snapshot is durable before the request goes out
@@ -579,7 +665,7 @@ class SessionCore:
                 self._count("idempotent_replays")
             if self.generation == req.generation:
                 self.due_at = None
-                self._delete_draft()   # a save of exactly this snapshot succeeded
+                self._delete_draft()  # a save of exactly this snapshot succeeded
                 self._go("saved")
             else:
                 self._go("saved_pending")  # edits made during the save stay pending
@@ -596,8 +682,9 @@ class SessionCore:
             self._write_draft()
         elif isinstance(answer, VersionConflict):
             self.unconfirmed = None
-            self.conflict = Snapshot(self.doc_id, self.kind, self.schema, answer.version,
-                                     dict(answer.content))
+            self.conflict = Snapshot(
+                self.doc_id, self.kind, self.schema, answer.version, dict(answer.content)
+            )
             self._count("conflicts")
             self._go("version_conflict")
             self._write_draft()
@@ -652,10 +739,16 @@ class SessionCore:
         self._check("copy")
         c = self.unconfirmed_copy
         if c is not None and c.generation == self.generation:
-            req = c   # a retried copy lands on the same new document
+            req = c  # a retried copy lands on the same new document
         else:
-            req = CopyRequest(self.doc_id, self.user, self.writer_id, self.next_seq,
-                              dict(self.local), self.generation)
+            req = CopyRequest(
+                self.doc_id,
+                self.user,
+                self.writer_id,
+                self.next_seq,
+                dict(self.local),
+                self.generation,
+            )
             self.next_seq += 1
         self.copy_inflight = req
         self._go("copy")
@@ -670,7 +763,7 @@ class SessionCore:
             self._take_stored_copy()
             self.saved_generation = max(self.saved_generation, req.generation)
             self.due_at = None
-            self._delete_draft()   # the snapshot is saved, as the new document
+            self._delete_draft()  # the snapshot is saved, as the new document
             self._count("copies")
             self._go("copied")
             self._tell("copied", req)
@@ -725,8 +818,14 @@ class SessionCore:
         if d is None:
             self.siblings.remove(offered)
             return Rejected("sibling_gone")
-        kept = (self.local, self.base_version, self.base_content, self.generation,
-                self.unconfirmed, self.due_at)
+        kept = (
+            self.local,
+            self.base_version,
+            self.base_content,
+            self.generation,
+            self.unconfirmed,
+            self.due_at,
+        )
         self.local, self.base_content = dict(d["content"]), dict(d["baseContent"])
         self.base_version = int(d["baseVersion"])
         self.generation += 1
@@ -739,9 +838,15 @@ class SessionCore:
             generation = self.generation if untouched else self.generation - 1
             self.unconfirmed = replace(req, generation=generation)
         self.due_at = self.now
-        if not self._write_draft():   # the work moves only once its new slot is durable
-            (self.local, self.base_version, self.base_content, self.generation, self.unconfirmed,
-             self.due_at) = kept
+        if not self._write_draft():  # the work moves only once its new slot is durable
+            (
+                self.local,
+                self.base_version,
+                self.base_content,
+                self.generation,
+                self.unconfirmed,
+                self.due_at,
+            ) = kept
             self.draft_generation = None
             return Rejected("draft_store_failing")
         self._delete_draft(theirs)

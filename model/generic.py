@@ -63,9 +63,11 @@ def fit_problems(d: RunKind) -> list[str]:
     names = ", ".join(VOCABULARY)
     unknown = sorted(d.events() - set(VOCABULARY))
     if unknown:
-        out.append(f"event(s) {', '.join(map(repr, unknown))} unknown to the generic queue, whose "
-                   f"events are {names}: rename them, or write a model by hand (README, "
-                   "'Validating your own run kind')")
+        out.append(
+            f"event(s) {', '.join(map(repr, unknown))} unknown to the generic queue, whose "
+            f"events are {names}: rename them, or write a model by hand (README, "
+            "'Validating your own run kind')"
+        )
     if len(d.owned) != 1:
         out.append(f"the generic queue has one owned status, not {len(d.owned)}")
     if out:
@@ -78,8 +80,9 @@ def fit_problems(d: RunKind) -> list[str]:
             out.append(f"the generic queue needs '{s} -{e}-> {t}'")
     for e in (COMPLETE, FAIL, GIVE_UP, RECLAIM_DEAD):
         if e in moves and (moves[e][0] != owned or moves[e][1] not in d.terminal):
-            out.append(f"{e!r} must take an owned run to a terminal status ('{owned} -{e}-> "
-                       f"<terminal>')")
+            out.append(
+                f"{e!r} must take an owned run to a terminal status ('{owned} -{e}-> <terminal>')"
+            )
     if COMPLETE not in moves:
         out.append(f"the generic queue needs 'complete', e.g. '{owned} -complete-> done'")
     if EXTEND in moves and moves[EXTEND] != (owned, owned):
@@ -89,8 +92,10 @@ def fit_problems(d: RunKind) -> list[str]:
             if e == RECLAIM_DEAD and d.lease is None:
                 continue
             if e not in moves:
-                out.append(f"with a retry policy the generic queue needs {e!r} ('{owned} -{e}-> "
-                           f"{target or '<terminal>'}')")
+                out.append(
+                    f"with a retry policy the generic queue needs {e!r} ('{owned} -{e}-> "
+                    f"{target or '<terminal>'}')"
+                )
             elif target and moves[e] != (owned, target):
                 out.append(f"{e!r} goes back to the initial status: '{owned} -{e}-> {target}'")
     elif RETRY in events or GIVE_UP in events:
@@ -106,14 +111,19 @@ def fit_problems(d: RunKind) -> list[str]:
             out.append("without a retry policy 'reclaim' ends the run (a terminal status)")
         extra = set(d.lease.taken_back_by) - {RECLAIM, RECLAIM_DEAD}
         if extra:
-            out.append(f"the generic queue's reaper events are 'reclaim' and 'reclaim_dead', "
-                       f"not {sorted(extra)}")
+            out.append(
+                f"the generic queue's reaper events are 'reclaim' and 'reclaim_dead', "
+                f"not {sorted(extra)}"
+            )
         if d.lease.clock != "database":
-            out.append("the generic queue judges leases by the database clock: a lease in "
-                       "application time needs a model by hand (see the branch-reset kind)")
+            out.append(
+                "the generic queue judges leases by the database clock: a lease in "
+                "application time needs a model by hand (see the branch-reset kind)"
+            )
         if d.lease.heartbeat is not None and EXTEND not in moves:
-            out.append(f"a heartbeat is the 'extend_lease' event: add "
-                       f"'{owned} -extend_lease-> {owned}'")
+            out.append(
+                f"a heartbeat is the 'extend_lease' event: add '{owned} -extend_lease-> {owned}'"
+            )
     elif RECLAIM in events or RECLAIM_DEAD in events:
         out.append("'reclaim' without a lease: describe the lease")
     return out
@@ -134,15 +144,26 @@ class Timing:
 
     @classmethod
     def of(cls, d: RunKind, quantum: int = 1) -> "Timing":
-        spans = [s for s in (d.lease and d.lease.seconds, d.lease and d.lease.heartbeat,
-                             d.retry and d.retry.base, d.retry and d.retry.cap) if s]
+        spans = [
+            s
+            for s in (
+                d.lease and d.lease.seconds,
+                d.lease and d.lease.heartbeat,
+                d.retry and d.retry.base,
+                d.retry and d.retry.cap,
+            )
+            if s
+        ]
         k = quantum // math.gcd(quantum, *spans) if spans else 1
         lease, r = d.lease, d.retry
-        return cls(lease=lease.seconds * k if lease else None,
-                   heartbeat=lease.heartbeat * k if lease and lease.heartbeat else None,
-                   max_attempts=r.max_attempts if r else None,
-                   backoff_base=r.base * k if r else None,
-                   backoff_cap=r.cap * k if r and r.cap else None, scale=k)
+        return cls(
+            lease=lease.seconds * k if lease else None,
+            heartbeat=lease.heartbeat * k if lease and lease.heartbeat else None,
+            max_attempts=r.max_attempts if r else None,
+            backoff_base=r.base * k if r else None,
+            backoff_cap=r.cap * k if r and r.cap else None,
+            scale=k,
+        )
 
 
 @dataclass(frozen=True)
@@ -214,10 +235,12 @@ class GenericModel:
 
     def observe(self, r: Run) -> Observed:
         due = max(0, r.due - self.now) if self.d.retry and r.status == self.d.initial else None
-        lease = (max(0, r.lease_until - self.now) if r.status == self.owned
-                 and r.lease_until is not None else None)
-        return Observed(r.key, r.status, r.attempts if self.tracks_attempts() else None,
-                        due, lease)
+        lease = (
+            max(0, r.lease_until - self.now)
+            if r.status == self.owned and r.lease_until is not None
+            else None
+        )
+        return Observed(r.key, r.status, r.attempts if self.tracks_attempts() else None, due, lease)
 
     def _move(self, r: Run, event: str, **changes) -> Run:
         if event in OWNER_WRITES and self.d.fence.kind == "none" and r.status != self.owned:
@@ -266,8 +289,12 @@ class GenericModel:
         jobs = []
         lease = self.timing.lease
         for r in self.due()[:batch]:
-            self._move(r, CLAIM, attempts=r.attempts + 1,
-                       lease_until=None if lease is None else self.now + lease)
+            self._move(
+                r,
+                CLAIM,
+                attempts=r.attempts + 1,
+                lease_until=None if lease is None else self.now + lease,
+            )
             jobs.append(Job(r.key, r.attempts + 1))
         return Won(tuple(jobs))
 
@@ -318,8 +345,13 @@ class GenericModel:
         return views(self.d, self.timing, self.state(), self.received)
 
 
-def views(d: RunKind, timing: Timing, rows: tuple[Observed, ...], received: dict[str, int],
-          owing: frozenset[str] = frozenset()) -> dict[str, RunView]:
+def views(
+    d: RunKind,
+    timing: Timing,
+    rows: tuple[Observed, ...],
+    received: dict[str, int],
+    owing: frozenset[str] = frozenset(),
+) -> dict[str, RunView]:
     """Observed runs in the contract's kind-neutral view. The row is the receipt: a completed
     run counts one receipt and one effect of its single step. ``owing``: runs the step just
     failed, which owe their backoff (a reclaimed run is due at once)."""
@@ -332,11 +364,18 @@ def views(d: RunKind, timing: Timing, rows: tuple[Observed, ...], received: dict
         if d.retry is not None and r.attempts is not None:
             waiting = r.status == d.initial and r.attempts > 0
             owed = d.retry.wait(r.attempts, timing.scale) if r.key in owing and waiting else 0
-            retry = RetryView(r.attempts, timing.max_attempts or 0, waiting,
-                              due_in=r.due_in or 0, owed=owed)
+            retry = RetryView(
+                r.attempts, timing.max_attempts or 0, waiting, due_in=r.due_in or 0, owed=owed
+            )
         out[r.key] = RunView(
-            run_id=r.key, status=r.status, fence_token=token,
-            steps={STEP: StepView(receipts=finished, effects=finished,
-                                  external_calls=received.get(r.key, 0))},
-            retry=retry)
+            run_id=r.key,
+            status=r.status,
+            fence_token=token,
+            steps={
+                STEP: StepView(
+                    receipts=finished, effects=finished, external_calls=received.get(r.key, 0)
+                )
+            },
+            retry=retry,
+        )
     return out

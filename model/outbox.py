@@ -67,17 +67,20 @@ class Status(str, enum.Enum):
 
 P, R, S, F, D = (s.value for s in Status)
 
-TABLE = TransitionTable("outbox", [
-    (CREATED, "enqueue", P),
-    (P, "claim", R),
-    (R, "extend_lease", R),
-    (R, "complete", S),
-    (R, "fail_permanent", F),
-    (R, "retry", P),
-    (R, "give_up", D),
-    (R, "reclaim", P),
-    (R, "reclaim_dead", D),
-])
+TABLE = TransitionTable(
+    "outbox",
+    [
+        (CREATED, "enqueue", P),
+        (P, "claim", R),
+        (R, "extend_lease", R),
+        (R, "complete", S),
+        (R, "fail_permanent", F),
+        (R, "retry", P),
+        (R, "give_up", D),
+        (R, "reclaim", P),
+        (R, "reclaim_dead", D),
+    ],
+)
 
 CONTRACT = Contract(
     kind="outbox",
@@ -87,7 +90,7 @@ CONTRACT = Contract(
     lease="claim lease (default 5 min) stamped with the database's now()",
     lease_clock=LeaseClock.DATABASE,
     reaper="reclaim_stale: processing rows whose lease lapsed go back to pending "
-           "(dead at the limit)",
+    "(dead at the limit)",
     fence="terminal writes and lease extensions match attempts = <claimed attempt>",
     receipts="the delivery row itself",
     retry_policy="exponential backoff on next_attempt_at with a cap; dead after max attempts",
@@ -143,8 +146,10 @@ class Report:
 
     def __post_init__(self) -> None:
         if self.result not in (OK, RETRYABLE, PERMANENT):
-            raise ValueError(f"result {self.result!r} of delivery {self.claim.id}: "
-                             f"use {OK!r}, {RETRYABLE!r} or {PERMANENT!r}")
+            raise ValueError(
+                f"result {self.result!r} of delivery {self.claim.id}: "
+                f"use {OK!r}, {RETRYABLE!r} or {PERMANENT!r}"
+            )
 
 
 class OutboxModel:
@@ -168,8 +173,11 @@ class OutboxModel:
         return tuple(self.deliveries[k] for k in sorted(self.deliveries))
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, OutboxModel) and self.state() == other.state()
-                and self.received == other.received)
+        return (
+            isinstance(other, OutboxModel)
+            and self.state() == other.state()
+            and self.received == other.received
+        )
 
     def advance(self, seconds: int) -> None:
         self.now += seconds
@@ -202,12 +210,16 @@ class OutboxModel:
         return Won(d.id)
 
     def claim(self, batch: int) -> Outcome:
-        due = [d for _, d in sorted(self.deliveries.items())
-               if d.status == P and d.next_attempt_at <= self.now]
+        due = [
+            d
+            for _, d in sorted(self.deliveries.items())
+            if d.status == P and d.next_attempt_at <= self.now
+        ]
         claims = []
         for d in due[:batch]:
-            self._move(d, "claim", attempts=d.attempts + 1,
-                       lease_until=self.now + self.config.lease)
+            self._move(
+                d, "claim", attempts=d.attempts + 1, lease_until=self.now + self.config.lease
+            )
             claims.append(Claim(d.id, d.attempts + 1))
         return Won(tuple(claims))
 
@@ -216,15 +228,19 @@ class OutboxModel:
         transaction holds (and that transaction may still abort), so what it takes is *some*
         due rows, in id order, at most ``batch``, not always the first ones. Claims ``taken``
         when that is such a choice; refused (nothing changes) when a row is not due and pending."""
-        due = {d.id: d for d in self.deliveries.values()
-               if d.status == P and d.next_attempt_at <= self.now}
+        due = {
+            d.id: d
+            for d in self.deliveries.values()
+            if d.status == P and d.next_attempt_at <= self.now
+        }
         if len(taken) > batch or list(taken) != sorted(taken) or any(i not in due for i in taken):
             return LostRace("not a claim SKIP LOCKED can make")
         claims = []
         for i in taken:
             d = due[i]
-            self._move(d, "claim", attempts=d.attempts + 1,
-                       lease_until=self.now + self.config.lease)
+            self._move(
+                d, "claim", attempts=d.attempts + 1, lease_until=self.now + self.config.lease
+            )
             claims.append(Claim(d.id, d.attempts + 1))
         return Won(tuple(claims))
 
@@ -251,8 +267,12 @@ class OutboxModel:
         elif d.attempts >= self.config.max_attempts:
             self._move(d, "give_up", lease_until=None)
         else:
-            self._move(d, "retry", lease_until=None,
-                       next_attempt_at=self.now + self.config.backoff(d.attempts))
+            self._move(
+                d,
+                "retry",
+                lease_until=None,
+                next_attempt_at=self.now + self.config.backoff(d.attempts),
+            )
         return Won(self.deliveries[d.id].status)
 
     def record_batch(self, reports: Sequence[Report]) -> Outcome:
@@ -263,8 +283,14 @@ class OutboxModel:
         ids = [r.claim.id for r in reports]
         if len(set(ids)) != len(ids):
             return Rejected(TWICE_IN_BATCH)
-        return Won(tuple(self.complete(r.claim) if r.result == OK else
-                         self.fail(r.claim, permanent=r.result == PERMANENT) for r in reports))
+        return Won(
+            tuple(
+                self.complete(r.claim)
+                if r.result == OK
+                else self.fail(r.claim, permanent=r.result == PERMANENT)
+                for r in reports
+            )
+        )
 
     def reclaim_stale(self) -> Outcome:
         reclaimed = []
@@ -293,8 +319,11 @@ def views(deliveries: tuple[Delivery, ...], received: dict[int, int]) -> dict[st
     for d in deliveries:
         done = 1 if d.status == S else 0
         out[str(d.id)] = RunView(
-            run_id=str(d.id), status=d.status, fence_token=d.attempts,
-            steps={STEP: StepView(receipts=done, effects=done,
-                                  external_calls=received.get(d.id, 0))},
+            run_id=str(d.id),
+            status=d.status,
+            fence_token=d.attempts,
+            steps={
+                STEP: StepView(receipts=done, effects=done, external_calls=received.get(d.id, 0))
+            },
         )
     return out

@@ -14,9 +14,11 @@ from knownstate.chaos import kinds
 from knownstate.chaos.check import PROFILES, CheckResult, RunState, Stats
 from knownstate.chaos.report import schema
 
-COUNTEREXAMPLE = ["enqueue(w0, id=1) -> Won(value=1)",
-                  "claim(w0, batch=3) -> Won(value=(Claim(id=1, attempt=0),))",
-                  "  (observed: the indeterminate step committed)"]
+COUNTEREXAMPLE = [
+    "enqueue(w0, id=1) -> Won(value=1)",
+    "claim(w0, batch=3) -> Won(value=(Claim(id=1, attempt=0),))",
+    "  (observed: the indeterminate step committed)",
+]
 
 
 def validate(doc: dict) -> None:
@@ -32,23 +34,47 @@ def stats(examples: int = 5, steps: int = 40) -> Stats:
     return s
 
 
-def result(kind: str = "outbox", seed: int = 1, *, failure: str | None = None,
-           invariants: tuple[str, ...] = (), vacuous: tuple[str, ...] = (),
-           not_covered: tuple[str, ...] = (), batch: int = 0, examples: int = 5,
-           profile: str = "ci", stopped: str | None = None) -> CheckResult:
+def result(
+    kind: str = "outbox",
+    seed: int = 1,
+    *,
+    failure: str | None = None,
+    invariants: tuple[str, ...] = (),
+    vacuous: tuple[str, ...] = (),
+    not_covered: tuple[str, ...] = (),
+    batch: int = 0,
+    examples: int = 5,
+    profile: str = "ci",
+    stopped: str | None = None,
+) -> CheckResult:
     return CheckResult(
-        kind=kind, seed=seed, examples=examples, steps=examples * 8, seconds=1.5,
-        stats=stats(examples, examples * 8), profile=profile, failure=failure,
-        invariants=invariants, counterexample=list(COUNTEREXAMPLE) if failure else [],
-        vacuous=list(vacuous), not_covered=list(not_covered),
-        coverage={"event lost race": 3}, batch=batch,
-        stopped=stopped or (f"a failure in batch {batch}" if failure else
-                            "every requirement observed 3+ times after 25 examples"))
+        kind=kind,
+        seed=seed,
+        examples=examples,
+        steps=examples * 8,
+        seconds=1.5,
+        stats=stats(examples, examples * 8),
+        profile=profile,
+        failure=failure,
+        invariants=invariants,
+        counterexample=list(COUNTEREXAMPLE) if failure else [],
+        vacuous=list(vacuous),
+        not_covered=list(not_covered),
+        coverage={"event lost race": 3},
+        batch=batch,
+        stopped=stopped
+        or (
+            f"a failure in batch {batch}"
+            if failure
+            else "every requirement observed 3+ times after 25 examples"
+        ),
+    )
 
 
 def run_state(kind: str = "outbox", examples: int = 3) -> RunState:
-    state = RunState(PROFILES["ci"], kinds.check(kind).requirements(),
-                     frozenset({"db-clock", "db-crash"}))
+    state = RunState(
+        PROFILES["ci"], kinds.check(kind).requirements(), frozenset({"db-clock", "db-crash"})
+    )
     state.stats = stats(examples, examples * 7)
     return state
 
@@ -88,8 +114,9 @@ class Engine:
         self.answer, self.calls = answer, []
 
     def __call__(self, machine, env, *, seed, progress=None, **kwargs):
-        self.calls.append(SimpleNamespace(kind=machine.kind, mutant=machine.mutant, seed=seed,
-                                          **kwargs))
+        self.calls.append(
+            SimpleNamespace(kind=machine.kind, mutant=machine.mutant, seed=seed, **kwargs)
+        )
         state = run_state(machine.kind)
         if progress is not None:
             progress(state)

@@ -68,8 +68,11 @@ def test_a_plpgsql_raise_wrapped_by_a_library_is_a_lost_race(pg):
 
 def test_a_queue_that_deletes_finished_rows_reads_them_back_from_its_log():
     live = [Row("2", "running", 1), {"key": 3, "status": "pending"}]
-    log = [{"key": "1", "status": "running"}, {"key": "1", "status": "done"},
-           {"key": "2", "status": "pending"}]
+    log = [
+        {"key": "1", "status": "running"},
+        {"key": "1", "status": "done"},
+        {"key": "2", "status": "pending"},
+    ]
     got = {r.key: r.status for r in merge_log(live, log)}
     assert got == {"1": "done", "2": "running", "3": "pending"}
 
@@ -134,7 +137,7 @@ def test_a_commit_whose_answer_never_comes_stays_in_commit(pg):
 # Kinds found, not forked.
 # ---------------------------------------------------------------------------------------
 
-MODULE = textwrap.dedent('''
+MODULE = textwrap.dedent("""
     from knownstate.chaos.kinds.outbox import OutboxCheck
 
     class MyKind(OutboxCheck):
@@ -144,7 +147,7 @@ MODULE = textwrap.dedent('''
         kind = "other-outbox"
 
     NotACheck = 42
-''')
+""")
 
 
 @pytest.fixture
@@ -157,7 +160,8 @@ def plugin(tmp_path, monkeypatch):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mykinds\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text(
         "[knownstate.kinds]\nmy-outbox = mykinds:MyKind\nbroken = mykinds_missing:Thing\n"
-        "misnamed = mykinds:MyKind\n")
+        "misnamed = mykinds:MyKind\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     yield tmp_path
@@ -170,10 +174,13 @@ def test_a_kind_registered_by_an_installed_package_is_found(plugin):
     assert kinds.argument("my-outbox") == "my-outbox"
 
 
-@pytest.mark.parametrize("name, says", [
-    ("broken", "no module 'mykinds_missing'"),
-    ("misnamed", "loads a check of kind 'my-outbox': name the entry point 'my-outbox'"),
-])
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("broken", "no module 'mykinds_missing'"),
+        ("misnamed", "loads a check of kind 'my-outbox': name the entry point 'my-outbox'"),
+    ],
+)
 def test_a_registered_kind_that_cannot_be_loaded_is_one_clear_line(plugin, name, says):
     with pytest.raises(kinds.KindNotFound) as e:
         kinds.check(name)
@@ -189,12 +196,15 @@ def test_a_kind_named_on_the_command_line_is_replayed_by_the_same_name(plugin):
     assert kinds.argument("my-outbox") == "my-outbox"
 
 
-@pytest.mark.parametrize("spec, says", [
-    ("mykinds", "write it as package.module:Thing"),
-    ("nowhere:Kind", "no module 'nowhere'"),
-    ("mykinds:Missing", "module 'mykinds' has no 'Missing'"),
-    ("mykinds:NotACheck", "is a int, not a check"),
-])
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("mykinds", "write it as package.module:Thing"),
+        ("nowhere:Kind", "no module 'nowhere'"),
+        ("mykinds:Missing", "module 'mykinds' has no 'Missing'"),
+        ("mykinds:NotACheck", "is a int, not a check"),
+    ],
+)
 def test_a_bad_kind_option_exits_2_with_one_line(plugin, capsys, spec, says):
     assert main(["verify", "--kind", spec]) == 2
     err = capsys.readouterr().err.strip()
@@ -204,4 +214,3 @@ def test_a_bad_kind_option_exits_2_with_one_line(plugin, capsys, spec, says):
 def test_a_bad_registered_kind_stops_the_command_before_any_server_starts(plugin, capsys):
     assert main(["verify", "broken"]) == 2
     assert "no module 'mykinds_missing'" in capsys.readouterr().err
-

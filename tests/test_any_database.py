@@ -64,12 +64,18 @@ class Server:
         """What a run must leave as it found it: databases, every database's schemas, the user's
         own table, the sessions of runs."""
         dbs = [r[0] for r in self.sql("select datname from pg_database order by 1", "postgres")]
-        return {"databases": dbs,
-                "schemas": {db: self.sql("select nspname from pg_namespace order by 1", db)
-                            for db in dbs if db != "template0"},
-                "user table": self.sql("select * from public.outbox_delivery order by 1"),
-                "run sessions": self.sql("select application_name from pg_stat_activity "
-                                         "where application_name like 'ks-%'")}
+        return {
+            "databases": dbs,
+            "schemas": {
+                db: self.sql("select nspname from pg_namespace order by 1", db)
+                for db in dbs
+                if db != "template0"
+            },
+            "user table": self.sql("select * from public.outbox_delivery order by 1"),
+            "run sessions": self.sql(
+                "select application_name from pg_stat_activity where application_name like 'ks-%'"
+            ),
+        }
 
 
 def _as_postgres() -> dict:
@@ -85,41 +91,87 @@ def server():
         os.chown(base, pw.pw_uid, pw.pw_gid)
     data, port = base / "data", tools.free_port()
     pg_ctl = tools.pg_binary("pg_ctl")
-    subprocess.run([tools.pg_binary("initdb"), "-D", str(data), "-U", "postgres", "-A", "trust",
-                    "--no-sync", "-E", "UTF8", "--locale=C"], check=True, capture_output=True,
-                   cwd=base, **_as_postgres())
-    options = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={base} "
-               "-c fsync=off -c max_connections=200")
-    subprocess.run([pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "-t", "120",
-                    "-o", options, "start"], check=True, capture_output=True, cwd=base,
-                   **_as_postgres())
+    subprocess.run(
+        [
+            tools.pg_binary("initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=base,
+        **_as_postgres(),
+    )
+    options = (
+        f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={base} "
+        "-c fsync=off -c max_connections=200"
+    )
+    subprocess.run(
+        [
+            pg_ctl,
+            "-D",
+            str(data),
+            "-l",
+            str(base / "log"),
+            "-w",
+            "-t",
+            "120",
+            "-o",
+            options,
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=base,
+        **_as_postgres(),
+    )
     try:
         s = Server(port, data)
         for statement in (
-                "create role owner_role", "create database app owner owner_role",
-                "create role runner login", "grant create on database app to runner",
-                "create role reader login", "create database locked owner owner_role",
-                "revoke connect on database locked from public",
-                "create database hardened owner owner_role",
-                "grant create on database hardened to runner"):
+            "create role owner_role",
+            "create database app owner owner_role",
+            "create role runner login",
+            "grant create on database app to runner",
+            "create role reader login",
+            "create database locked owner owner_role",
+            "revoke connect on database locked from public",
+            "create database hardened owner owner_role",
+            "grant create on database hardened to runner",
+        ):
             s.sql(statement, "postgres")
-        s.sql("revoke execute on function pg_terminate_backend(integer, bigint) from public",
-              "hardened")
+        s.sql(
+            "revoke execute on function pg_terminate_backend(integer, bigint) from public",
+            "hardened",
+        )
         s.sql("create table public.outbox_delivery (id int primary key, note text)")
         s.sql("insert into public.outbox_delivery values (1, 'the application''s own row')")
         s.sql("grant select, update on public.outbox_delivery to runner")
         yield s
     finally:
-        subprocess.run([pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True,
-                       cwd=base, **_as_postgres())
+        subprocess.run(
+            [pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"],
+            capture_output=True,
+            cwd=base,
+            **_as_postgres(),
+        )
         shutil.rmtree(base, ignore_errors=True)
 
 
-def knownstate(*args: str, env: dict | None = None,
-               timeout: float = 1800) -> subprocess.CompletedProcess:
+def knownstate(
+    *args: str, env: dict | None = None, timeout: float = 1800
+) -> subprocess.CompletedProcess:
     environ = {**os.environ, "CI": "true", **(env or {})}
-    return subprocess.run([*KNOWNSTATE, *args], capture_output=True, text=True, timeout=timeout,
-                          env=environ)
+    return subprocess.run(
+        [*KNOWNSTATE, *args], capture_output=True, text=True, timeout=timeout, env=environ
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -127,14 +179,21 @@ def knownstate(*args: str, env: dict | None = None,
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("user, db, grant", [
-    ("reader", "app", "GRANT CREATE ON DATABASE app TO reader"),
-    ("reader", "locked", "GRANT CONNECT ON DATABASE locked TO reader"),
-    ("runner", "hardened",
-     "GRANT EXECUTE ON FUNCTION pg_terminate_backend(integer,bigint) TO runner"),
-])
+@pytest.mark.parametrize(
+    "user, db, grant",
+    [
+        ("reader", "app", "GRANT CREATE ON DATABASE app TO reader"),
+        ("reader", "locked", "GRANT CONNECT ON DATABASE locked TO reader"),
+        (
+            "runner",
+            "hardened",
+            "GRANT EXECUTE ON FUNCTION pg_terminate_backend(integer,bigint) TO runner",
+        ),
+    ],
+)
 def test_a_missing_privilege_ends_the_run_up_front_with_exit_3_naming_the_grant(
-        server, user, db, grant):
+    server, user, db, grant
+):
     before = server.state()
     r = knownstate("verify", "outbox", "--examples", "1", "--dsn", server.dsn(user, db))
     assert r.returncode == 3, r.stdout + r.stderr
@@ -190,13 +249,18 @@ def test_the_time_shift_moves_every_stored_timestamp_back_and_nothing_else(serve
         other.query("insert into stamp values (1, '2030-01-01T00:00:00Z')")
         ws = env.workspace("shifted", SHIFTED_SCHEMA)
         assert env.active is ws and ws.time_columns == {
-            "lease": ("lease_until", "stamped"), "stamp": ("at",)}
-        ws.query("insert into lease (id, lease_until, stamped, day, note) values "
-                 "(1, now() + interval '300 seconds', '2030-01-01 12:00', '2030-01-01', 'n'), "
-                 "(2, null, null, null, null)")
+            "lease": ("lease_until", "stamped"),
+            "stamp": ("at",),
+        }
+        ws.query(
+            "insert into lease (id, lease_until, stamped, day, note) values "
+            "(1, now() + interval '300 seconds', '2030-01-01 12:00', '2030-01-01', 'n'), "
+            "(2, null, null, null, null)"
+        )
         ws.query("insert into stamp values (1, '2030-01-01T00:00:00Z')")
-        rows = ("select id, lease_until, stamped, day, note, writes, until_plus from lease "
-                "order by id")
+        rows = (
+            "select id, lease_until, stamped, day, note, writes, until_plus from lease order by id"
+        )
         before, stamp_before = ws.query(rows), ws.query("select at from stamp")
         assert ws.query("select lease_until <= now() from lease where id = 1") == [(False,)]
 
@@ -275,12 +339,32 @@ def _dead(conn: psycopg.Connection) -> bool:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_and_ctrl_c_drop_the_runs_schemas(server, sig):
     before = server.state()
-    proc = subprocess.Popen([*KNOWNSTATE, "verify", "outbox", "--examples", "100000", "--seed",
-                             "3", "--dsn", server.dsn(), "--no-example-db"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "CI": "true"})
+    proc = subprocess.Popen(
+        [
+            *KNOWNSTATE,
+            "verify",
+            "outbox",
+            "--examples",
+            "100000",
+            "--seed",
+            "3",
+            "--dsn",
+            server.dsn(),
+            "--no-example-db",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "CI": "true"},
+    )
     try:
-        poll("the run's schema exists and a worker is connected", lambda: server.sql(
-            "select 1 from pg_stat_activity where application_name like 'ks-%-outbox-w%'"), 120)
+        poll(
+            "the run's schema exists and a worker is connected",
+            lambda: server.sql(
+                "select 1 from pg_stat_activity where application_name like 'ks-%-outbox-w%'"
+            ),
+            120,
+        )
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=600)  # a backstop for a loaded machine, not a verdict
     finally:
@@ -298,11 +382,26 @@ def test_two_runs_at_once_pass_and_leave_the_database_as_found(server, tmp_path)
     coverage, that run is VACUOUS saying so, and still must not have failed.)"""
     before = server.state()
     reports = [tmp_path / f"run{seed}.json" for seed in (1, 2)]
-    procs = [subprocess.Popen([*KNOWNSTATE, "verify", "--seed", str(seed), "--dsn", server.dsn(),
-                               "--json", str(report), "--no-example-db"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "CI": "true"})
-             for seed, report in zip((1, 2), reports)]
+    procs = [
+        subprocess.Popen(
+            [
+                *KNOWNSTATE,
+                "verify",
+                "--seed",
+                str(seed),
+                "--dsn",
+                server.dsn(),
+                "--json",
+                str(report),
+                "--no-example-db",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "CI": "true"},
+        )
+        for seed, report in zip((1, 2), reports)
+    ]
     try:
         results = [p.communicate(timeout=3600) for p in procs]
     finally:
@@ -319,6 +418,5 @@ def test_two_runs_at_once_pass_and_leave_the_database_as_found(server, tmp_path)
             # session) are what it cannot reach, said so, never a vacuous run
             blocks = {"concurrent block", "lock wait in a block"}
             assert set(r["not_covered"]) == (blocks if r["kind"] != "document-session" else set())
-            assert any("shifts the workspace's stored timestamps" in u
-                       for u in r["unavailable"]), r
+            assert any("shifts the workspace's stored timestamps" in u for u in r["unavailable"]), r
     assert server.state() == before

@@ -22,8 +22,14 @@ from knownstate.impl import approved_plan as impl
 from knownstate.impl.approved_plan import ApprovedPlanStore, project
 from knownstate.impl.errors import TransactionAborted
 from knownstate.model import approved_plan as ap
-from knownstate.model.approved_plan import (CONTRACT, INTERRUPTED, TABLE, ApprovedPlanModel,
-                                            Receipt, Status)
+from knownstate.model.approved_plan import (
+    CONTRACT,
+    INTERRUPTED,
+    TABLE,
+    ApprovedPlanModel,
+    Receipt,
+    Status,
+)
 from knownstate.model.contract import CREATED, LostRace, Rejected, Won, check_invariants
 
 CREDIT_A5 = {"op": "credit", "account": "a", "amount": 5}
@@ -85,9 +91,12 @@ class Pair:
         assert check_invariants(CONTRACT, before, after) == []
         for run_id, v in after.items():
             src = before[run_id].status if run_id in before else CREATED
-            if src != v.status or (isinstance(got, Won)
-                                   and op in ("revise", "heartbeat", "run_step")
-                                   and str(args[0]) == run_id and v.status == src):
+            if src != v.status or (
+                isinstance(got, Won)
+                and op in ("revise", "heartbeat", "run_step")
+                and str(args[0]) == run_id
+                and v.status == src
+            ):
                 self.edges.add((src, v.status))
         return got
 
@@ -98,9 +107,10 @@ def pair(connect, clock):
 
 
 def ledger_rows(conn: psycopg.Connection, pid: int, step_index: int) -> int:
-    (n,) = conn.execute("select count(*) from demo_ledger "
-                        "where proposal_id = %s and step_index = %s",
-                        (pid, step_index)).fetchone()
+    (n,) = conn.execute(
+        "select count(*) from demo_ledger where proposal_id = %s and step_index = %s",
+        (pid, step_index),
+    ).fetchone()
     conn.rollback()
     return n
 
@@ -179,8 +189,21 @@ def test_model_and_implementation_agree_along_a_story_that_takes_every_transitio
     assert pair.edges == TABLE.edges()
 
 
-@pytest.mark.parametrize("op", ["approve", "reject", "expire", "mark_executing", "revise",
-                                "heartbeat", "run_step", "read", "repeat", "compensate"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        "approve",
+        "reject",
+        "expire",
+        "mark_executing",
+        "revise",
+        "heartbeat",
+        "run_step",
+        "read",
+        "repeat",
+        "compensate",
+    ],
+)
 def test_every_operation_agrees_on_a_run_in_every_status(pair, op):
     """One run per status, built through the operations; then ``op`` on each, on both sides."""
     pids = {}
@@ -285,8 +308,9 @@ def test_expiry_racing_the_claim_has_exactly_one_winner(connect):
     store, setup = ApprovedPlanStore(), connect()
     pid = store.propose(setup, [CREDIT_A5]).value
     store.approve(setup, pid)
-    outs = _together(connect, 6,
-                     lambda c, i: (store.expire if i % 2 else store.mark_executing)(c, pid))
+    outs = _together(
+        connect, 6, lambda c, i: (store.expire if i % 2 else store.mark_executing)(c, pid)
+    )
     assert sum(isinstance(o, Won) for o in outs) == 1
     assert all(isinstance(o, (Won, LostRace)) for o in outs)
 
@@ -324,8 +348,11 @@ def test_a_steps_effect_does_not_survive_without_its_receipt(connect):
     store.mark_executing(worker, pid)
     # Another transaction holds the receipt's key (uncommitted): the worker applies the effect,
     # then blocks on the receipt insert until its lock_timeout gives up and the transaction dies.
-    squatter.execute("insert into agent_proposal_step (proposal_id, step_index, ok, detail) "
-                     "values (%s, 0, true, 'squatter')", (pid,))
+    squatter.execute(
+        "insert into agent_proposal_step (proposal_id, step_index, ok, detail) "
+        "values (%s, 0, true, 'squatter')",
+        (pid,),
+    )
     worker.execute("set lock_timeout = '200ms'")
     worker.commit()
     with pytest.raises(TransactionAborted):
@@ -336,8 +363,9 @@ def test_a_steps_effect_does_not_survive_without_its_receipt(connect):
     squatter.rollback()
     assert store.run_step(worker, pid, 0, 1) == Won(Receipt(0, True, "credited 5 to a"))
     assert ledger_rows(observer, pid, 0) == 1
-    receipt = observer.execute("select ok from agent_proposal_step where proposal_id = %s",
-                               (pid,)).fetchall()
+    receipt = observer.execute(
+        "select ok from agent_proposal_step where proposal_id = %s", (pid,)
+    ).fetchall()
     assert receipt == [(True,)]
 
 
@@ -352,6 +380,7 @@ def test_truncating_the_tables_restarts_the_numbering(connect):
 
 def test_a_refused_plan_touches_no_row(connect):
     store, conn = ApprovedPlanStore(), connect()
-    assert isinstance(store.propose(conn, [{"op": "credit", "account": "a", "amount": -1}]),
-                      Rejected)
+    assert isinstance(
+        store.propose(conn, [{"op": "credit", "account": "a", "amount": -1}]), Rejected
+    )
     assert store.propose(conn, [CREDIT_A5]) == Won(1)

@@ -22,8 +22,14 @@ from knownstate.model.approved_plan import (
     Status,
     Step,
 )
-from knownstate.model.contract import (CREATED, IllegalTransition, LostRace, Rejected, Won,
-                                       check_invariants)
+from knownstate.model.contract import (
+    CREATED,
+    IllegalTransition,
+    LostRace,
+    Rejected,
+    Won,
+    check_invariants,
+)
 
 CREDIT_A5 = {"op": "credit", "account": "a", "amount": 5}
 CREDIT_B3 = {"op": "credit", "account": "b", "amount": 3}
@@ -84,8 +90,9 @@ def _drive(source: str, event: str) -> tuple[object, ApprovedPlanModel, int]:
         m, pid = model_at(Status.EXECUTING)
         m.advance(121)
         return m.read(pid), m, pid
-    m, pid = model_at(Status(source),
-                      (CREDIT_A5, FAIL) if event == "step_failed" else (CREDIT_A5, CREDIT_B3))
+    m, pid = model_at(
+        Status(source), (CREDIT_A5, FAIL) if event == "step_failed" else (CREDIT_A5, CREDIT_B3)
+    )
     if event == "step_ok":
         return m.run_step(pid, 0, 1), m, pid
     if event == "last_step_ok":
@@ -111,10 +118,17 @@ def test_every_transition_is_taken_by_its_operation(t):
 def test_the_table_is_the_seeds_status_machine():
     assert set(TABLE.statuses()) == {s.value for s in Status}
     assert TABLE.edges() == {
-        (CREATED, "pending"), ("pending", "pending"), ("pending", "approved"),
-        ("pending", "rejected"), ("pending", "expired"), ("approved", "expired"),
+        (CREATED, "pending"),
+        ("pending", "pending"),
+        ("pending", "approved"),
+        ("pending", "rejected"),
+        ("pending", "expired"),
+        ("approved", "expired"),
         ("approved", "executing"),
-        ("executing", "executing"), ("executing", "executed"), ("executing", "failed")}
+        ("executing", "executing"),
+        ("executing", "executed"),
+        ("executing", "failed"),
+    }
     for t in TABLE.transitions:  # terminal means no way out
         assert not CONTRACT.is_terminal(t.source)
     assert CONTRACT.terminal == {"executed", "failed", "expired", "rejected"}
@@ -123,8 +137,12 @@ def test_the_table_is_the_seeds_status_machine():
 
 
 EVENTS = sorted({t.event for t in TABLE.transitions} - {"propose", "compensate"})
-ILLEGAL = [(s, e) for s in Status for e in EVENTS
-           if (s.value, e) not in {(t.source, t.event) for t in TABLE.transitions}]
+ILLEGAL = [
+    (s, e)
+    for s in Status
+    for e in EVENTS
+    if (s.value, e) not in {(t.source, t.event) for t in TABLE.transitions}
+]
 
 
 @pytest.mark.parametrize("status,event", ILLEGAL, ids=lambda x: str(x))
@@ -166,9 +184,18 @@ def test_an_operation_whose_guard_does_not_match_is_a_lost_race(status, op):
 
 def test_unknown_proposal_is_rejected_not_raised():
     m = ApprovedPlanModel()
-    for out in (m.approve(7), m.reject(7), m.expire(7), m.mark_executing(7), m.run_step(7, 0, 1),
-                m.heartbeat(7, 1), m.read(7), m.repeat(7), m.compensate(7),
-                m.revise(7, [CREDIT_A5])):
+    for out in (
+        m.approve(7),
+        m.reject(7),
+        m.expire(7),
+        m.mark_executing(7),
+        m.run_step(7, 0, 1),
+        m.heartbeat(7, 1),
+        m.read(7),
+        m.repeat(7),
+        m.compensate(7),
+        m.revise(7, [CREDIT_A5]),
+    ):
         assert out == Rejected("no proposal 7")
     assert m == ApprovedPlanModel()
 
@@ -185,13 +212,21 @@ def test_ids_are_assigned_in_order_and_a_refused_proposal_uses_none():
     assert m.propose([CREDIT_A5]) == Won(4)
 
 
-@pytest.mark.parametrize("steps", [
-    [], None, [{"op": "transfer", "account": "a", "amount": 1}], [{"op": "credit", "account": "a"}],
-    [{"op": "credit", "account": "", "amount": 1}], [{"op": "credit", "account": "a", "amount": 0}],
-    [{"op": "credit", "account": "a", "amount": True}],
-    [{"op": "credit", "account": "a", "amount": 1.5}],
-    [{"op": "fail", "account": "a"}], [CREDIT_A5, "credit"],
-])
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [],
+        None,
+        [{"op": "transfer", "account": "a", "amount": 1}],
+        [{"op": "credit", "account": "a"}],
+        [{"op": "credit", "account": "", "amount": 1}],
+        [{"op": "credit", "account": "a", "amount": 0}],
+        [{"op": "credit", "account": "a", "amount": True}],
+        [{"op": "credit", "account": "a", "amount": 1.5}],
+        [{"op": "fail", "account": "a"}],
+        [CREDIT_A5, "credit"],
+    ],
+)
 def test_a_malformed_plan_is_rejected_and_changes_nothing(steps):
     m = ApprovedPlanModel()
     assert isinstance(m.propose(steps), Rejected)
@@ -230,8 +265,9 @@ def test_expiry_and_the_claim_race_and_exactly_one_wins(first):
 
 
 def test_the_run_stops_at_the_first_step_that_is_not_ok_and_keeps_the_ones_before():
-    m, pid = model_at(Status.EXECUTING,
-                      (CREDIT_A5, {"op": "debit", "account": "b", "amount": 1}, CREDIT_B3))
+    m, pid = model_at(
+        Status.EXECUTING, (CREDIT_A5, {"op": "debit", "account": "b", "amount": 1}, CREDIT_B3)
+    )
     assert m.run_step(pid, 0, 1) == Won(Receipt(0, True, "credited 5 to a"))
     assert m.run_step(pid, 1, 1) == Won(Receipt(1, False, "b holds less than 1"))
     p = m.proposal(pid)
@@ -330,8 +366,9 @@ def test_the_fence_refuses_a_stale_executor_after_the_heal():
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("status",
-                         [Status.EXECUTED, Status.FAILED, Status.EXPIRED, Status.REJECTED], ids=str)
+@pytest.mark.parametrize(
+    "status", [Status.EXECUTED, Status.FAILED, Status.EXPIRED, Status.REJECTED], ids=str
+)
 def test_a_terminal_run_answers_repeats_from_its_receipts_and_never_reexecutes(status):
     m, pid = model_at(status)
     before = m.copy()
@@ -371,8 +408,12 @@ def test_compensation_is_a_separate_linked_run_with_its_own_receipts():
     assert m.proposal(2).status is Status.EXECUTED
     assert m.state().balances == (("a", 0), ("b", 0))
     assert m.proposal(pid) == original  # the original's receipts are untouched
-    assert ({(e.proposal_id, e.step_index) for e in m.state().ledger}
-            == {(1, 0), (1, 1), (2, 0), (2, 1)})
+    assert {(e.proposal_id, e.step_index) for e in m.state().ledger} == {
+        (1, 0),
+        (1, 1),
+        (2, 0),
+        (2, 1),
+    }
 
 
 def test_compensation_is_not_atomicity_its_own_steps_can_fail():
@@ -389,8 +430,11 @@ def test_compensation_is_not_atomicity_its_own_steps_can_fail():
     assert m.state().balances == (("a", 1),)
 
 
-@pytest.mark.parametrize("status", [Status.PENDING, Status.APPROVED, Status.EXECUTING,
-                                    Status.EXPIRED, Status.REJECTED], ids=str)
+@pytest.mark.parametrize(
+    "status",
+    [Status.PENDING, Status.APPROVED, Status.EXECUTING, Status.EXPIRED, Status.REJECTED],
+    ids=str,
+)
 def test_only_a_run_that_committed_steps_can_be_compensated(status):
     m, pid = model_at(status)
     before = m.copy()
@@ -421,12 +465,23 @@ def test_compensating_a_stale_run_heals_it_first():
 def test_the_invariants_hold_along_a_whole_story():
     m = ApprovedPlanModel()
     story = [
-        lambda: m.propose([CREDIT_A5, CREDIT_B3, FAIL]), lambda: m.approve(1),
-        lambda: m.mark_executing(1), lambda: m.run_step(1, 0, 1), lambda: m.run_step(1, 0, 1),
-        lambda: m.run_step(1, 1, 1), lambda: m.run_step(1, 2, 1), lambda: m.repeat(1),
-        lambda: m.compensate(1), lambda: m.approve(2), lambda: m.mark_executing(2),
-        lambda: m.run_step(2, 0, 1), lambda: m.advance(121), lambda: m.read(2),
-        lambda: m.run_step(2, 1, 1), lambda: m.repeat(2), lambda: m.propose([CREDIT_A5]),
+        lambda: m.propose([CREDIT_A5, CREDIT_B3, FAIL]),
+        lambda: m.approve(1),
+        lambda: m.mark_executing(1),
+        lambda: m.run_step(1, 0, 1),
+        lambda: m.run_step(1, 0, 1),
+        lambda: m.run_step(1, 1, 1),
+        lambda: m.run_step(1, 2, 1),
+        lambda: m.repeat(1),
+        lambda: m.compensate(1),
+        lambda: m.approve(2),
+        lambda: m.mark_executing(2),
+        lambda: m.run_step(2, 0, 1),
+        lambda: m.advance(121),
+        lambda: m.read(2),
+        lambda: m.run_step(2, 1, 1),
+        lambda: m.repeat(2),
+        lambda: m.propose([CREDIT_A5]),
         lambda: m.expire(3),
     ]
     for op in story:
@@ -437,7 +492,10 @@ def test_the_invariants_hold_along_a_whole_story():
     assert v["1"].status == "failed" and v["1"].fence_token == 1
     assert v["1"].valid_step_ids == {"0", "1", "2"}
     assert {k: (s.receipts, s.effects, s.failed) for k, s in v["1"].steps.items()} == {
-        "0": (1, 1, 0), "1": (1, 1, 0), "2": (0, 0, 1)}  # the failed step: a receipt, no effect
+        "0": (1, 1, 0),
+        "1": (1, 1, 0),
+        "2": (0, 0, 1),
+    }  # the failed step: a receipt, no effect
     assert {k: (s.receipts, s.effects) for k, s in v["2"].steps.items()} == {"0": (1, 1)}
 
 
@@ -447,8 +505,11 @@ def test_views_count_effects_from_the_data_not_from_receipts():
     twice = PlanState(s.proposals, s.balances, s.ledger + (LedgerEntry(pid, 0, "a", 5),))
     stray = PlanState(s.proposals, s.balances, s.ledger + (LedgerEntry(pid, 7, "a", 5),))
     kinds = {v.invariant for v in check_invariants(CONTRACT, ap.views(s), ap.views(twice))}
-    assert {"receipt-with-effect", "stable-step-identity",
-            "terminal-answers-from-receipts"} == kinds
+    assert {
+        "receipt-with-effect",
+        "stable-step-identity",
+        "terminal-answers-from-receipts",
+    } == kinds
     kinds = {v.invariant for v in check_invariants(CONTRACT, ap.views(s), ap.views(stray))}
     assert "stable-step-identity" in kinds
 
@@ -475,12 +536,14 @@ def test_every_transition_is_logged_for_the_check_to_count():
     m.run_step(pid, 0, 1)
     m.run_step(pid, 1, 1)
     assert m.approve(pid) == ap.lost("approve")  # a lost race takes no transition
-    assert m.transitions == [(pid, CREATED, "propose", "pending"),
-                             (pid, "pending", "approve", "approved"),
-                             (pid, "approved", "mark_executing", "executing"),
-                             (pid, "executing", "heartbeat", "executing"),
-                             (pid, "executing", "step_ok", "executing"),
-                             (pid, "executing", "step_failed", "failed")]
+    assert m.transitions == [
+        (pid, CREATED, "propose", "pending"),
+        (pid, "pending", "approve", "approved"),
+        (pid, "approved", "mark_executing", "executing"),
+        (pid, "executing", "heartbeat", "executing"),
+        (pid, "executing", "step_ok", "executing"),
+        (pid, "executing", "step_failed", "failed"),
+    ]
     comp = m.compensate(pid).value
     assert m.transitions[-1] == (comp, CREATED, "compensate", "pending")
     c = m.copy()

@@ -44,25 +44,56 @@ def children() -> set[int]:
 def test_cli_defaults_and_sub_commands():
     a = parser().parse_args(["bench", "outbox"])
     assert (a.workers, a.seconds, a.batch, a.effect, a.durability, a.peers, a.func) == (
-        4, 10.0, (1, 10, 100), "noop", "fsync", (), bench.run_outbox)
+        4,
+        10.0,
+        (1, 10, 100),
+        "noop",
+        "fsync",
+        (),
+        bench.run_outbox,
+    )
     a = parser().parse_args(["bench", "documents"])
     assert (a.clients, a.seconds, a.rate, a.func) == (8, 10.0, None, bench.run_documents)
-    a = parser().parse_args(["bench", "outbox", "--workers", "2", "--seconds", "1.5",
-                             "--batch", "3,30", "--effect", "both", "--durability", "no-fsync",
-                             "--peers", "procrastinate,pgqueuer"])
+    a = parser().parse_args(
+        [
+            "bench",
+            "outbox",
+            "--workers",
+            "2",
+            "--seconds",
+            "1.5",
+            "--batch",
+            "3,30",
+            "--effect",
+            "both",
+            "--durability",
+            "no-fsync",
+            "--peers",
+            "procrastinate,pgqueuer",
+        ]
+    )
     assert (a.workers, a.seconds, a.batch, a.effect, a.durability, a.peers) == (
-        2, 1.5, (3, 30), "both", "no-fsync", ("procrastinate", "pgqueuer"))
+        2,
+        1.5,
+        (3, 30),
+        "both",
+        "no-fsync",
+        ("procrastinate", "pgqueuer"),
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--effect", "carrier-pigeon"], "invalid choice: 'carrier-pigeon'"),
-    (["--seconds", "0"], "must be more than 0"),
-    (["--durability", "maybe"], "invalid choice: 'maybe'"),
-    (["--peers", "celery"], "unknown peer 'celery': choose from pgqueuer, procrastinate"),
-    (["--batch", "10,ten"], "not a list of whole numbers: '10,ten'"),
-    (["--batch", "10,10"], "must be distinct sizes in 1..10000, got 10,10"),
-    (["--batch", "0"], "must be distinct sizes in 1..10000, got 0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--effect", "carrier-pigeon"], "invalid choice: 'carrier-pigeon'"),
+        (["--seconds", "0"], "must be more than 0"),
+        (["--durability", "maybe"], "invalid choice: 'maybe'"),
+        (["--peers", "celery"], "unknown peer 'celery': choose from pgqueuer, procrastinate"),
+        (["--batch", "10,ten"], "not a list of whole numbers: '10,ten'"),
+        (["--batch", "10,10"], "must be distinct sizes in 1..10000, got 10,10"),
+        (["--batch", "0"], "must be distinct sizes in 1..10000, got 0"),
+    ],
+)
 def test_bad_input_is_one_line_naming_the_problem(capsys, args, message):
     with pytest.raises(SystemExit) as info:
         parser().parse_args(["bench", "outbox", *args])
@@ -100,8 +131,14 @@ def positive(*values) -> bool:
 def test_bench_outbox_side_by_side_reports_figures_and_ratios(monkeypatch, capsys):
     """Ours (batched and per row), each peer installed, and the ceiling, at two batch sizes."""
     before = children()
-    r = bench.bench_outbox(workers=2, seconds=1, batches=(1, 5), effect="both",
-                           durability="no-fsync", peers=bench.PEERS)
+    r = bench.bench_outbox(
+        workers=2,
+        seconds=1,
+        batches=(1, 5),
+        effect="both",
+        durability="no-fsync",
+        peers=bench.PEERS,
+    )
     assert children() <= before, "the sink process outlived the bench"
     installed = [p for p, v in r["peers"].items() if v]
     assert set(r["peers"]) == set(bench.PEERS)
@@ -112,8 +149,9 @@ def test_bench_outbox_side_by_side_reports_figures_and_ratios(monkeypatch, capsy
         assert positive(run["ceiling"]["per_second"], run["ceiling"]["count"])
         for name in r["figures"]:
             d = run[name]
-            assert positive(d["per_second"], d["count"], d["ratio"], d["tx_per_job"],
-                            d["wal_per_job"]), (name, d)
+            assert positive(
+                d["per_second"], d["count"], d["ratio"], d["tx_per_job"], d["wal_per_job"]
+            ), (name, d)
             assert not d["starved"], (batch, name, d)
         for name in (bench.OURS, bench.OURS_PER_ROW, bench.OURS_SINK):
             assert run[name]["errors"] == run[name]["fenced"] == run[name]["failed"] == 0, run[name]
@@ -124,8 +162,9 @@ def test_bench_outbox_side_by_side_reports_figures_and_ratios(monkeypatch, capsy
         assert all(s.startswith("Index Scan using outbox_delivery_pkey") for s in modes.values())
 
     monkeypatch.setattr(bench, "bench_outbox", lambda *a, **k: r)
-    args = parser().parse_args(["bench", "outbox", "--workers", "2", "--seconds", "1",
-                                "--batch", "1,5"])
+    args = parser().parse_args(
+        ["bench", "outbox", "--workers", "2", "--seconds", "1", "--batch", "1,5"]
+    )
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "ratios at batch 1 / 5:" in out and "outbox / ceiling" in out
@@ -140,9 +179,22 @@ def test_a_peer_not_installed_is_one_line_not_a_traceback(monkeypatch, capsys):
     for p in bench.PEERS:
         monkeypatch.setitem(sys.modules, p, None)  # what an environment without the bench extra has
     assert bench.peer_versions(bench.PEERS) == {p: None for p in bench.PEERS}
-    args = parser().parse_args(["bench", "outbox", "--workers", "1", "--seconds", "0.5",
-                                "--batch", "2", "--durability", "no-fsync",
-                                "--peers", "pgqueuer,procrastinate"])
+    args = parser().parse_args(
+        [
+            "bench",
+            "outbox",
+            "--workers",
+            "1",
+            "--seconds",
+            "0.5",
+            "--batch",
+            "2",
+            "--durability",
+            "no-fsync",
+            "--peers",
+            "pgqueuer,procrastinate",
+        ]
+    )
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "Traceback" not in out
@@ -157,17 +209,24 @@ def test_bench_documents_reports_throughput_latency_and_ratio(monkeypatch, capsy
     r = bench.bench_documents(clients=2, seconds=1, rate=50)
     assert children() <= before, "the document server process outlived the bench"
     d = r["documents"]
-    assert positive(r["ceiling"]["per_second"], d["per_second"], d["count"], d["ratio"],
-                    d["p50_ms"], d["p99_ms"])
+    assert positive(
+        r["ceiling"]["per_second"],
+        d["per_second"],
+        d["count"],
+        d["ratio"],
+        d["p50_ms"],
+        d["p99_ms"],
+    )
     assert d["p50_ms"] <= d["p99_ms"]
     assert d["conflicts"] == 0 and d["errors"] == 0  # one document per client: nothing to conflict
-    o = r["open_loop"]                               # 50 PUT/s for 1 s, every one answered
+    o = r["open_loop"]  # 50 PUT/s for 1 s, every one answered
     assert (o["requests"], o["saves"], o["errors"], o["conflicts"]) == (50, 50, 0, 0)
     assert 0 < o["p50_ms"] <= o["p99_ms"] <= o["max_ms"]
 
     monkeypatch.setattr(bench, "bench_documents", lambda *a, **k: r)
-    args = parser().parse_args(["bench", "documents", "--clients", "2", "--seconds", "1",
-                                "--rate", "50"])
+    args = parser().parse_args(
+        ["bench", "documents", "--clients", "2", "--seconds", "1", "--rate", "50"]
+    )
     assert args.rate == 50.0 and args.func(args) == 0
     out = capsys.readouterr().out
     assert "ratio documents = " in out and "PUT/s" in out and "p50" in out and "p99" in out
@@ -204,8 +263,9 @@ def test_worker_loop_runs_in_autocommit_and_keeps_the_fence(fresh_db, per_row, s
                 admin.execute("update outbox_delivery set attempts = attempts + 1 where id = 2")
             return {3: impl.RETRYABLE}.get(claim.id, impl.OK)
 
-        worker = impl.OutboxWorker(lambda: Counting.connect(dsn), store, send, batch=10,
-                                   per_row=per_row)
+        worker = impl.OutboxWorker(
+            lambda: Counting.connect(dsn), store, send, batch=10, per_row=per_row
+        )
         try:
             assert worker.run_once() == 4
             assert worker.conn.autocommit and worker.conn.statements == statements
@@ -215,14 +275,20 @@ def test_worker_loop_runs_in_autocommit_and_keeps_the_fence(fresh_db, per_row, s
         assert seen == [(1, {"n": 1}), (2, {"n": 2}), (3, {"n": 3}), (4, {"n": 4})]
         stats = worker.stats
         assert (stats.sent, stats.failed, stats.fenced, stats.errors) == (2, 1, 1, 0)
-        rows = admin.execute("select id, status, attempts, last_error from outbox_delivery "
-                             "order by id").fetchall()
-        assert rows == [(1, "sent", 1, None), (2, "processing", 2, None),
-                        (3, "pending", 1, "sink answered retryable"), (4, "sent", 1, None)]
+        rows = admin.execute(
+            "select id, status, attempts, last_error from outbox_delivery order by id"
+        ).fetchall()
+        assert rows == [
+            (1, "sent", 1, None),
+            (2, "processing", 2, None),
+            (3, "pending", 1, "sink answered retryable"),
+            (4, "sent", 1, None),
+        ]
 
 
-@pytest.mark.parametrize("autocommit, error",
-                         [(True, CommitIndeterminate), (False, ConnectionLost)])
+@pytest.mark.parametrize(
+    "autocommit, error", [(True, CommitIndeterminate), (False, ConnectionLost)]
+)
 def test_a_lost_connection_in_autocommit_is_an_indeterminate_commit(fresh_db, autocommit, error):
     """In autocommit the statement carries its own COMMIT: losing the connection then cannot mean
     "nothing committed". In a transaction it still does (the COMMIT was never sent)."""
@@ -232,9 +298,11 @@ def test_a_lost_connection_in_autocommit_is_an_indeterminate_commit(fresh_db, au
         store.enqueue(admin, 1)
         store.enqueue(admin, 2)
         (claim,) = [c for c, _ in store.claim_batch(admin, 1)]
-        for op in (lambda conn: store.complete(conn, claim),
-                   lambda conn: store.claim_batch(conn, 1),
-                   lambda conn: store.record_batch(conn, [Report(claim, impl.OK)])):
+        for op in (
+            lambda conn: store.complete(conn, claim),
+            lambda conn: store.claim_batch(conn, 1),
+            lambda conn: store.record_batch(conn, [Report(claim, impl.OK)]),
+        ):
             with psycopg.connect(dsn, autocommit=autocommit) as conn:
                 admin.execute("select pg_terminate_backend(%s)", (conn.info.backend_pid,))
                 with pytest.raises(error):

@@ -72,9 +72,15 @@ class Pair:
     """The model and the implementation side by side. Workers are named; each has its own
     connection, its own app clock (the model's ``app_now(worker)``) and its own ops-API URL."""
 
-    def __init__(self, dsn: str, api: OpsApi, *, lease: int = 600,
-                 urls: dict[str, str] | None = None,
-                 http_timeout: float = 2.0):
+    def __init__(
+        self,
+        dsn: str,
+        api: OpsApi,
+        *,
+        lease: int = 600,
+        urls: dict[str, str] | None = None,
+        http_timeout: float = 2.0,
+    ):
         self.dsn, self.api, self.lease = dsn, api, lease
         self.model = BranchResetModel(lease)
         self.urls = urls or {}
@@ -90,9 +96,13 @@ class Pair:
     def worker(self, w: str) -> tuple[BranchResetStore, psycopg.Connection]:
         if w not in self.stores:
             self.conns[w] = psycopg.connect(self.dsn, connect_timeout=5)
-            self.stores[w] = BranchResetStore(w, self.urls.get(w, self.api.url), self.clock(w),
-                                              lease_seconds=self.lease,
-                                              http_timeout=self.http_timeout)
+            self.stores[w] = BranchResetStore(
+                w,
+                self.urls.get(w, self.api.url),
+                self.clock(w),
+                lease_seconds=self.lease,
+                http_timeout=self.http_timeout,
+            )
         return self.stores[w], self.conns[w]
 
     def reconnect(self, w: str) -> None:
@@ -126,13 +136,15 @@ class Pair:
     # -- the vocabulary, on both sides -------------------------------------------------------
     def request(self, branch: str, key: str, worker: str = "w1"):
         store, conn = self.worker(worker)
-        return self.both(lambda: self.model.request(branch, key),
-                         lambda: store.request(conn, branch, key))
+        return self.both(
+            lambda: self.model.request(branch, key), lambda: store.request(conn, branch, key)
+        )
 
     def start(self, run_id: str, worker: str = "w1"):
         store, conn = self.worker(worker)
-        return self.both(lambda: self.model.start(run_id, worker),
-                         lambda: store.start(conn, run_id))
+        return self.both(
+            lambda: self.model.start(run_id, worker), lambda: store.start(conn, run_id)
+        )
 
     def poll(self, run_id: str, worker: str = "w1"):
         store, conn = self.worker(worker)
@@ -172,14 +184,21 @@ def test_schema_statuses_are_the_models(fresh_db):
         (definition,) = conn.execute(
             "select pg_get_constraintdef(oid) from pg_constraint "
             "where conrelid = 'branch_reset'::regclass and contype = 'c' "
-            "and conname like '%status%'").fetchone()
-        indexes = {r[0]: r[1] for r in conn.execute(
-            "select indexname, indexdef from pg_indexes where tablename = 'branch_reset'")}
+            "and conname like '%status%'"
+        ).fetchone()
+        indexes = {
+            r[0]: r[1]
+            for r in conn.execute(
+                "select indexname, indexdef from pg_indexes where tablename = 'branch_reset'"
+            )
+        }
     assert set(re.findall(r"'(\w+)'::text", definition)) == {s.value for s in Status}
     assert "UNIQUE" in indexes["branch_reset_idempotency_key"]
     assert "UNIQUE" in indexes["branch_reset_one_in_flight"]
-    assert ("'queued'" in indexes["branch_reset_one_in_flight"]
-            and "'running'" in indexes["branch_reset_one_in_flight"])
+    assert (
+        "'queued'" in indexes["branch_reset_one_in_flight"]
+        and "'running'" in indexes["branch_reset_one_in_flight"]
+    )
     assert impl.TABLES == ("branch_reset",)
 
 
@@ -239,8 +258,11 @@ def test_polls_never_re_issue_the_operation(pair):
     for i in range(10):
         pair.advance(30)
         pair.poll("main#1", worker=f"w{i % 3}")
-    assert (pair.api.creations("main#1"), pair.api.create_requests("main#1"),
-            pair.api.polls("op-1")) == (1, 1, 10)
+    assert (
+        pair.api.creations("main#1"),
+        pair.api.create_requests("main#1"),
+        pair.api.polls("op-1"),
+    ) == (1, 1, 10)
 
 
 # -- through Toxiproxy: the stand-in on each worker's own link -------------------------------------
@@ -251,12 +273,16 @@ def links_for(toxiproxy, api, workers):
     return {w: toxiproxy.link(f"opsapi-{w}-{n}-{api.port}", api.host, api.port) for w in workers}
 
 
-def test_through_toxiproxy_a_lost_create_answer_is_retried_without_a_second_creation(fresh_db, api,
-                                                                                     toxiproxy):
+def test_through_toxiproxy_a_lost_create_answer_is_retried_without_a_second_creation(
+    fresh_db, api, toxiproxy
+):
     links = links_for(toxiproxy, api, ("w1", "w2"))
-    p = Pair(fresh_db(impl.SCHEMA), api,
-             urls={w: f"http://127.0.0.1:{lk.port}" for w, lk in links.items()},
-             http_timeout=0.5)
+    p = Pair(
+        fresh_db(impl.SCHEMA),
+        api,
+        urls={w: f"http://127.0.0.1:{lk.port}" for w, lk in links.items()},
+        http_timeout=0.5,
+    )
     try:
         p.request("main", "k")
         # the API acts; its answer never comes
@@ -276,12 +302,16 @@ def test_through_toxiproxy_a_lost_create_answer_is_retried_without_a_second_crea
         p.close()
 
 
-def test_through_toxiproxy_an_unreachable_api_fails_the_poll_and_changes_nothing(fresh_db, api,
-                                                                                 toxiproxy):
+def test_through_toxiproxy_an_unreachable_api_fails_the_poll_and_changes_nothing(
+    fresh_db, api, toxiproxy
+):
     links = links_for(toxiproxy, api, ("w1", "w2"))
-    p = Pair(fresh_db(impl.SCHEMA), api,
-             urls={w: f"http://127.0.0.1:{lk.port}" for w, lk in links.items()},
-             http_timeout=0.5)
+    p = Pair(
+        fresh_db(impl.SCHEMA),
+        api,
+        urls={w: f"http://127.0.0.1:{lk.port}" for w, lk in links.items()},
+        http_timeout=0.5,
+    )
     try:
         p.request("main", "k")
         p.start("main#1")
@@ -460,8 +490,12 @@ def test_stand_in_creates_once_per_key_and_reports_status(api):
     import urllib.request
 
     def post(body):
-        req = urllib.request.Request(api.url + "/operations", data=json.dumps(body).encode(),
-                                     method="POST", headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            api.url + "/operations",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=2) as r:
                 return r.status, json.loads(r.read())
@@ -469,8 +503,10 @@ def test_stand_in_creates_once_per_key_and_reports_status(api):
             return e.code, None
 
     body = {"run_id": "r#1", "branch": "r", "idempotency_key": "r#1"}
-    assert post(body) == (201,
-                          {"id": "op-1", "run_id": "r#1", "branch": "r", "status": "in_progress"})
+    assert post(body) == (
+        201,
+        {"id": "op-1", "run_id": "r#1", "branch": "r", "status": "in_progress"},
+    )
     assert post(body)[0] == 200
     assert post({"run_id": "r#1"})[0] == 400
     assert (api.creations("r#1"), api.create_requests("r#1")) == (1, 2)

@@ -116,8 +116,11 @@ def test_poll_failed():
     m.external_finish("op-1", ok=False)
     assert step(m, m.poll, run_id, "w1") == Won("failed")
     run = m.runs[run_id]
-    assert (run.status, run.error, run.op_statuses) == (Status.FAILED, br.EXTERNAL_FAILED,
-                                                        ("in_progress", "failed"))
+    assert (run.status, run.error, run.op_statuses) == (
+        Status.FAILED,
+        br.EXTERNAL_FAILED,
+        ("in_progress", "failed"),
+    )
 
 
 def test_cancel_running_leaves_the_external_operation_alone():
@@ -244,12 +247,14 @@ def test_every_transition_is_logged_once_and_a_refused_one_not_at_all():
     m.start("d#1", "w1")
     m.advance(600)
     m.reap("r")
-    assert ({(s, e, t) for _, s, e, t in m.transitions}
-            == {(t.source, t.event, t.target) for t in TABLE.transitions})
+    assert {(s, e, t) for _, s, e, t in m.transitions} == {
+        (t.source, t.event, t.target) for t in TABLE.transitions
+    }
     assert len(m.transitions) == 13
     logged = list(m.transitions)
-    assert (m.cancel("a#1") == LostRace(not_in("succeeded"))
-            and m.start("zz#1", "w1") == Rejected(br.NO_SUCH_RUN))
+    assert m.cancel("a#1") == LostRace(not_in("succeeded")) and m.start("zz#1", "w1") == Rejected(
+        br.NO_SUCH_RUN
+    )
     with pytest.raises(IllegalTransition):
         m.fire("a#1", "cancel")
     assert m.transitions == logged
@@ -458,8 +463,10 @@ def test_copy_is_equal_and_independent():
     c.poll("main#1", "w1")
     c.skew("w1", 3)
     assert c != m
-    assert (m.runs["main#1"].status is Status.RUNNING
-            and m.ops["op-1"].status is ExternalStatus.IN_PROGRESS)
+    assert (
+        m.runs["main#1"].status is Status.RUNNING
+        and m.ops["op-1"].status is ExternalStatus.IN_PROGRESS
+    )
 
 
 def test_zero_skew_equals_no_skew():
@@ -486,8 +493,12 @@ def test_views_count_creations_and_receipts():
 
 def test_spec_diagram_is_the_models_table():
     text = SPEC.read_text()
-    m = re.search(r"<!-- generated:diagram -->\n```mermaid\n(.*?)\n```\n"
-                  r"<!-- /generated:diagram -->", text, re.S)
+    m = re.search(
+        r"<!-- generated:diagram -->\n```mermaid\n(.*?)\n```\n"
+        r"<!-- /generated:diagram -->",
+        text,
+        re.S,
+    )
     assert m, "specs/branch-reset.md has no generated diagram block"
     assert m.group(1) == TABLE.mermaid()
 

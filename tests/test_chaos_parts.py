@@ -70,8 +70,10 @@ def children_of(pid: int) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
         try:
-            if (entry.name.isdigit()
-                    and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid):
+            if (
+                entry.name.isdigit()
+                and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid
+            ):
                 out.append(int(entry.name))
         except (OSError, ValueError):
             pass
@@ -105,12 +107,20 @@ def test_cluster_crash_restart_and_stop_leave_a_known_state():
             open_tx.execute("insert into t values (2)")  # never committed
             # a backend in the middle of a long statement
             busy = psycopg.connect(c.dsn(), autocommit=True)
-            threading.Thread(target=lambda: _swallow(lambda: busy.execute(
-                "select count(*) from generate_series(1, 2000000000)")), daemon=True).start()
+            threading.Thread(
+                target=lambda: _swallow(
+                    lambda: busy.execute("select count(*) from generate_series(1, 2000000000)")
+                ),
+                daemon=True,
+            ).start()
             with psycopg.connect(c.dsn(), autocommit=True) as watch:
-                poll("the long statement runs", lambda: watch.execute(
-                    "select 1 from pg_stat_activity where pid = %s and state = 'active'",
-                    (busy.info.backend_pid,)).fetchone())
+                poll(
+                    "the long statement runs",
+                    lambda: watch.execute(
+                        "select 1 from pg_stat_activity where pid = %s and state = 'active'",
+                        (busy.info.backend_pid,),
+                    ).fetchone(),
+                )
             backends = [open_tx.info.backend_pid, busy.info.backend_pid]
             children = children_of(postmaster)  # backends call setsid(): found by parentage
             # + checkpointer, walwriter, ...
@@ -292,8 +302,9 @@ def echo_roundtrip(link, payload: bytes, timeout: float = 10.0) -> tuple[bytes, 
         return got, chunks, time.monotonic() - started
 
 
-def test_the_real_server_answers_and_a_link_forwards(toxiproxy, toxiproxy_server, pg, pg_link,
-                                                     echo_link):
+def test_the_real_server_answers_and_a_link_forwards(
+    toxiproxy, toxiproxy_server, pg, pg_link, echo_link
+):
     assert toxiproxy.version()  # the real server's /version
     with urllib.request.urlopen(f"{toxiproxy_server.url}/proxies/{pg_link.name}") as r:
         proxy = json.load(r)
@@ -336,8 +347,9 @@ def test_reset_peer_resets_the_connection(pg, pg_link, echo_link):
 
 def test_slicer_cuts_the_stream_into_small_delayed_pieces(echo_link):
     payload = bytes(range(256)) * 1
-    echo_link.add(Toxic("slicer", "downstream",
-                        {"average_size": 10, "size_variation": 0, "delay": 20000}))
+    echo_link.add(
+        Toxic("slicer", "downstream", {"average_size": 10, "size_variation": 0, "delay": 20000})
+    )
     got, chunks, elapsed = echo_roundtrip(echo_link, payload)
     assert got == payload  # intact and in order
     assert len(chunks) >= 8 and elapsed >= 0.4  # 256 bytes in ~8-byte slices, 20 ms apart
@@ -395,9 +407,13 @@ def test_a_killed_toxiproxy_server_is_reported_as_such(pg):
         link = api.link("doomed", pg.host, pg.port)
         os.kill(pid, signal.SIGKILL)
         poll("the server is dead", lambda: not alive(pid))
-        calls = {"version": api.version, "link": lambda: api.link("new", pg.host, pg.port),
-                 "add": lambda: link.add(Toxic("latency", "downstream", {"latency": 10})),
-                 "down": link.down, "reset": api.reset}
+        calls = {
+            "version": api.version,
+            "link": lambda: api.link("new", pg.host, pg.port),
+            "add": lambda: link.add(Toxic("latency", "downstream", {"latency": 10})),
+            "down": link.down,
+            "reset": api.reset,
+        }
         for name, call in calls.items():
             with pytest.raises(ToxiproxyError, match="was it killed") as info:
                 call()
@@ -493,8 +509,11 @@ def test_a_stand_in_killed_from_outside_is_dead_at_once_and_named_when_called():
         pid = sink.pid
         os.kill(pid, signal.SIGKILL)
         assert not sink.running  # at once: the signal is pending or the process exiting
-        with pytest.raises(StandInDied, match=rf"the sink stand-in \(NotificationSink, pid "
-                                             rf"{pid}\) died \(killed by SIGKILL\)"):
+        with pytest.raises(
+            StandInDied,
+            match=rf"the sink stand-in \(NotificationSink, pid "
+            rf"{pid}\) died \(killed by SIGKILL\)",
+        ):
             sink.received()
     assert not alive(pid)
 
@@ -519,12 +538,20 @@ def test_a_child_killed_from_outside_is_dead_once_a_peer_sees_its_files_close():
 def test_a_postmaster_killed_from_outside_leaves_nothing_once_stopped():
     with PostgresCluster(faketime=False) as c:
         busy = psycopg.connect(c.dsn(), autocommit=True)  # a backend that never looks up
-        threading.Thread(target=lambda: _swallow(lambda: busy.execute(
-            "select count(*) from generate_series(1, 2000000000)")), daemon=True).start()
+        threading.Thread(
+            target=lambda: _swallow(
+                lambda: busy.execute("select count(*) from generate_series(1, 2000000000)")
+            ),
+            daemon=True,
+        ).start()
         with psycopg.connect(c.dsn(), autocommit=True) as watch:
-            poll("the long statement runs", lambda: watch.execute(
-                "select 1 from pg_stat_activity where pid = %s and state = 'active'",
-                (busy.info.backend_pid,)).fetchone())
+            poll(
+                "the long statement runs",
+                lambda: watch.execute(
+                    "select 1 from pg_stat_activity where pid = %s and state = 'active'",
+                    (busy.info.backend_pid,),
+                ).fetchone(),
+            )
         servers = [c._proc.pid, *children_of(c._proc.pid)]
         os.kill(c._proc.pid, signal.SIGKILL)
         assert not c.running

@@ -13,11 +13,15 @@ MUTANT = {m.name: m for m in MUTANTS}
 MUTANT_INVARIANT = {m.name: m.invariant for m in MUTANTS}
 
 
-
 def test_the_catalogue_covers_the_issue_and_names_real_invariants():
     assert len(MUTANT) == len(MUTANTS)
-    for name in ("receipt-after-effect", "step-index-call-counter", "repeat-reexecutes",
-                 "no-lock-executing-fence", "heal-ignores-heartbeat"):
+    for name in (
+        "receipt-after-effect",
+        "step-index-call-counter",
+        "repeat-reexecutes",
+        "no-lock-executing-fence",
+        "heal-ignores-heartbeat",
+    ):
         assert name in MUTANT
     for m in MUTANTS:
         assert m.kind == "approved-plan" and m.description
@@ -37,8 +41,9 @@ def test_reference_passes_and_observes_faults(check_env):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["failed-step-continues", "step-index-call-counter"])
 def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
-    r = run_check(MUTANT[name].machine(ApprovedPlanCheck), check_env, seed=1,
-                  require_all=False, shrinks=300)
+    r = run_check(
+        MUTANT[name].machine(ApprovedPlanCheck), check_env, seed=1, require_all=False, shrinks=300
+    )
     assert r.failure is not None, f"mutant {name} was not caught"
     assert MUTANT_INVARIANT[name] in r.invariants, r.failure
     assert r.counterexample_steps <= 15, "\n".join(r.counterexample)
@@ -48,6 +53,13 @@ def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
 def test_a_seed_replays_the_same_run(check_env):
     traces: list[list[list[str]]] = [[], []]
     for kept in traces:
-        run_check(ApprovedPlanCheck, check_env, examples=6, steps=30, seed=21, require_all=False,
-                  traces=kept)
+        run_check(
+            ApprovedPlanCheck,
+            check_env,
+            examples=6,
+            steps=30,
+            seed=21,
+            require_all=False,
+            traces=kept,
+        )
     assert traces[0] and traces[0] == traces[1]

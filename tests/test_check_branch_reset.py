@@ -18,7 +18,6 @@ MUTANT = {m.name: m for m in MUTANTS}
 DEVIATION = "reaped live run under skew past bound (known deviation)"
 
 
-
 @pytest.fixture(scope="session")
 def reference_run(check_env):
     """One small run of the reference, every example's trace kept."""
@@ -44,16 +43,22 @@ def test_skew_past_the_bound_is_observed_and_labelled(reference_run):
     assert r.stats.events["skew within bound"] > 0
     assert r.stats.events["skew past bound (known deviation)"] > 0
     assert r.stats.events[DEVIATION] > 0
-    labelled = [line for t in traces for line in t
-                if "known deviation of an application-clock lease" in line]
+    labelled = [
+        line
+        for t in traces
+        for line in t
+        if "known deviation of an application-clock lease" in line
+    ]
     assert labelled and all(f">= L - M = {BOUND}s" in line for line in labelled)
 
 
-@pytest.mark.parametrize("name",
-                         ["one-in-flight-missing", "reaper-ignores-lease", "start-retry-fresh-key"])
+@pytest.mark.parametrize(
+    "name", ["one-in-flight-missing", "reaper-ignores-lease", "start-retry-fresh-key"]
+)
 def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
-    r = run_check(MUTANT[name].machine(BranchResetCheck), check_env, seed=2,
-                  require_all=False, shrinks=300)
+    r = run_check(
+        MUTANT[name].machine(BranchResetCheck), check_env, seed=2, require_all=False, shrinks=300
+    )
     assert r.failure is not None, f"mutant {name} was not caught"
     assert MUTANT_INVARIANT[name] in r.invariants, r.failure
     assert r.counterexample_steps <= 15, "\n".join(r.counterexample)
@@ -62,6 +67,13 @@ def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
 def test_a_seed_replays_the_same_run(check_env):
     traces: list[list[list[str]]] = [[], []]
     for kept in traces:
-        run_check(BranchResetCheck, check_env, examples=6, steps=30, seed=11, require_all=False,
-                  traces=kept)
+        run_check(
+            BranchResetCheck,
+            check_env,
+            examples=6,
+            steps=30,
+            seed=11,
+            require_all=False,
+            traces=kept,
+        )
     assert traces[0] and traces[0] == traces[1]

@@ -28,13 +28,21 @@ def test_reference_passes_a_small_run(check_env):
 
 
 @slow
-@pytest.mark.parametrize("name", ["server-ignores-base-version", "success-wipes-pending-edit",
-                                  "reused-save-seq-applied", "trailing-slash-redirects",
-                                  "draft-key-without-writer"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "server-ignores-base-version",
+        "success-wipes-pending-edit",
+        "reused-save-seq-applied",
+        "trailing-slash-redirects",
+        "draft-key-without-writer",
+    ],
+)
 def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
     mutant = next(m for m in MUTANTS if m.name == name)
-    r = run_check(mutant.machine(DocumentSessionCheck), check_env, seed=1,
-                  require_all=False, shrinks=300)
+    r = run_check(
+        mutant.machine(DocumentSessionCheck), check_env, seed=1, require_all=False, shrinks=300
+    )
     assert r.failure is not None, f"mutant {name} was not caught"
     assert mutant.invariant in r.invariants, r.failure
     assert 0 < r.counterexample_steps <= 15, "\n".join(r.counterexample)
@@ -42,14 +50,29 @@ def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
 
 def test_the_catalogue_covers_the_issues():
     names = {m.name for m in MUTANTS}
-    assert {"server-ignores-base-version", "success-wipes-pending-edit", "draft-key-without-writer",
-            "stale-read-applied", "reload-clears-before-fetch", "automatic-rebase-on-conflict",
-            "close-drops-pending-edit", "retry-conflicts-with-itself"} <= names
+    assert {
+        "server-ignores-base-version",
+        "success-wipes-pending-edit",
+        "draft-key-without-writer",
+        "stale-read-applied",
+        "reload-clears-before-fetch",
+        "automatic-rebase-on-conflict",
+        "close-drops-pending-edit",
+        "retry-conflicts-with-itself",
+    } <= names
     # the server findings of issue 10, each put back as a mutant
-    assert {"ids-matched-with-dollar", "receipt-lookup-ignores-user", "reused-save-seq-applied",
-            "json-last-key-wins", "body-encoding-sniffed", "if-match-read-as-a-number",
-            "first-header-wins", "content-type-not-checked", "unparseable-body-is-422",
-            "trailing-slash-redirects"} <= names
+    assert {
+        "ids-matched-with-dollar",
+        "receipt-lookup-ignores-user",
+        "reused-save-seq-applied",
+        "json-last-key-wins",
+        "body-encoding-sniffed",
+        "if-match-read-as-a-number",
+        "first-header-wins",
+        "content-type-not-checked",
+        "unparseable-body-is-422",
+        "trailing-slash-redirects",
+    } <= names
     assert all(m.kind == "document-session" for m in MUTANTS)
     assert len(names) == len(MUTANTS)
 
@@ -63,7 +86,14 @@ def test_every_mutant_names_an_invariant_the_check_reports():
 def test_a_seed_replays_the_same_run(check_env):
     traces: list[list[list[str]]] = [[], []]
     for kept in traces:
-        run_check(DocumentSessionCheck, check_env, examples=4, steps=25, seed=7, require_all=False,
-                  traces=kept)
+        run_check(
+            DocumentSessionCheck,
+            check_env,
+            examples=4,
+            steps=25,
+            seed=7,
+            require_all=False,
+            traces=kept,
+        )
     assert traces[0] and sum(map(len, traces[0])) > 20
     assert traces[0] == traces[1]

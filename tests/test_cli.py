@@ -63,16 +63,20 @@ def _json(path) -> dict:
     return doc
 
 
-@pytest.mark.parametrize("flag,path,problem", [
-    ("--json", "missing-dir/r.json", "directory missing-dir does not exist"),
-    ("--junit", ".", "is a directory"),
-    ("--json", "r.json --junit r.json", "same file"),
-    ("--example-db", "no/such/dir", "directory no/such does not exist"),
-    ("--shard", "3/2", "give I/N"),
-    ("--seeds", "0", "--seeds must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "flag,path,problem",
+    [
+        ("--json", "missing-dir/r.json", "directory missing-dir does not exist"),
+        ("--junit", ".", "is a directory"),
+        ("--json", "r.json --junit r.json", "same file"),
+        ("--example-db", "no/such/dir", "directory no/such does not exist"),
+        ("--shard", "3/2", "give I/N"),
+        ("--seeds", "0", "--seeds must be at least 1"),
+    ],
+)
 def test_a_bad_command_line_is_exit_2_with_one_line_before_anything_starts(
-        monkeypatch, tmp_path, capsys, flag, path, problem):
+    monkeypatch, tmp_path, capsys, flag, path, problem
+):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(cli, "Env", NeverStart)
     args = ["verify", "outbox", "--seed", "1", flag, *shlex.split(path)]
@@ -91,8 +95,10 @@ def test_shard_needs_a_seed_so_every_shard_runs_the_same_work(monkeypatch, capsy
 def test_version_and_help_list_exit_codes_and_profiles(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["--version"])
-    assert e.value.code == 0 and capsys.readouterr().out.strip() == \
-        f"knownstate {knownstate_version()}"
+    assert (
+        e.value.code == 0
+        and capsys.readouterr().out.strip() == f"knownstate {knownstate_version()}"
+    )
     for argv in (["--help"], ["verify", "--help"], ["mutants", "--help"]):
         with pytest.raises(SystemExit):
             cli.main(argv)
@@ -114,14 +120,20 @@ def test_verify_seeds_prints_per_kind_passes_vacuous_and_failed_with_their_seeds
             return result(kind, seed, failure="boom", invariants=("claim",))
         return result(kind, seed)
 
-    code, engine = gate(["verify", "outbox", "approved-plan", "--seed", "10", "--seeds", "3",
-                         "--json", "r.json"], answer)
+    code, engine = gate(
+        ["verify", "outbox", "approved-plan", "--seed", "10", "--seeds", "3", "--json", "r.json"],
+        answer,
+    )
     out = capsys.readouterr().out
     assert code == 1
     assert sorted((c.kind, c.seed) for c in engine.calls) == sorted(
-        (k, s) for k in ("outbox", "approved-plan") for s in (10, 11, 12))
-    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")
-            and line.split()[0] in ("outbox", "approved-plan")}
+        (k, s) for k in ("outbox", "approved-plan") for s in (10, 11, 12)
+    )
+    rows = {
+        line.split()[0]: line
+        for line in out.splitlines()
+        if line.startswith("  ") and line.split()[0] in ("outbox", "approved-plan")
+    }
     assert rows["outbox"].split()[1:5] == ["3", "0", "0", "0"]
     assert rows["approved-plan"].split()[1:5] == ["1", "1", "1", "0"]
     assert "vacuous at seed 11" in rows["approved-plan"]
@@ -131,8 +143,12 @@ def test_verify_seeds_prints_per_kind_passes_vacuous_and_failed_with_their_seeds
 
 
 def test_summary_says_why_each_run_stopped_and_what_this_database_cannot_cover(gate, capsys):
-    code, _ = gate(["verify", "outbox", "--seed", "4"], lambda k, m, s, st: result(
-        k, s, not_covered=("event 'db crash'",), stopped="the profile's 3000 examples ran"))
+    code, _ = gate(
+        ["verify", "outbox", "--seed", "4"],
+        lambda k, m, s, st: result(
+            k, s, not_covered=("event 'db crash'",), stopped="the profile's 3000 examples ran"
+        ),
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "  stopped: the profile's 3000 examples ran" in out
@@ -140,14 +156,23 @@ def test_summary_says_why_each_run_stopped_and_what_this_database_cannot_cover(g
 
 
 def test_a_failure_prints_a_replay_command_that_parses_back_to_the_same_run(gate, capsys):
-    code, _ = gate(["verify", "outbox", "--seed", "8", "--steps", "20", "--profile", "deep"],
-                   lambda k, m, s, st: result(k, s, failure="f", invariants=("claim",),
-                                              batch=6, profile="deep"))
+    code, _ = gate(
+        ["verify", "outbox", "--seed", "8", "--steps", "20", "--profile", "deep"],
+        lambda k, m, s, st: result(
+            k, s, failure="f", invariants=("claim",), batch=6, profile="deep"
+        ),
+    )
     assert code == 1
     replay = re.search(r"replay: (.*)", capsys.readouterr().out).group(1)
     args = cli.build_parser().parse_args(shlex.split(replay)[1:])
     assert (args.kinds, args.seed, args.profile, args.batch, args.steps, args.examples) == (
-        ["outbox"], 8, "deep", 6, 20, None)
+        ["outbox"],
+        8,
+        "deep",
+        6,
+        20,
+        None,
+    )
 
 
 def test_ci_progress_is_a_plain_line_naming_what_is_left_to_observe(gate, capsys):
@@ -155,8 +180,11 @@ def test_ci_progress_is_a_plain_line_naming_what_is_left_to_observe(gate, capsys
     err = capsys.readouterr().err
     for kind in ("outbox", "branch-reset"):
         line = next(x for x in err.splitlines() if x.startswith(f"  {kind} seed 2:"))
-        assert re.search(r"\d+ examples, \d+ steps, \d+ faults, \d+ requirements still to "
-                         "observe", line), line
+        assert re.search(
+            r"\d+ examples, \d+ steps, \d+ faults, \d+ requirements still to "
+            "observe",
+            line,
+        ), line
     assert "\r" not in err and "\033" not in err
 
 
@@ -177,13 +205,33 @@ def test_mutants_seeds_counts_catches_per_mutant_and_a_survivor_is_not_caught(ga
             return result(kind, seed, failure="x", invariants=("not-the-declared-one",))
         return _caught(kind, mutant, seed, state)
 
-    code, engine = gate(["mutants", "outbox", "--seed", "20", "--seeds", "2", "--mutant", first,
-                         "--mutant", second, "--mutant", third, "--junit", "m.xml"], answer)
+    code, engine = gate(
+        [
+            "mutants",
+            "outbox",
+            "--seed",
+            "20",
+            "--seeds",
+            "2",
+            "--mutant",
+            first,
+            "--mutant",
+            second,
+            "--mutant",
+            third,
+            "--junit",
+            "m.xml",
+        ],
+        answer,
+    )
     out = capsys.readouterr().out
     assert code == 1
     assert all(c.database is None for c in engine.calls), "mutants measure seeds, no memory"
-    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("  outbox ")
-            and len(line.split()) > 3}
+    rows = {
+        line.split()[1]: line
+        for line in out.splitlines()
+        if line.startswith("  outbox ") and len(line.split()) > 3
+    }
     assert " 2/2 " in rows[first] and "NOT CAUGHT" not in rows[first]
     assert "NOT CAUGHT 1/2" in rows[second] and "missed at seed 21" in rows[second]
     assert "NOT CAUGHT 0/2" in rows[third]
@@ -205,8 +253,10 @@ def test_mutants_pass_only_when_every_mutant_is_caught_at_every_seed(gate, capsy
 @pytest.mark.parametrize("caught,code,word", [(True, 0, "CAUGHT"), (False, 1, "NOT CAUGHT")])
 def test_verify_mutant_says_caught_or_not_caught(gate, capsys, caught, code, word):
     name = OUTBOX_MUTANTS[0]
-    got, _ = gate(["verify", "outbox", "--mutant", name, "--seed", "5", "--json", "r.json"],
-                  lambda k, m, s, st: _caught(k, m if caught else None, s, st))
+    got, _ = gate(
+        ["verify", "outbox", "--mutant", name, "--seed", "5", "--json", "r.json"],
+        lambda k, m, s, st: _caught(k, m if caught else None, s, st),
+    )
     out = capsys.readouterr().out
     assert got == code
     assert out.strip().splitlines()[-2].startswith(f"knownstate verify: {word} — mutant {name}")
@@ -217,8 +267,7 @@ def test_verify_mutant_says_caught_or_not_caught(gate, capsys, caught, code, wor
 def test_mutants_refuses_a_catalogue_with_problems(monkeypatch, tmp_path, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(cli, "Env", NeverStart)
-    bogus = Mutant("typo", "outbox", "retry-politeness", "declares no real invariant",
-                   lambda c: c)
+    bogus = Mutant("typo", "outbox", "retry-politeness", "declares no real invariant", lambda c: c)
     real = kinds.mutants
     monkeypatch.setattr(kinds, "mutants", lambda k: [*real(k), bogus])
     assert cli.main(["mutants", "outbox", "--seed", "1", "--json", "r.json"]) == 1
@@ -239,14 +288,30 @@ def test_a_signal_writes_both_reports_with_what_finished(gate, capsys, sig, code
         return result(kind, seed)
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    got, _ = gate(["verify", "outbox", "approved-plan", "branch-reset", "--seed", "1",
-                   "--json", "r.json", "--junit", "r.xml"], answer)
+    got, _ = gate(
+        [
+            "verify",
+            "outbox",
+            "approved-plan",
+            "branch-reset",
+            "--seed",
+            "1",
+            "--json",
+            "r.json",
+            "--junit",
+            "r.xml",
+        ],
+        answer,
+    )
     assert got == code
     assert {s: signal.getsignal(s) for s in before} == before, "handlers must be restored"
     assert f"interrupted by {sig.name} during approved-plan seed 1" in capsys.readouterr().err
     doc = _json("r.json")
     assert [(r["kind"], r["status"]) for r in doc["runs"]] == [
-        ("outbox", "passed"), ("approved-plan", "interrupted"), ("branch-reset", "not run")]
+        ("outbox", "passed"),
+        ("approved-plan", "interrupted"),
+        ("branch-reset", "not run"),
+    ]
     assert doc["runs"][1]["examples"] == 7 and doc["signal"] == sig.name
     root = ET.parse("r.xml").getroot()
     assert (root.get("errors"), root.get("skipped"), root.get("failures")) == ("1", "1", "0")
@@ -256,6 +321,7 @@ def test_a_signal_writes_both_reports_with_what_finished(gate, capsys, sig, code
 def test_a_signal_whose_interrupt_python_dropped_stops_the_next_step(gate, capsys):
     """A handler's raise inside a destructor or a fork hook is printed and dropped by Python;
     the run must stop at its next step all the same, not run on to its end."""
+
     class Swallows:
         def __del__(self):
             signal.raise_signal(signal.SIGTERM)
@@ -267,8 +333,7 @@ def test_a_signal_whose_interrupt_python_dropped_stops_the_next_step(gate, capsy
             raise AssertionError("the dropped interrupt did not stop the run")
         return result(kind, seed)
 
-    got, _ = gate(["verify", "outbox", "approved-plan", "--seed", "1", "--json", "r.json"],
-                  answer)
+    got, _ = gate(["verify", "outbox", "approved-plan", "--seed", "1", "--json", "r.json"], answer)
     assert got == 143
     assert "interrupted by SIGTERM during approved-plan seed 1" in capsys.readouterr().err
     assert [r["status"] for r in _json("r.json")["runs"]] == ["passed", "interrupted"]
@@ -298,8 +363,20 @@ def test_an_environment_fault_is_exit_3_with_reports_of_what_finished(gate, caps
             raise EnvironmentFault("toxiproxy-server died, and not by the harness")
         return result(kind, seed, failure="a real bug", invariants=("claim",))
 
-    code, _ = gate(["verify", "outbox", "approved-plan", "--seed", "1", "--json", "r.json",
-                    "--junit", "r.xml"], answer)
+    code, _ = gate(
+        [
+            "verify",
+            "outbox",
+            "approved-plan",
+            "--seed",
+            "1",
+            "--json",
+            "r.json",
+            "--junit",
+            "r.xml",
+        ],
+        answer,
+    )
     assert code == 3
     assert "toxiproxy-server died" in capsys.readouterr().err
     doc = _json("r.json")
@@ -322,8 +399,7 @@ def test_shards_together_run_exactly_the_work_of_one_run(command):
 
     whole = [key(u) for u in plan_of([]).units]
     for n in (1, 2, 3, 5, len(whole) + 2):
-        parts = [[key(u) for u in plan_of(["--shard", f"{i}/{n}"]).units]
-                 for i in range(1, n + 1)]
+        parts = [[key(u) for u in plan_of(["--shard", f"{i}/{n}"]).units] for i in range(1, n + 1)]
         joined = sorted(k for part in parts for k in part)
         assert joined == sorted(whole), f"{n} shards"  # no run lost, none run twice
         assert max(map(len, parts)) - min(map(len, parts)) <= 1, "shards are balanced"
@@ -331,16 +407,20 @@ def test_shards_together_run_exactly_the_work_of_one_run(command):
 
 def test_report_merge_of_the_shards_is_the_report_of_the_whole_run(gate, capsys):
     def answer(kind, mutant, seed, state):
-        return result(kind, seed, failure="f", invariants=("claim",)) if seed == 4 \
+        return (
+            result(kind, seed, failure="f", invariants=("claim",))
+            if seed == 4
             else result(kind, seed)
+        )
 
     common = ["verify", "--seed", "3", "--seeds", "2"]
     whole_code, _ = gate([*common, "--json", "whole.json"], answer)
     for i in (1, 2, 3):
         gate([*common, "--shard", f"{i}/3", "--json", f"s{i}.json"], answer)
     capsys.readouterr()
-    merged = cli.main(["report", "merge", "s3.json", "s1.json", "s2.json", "--json", "m.json",
-                       "--junit", "m.xml"])
+    merged = cli.main(
+        ["report", "merge", "s3.json", "s1.json", "s2.json", "--json", "m.json", "--junit", "m.xml"]
+    )
     whole, doc = _json("whole.json"), _json("m.json")
     assert merged == whole_code == 1
     assert doc["runs"] == whole["runs"] and doc["counts"] == whole["counts"]
@@ -379,8 +459,9 @@ def test_one_seed_replays_stored_failures_and_several_seeds_only_keep_new_ones(t
 def run(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "CI": "true"}
     env.pop("DATABASE_URL", None)
-    return subprocess.run([*KNOWNSTATE, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=cwd)
+    return subprocess.run(
+        [*KNOWNSTATE, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd
+    )
 
 
 def descendants(pid: int) -> list[int]:
@@ -416,8 +497,13 @@ def test_verify_outbox_passes_and_writes_both_reports(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "outbox: passed" in out and "seed 12" in out
-    for line in ("faults injected:", "events observed:", "transitions observed:",
-                 "invariants checked:", "stopped: every requirement observed"):
+    for line in (
+        "faults injected:",
+        "events observed:",
+        "transitions observed:",
+        "invariants checked:",
+        "stopped: every requirement observed",
+    ):
         assert line in out
     doc, xml = reports(tmp_path)
     assert (doc["outcome"], doc["exit_code"], doc["seed"]) == ("passed", 0, 12)
@@ -429,8 +515,9 @@ def test_verify_outbox_passes_and_writes_both_reports(tmp_path):
 
 @pytest.mark.slow
 def test_a_tiny_run_is_vacuous_and_reported_so(tmp_path):
-    r = run("verify", "outbox", "--seed", "1", "--examples", "2", "--steps", "5", *REPORTS,
-            cwd=tmp_path)
+    r = run(
+        "verify", "outbox", "--seed", "1", "--examples", "2", "--steps", "5", *REPORTS, cwd=tmp_path
+    )
     assert r.returncode == 1 and "outbox: VACUOUS" in r.stdout, r.stdout + r.stderr
     doc, xml = reports(tmp_path)
     assert doc["outcome"] == "vacuous" and doc["runs"][0]["vacuous"]
@@ -438,36 +525,61 @@ def test_a_tiny_run_is_vacuous_and_reported_so(tmp_path):
 
 
 def _trace(out: str) -> str:
-    return out[out.index("counterexample ("):out.index("replay:")]
+    return out[out.index("counterexample (") : out.index("replay:")]
 
 
 @pytest.mark.slow
-def test_a_caught_mutant_shrinks_replays_and_is_replayed_first_from_the_example_database(
-        tmp_path):
-    args = ("verify", "outbox", "--mutant", "claim-without-bump", "--seed", "3",
-            "--examples", "30", "--steps", "30")
+def test_a_caught_mutant_shrinks_replays_and_is_replayed_first_from_the_example_database(tmp_path):
+    args = (
+        "verify",
+        "outbox",
+        "--mutant",
+        "claim-without-bump",
+        "--seed",
+        "3",
+        "--examples",
+        "30",
+        "--steps",
+        "30",
+    )
     first = run(*args, "--example-db", "db", *REPORTS, cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "knownstate verify: CAUGHT" in first.stdout and "NOT CAUGHT" not in first.stdout
     m = re.search(r"counterexample \((\d+) steps", first.stdout)
     assert m and int(m.group(1)) <= 15, first.stdout
-    assert ("replay: knownstate verify outbox --seed 3 --profile ci --examples 30 --steps 30 "
-            "--mutant claim-without-bump --example-db db") in first.stdout
+    assert (
+        "replay: knownstate verify outbox --seed 3 --profile ci --examples 30 --steps 30 "
+        "--mutant claim-without-bump --example-db db"
+    ) in first.stdout
     doc, _ = reports(tmp_path)
     assert doc["runs"][0]["caught"] and doc["runs"][0]["stored_examples"] == 0
 
     again = run(*args, "--no-example-db", cwd=tmp_path)
     assert _trace(again.stdout) == _trace(first.stdout), "a seed alone replays its failure"
 
-    later = run("verify", "outbox", "--mutant", "claim-without-bump", "--seed", "99",
-                "--examples", "1", "--steps", "30", "--example-db", "db", *REPORTS,
-                cwd=tmp_path)
+    later = run(
+        "verify",
+        "outbox",
+        "--mutant",
+        "claim-without-bump",
+        "--seed",
+        "99",
+        "--examples",
+        "1",
+        "--steps",
+        "30",
+        "--example-db",
+        "db",
+        *REPORTS,
+        cwd=tmp_path,
+    )
     assert later.returncode == 0, later.stdout + later.stderr
     assert "replayed first: 1 stored failing example(s)" in later.stdout
     assert _trace(later.stdout) == _trace(first.stdout)
     doc, _ = reports(tmp_path)
-    assert doc["runs"][0]["stored_examples"] == 1 and doc["runs"][0]["examples"] <= 3, \
+    assert doc["runs"][0]["stored_examples"] == 1 and doc["runs"][0]["examples"] <= 3, (
         "the stored failure is the first example run, not found again by searching"
+    )
 
 
 @pytest.mark.slow
@@ -475,17 +587,41 @@ def test_a_mutant_a_run_cannot_reach_is_not_caught_and_fails_the_command(tmp_pat
     # One step per example cannot break the lease fence: enqueue, claim, stall, reclaim and
     # complete are needed. The verdict is NOT CAUGHT by construction, whatever the seed.
     tiny = ("--examples", "1", "--steps", "1")
-    r = run("mutants", "outbox", "--mutant", "unfenced-complete", "--seeds", "2", "--seed",
-            "7", *tiny, *REPORTS, cwd=tmp_path)
+    r = run(
+        "mutants",
+        "outbox",
+        "--mutant",
+        "unfenced-complete",
+        "--seeds",
+        "2",
+        "--seed",
+        "7",
+        *tiny,
+        *REPORTS,
+        cwd=tmp_path,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "NOT CAUGHT 0/2" in r.stdout and "PASSED" not in r.stdout
     doc, xml = reports(tmp_path)
     assert doc["outcome"] == "failed"
     assert [(x["mutant"] or {}).get("name") for x in doc["runs"]] == [
-        None, None, "unfenced-complete", "unfenced-complete"]
+        None,
+        None,
+        "unfenced-complete",
+        "unfenced-complete",
+    ]
     assert [f.get("type") for f in xml.iter("failure")] == ["not-caught", "not-caught"]
-    one = run("verify", "outbox", "--mutant", "unfenced-complete", "--seed", "7", *tiny,
-              "--no-example-db", cwd=tmp_path)
+    one = run(
+        "verify",
+        "outbox",
+        "--mutant",
+        "unfenced-complete",
+        "--seed",
+        "7",
+        *tiny,
+        "--no-example-db",
+        cwd=tmp_path,
+    )
     assert one.returncode == 1 and "knownstate verify: NOT CAUGHT" in one.stdout
 
 
@@ -493,9 +629,25 @@ def _start_verify(tmp_path: Path, *kinds_: str):
     env = {**os.environ, "CI": "true"}
     env.pop("DATABASE_URL", None)
     err = open(tmp_path / "stderr", "w")
-    proc = subprocess.Popen([*KNOWNSTATE, "verify", *kinds_, "--examples", "100000", "--steps",
-                             "20", "--seed", "1", *REPORTS], stdout=subprocess.PIPE,
-                            stderr=err, text=True, env=env, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [
+            *KNOWNSTATE,
+            "verify",
+            *kinds_,
+            "--examples",
+            "100000",
+            "--steps",
+            "20",
+            "--seed",
+            "1",
+            *REPORTS,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=err,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     err.close()
     first = f"  {kinds_[0]} seed 1:"
     poll("the first progress line", lambda: first in (tmp_path / "stderr").read_text(), 120)
@@ -564,8 +716,10 @@ def test_postgres_killed_from_outside_is_exit_3_with_reports(tmp_path):
 def test_the_readme_states_the_profiles_as_they_are():
     readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
     for name, p in PROFILES.items():
-        assert (f"every requirement {p.times_each} times, at least {p.min_examples:,} examples, "
-                f"at most {p.budget_s:.0f} s per kind") in readme, name
+        assert (
+            f"every requirement {p.times_each} times, at least {p.min_examples:,} examples, "
+            f"at most {p.budget_s:.0f} s per kind"
+        ) in readme, name
 
 
 def test_a_github_artifact_is_replayed_read_only_beside_the_local_database(tmp_path):
@@ -586,8 +740,9 @@ def test_a_github_artifact_is_replayed_read_only_beside_the_local_database(tmp_p
     assert isinstance(github, GitHubArtifactDatabase)
     assert (github.owner, github.repo, github.artifact_name) == ("acme", "shop", memory.ARTIFACT)
     keeping = mem.database(replay=False).inner
-    assert isinstance(keeping, SaveOnly) and isinstance(keeping.inner,
-                                                        DirectoryBasedExampleDatabase)
+    assert isinstance(keeping, SaveOnly) and isinstance(
+        keeping.inner, DirectoryBasedExampleDatabase
+    )
     assert memory.parse_github("acme/shop:nightly") == ("acme", "shop", "nightly")
     for bad in ("acme", "/shop", "acme/shop/x"):
         with pytest.raises(ValueError, match="OWNER/REPO"):

@@ -20,12 +20,19 @@ from knownstate.model.describe import Claim, Fence, Lease, Retry, RunKind, secon
 QUEUE = dict(
     name="jobs",
     statuses=("pending", "running", "done", "failed", "dead"),
-    initial="pending", owned=("running",), terminal=("done", "failed", "dead"),
+    initial="pending",
+    owned=("running",),
+    terminal=("done", "failed", "dead"),
     transitions=(
-        "(new) -enqueue-> pending", "pending -claim-> running",
-        "running -extend_lease-> running", "running -complete-> done",
-        "running -fail_permanent-> failed", "running -retry-> pending",
-        "running -give_up-> dead", "running -reclaim-> pending", "running -reclaim_dead-> dead",
+        "(new) -enqueue-> pending",
+        "pending -claim-> running",
+        "running -extend_lease-> running",
+        "running -complete-> done",
+        "running -fail_permanent-> failed",
+        "running -retry-> pending",
+        "running -give_up-> dead",
+        "running -reclaim-> pending",
+        "running -reclaim_dead-> dead",
     ),
     claim=Claim(how="SKIP LOCKED"),
     lease=Lease(seconds="5m", heartbeat="1m", taken_back_by=("reclaim", "reclaim_dead")),
@@ -49,27 +56,40 @@ def test_a_consistent_description_gives_its_contract():
     assert "300 s" in c.lease and "60 s" in c.lease and "3 attempts" in c.retry_policy
 
 
-@pytest.mark.parametrize("changes, hint", [
-    (dict(initial="waiting"), "initial status 'waiting' is not among statuses"),
-    (dict(transitions=QUEUE["transitions"] + ("running -cancel-> canceled",)),
-     "status 'canceled' is not among statuses"),
-    (dict(transitions=QUEUE["transitions"] + ("done -retry-> pending",)),
-     "terminal status 'done' has a transition out of it"),
-    (dict(transitions=QUEUE["transitions"] + ("running -complete-> failed",)),
-     "event 'complete' from 'running' leads both to 'done' and to 'failed'"),
-    (dict(transitions=QUEUE["transitions"][1:]), "no transition creates a run in 'pending'"),
-    (dict(statuses=QUEUE["statuses"] + ("parked",)), "status 'parked' is never reached"),
-    (dict(owned=("done",)), "is both owned and terminal"),
-    (dict(lease=Lease(seconds=300, taken_back_by=("reap",))),
-     "Lease(taken_back_by) names event 'reap', which no transition has"),
-    (dict(lease=Lease(seconds=300, heartbeat=200, taken_back_by=("reclaim",))),
-     "beat at least twice per lease"),
-    (dict(retry=None), "no retry policy, but 'running -retry-> pending' tries the run again"),
-    (dict(retry=Retry(max_attempts=3, base="10m", cap="1m")), "the cap bounds the wait"),
-    (dict(lease=None, transitions=QUEUE["transitions"][:5]), "fence 'attempt' without a lease"),
-    (dict(external_key=True), "an idempotency key goes with an external call"),
-    (dict(transitions=("pending -> running",)), "write it as 'source -event-> target'"),
-])
+@pytest.mark.parametrize(
+    "changes, hint",
+    [
+        (dict(initial="waiting"), "initial status 'waiting' is not among statuses"),
+        (
+            dict(transitions=QUEUE["transitions"] + ("running -cancel-> canceled",)),
+            "status 'canceled' is not among statuses",
+        ),
+        (
+            dict(transitions=QUEUE["transitions"] + ("done -retry-> pending",)),
+            "terminal status 'done' has a transition out of it",
+        ),
+        (
+            dict(transitions=QUEUE["transitions"] + ("running -complete-> failed",)),
+            "event 'complete' from 'running' leads both to 'done' and to 'failed'",
+        ),
+        (dict(transitions=QUEUE["transitions"][1:]), "no transition creates a run in 'pending'"),
+        (dict(statuses=QUEUE["statuses"] + ("parked",)), "status 'parked' is never reached"),
+        (dict(owned=("done",)), "is both owned and terminal"),
+        (
+            dict(lease=Lease(seconds=300, taken_back_by=("reap",))),
+            "Lease(taken_back_by) names event 'reap', which no transition has",
+        ),
+        (
+            dict(lease=Lease(seconds=300, heartbeat=200, taken_back_by=("reclaim",))),
+            "beat at least twice per lease",
+        ),
+        (dict(retry=None), "no retry policy, but 'running -retry-> pending' tries the run again"),
+        (dict(retry=Retry(max_attempts=3, base="10m", cap="1m")), "the cap bounds the wait"),
+        (dict(lease=None, transitions=QUEUE["transitions"][:5]), "fence 'attempt' without a lease"),
+        (dict(external_key=True), "an idempotency key goes with an external call"),
+        (dict(transitions=("pending -> running",)), "write it as 'source -event-> target'"),
+    ],
+)
 def test_an_inconsistent_description_is_refused_with_a_hint(changes, hint):
     assert hint in refused(**changes)
 
@@ -77,13 +97,22 @@ def test_an_inconsistent_description_is_refused_with_a_hint(changes, hint):
 def test_a_status_that_can_never_end_is_refused():
     stuck = QUEUE["transitions"] + ("pending -park-> parked",)
     assert "status 'parked' can never end" in refused(
-        statuses=QUEUE["statuses"] + ("parked",), transitions=stuck)
+        statuses=QUEUE["statuses"] + ("parked",), transitions=stuck
+    )
 
 
-@pytest.mark.parametrize("value, expected", [
-    (90, 90), ("90s", 90), ("5m", 300), ("2h", 7200), ("1d", 86400),
-    (dt.timedelta(minutes=5), 300), (300.0, 300),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (90, 90),
+        ("90s", 90),
+        ("5m", 300),
+        ("2h", 7200),
+        ("1d", 86400),
+        (dt.timedelta(minutes=5), 300),
+        (300.0, 300),
+    ],
+)
 def test_durations_are_read_in_the_users_units(value, expected):
     assert seconds(value) == expected
 
@@ -99,14 +128,31 @@ def test_no_fence_is_allowed_and_described():
     assert d.contract().fence.startswith("none")
 
 
-@pytest.mark.parametrize("described, model", [
-    (descriptions.OUTBOX, outbox), (descriptions.APPROVED_PLAN, approved_plan),
-    (descriptions.BRANCH_RESET, branch_reset),
-])
+@pytest.mark.parametrize(
+    "described, model",
+    [
+        (descriptions.OUTBOX, outbox),
+        (descriptions.APPROVED_PLAN, approved_plan),
+        (descriptions.BRANCH_RESET, branch_reset),
+    ],
+)
 def test_each_built_in_description_says_what_its_model_contract_says(described, model):
     """Drift: the description and the hand-written CONTRACT are one fact in two places."""
     a, b = described.contract(), model.CONTRACT
     assert a.table.transitions == b.table.transitions
-    for name in ("kind", "terminal", "owned", "claim", "lease", "lease_clock", "reaper", "fence",
-                 "receipts", "retry_policy", "external_effect", "deviations", "retries"):
+    for name in (
+        "kind",
+        "terminal",
+        "owned",
+        "claim",
+        "lease",
+        "lease_clock",
+        "reaper",
+        "fence",
+        "receipts",
+        "retry_policy",
+        "external_effect",
+        "deviations",
+        "retries",
+    ):
         assert getattr(a, name) == getattr(b, name), name

@@ -32,7 +32,7 @@ class Bad:
     status: int
     error: str
     words: str = ""
-    body: object = _ABSENT           # a JSON value, or bytes sent as they are
+    body: object = _ABSENT  # a JSON value, or bytes sent as they are
     users: tuple[str, ...] = ("alice",)
     content_type: str | None = "application/json"
     headers: tuple[tuple[str, str], ...] = ()
@@ -48,14 +48,24 @@ class Bad:
 
 
 def save(content=None, version=1, writer="w", seq=1, **extra) -> dict:
-    body = {"expectedVersion": version, "content": {"title": "x"} if content is None else content,
-            "writerId": writer, "saveSeq": seq, **extra}
+    body = {
+        "expectedVersion": version,
+        "content": {"title": "x"} if content is None else content,
+        "writerId": writer,
+        "saveSeq": seq,
+        **extra,
+    }
     return {k: v for k, v in body.items() if v is not _ABSENT}
 
 
 def create(content=None, writer="w", seq=1, **extra) -> dict:
-    body = {"copyOf": "rec1", "content": {"title": "x"} if content is None else content,
-            "writerId": writer, "saveSeq": seq, **extra}
+    body = {
+        "copyOf": "rec1",
+        "content": {"title": "x"} if content is None else content,
+        "writerId": writer,
+        "saveSeq": seq,
+        **extra,
+    }
     return {k: v for k, v in body.items() if v is not _ABSENT}
 
 
@@ -65,64 +75,206 @@ CASES: list[Bad] = []
 add = CASES.append
 
 # -- identifiers in the path: matched in full ---------------------------------------------------
-for label, raw in [("trailing newline", "rec1%0A"), ("trailing CR", "rec1%0D"),
-                   ("trailing space", "rec1%20"), ("leading space", "%20rec1"), ("NUL", "rec%00"),
-                   ("too long", "r" * 65), ("non-ASCII", "r%C3%A9c"), ("dot", "rec1.json"),
-                   ("tab", "rec1%09"), ("plus", "rec+1")]:
+for label, raw in [
+    ("trailing newline", "rec1%0A"),
+    ("trailing CR", "rec1%0D"),
+    ("trailing space", "rec1%20"),
+    ("leading space", "%20rec1"),
+    ("NUL", "rec%00"),
+    ("too long", "r" * 65),
+    ("non-ASCII", "r%C3%A9c"),
+    ("dot", "rec1.json"),
+    ("tab", "rec1%09"),
+    ("plus", "rec+1"),
+]:
     add(Bad(f"path id, {label}: GET", "GET", f"{FILES}/{raw}", 422, "invalid_request", "id"))
-    add(Bad(f"path id, {label}: PUT", "PUT", f"{FILES}/{raw}", 422, "invalid_request", "id",
-            body=save()))
+    add(
+        Bad(
+            f"path id, {label}: PUT",
+            "PUT",
+            f"{FILES}/{raw}",
+            422,
+            "invalid_request",
+            "id",
+            body=save(),
+        )
+    )
 
 # -- writer ids: matched in full ---------------------------------------------------------------
-for label, writer in [("trailing newline", "w\n"), ("empty", ""), ("space", "a b"),
-                      ("too long", "w" * 65), ("non-ASCII", "wé"), ("slash", "w/1"),
-                      ("dot", "w.1"), ("number", 7), ("null", None), ("list", ["w"]),
-                      ("object", {"w": 1}), ("bool", True)]:
-    add(Bad(f"writerId {label}: PUT", "PUT", REC, 422, "invalid_request", "writerId",
-            body=save(writer=writer)))
-    add(Bad(f"writerId {label}: POST", "POST", FILES, 422, "invalid_request", "writerId",
-            body=create(writer=writer)))
+for label, writer in [
+    ("trailing newline", "w\n"),
+    ("empty", ""),
+    ("space", "a b"),
+    ("too long", "w" * 65),
+    ("non-ASCII", "wé"),
+    ("slash", "w/1"),
+    ("dot", "w.1"),
+    ("number", 7),
+    ("null", None),
+    ("list", ["w"]),
+    ("object", {"w": 1}),
+    ("bool", True),
+]:
+    add(
+        Bad(
+            f"writerId {label}: PUT",
+            "PUT",
+            REC,
+            422,
+            "invalid_request",
+            "writerId",
+            body=save(writer=writer),
+        )
+    )
+    add(
+        Bad(
+            f"writerId {label}: POST",
+            "POST",
+            FILES,
+            422,
+            "invalid_request",
+            "writerId",
+            body=create(writer=writer),
+        )
+    )
 
 # -- save sequence numbers ---------------------------------------------------------------------
-for label, seq in [("zero", 0), ("negative", -1), ("fraction", 1.5), ("string", "1"),
-                   ("bool", True), ("too big", 2**63), ("null", None)]:
-    add(Bad(f"saveSeq {label}: PUT", "PUT", REC, 422, "invalid_request", "saveSeq",
-            body=save(seq=seq)))
-    add(Bad(f"saveSeq {label}: POST", "POST", FILES, 422, "invalid_request", "saveSeq",
-            body=create(seq=seq)))
+for label, seq in [
+    ("zero", 0),
+    ("negative", -1),
+    ("fraction", 1.5),
+    ("string", "1"),
+    ("bool", True),
+    ("too big", 2**63),
+    ("null", None),
+]:
+    add(
+        Bad(
+            f"saveSeq {label}: PUT",
+            "PUT",
+            REC,
+            422,
+            "invalid_request",
+            "saveSeq",
+            body=save(seq=seq),
+        )
+    )
+    add(
+        Bad(
+            f"saveSeq {label}: POST",
+            "POST",
+            FILES,
+            422,
+            "invalid_request",
+            "saveSeq",
+            body=create(seq=seq),
+        )
+    )
 
 # -- the identity header ---------------------------------------------------------------------------
-for label, users in [("missing", ()), ("empty", ("",)), ("space", ("a b",)),
-                     ("comma list", ("alice,bob",)), ("too long", ("a" * 65,)),
-                     ("slash", ("al/ice",)), ("colon", ("alice:pw",))]:
+for label, users in [
+    ("missing", ()),
+    ("empty", ("",)),
+    ("space", ("a b",)),
+    ("comma list", ("alice,bob",)),
+    ("too long", ("a" * 65,)),
+    ("slash", ("al/ice",)),
+    ("colon", ("alice:pw",)),
+]:
     add(Bad(f"X-User {label}: GET", "GET", REC, 401, "unauthenticated", "X-User", users=users))
-    add(Bad(f"X-User {label}: PUT", "PUT", REC, 401, "unauthenticated", "X-User", users=users,
-            body=save()))
-for label, users in [("twice, the same", ("alice", "alice")),
-                     ("twice, two users", ("alice", "bob")),
-                     ("twice, a stranger second", ("alice", "dave"))]:
-    add(Bad(f"X-User {label}: GET", "GET", REC, 400, "bad_request", "2 X-User headers",
-            users=users))
-    add(Bad(f"X-User {label}: PUT", "PUT", REC, 400, "bad_request", "2 X-User headers",
-            users=users, body=save()))
-    add(Bad(f"X-User {label}: POST", "POST", FILES, 400, "bad_request", "2 X-User headers",
-            users=users, body=create()))
+    add(
+        Bad(
+            f"X-User {label}: PUT",
+            "PUT",
+            REC,
+            401,
+            "unauthenticated",
+            "X-User",
+            users=users,
+            body=save(),
+        )
+    )
+for label, users in [
+    ("twice, the same", ("alice", "alice")),
+    ("twice, two users", ("alice", "bob")),
+    ("twice, a stranger second", ("alice", "dave")),
+]:
+    add(
+        Bad(f"X-User {label}: GET", "GET", REC, 400, "bad_request", "2 X-User headers", users=users)
+    )
+    add(
+        Bad(
+            f"X-User {label}: PUT",
+            "PUT",
+            REC,
+            400,
+            "bad_request",
+            "2 X-User headers",
+            users=users,
+            body=save(),
+        )
+    )
+    add(
+        Bad(
+            f"X-User {label}: POST",
+            "POST",
+            FILES,
+            400,
+            "bad_request",
+            "2 X-User headers",
+            users=users,
+            body=create(),
+        )
+    )
 
 # -- the content type: JSON in UTF-8, said so ------------------------------------------------------
-for label, ctype in [("missing", None), ("text/plain", "text/plain"),
-                     ("form", "application/x-www-form-urlencoded"),
-                     ("multipart", "multipart/form-data; boundary=x"),
-                     ("JSON in UTF-16", "application/json; charset=utf-16"),
-                     ("JSON in latin-1", "application/json; charset=latin-1"),
-                     ("jsonx", "application/jsonx"),
-                     ("merge patch", "application/merge-patch+json"),
-                     ("text/json", "text/json")]:
-    add(Bad(f"Content-Type {label}: PUT", "PUT", REC, 415, "unsupported_media_type",
-            "application/json", body=save(), content_type=ctype))
-    add(Bad(f"Content-Type {label}: POST", "POST", FILES, 415, "unsupported_media_type",
-            "application/json", body=create(), content_type=ctype))
-add(Bad("Content-Type twice: PUT", "PUT", REC, 400, "bad_request", "2 Content-Type headers",
-        body=save(), headers=(("Content-Type", "application/json"),)))
+for label, ctype in [
+    ("missing", None),
+    ("text/plain", "text/plain"),
+    ("form", "application/x-www-form-urlencoded"),
+    ("multipart", "multipart/form-data; boundary=x"),
+    ("JSON in UTF-16", "application/json; charset=utf-16"),
+    ("JSON in latin-1", "application/json; charset=latin-1"),
+    ("jsonx", "application/jsonx"),
+    ("merge patch", "application/merge-patch+json"),
+    ("text/json", "text/json"),
+]:
+    add(
+        Bad(
+            f"Content-Type {label}: PUT",
+            "PUT",
+            REC,
+            415,
+            "unsupported_media_type",
+            "application/json",
+            body=save(),
+            content_type=ctype,
+        )
+    )
+    add(
+        Bad(
+            f"Content-Type {label}: POST",
+            "POST",
+            FILES,
+            415,
+            "unsupported_media_type",
+            "application/json",
+            body=create(),
+            content_type=ctype,
+        )
+    )
+add(
+    Bad(
+        "Content-Type twice: PUT",
+        "PUT",
+        REC,
+        400,
+        "bad_request",
+        "2 Content-Type headers",
+        body=save(),
+        headers=(("Content-Type", "application/json"),),
+    )
+)
 
 # -- the bytes of the body: UTF-8 JSON, read strictly ----------------------------------------------
 TEXT = json.dumps(save())
@@ -140,13 +292,23 @@ BODIES = [
     ("UTF-8 BOM", b"\xef\xbb\xbf" + TEXT.encode(), "not JSON"),
     ("NaN", TEXT.replace('"x"', "NaN").replace('"title"', '"qty"').encode(), "NaN"),
     ("Infinity", TEXT.replace('"x"', "Infinity").replace('"title"', '"qty"').encode(), "Infinity"),
-    ("-Infinity", TEXT.replace('"x"', "-Infinity").replace('"title"', '"qty"').encode(),
-     "Infinity"),
-    ("a key twice at the top", TEXT.replace('{"expectedVersion": 1',
-                                            '{"expectedVersion": 1, "expectedVersion": 1').encode(),
-     "twice"),
-    ("a key twice in the content",
-     TEXT.replace('"title": "x"', '"title": "x", "title": "y"').encode(), "twice"),
+    (
+        "-Infinity",
+        TEXT.replace('"x"', "-Infinity").replace('"title"', '"qty"').encode(),
+        "Infinity",
+    ),
+    (
+        "a key twice at the top",
+        TEXT.replace(
+            '{"expectedVersion": 1', '{"expectedVersion": 1, "expectedVersion": 1'
+        ).encode(),
+        "twice",
+    ),
+    (
+        "a key twice in the content",
+        TEXT.replace('"title": "x"', '"title": "x", "title": "y"').encode(),
+        "twice",
+    ),
     ("nested too deep", b"[" * 20000 + b"]" * 20000, "nested too deep"),
     ("a number too long", ('{"expectedVersion": ' + "9" * 5000 + "}").encode(), "too long"),
     ("a NUL byte", b"\x00" + TEXT.encode(), "not JSON"),
@@ -159,9 +321,11 @@ for label, raw, words in BODIES:
 
 # -- the shape of the body -------------------------------------------------------------------------
 for label, body, words in [
-    ("a JSON array", [save()], "body"), ("a JSON string", "save", "body"), ("null", None, "body"),
-    ("an unknown field", save(force=True), "force"), ("content missing", save(content=_ABSENT),
-                                                      "content"),
+    ("a JSON array", [save()], "body"),
+    ("a JSON string", "save", "body"),
+    ("null", None, "body"),
+    ("an unknown field", save(force=True), "force"),
+    ("content missing", save(content=_ABSENT), "content"),
     ("content a list", save(content=["title"]), "content"),
     ("a nested value", save(content={"title": {"a": 1}}), "content"),
     ("a null value", save(content={"title": None}), "content"),
@@ -183,68 +347,191 @@ for label, content, words in [
     ("text too long", {"title": "x" * 2001}, "longer than"),
     ("a number out of range", {"qty": 2**60}, "out of range"),
 ]:
-    add(Bad(f"record content: {label}", "PUT", REC, 422, "invalid_content", words,
-            body=save(content)))
+    add(
+        Bad(
+            f"record content: {label}",
+            "PUT",
+            REC,
+            422,
+            "invalid_content",
+            words,
+            body=save(content),
+        )
+    )
 for label, cell, words in [
-    ("trailing newline", "A1\n", "unknown cell id"), ("lower case", "a1", "unknown cell id"),
-    ("leading space", " A1", "unknown cell id"), ("trailing space", "A1 ", "unknown cell id"),
-    ("row zero", "A0", "unknown cell id"), ("leading zero", "A01", "unknown cell id"),
-    ("three letters", "AAA1", "unknown cell id"), ("column outside", "E1", "outside the sheet"),
+    ("trailing newline", "A1\n", "unknown cell id"),
+    ("lower case", "a1", "unknown cell id"),
+    ("leading space", " A1", "unknown cell id"),
+    ("trailing space", "A1 ", "unknown cell id"),
+    ("row zero", "A0", "unknown cell id"),
+    ("leading zero", "A01", "unknown cell id"),
+    ("three letters", "AAA1", "unknown cell id"),
+    ("column outside", "E1", "outside the sheet"),
     ("row outside", "A21", "outside the sheet"),
 ]:
-    add(Bad(f"sheet cell: {label}", "PUT", f"{FILES}/sheet1", 422, "invalid_content", words,
-            body=save({cell: 1})))
-add(Bad("sheet cell: a bool", "PUT", f"{FILES}/sheet1", 422, "invalid_content",
-        "must be a number", body=save({"A1": False})))
-add(Bad("record content: a lone surrogate", "PUT", REC, 422, "invalid_content", "surrogate",
-        body=TEXT.replace('"x"', '"\\ud800"').encode()))
+    add(
+        Bad(
+            f"sheet cell: {label}",
+            "PUT",
+            f"{FILES}/sheet1",
+            422,
+            "invalid_content",
+            words,
+            body=save({cell: 1}),
+        )
+    )
+add(
+    Bad(
+        "sheet cell: a bool",
+        "PUT",
+        f"{FILES}/sheet1",
+        422,
+        "invalid_content",
+        "must be a number",
+        body=save({"A1": False}),
+    )
+)
+add(
+    Bad(
+        "record content: a lone surrogate",
+        "PUT",
+        REC,
+        422,
+        "invalid_content",
+        "surrogate",
+        body=TEXT.replace('"x"', '"\\ud800"').encode(),
+    )
+)
 
 # -- creates ---------------------------------------------------------------------------------------
 NEW = {"kind": "record", "content": {}, "writerId": "w", "saveSeq": 1}
 for label, body, status, error, words in [
-    ("attribute id with a trailing newline",
-     {**NEW, "schema": {"attributes": {"title\n": "text"}}}, 422, "invalid_content",
-     "attribute id"),
-    ("attribute id capitalised", {**NEW, "schema": {"attributes": {"Title": "text"}}}, 422,
-     "invalid_content", "attribute id"),
-    ("attribute id starting with a digit", {**NEW, "schema": {"attributes": {"1a": "text"}}}, 422,
-     "invalid_content", "attribute id"),
-    ("attribute of an unknown type", {**NEW, "schema": {"attributes": {"a": "date"}}}, 422,
-     "invalid_content", "type"),
+    (
+        "attribute id with a trailing newline",
+        {**NEW, "schema": {"attributes": {"title\n": "text"}}},
+        422,
+        "invalid_content",
+        "attribute id",
+    ),
+    (
+        "attribute id capitalised",
+        {**NEW, "schema": {"attributes": {"Title": "text"}}},
+        422,
+        "invalid_content",
+        "attribute id",
+    ),
+    (
+        "attribute id starting with a digit",
+        {**NEW, "schema": {"attributes": {"1a": "text"}}},
+        422,
+        "invalid_content",
+        "attribute id",
+    ),
+    (
+        "attribute of an unknown type",
+        {**NEW, "schema": {"attributes": {"a": "date"}}},
+        422,
+        "invalid_content",
+        "type",
+    ),
     ("no attributes", {**NEW, "schema": {"attributes": {}}}, 422, "invalid_content", "attributes"),
-    ("sheet with no rows", {**NEW, "kind": "sheet", "schema": {"rows": 0, "cols": 1}}, 422,
-     "invalid_content", "rows"),
-    ("sheet too wide", {**NEW, "kind": "sheet", "schema": {"rows": 1, "cols": 703}}, 422,
-     "invalid_content", "cols"),
-    ("sheet with a cell id with a trailing newline",
-     {**NEW, "kind": "sheet", "schema": {"rows": 2, "cols": 2}, "content": {"A1\n": 1}}, 422,
-     "invalid_content", "unknown cell id"),
+    (
+        "sheet with no rows",
+        {**NEW, "kind": "sheet", "schema": {"rows": 0, "cols": 1}},
+        422,
+        "invalid_content",
+        "rows",
+    ),
+    (
+        "sheet too wide",
+        {**NEW, "kind": "sheet", "schema": {"rows": 1, "cols": 703}},
+        422,
+        "invalid_content",
+        "cols",
+    ),
+    (
+        "sheet with a cell id with a trailing newline",
+        {**NEW, "kind": "sheet", "schema": {"rows": 2, "cols": 2}, "content": {"A1\n": 1}},
+        422,
+        "invalid_content",
+        "unknown cell id",
+    ),
     ("an unknown kind", {**NEW, "kind": "poem"}, 422, "invalid_request", "kind"),
-    ("neither copyOf nor kind", {k: v for k, v in NEW.items() if k != "kind"}, 422,
-     "invalid_request", "copyOf"),
+    (
+        "neither copyOf nor kind",
+        {k: v for k, v in NEW.items() if k != "kind"},
+        422,
+        "invalid_request",
+        "copyOf",
+    ),
     ("copyOf with a kind", create(kind="sheet"), 422, "invalid_request", "copyOf"),
-    ("a copy that does not fit the kind", create({"zz": 1}), 422, "invalid_content",
-     "unknown attribute id"),
-    ("a copy of a document that does not exist", {**create(), "copyOf": "nosuchdoc"}, 404,
-     "not_found", "no such document"),
-    ("copyOf with a trailing newline", {**create(), "copyOf": "rec1\n"}, 422, "invalid_request",
-     "copyOf"),
+    (
+        "a copy that does not fit the kind",
+        create({"zz": 1}),
+        422,
+        "invalid_content",
+        "unknown attribute id",
+    ),
+    (
+        "a copy of a document that does not exist",
+        {**create(), "copyOf": "nosuchdoc"},
+        404,
+        "not_found",
+        "no such document",
+    ),
+    (
+        "copyOf with a trailing newline",
+        {**create(), "copyOf": "rec1\n"},
+        422,
+        "invalid_request",
+        "copyOf",
+    ),
 ]:
     add(Bad(f"create: {label}", "POST", FILES, status, error, words, body=body))
 
 # -- conditional headers ---------------------------------------------------------------------------
 for label, tag, status, error in [
-    ("leading zeros", '"0001"', 412, "precondition_failed"), ("weak", 'W/"1"', 412,
-                                                              "precondition_failed"),
-    ("star", "*", 428, "precondition_required"), ("unquoted", "1", 400, "bad_request"),
+    ("leading zeros", '"0001"', 412, "precondition_failed"),
+    ("weak", 'W/"1"', 412, "precondition_failed"),
+    ("star", "*", 428, "precondition_required"),
+    ("unquoted", "1", 400, "bad_request"),
     ("a list", '"1", "2"', 400, "bad_request"),
 ]:
-    add(Bad(f"If-Match {label}", "PUT", REC, status, error, "If-Match",
-            body=save(version=_ABSENT), headers=(("If-Match", tag),)))
-add(Bad("If-Match twice", "PUT", REC, 400, "bad_request", "2 If-Match headers",
-        body=save(version=_ABSENT), headers=(("If-Match", '"1"'), ("If-Match", '"1"'))))
-add(Bad("no base version at all", "PUT", REC, 428, "precondition_required", "expectedVersion",
-        body=save(version=_ABSENT)))
+    add(
+        Bad(
+            f"If-Match {label}",
+            "PUT",
+            REC,
+            status,
+            error,
+            "If-Match",
+            body=save(version=_ABSENT),
+            headers=(("If-Match", tag),),
+        )
+    )
+add(
+    Bad(
+        "If-Match twice",
+        "PUT",
+        REC,
+        400,
+        "bad_request",
+        "2 If-Match headers",
+        body=save(version=_ABSENT),
+        headers=(("If-Match", '"1"'), ("If-Match", '"1"')),
+    )
+)
+add(
+    Bad(
+        "no base version at all",
+        "PUT",
+        REC,
+        428,
+        "precondition_required",
+        "expectedVersion",
+        body=save(version=_ABSENT),
+    )
+)
 
 # -- routes: no redirects, one error format --------------------------------------------------------
 for label, method, path, status, error, body in [
@@ -260,18 +547,39 @@ for label, method, path, status, error, body in [
 
 # -- authorization before anything about the document ----------------------------------------------
 for label, method, path, body in [
-    ("read", "GET", REC, _ABSENT), ("save on the right base", "PUT", REC, save()),
+    ("read", "GET", REC, _ABSENT),
+    ("save on the right base", "PUT", REC, save()),
     ("save on a stale base", "PUT", REC, save(version=7)),
     ("save without a base", "PUT", REC, save(version=_ABSENT)),
     ("save of bad content", "PUT", REC, save({"zz": 1})),
     ("save of a document that does not exist", "PUT", f"{FILES}/nosuchdoc", save()),
     ("copy", "POST", FILES, create()),
 ]:
-    add(Bad(f"a stranger's {label}", method, path, 404, "not_found", "no such document",
-            body=body, users=("dave",)))
+    add(
+        Bad(
+            f"a stranger's {label}",
+            method,
+            path,
+            404,
+            "not_found",
+            "no such document",
+            body=body,
+            users=("dave",),
+        )
+    )
 for version in (1, 7, _ABSENT):
-    add(Bad(f"a reader's save (base {version if version is not _ABSENT else 'none'})", "PUT",
-            REC, 403, "forbidden", "not write", body=save(version=version), users=("carol",)))
+    add(
+        Bad(
+            f"a reader's save (base {version if version is not _ABSENT else 'none'})",
+            "PUT",
+            REC,
+            403,
+            "forbidden",
+            "not write",
+            body=save(version=version),
+            users=("carol",),
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -285,8 +593,14 @@ def hostile(pg):
     dsn = pg.dsn(name)
     with DocumentStore(dsn, pool_size=None) as store:
         store.install()
-        store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice",
-                   {"bob": True, "carol": False})
+        store.seed(
+            "rec1",
+            "record",
+            REC_SCHEMA,
+            {"title": "a", "qty": 1},
+            "alice",
+            {"bob": True, "carol": False},
+        )
         store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1}, "alice")
     with DocumentServer(dsn) as server, httpx.Client(base_url=server.url, timeout=10) as http:
         yield server, http, server.store.documents()

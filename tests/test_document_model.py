@@ -99,9 +99,9 @@ def test_conflict_is_left_only_by_user_events():
     exits = [t for t in TABLE.transitions if t.source == "conflict" and t.target != "conflict"]
     assert exits and all(t.event in USER_EVENTS for t in exits)
     # and nothing but a save answer ever enters it
-    assert {t.event for t in TABLE.transitions
-            if t.target == "conflict" and t.source != "conflict"} == {
-        "version_conflict", "copy_failed"}
+    assert {
+        t.event for t in TABLE.transitions if t.target == "conflict" and t.source != "conflict"
+    } == {"version_conflict", "copy_failed"}
 
 
 def test_illegal_transition_raises_and_leaves_state_unchanged(m):
@@ -118,20 +118,33 @@ def test_illegal_transition_raises_and_leaves_state_unchanged(m):
 def test_spec_diagram_is_the_session_table():
     """specs/document-session.md embeds TABLE.mermaid() verbatim (drift test)."""
     spec = (Path(__file__).resolve().parent.parent / "specs" / "document-session.md").read_text()
-    m = re.search(r"<!-- generated:diagram -->\n```mermaid\n(.*?)\n```\n"
-                  r"<!-- /generated:diagram -->", spec, re.S)
+    m = re.search(
+        r"<!-- generated:diagram -->\n```mermaid\n(.*?)\n```\n"
+        r"<!-- /generated:diagram -->",
+        spec,
+        re.S,
+    )
     assert m, "specs/document-session.md has no generated diagram block"
     assert m.group(1) == TABLE.mermaid(), (
-        "the diagram drifted from model/document.py: regenerate it")
+        "the diagram drifted from model/document.py: regenerate it"
+    )
     for name in INVARIANTS:
         assert f"`{name}`" in spec
 
 
 def test_invariant_names_are_stable():
-    assert sorted(INVARIANTS) == sorted([
-        "save-carries-base-version", "unsaved-work-in-one-place", "conflict-resolved-by-user",
-        "close-flushes-never-drops", "no-edit-lost-silently", "no-stale-save-accepted",
-        "no-last-write-wins", "one-version-per-save"])
+    assert sorted(INVARIANTS) == sorted(
+        [
+            "save-carries-base-version",
+            "unsaved-work-in-one-place",
+            "conflict-resolved-by-user",
+            "close-flushes-never-drops",
+            "no-edit-lost-silently",
+            "no-stale-save-accepted",
+            "no-last-write-wins",
+            "one-version-per-save",
+        ]
+    )
 
 
 # -- kinds -------------------------------------------------------------------------------------
@@ -141,15 +154,19 @@ def test_record_merges_by_attribute_id():
     base = {"title": "a", "qty": 1}
     local = {"title": "a", "qty": 2, "done": True}
     stored = {"title": "b", "qty": 1}
-    assert (RECORD.merge(base, local, stored, prefer_stored)
-            == {"title": "b", "qty": 2, "done": True})
+    assert RECORD.merge(base, local, stored, prefer_stored) == {
+        "title": "b",
+        "qty": 2,
+        "done": True,
+    }
     clash_local = {"title": "L"}
     clash_stored = {"title": "S"}
     assert RECORD.merge({"title": "a"}, clash_local, clash_stored, prefer_local) == {"title": "L"}
     assert RECORD.merge({"title": "a"}, clash_local, clash_stored, prefer_stored) == {"title": "S"}
     # a deletion on one side survives the merge
-    assert RECORD.merge({"title": "a", "qty": 1}, {"qty": 1}, {"title": "a", "qty": 3},
-                        prefer_local) == {"qty": 3}
+    assert RECORD.merge(
+        {"title": "a", "qty": 1}, {"qty": 1}, {"title": "a", "qty": 3}, prefer_local
+    ) == {"qty": 3}
     # True is not 1
     assert RECORD.merge({"done": True}, {"done": 1}, {"done": True}, prefer_stored) == {"done": 1}
 
@@ -159,22 +176,25 @@ def test_sheet_does_not_merge():
         SHEET.merge({}, {"A1": 1}, {"A1": 2}, prefer_local)
 
 
-@pytest.mark.parametrize("kind,schema,content,words", [
-    (RECORD, REC_SCHEMA, {"colour": "red"}, "unknown attribute id 'colour'"),
-    (RECORD, REC_SCHEMA, {"qty": "three"}, "'qty' must be a number"),
-    (RECORD, REC_SCHEMA, {"done": 1}, "'done' must be a boolean"),
-    (RECORD, REC_SCHEMA, {"qty": float("nan")}, "finite"),
-    (RECORD, REC_SCHEMA, {"title": "x\x00y"}, "NUL"),
-    (RECORD, REC_SCHEMA, {"title": "\ud800"}, "surrogate"),
-    (RECORD, REC_SCHEMA, {"title": None}, "null"),
-    (SHEET, SHEET_SCHEMA, {"D1": 1}, "outside the sheet"),
-    (SHEET, SHEET_SCHEMA, {"A11": 1}, "outside the sheet"),
-    (SHEET, SHEET_SCHEMA, {"a1": 1}, "unknown cell id"),
-    (SHEET, SHEET_SCHEMA, {"A1\n": 1}, "unknown cell id"),  # in full: no "$" before "\n"
-    (SHEET, SHEET_SCHEMA, {"A1 ": 1}, "unknown cell id"),
-    (SHEET, SHEET_SCHEMA, {"A1": True}, "must be a number"),
-    (SHEET, SHEET_SCHEMA, {"A1": 2**60}, "out of range"),
-])
+@pytest.mark.parametrize(
+    "kind,schema,content,words",
+    [
+        (RECORD, REC_SCHEMA, {"colour": "red"}, "unknown attribute id 'colour'"),
+        (RECORD, REC_SCHEMA, {"qty": "three"}, "'qty' must be a number"),
+        (RECORD, REC_SCHEMA, {"done": 1}, "'done' must be a boolean"),
+        (RECORD, REC_SCHEMA, {"qty": float("nan")}, "finite"),
+        (RECORD, REC_SCHEMA, {"title": "x\x00y"}, "NUL"),
+        (RECORD, REC_SCHEMA, {"title": "\ud800"}, "surrogate"),
+        (RECORD, REC_SCHEMA, {"title": None}, "null"),
+        (SHEET, SHEET_SCHEMA, {"D1": 1}, "outside the sheet"),
+        (SHEET, SHEET_SCHEMA, {"A11": 1}, "outside the sheet"),
+        (SHEET, SHEET_SCHEMA, {"a1": 1}, "unknown cell id"),
+        (SHEET, SHEET_SCHEMA, {"A1\n": 1}, "unknown cell id"),  # in full: no "$" before "\n"
+        (SHEET, SHEET_SCHEMA, {"A1 ": 1}, "unknown cell id"),
+        (SHEET, SHEET_SCHEMA, {"A1": True}, "must be a number"),
+        (SHEET, SHEET_SCHEMA, {"A1": 2**60}, "out of range"),
+    ],
+)
 def test_content_rejections_name_the_problem(kind, schema, content, words):
     with pytest.raises(KindError) as e:
         kind.validate_content(kind.validate_schema(schema), content)
@@ -195,7 +215,8 @@ def test_server_cas_replay_and_authorization(m):
     # the same (writer, seq) with other content: refused, naming the receipt, whatever the base
     for base in (1, 2):
         assert s.put("alice", "r1", base, {"title": "z"}, "w1", 1) == SeqTaken(
-            "save_seq_taken", "w1", 1, 2, 1)
+            "save_seq_taken", "w1", 1, 2, 1
+        )
     # another user's identity is another identity: bob's w1#1 is his own save
     assert s.put("bob", "r1", 2, {"title": "c"}, "w1", 1) == Won(Saved(3))
     assert s.put("alice", "r1", 1, {"title": "b"}, "w1", 1) == Won(Saved(2, replayed=True))
@@ -216,10 +237,12 @@ def test_only_the_owner_shares(m):
     assert s.share("bob", "r1", "erin", True) == Rejected("not_owner")
     assert s.share("dave", "r1", "erin", True) == Rejected("not_found")
     assert s.share("alice", "r1", "alice", False) == Rejected("owner_access")
-    assert s.access_list("alice", "r1") == Won({"alice": True, "bob": True, "carol": False,
-                                                "erin": False})
+    assert s.access_list("alice", "r1") == Won(
+        {"alice": True, "bob": True, "carol": False, "erin": False}
+    )
     assert s.unshare("alice", "r1", "erin") == Won(True) and s.get("erin", "r1") == Rejected(
-        "not_found")
+        "not_found"
+    )
     assert s.unshare("alice", "r1", "erin") == Won(False)
 
 
@@ -239,7 +262,7 @@ def test_edit_during_in_flight_save_stays_pending(m):
     t = open_tab(m)
     m.tabs["t1"].edit({"title": "one"}, now=0)
     req = t.begin_save()
-    m.tabs["t1"].edit({"qty": 5}, now=0.5)                       # typed while the save is in flight
+    m.tabs["t1"].edit({"qty": 5}, now=0.5)  # typed while the save is in flight
     assert m.tabs["t1"].finish_save(req, m.deliver(req)) == Won(Saved(2))
     assert t.state is State.DIRTY and t.local == {"title": "one", "qty": 5}
     assert m.drafts.read(t.key)["content"] == {"title": "one", "qty": 5}
@@ -254,11 +277,11 @@ def test_lost_response_is_retried_unchanged_and_answered_from_the_receipt(m):
     t = open_tab(m)
     m.tabs["t1"].edit({"title": "one"}, now=0)
     req = t.begin_save()
-    m.deliver(req)                                          # applied ...
-    m.tabs["t1"].finish_save(req, LOST)                          # ... but the answer was lost
+    m.deliver(req)  # applied ...
+    m.tabs["t1"].finish_save(req, LOST)  # ... but the answer was lost
     assert t.state is State.OFFLINE and t.local == {"title": "one"}
     assert m.drafts.read(t.key)["inflight"]["seq"] == req.seq
-    m.server_write("r1", {"qty": 9})                        # someone else writes meanwhile
+    m.server_write("r1", {"qty": 9})  # someone else writes meanwhile
     retry = t.begin_save()
     assert retry == req
     assert m.tabs["t1"].finish_save(retry, m.deliver(retry)) == Won(Saved(2, replayed=True))
@@ -274,10 +297,10 @@ def test_conflict_is_explicit_and_rebase_merges_records(m):
     save(m, "a")
     out = save(m, "b")
     assert isinstance(out, VersionConflict) and b.state is State.CONFLICT
-    assert m.server.docs["r1"].content == {"title": "A"}          # nothing overwritten
+    assert m.server.docs["r1"].content == {"title": "A"}  # nothing overwritten
     assert world_with(m) == []
     with pytest.raises(IllegalTransition):
-        b.begin_save()                                            # no save from conflict
+        b.begin_save()  # no save from conflict
     m.tabs["b"].rebase(prefer_local)
     assert b.state is State.DIRTY and b.local == {"title": "A", "qty": 3} and b.base_version == 2
     save(m, "b")
@@ -369,7 +392,7 @@ def test_siblings_are_offered_not_applied(m):
     open_tab(m, "t1")
     m.tabs["t1"].edit({"title": "draft of t1"}, 0)
     m.crash_tab("t1")
-    t2 = open_tab(m, "t2")                                         # another writer, same user
+    t2 = open_tab(m, "t2")  # another writer, same user
     assert t2.state is State.CLEAN and t2.local == {"title": "a"}
     assert [d["writerId"] for d in t2.siblings] == ["w-t1"]
     assert world_with(m) == []
@@ -386,8 +409,9 @@ def test_siblings_are_offered_not_applied(m):
 
 
 def _doc(history, version=None, content=None):
-    return {"r1": DocView("r1", "record", version or history[-1].version, content or {},
-                          tuple(history))}
+    return {
+        "r1": DocView("r1", "record", version or history[-1].version, content or {}, tuple(history))
+    }
 
 
 def _names(violations):
@@ -395,8 +419,9 @@ def _names(violations):
 
 
 def test_stale_accepted_save_is_caught():
-    w = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "a"), HistoryEntry(3, 1, "b")]),
-              {}, {})
+    w = World(
+        _doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "a"), HistoryEntry(3, 1, "b")]), {}, {}
+    )
     assert _names(check_invariants(w, Ledger({}))) == {"no-stale-save-accepted"}
 
 
@@ -417,31 +442,60 @@ def test_edit_cleared_from_memory_is_caught():
 
 
 def test_close_that_drops_is_caught():
-    tab = TabView("t", "alice", "r1", "w1", "record", "closed", {"title": "x"}, 1, 1, "ok",
-                  (("clean", "close", "closed"),))
+    tab = TabView(
+        "t",
+        "alice",
+        "r1",
+        "w1",
+        "record",
+        "closed",
+        {"title": "x"},
+        1,
+        1,
+        "ok",
+        (("clean", "close", "closed"),),
+    )
     w = World(_doc([HistoryEntry(1, 0, "a")]), {}, {"t": tab})
     ledger = Ledger({("alice", "r1", "w1"): {"title": "x"}})
     assert "close-flushes-never-drops" in _names(check_invariants(w, ledger))
 
 
 def test_conflict_left_without_the_user_is_caught():
-    tab = TabView("t", "alice", "r1", "w1", "record", "dirty", {}, 1, 1, "ok",
-                  (("saving", "version_conflict", "conflict"),
-                   ("conflict", "auto_rebase", "dirty")))
+    tab = TabView(
+        "t",
+        "alice",
+        "r1",
+        "w1",
+        "record",
+        "dirty",
+        {},
+        1,
+        1,
+        "ok",
+        (("saving", "version_conflict", "conflict"), ("conflict", "auto_rebase", "dirty")),
+    )
     w = World(_doc([HistoryEntry(1, 0, "a")]), {}, {"t": tab})
     assert _names(check_invariants(w, Ledger({}))) == {"conflict-resolved-by-user"}
 
 
 def test_last_write_wins_is_caught():
-    expected = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b")],
-                          content={"title": "B"}), {},
-                     {"t": TabView("t", "alice", "r1", "w1", "record", "conflict",
-                                   {"title": "A"}, 1, 1, "ok")})
-    real = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b"),
-                       HistoryEntry(3, 2, "alice", "w1", 2)],
-                      content={"title": "A"}), {},
-                 {"t": TabView("t", "alice", "r1", "w1", "record", "clean",
-                               {"title": "A"}, 3, 1, "ok")})
+    expected = World(
+        _doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b")], content={"title": "B"}),
+        {},
+        {"t": TabView("t", "alice", "r1", "w1", "record", "conflict", {"title": "A"}, 1, 1, "ok")},
+    )
+    real = World(
+        _doc(
+            [
+                HistoryEntry(1, 0, "a"),
+                HistoryEntry(2, 1, "b"),
+                HistoryEntry(3, 2, "alice", "w1", 2),
+            ],
+            content={"title": "A"},
+        ),
+        {},
+        {"t": TabView("t", "alice", "r1", "w1", "record", "clean", {"title": "A"}, 3, 1, "ok")},
+    )
     assert _names(check_invariants(real, Ledger({}), expected=expected)) == {"no-last-write-wins"}
 
 
@@ -449,19 +503,47 @@ def test_last_write_wins_by_a_close_from_conflict_is_caught():
     """The model's tab closed straight from conflict (its work parked in the draft); the real one
     resaved over the stored copy on its way out."""
     parked = (("saving", "version_conflict", "conflict"), ("conflict", "close", "closed"))
-    expected = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b")],
-                          content={"title": "B"}), {},
-                     {"t": TabView("t", "alice", "r1", "w1", "record", "closed",
-                                   {"title": "A"}, 1, 1, "ok", parked)})
-    real = World(_doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b"),
-                       HistoryEntry(3, 2, "alice", "w1", 2)],
-                      content={"title": "A"}), {},
-                 {"t": TabView("t", "alice", "r1", "w1", "record", "closed",
-                               {"title": "A"}, 3, 2, "ok",
-                               (("saving", "version_conflict", "conflict"),
-                                ("conflict", "rebase", "dirty"),
-                                ("dirty", "save", "saving"), ("saving", "saved", "clean"),
-                                ("clean", "close", "closed")))})
+    expected = World(
+        _doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b")], content={"title": "B"}),
+        {},
+        {
+            "t": TabView(
+                "t", "alice", "r1", "w1", "record", "closed", {"title": "A"}, 1, 1, "ok", parked
+            )
+        },
+    )
+    real = World(
+        _doc(
+            [
+                HistoryEntry(1, 0, "a"),
+                HistoryEntry(2, 1, "b"),
+                HistoryEntry(3, 2, "alice", "w1", 2),
+            ],
+            content={"title": "A"},
+        ),
+        {},
+        {
+            "t": TabView(
+                "t",
+                "alice",
+                "r1",
+                "w1",
+                "record",
+                "closed",
+                {"title": "A"},
+                3,
+                2,
+                "ok",
+                (
+                    ("saving", "version_conflict", "conflict"),
+                    ("conflict", "rebase", "dirty"),
+                    ("dirty", "save", "saving"),
+                    ("saving", "saved", "clean"),
+                    ("clean", "close", "closed"),
+                ),
+            )
+        },
+    )
     assert _names(check_invariants(real, Ledger({}), expected=expected)) == {"no-last-write-wins"}
     assert check_invariants(expected, Ledger({}), expected=expected) == []
 
@@ -473,8 +555,12 @@ def test_record_schema_ids_are_matched_in_full():
 
 
 def test_a_save_identity_applied_twice_is_caught():
-    history = [HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "alice", "w1", 3),
-               HistoryEntry(3, 2, "alice", "w1", 3), HistoryEntry(4, 3, "bob", "w1", 3)]
+    history = [
+        HistoryEntry(1, 0, "a"),
+        HistoryEntry(2, 1, "alice", "w1", 3),
+        HistoryEntry(3, 2, "alice", "w1", 3),
+        HistoryEntry(4, 3, "bob", "w1", 3),
+    ]
     w = World(_doc(history), {}, {})
     violations = check_invariants(w, Ledger({}))
     assert _names(violations) == {"one-version-per-save"} and len(violations) == 1
@@ -486,7 +572,7 @@ def test_a_writer_reopened_without_its_draft_goes_on_with_a_fresh_seq(m):
     m.tabs["t1"].edit({"title": "one"}, now=0)
     assert save(m, "t1") == Won(Saved(2))
     m.tabs["t1"].close()
-    t = open_tab(m, writer="w1")                 # the same writer again, its draft long gone
+    t = open_tab(m, writer="w1")  # the same writer again, its draft long gone
     assert t.next_seq == 1
     m.tabs["t1"].edit({"title": "two"}, now=0)
     taken = save(m, "t1")
@@ -499,6 +585,7 @@ def test_a_writer_reopened_without_its_draft_goes_on_with_a_fresh_seq(m):
 
 def test_save_without_base_is_caught():
     from knownstate.model.document import SaveRequest
+
     w = World(_doc([HistoryEntry(1, 0, "a")]), {}, {})
     bad = SaveRequest("r1", "alice", "w1", 1, None, {}, 1)
     assert _names(check_invariants(w, Ledger({}), sent=[bad])) == {"save-carries-base-version"}
@@ -523,11 +610,16 @@ class ModelWalk(RuleBasedStateMachine):
         return [k for k, t in self.m.tabs.items() if t.state is not State.CLOSED]
 
     @precondition(lambda self: len(self.m.tabs) < 4)
-    @rule(user=st.sampled_from(["alice", "bob"]), writer=st.sampled_from(["w1", "w2", "w3"]),
-          online=st.booleans())
+    @rule(
+        user=st.sampled_from(["alice", "bob"]),
+        writer=st.sampled_from(["w1", "w2", "w3"]),
+        online=st.booleans(),
+    )
     def open(self, user, writer, online):
-        if any(t.writer_id == writer and t.user == user and t.state is not State.CLOSED
-               for t in self.m.tabs.values()):
+        if any(
+            t.writer_id == writer and t.user == user and t.state is not State.CLOSED
+            for t in self.m.tabs.values()
+        ):
             return
         self.n += 1
         tab = f"t{self.n}"
@@ -538,8 +630,9 @@ class ModelWalk(RuleBasedStateMachine):
     @precondition(lambda self: any(t.state is State.LOADING for t in self.m.tabs.values()))
     @rule(data=st.data())
     def load_again(self, data):
-        tab = data.draw(st.sampled_from(sorted(k for k, t in self.m.tabs.items()
-                                               if t.state is State.LOADING)))
+        tab = data.draw(
+            st.sampled_from(sorted(k for k, t in self.m.tabs.items() if t.state is State.LOADING))
+        )
         req = self.m.tabs[tab].begin_read("load")
         self.m.tabs[tab].finish_read(req, self.m.deliver(req))
 
@@ -577,8 +670,10 @@ class ModelWalk(RuleBasedStateMachine):
         self.m.tabs[tab].finish_save(req, LOST if lost else answer)
 
     @precondition(lambda self: self._live())
-    @rule(data=st.data(),
-          how=st.sampled_from(["rebase_local", "rebase_stored", "copy", "discard", "reload"]))
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(["rebase_local", "rebase_stored", "copy", "discard", "reload"]),
+    )
     def resolve(self, data, how):
         tab = data.draw(st.sampled_from(self._live()))
         t = self.m.tabs[tab]
@@ -619,7 +714,7 @@ class ModelWalk(RuleBasedStateMachine):
         a1 = self.m.deliver(r1)
         r2 = t.begin_read()
         a2 = self.m.deliver(r2)
-        for r, a in ([(r2, a2), (r1, a1)] if swap else [(r1, a1), (r2, a2)]):
+        for r, a in [(r2, a2), (r1, a1)] if swap else [(r1, a1), (r2, a2)]:
             self.m.tabs[tab].finish_read(r, a)
 
     @rule(v=st.integers(0, 3))
@@ -653,5 +748,9 @@ class ModelWalk(RuleBasedStateMachine):
 
 
 TestModelWalk = ModelWalk.TestCase
-TestModelWalk.settings = settings(max_examples=60, stateful_step_count=25, deadline=None,
-                                  suppress_health_check=[HealthCheck.too_slow])
+TestModelWalk.settings = settings(
+    max_examples=60,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)

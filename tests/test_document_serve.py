@@ -39,11 +39,15 @@ def _descendants(pid: int) -> set[int]:
 @pytest.fixture
 def served():
     port = tools.free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "knownstate.chaos.cli", "serve", "--port",
-                             str(port)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "knownstate.chaos.cli", "serve", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in iter(proc.stdout.readline, "")],
-                     daemon=True).start()
+    threading.Thread(
+        target=lambda: [lines.put(line) for line in iter(proc.stdout.readline, "")], daemon=True
+    ).start()
     seen, deadline = [], time.monotonic() + 60
     try:
         while not any("Ctrl-C" in line for line in seen):
@@ -66,19 +70,27 @@ def test_serve_runs_the_guide_it_prints_and_stops_clean_on_ctrl_c(served):
     commands = [line.strip() for line in serve.guide(url)]
     assert any("/acl/bob" in c for c in commands) and "ID" in text
     with httpx.Client(base_url=url, timeout=10) as http:
-        body = {"kind": "record", "schema": {"attributes": {"title": "text"}},
-                "content": {"title": "hello"}, "writerId": "cli", "saveSeq": 1}
+        body = {
+            "kind": "record",
+            "schema": {"attributes": {"title": "text"}},
+            "content": {"title": "hello"},
+            "writerId": "cli",
+            "saveSeq": 1,
+        }
         r = http.post("/api/desk/files", headers={"X-User": "alice"}, json=body)
         assert r.status_code == 201
         doc = r.json()["id"]
         assert http.get(f"/api/desk/files/{doc}", headers={"X-User": "bob"}).status_code == 404
-        r = http.put(f"/api/desk/files/{doc}/acl/bob", headers={"X-User": "alice"},
-                     json={"canWrite": True})
+        r = http.put(
+            f"/api/desk/files/{doc}/acl/bob", headers={"X-User": "alice"}, json={"canWrite": True}
+        )
         assert r.json() == {"id": doc, "user": "bob", "canWrite": True}
         assert http.get(f"/api/desk/files/{doc}", headers={"X-User": "bob"}).json()["version"] == 1
-        r = http.put(f"/api/desk/files/{doc}", headers={"X-User": "bob"},
-                     json={"expectedVersion": 1, "content": {"title": "hi"}, "writerId": "b",
-                           "saveSeq": 1})
+        r = http.put(
+            f"/api/desk/files/{doc}",
+            headers={"X-User": "bob"},
+            json={"expectedVersion": 1, "content": {"title": "hi"}, "writerId": "b", "saveSeq": 1},
+        )
         assert r.json() == {"id": doc, "version": 2, "replayed": False}
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 0
@@ -95,9 +107,21 @@ def _alive(pid: int) -> bool:
 
 
 def test_serve_says_what_to_do_when_it_cannot_start():
-    out = subprocess.run([sys.executable, "-m", "knownstate.chaos.cli", "serve", "--dsn",
-                          "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1", "--port", "0"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "knownstate.chaos.cli",
+            "serve",
+            "--dsn",
+            "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1",
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 3
     assert re.search(r"knownstate serve: cannot start: .+", out.stdout), out.stdout + out.stderr
     assert len(out.stdout.strip().splitlines()) == 1

@@ -31,8 +31,14 @@ def dsn(fresh_db):
 
 
 def seed(store):
-    store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice",
-               {"bob": True, "carol": False})
+    store.seed(
+        "rec1",
+        "record",
+        REC_SCHEMA,
+        {"title": "a", "qty": 1},
+        "alice",
+        {"bob": True, "carol": False},
+    )
     store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1, "B2": "=A1*2"}, "alice")
 
 
@@ -40,6 +46,7 @@ def seed(store):
 def shared(pg):
     """One database and server for the tests that change nothing (rejections, reads)."""
     import psycopg
+
     name = "documents_shared"
     with psycopg.connect(pg.dsn(), autocommit=True) as admin:
         admin.execute(f"drop database if exists {name} with (force)")
@@ -96,8 +103,13 @@ def stored(server):
 def test_get_returns_content_version_and_etag(shared_http):
     r = shared_http.get(PATH.format("rec1"), headers={"X-User": "bob"})
     assert r.status_code == 200
-    assert r.json() == {"id": "rec1", "kind": "record", "schema": REC_SCHEMA, "version": 1,
-                        "content": {"title": "a", "qty": 1}}
+    assert r.json() == {
+        "id": "rec1",
+        "kind": "record",
+        "schema": REC_SCHEMA,
+        "version": 1,
+        "content": {"title": "a", "qty": 1},
+    }
     assert r.headers["etag"] == '"1"'
 
 
@@ -135,19 +147,33 @@ def test_if_match_carries_the_base_version(http, server):
     assert stored(server) == before
 
 
-@pytest.mark.parametrize("tag,status,error", [
-    ('"0002"', 412, "precondition_failed"),   # an opaque tag: not the ETag of version 2
-    ('"02"', 412, "precondition_failed"),
-    ('W/"2"', 412, "precondition_failed"),    # strong comparison: a weak tag never matches
-    ('"two"', 412, "precondition_failed"),
-    ('""', 412, "precondition_failed"),
-    ('"99999999999999999999"', 412, "precondition_failed"),
-    ("*", 428, "precondition_required"),      # names no base version
-    ("2", 400, "bad_request"),                # not an entity tag
-    ('"2", "3"', 400, "bad_request"),         # one tag, not a list
-    ('"2', 400, "bad_request"),
-], ids=["leading-zeros", "leading-zero", "weak", "word", "empty", "huge", "star", "unquoted",
-        "list", "unterminated"])
+@pytest.mark.parametrize(
+    "tag,status,error",
+    [
+        ('"0002"', 412, "precondition_failed"),  # an opaque tag: not the ETag of version 2
+        ('"02"', 412, "precondition_failed"),
+        ('W/"2"', 412, "precondition_failed"),  # strong comparison: a weak tag never matches
+        ('"two"', 412, "precondition_failed"),
+        ('""', 412, "precondition_failed"),
+        ('"99999999999999999999"', 412, "precondition_failed"),
+        ("*", 428, "precondition_required"),  # names no base version
+        ("2", 400, "bad_request"),  # not an entity tag
+        ('"2", "3"', 400, "bad_request"),  # one tag, not a list
+        ('"2', 400, "bad_request"),
+    ],
+    ids=[
+        "leading-zeros",
+        "leading-zero",
+        "weak",
+        "word",
+        "empty",
+        "huge",
+        "star",
+        "unquoted",
+        "list",
+        "unterminated",
+    ],
+)
 def test_if_match_is_compared_as_rfc_9110_says(http, server, tag, status, error):
     assert put(http, "rec1", "alice", save_body(1, {"title": "b"})).json()["version"] == 2
     before = stored(server)
@@ -172,8 +198,11 @@ def test_a_header_sent_twice_is_refused_not_guessed(http, server, name):
     values = {"X-User": ("alice", "bob"), "If-Match": ('"1"', '"1"')}[name]
     headers = [("X-User", "alice"), ("Content-Type", "application/json")]
     headers = [h for h in headers if h[0] != name] + [(name, v) for v in values]
-    r = http.put(PATH.format("rec1"), headers=headers,
-                 content=json.dumps(save_body(1, {"title": "x"})).encode())
+    r = http.put(
+        PATH.format("rec1"),
+        headers=headers,
+        content=json.dumps(save_body(1, {"title": "x"})).encode(),
+    )
     assert (r.status_code, r.json()["error"]) == (400, "bad_request")
     assert f"2 {name} headers" in r.json()["message"]
     assert stored(server) == before
@@ -192,8 +221,11 @@ def test_only_one_of_concurrent_saves_on_the_same_base_wins(http, server):
     def one(i):
         with httpx.Client(base_url=server.url, timeout=10) as c:
             barrier.wait()
-            results.append(put(c, "rec1", "alice",
-                               save_body(1, {"title": f"t{i}"}, writer=f"w{i}")).status_code)
+            results.append(
+                put(
+                    c, "rec1", "alice", save_body(1, {"title": f"t{i}"}, writer=f"w{i}")
+                ).status_code
+            )
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
     for t in threads:
@@ -212,11 +244,11 @@ def test_a_stranger_learns_nothing_not_even_the_version(http, server):
     answers = [
         http.get(PATH.format("rec1"), headers={"X-User": "dave"}),
         http.get(PATH.format("nosuchdoc"), headers={"X-User": "dave"}),
-        put(http, "rec1", "dave", save_body(1, {"title": "x"})),     # right version
-        put(http, "rec1", "dave", save_body(7, {"title": "x"})),     # stale version
+        put(http, "rec1", "dave", save_body(1, {"title": "x"})),  # right version
+        put(http, "rec1", "dave", save_body(7, {"title": "x"})),  # stale version
         put(http, "rec1", "dave", save_body(None, {"title": "x"})),  # no version: also 404, not 428
         put(http, "nosuchdoc", "dave", save_body(1, {"title": "x"})),
-        put(http, "rec1", "dave", save_body(1, {"zzz": "x"})),       # bad ids: still 404, not 422
+        put(http, "rec1", "dave", save_body(1, {"zzz": "x"})),  # bad ids: still 404, not 422
     ]
     assert {r.status_code for r in answers} == {404}
     assert {r.content for r in answers} == {answers[0].content}
@@ -245,7 +277,7 @@ def test_retry_of_an_applied_save_gets_the_original_success(http, server):
     body = save_body(1, {"title": "mine", "qty": 1}, writer="tab-a", seq=4)
     first = put(http, "rec1", "alice", body)
     assert first.json() == {"id": "rec1", "version": 2, "replayed": False}
-    assert server.store.server_write("rec1", {"qty": 99}) == Won(Saved(3))      # the world moves on
+    assert server.store.server_write("rec1", {"qty": 99}) == Won(Saved(3))  # the world moves on
     retry = put(http, "rec1", "alice", body)
     assert retry.status_code == 200
     assert retry.json() == {"id": "rec1", "version": 2, "replayed": True}
@@ -271,7 +303,7 @@ def test_a_reused_save_identity_is_refused_naming_the_receipt(http, server):
         assert "saveSeq 3" in message
     assert stored(server) == before
     history = [(h.writer_id, h.save_seq) for h in before["rec1"].history if h.writer_id]
-    assert history == [("w", 1), ("w", 2)]        # one version per save identity
+    assert history == [("w", 1), ("w", 2)]  # one version per save identity
     r = put(http, "rec1", "alice", save_body(3, {"title": "C"}, writer="w", seq=3))
     assert r.status_code == 200
 
@@ -280,7 +312,7 @@ def test_receipts_are_the_users_own(http, server):
     """Another user saving under the same writerId and saveSeq neither replaces nor replays
     alice's receipt: her retry of a save that landed still gets her original success."""
     alice = save_body(1, {"title": "alice's"}, writer="tab", seq=5)
-    assert put(http, "rec1", "alice", alice).json()["version"] == 2      # its answer was lost
+    assert put(http, "rec1", "alice", alice).json()["version"] == 2  # its answer was lost
     bob = save_body(2, {"title": "bob's"}, writer="tab", seq=5)
     assert put(http, "rec1", "bob", bob).json() == {"id": "rec1", "version": 3, "replayed": False}
     retry = put(http, "rec1", "alice", alice)
@@ -298,8 +330,9 @@ def test_server_side_write_bumps_the_version_and_stales_the_base(http, server):
     doc = stored(server)["rec1"]
     assert doc.content == {"title": "from the ai"} and doc.history[-1].author == "server"
     assert put(http, "rec1", "alice", save_body(1, {"title": "x"})).status_code == 409
-    assert server.store.server_write("rec1",
-                                     {"nope": 1}).reason.startswith("invalid: unknown attribute id")
+    assert server.store.server_write("rec1", {"nope": 1}).reason.startswith(
+        "invalid: unknown attribute id"
+    )
 
 
 # -- create (keep a local copy as a new document) --------------------------------------------------
@@ -311,8 +344,10 @@ def test_create_copy_is_idempotent_and_private(http, server):
     assert r.status_code == 201
     new_id = r.json()["id"]
     again = http.post("/api/desk/files", headers={"X-User": "alice"}, json=body)
-    assert (again.status_code, again.json()) == (200,
-                                                 {"id": new_id, "version": 1, "replayed": True})
+    assert (again.status_code, again.json()) == (
+        200,
+        {"id": new_id, "version": 1, "replayed": True},
+    )
     got = http.get(PATH.format(new_id), headers={"X-User": "alice"}).json()
     assert (got["kind"], got["schema"], got["content"]) == ("sheet", SHEET_SCHEMA, {"A1": 5})
     assert http.get(PATH.format(new_id), headers={"X-User": "bob"}).status_code == 404
@@ -322,20 +357,27 @@ def test_create_copy_is_idempotent_and_private(http, server):
 
 
 def test_create_with_kind_and_schema(http, server):
-    body = {"kind": "record", "schema": {"attributes": {"name": "text"}}, "content": {"name": "n"},
-            "writerId": "w1", "saveSeq": 1}
+    body = {
+        "kind": "record",
+        "schema": {"attributes": {"name": "text"}},
+        "content": {"name": "n"},
+        "writerId": "w1",
+        "saveSeq": 1,
+    }
     r = http.post("/api/desk/files", headers={"X-User": "erin"}, json=body)
     assert r.status_code == 201
-    assert http.get(PATH.format(r.json()["id"]),
-                    headers={"X-User": "erin"}).json()["content"] == {"name": "n"}
+    assert http.get(PATH.format(r.json()["id"]), headers={"X-User": "erin"}).json()["content"] == {
+        "name": "n"
+    }
 
 
 # -- sharing: the owner decides who reads and who writes -------------------------------------------
 
 
 def share(http, doc, owner, user, can_write):
-    return http.put(f"{PATH.format(doc)}/acl/{user}", headers={"X-User": owner},
-                    json={"canWrite": can_write})
+    return http.put(
+        f"{PATH.format(doc)}/acl/{user}", headers={"X-User": owner}, json={"canWrite": can_write}
+    )
 
 
 def test_the_owner_shares_for_reading_then_for_writing(http, server):
@@ -359,21 +401,30 @@ def test_only_the_owner_shares_and_a_stranger_learns_nothing(http, server):
     before = stored(server)
     acl = f"{PATH.format('rec1')}/acl"
     cases = [
-        (share(http, "rec1", "bob", "erin", True), 403, "not_owner"),     # a writer, not the owner
+        (share(http, "rec1", "bob", "erin", True), 403, "not_owner"),  # a writer, not the owner
         (share(http, "rec1", "carol", "erin", False), 403, "not_owner"),  # a reader
-        (share(http, "rec1", "dave", "erin", False), 404, "not_found"),   # a stranger
+        (share(http, "rec1", "dave", "erin", False), 404, "not_found"),  # a stranger
         (share(http, "nosuchdoc", "alice", "erin", False), 404, "not_found"),
         (share(http, "rec1", "alice", "alice", False), 422, "owner_access"),  # never locks out
         (http.delete(f"{acl}/alice", headers={"X-User": "alice"}), 422, "owner_access"),
         (http.delete(f"{acl}/carol", headers={"X-User": "bob"}), 403, "not_owner"),
         (http.get(acl, headers={"X-User": "bob"}), 403, "not_owner"),
         (http.get(acl, headers={"X-User": "dave"}), 404, "not_found"),
-        (http.put(f"{acl}/erin", headers={"X-User": "alice"}, json={"canWrite": "yes"}), 422,
-         "invalid_request"),
-        (http.put(f"{acl}/erin%0A", headers={"X-User": "alice"}, json={"canWrite": True}), 422,
-         "invalid_request"),
-        (http.put(f"{acl}/erin", headers={"X-User": "alice"}, json={"canWrite": True, "x": 1}),
-         422, "invalid_request"),
+        (
+            http.put(f"{acl}/erin", headers={"X-User": "alice"}, json={"canWrite": "yes"}),
+            422,
+            "invalid_request",
+        ),
+        (
+            http.put(f"{acl}/erin%0A", headers={"X-User": "alice"}, json={"canWrite": True}),
+            422,
+            "invalid_request",
+        ),
+        (
+            http.put(f"{acl}/erin", headers={"X-User": "alice"}, json={"canWrite": True, "x": 1}),
+            422,
+            "invalid_request",
+        ),
     ]
     for r, status, error in cases:
         assert (r.status_code, r.json()["error"]) == (status, error), r.text
@@ -384,13 +435,19 @@ def test_only_the_owner_shares_and_a_stranger_learns_nothing(http, server):
 
 
 def test_a_created_document_belongs_to_its_creator(http, server):
-    body = {"kind": "record", "schema": {"attributes": {"title": "text"}},
-            "content": {"title": "mine"}, "writerId": "w", "saveSeq": 1}
+    body = {
+        "kind": "record",
+        "schema": {"attributes": {"title": "text"}},
+        "content": {"title": "mine"},
+        "writerId": "w",
+        "saveSeq": 1,
+    }
     doc = http.post("/api/desk/files", headers={"X-User": "erin"}, json=body).json()["id"]
     assert share(http, doc, "erin", "frank", False).status_code == 200
     assert share(http, doc, "frank", "gina", False).json()["error"] == "not_owner"
     assert http.get(PATH.format(doc), headers={"X-User": "frank"}).json()["content"] == {
-        "title": "mine"}
+        "title": "mine"
+    }
 
 
 # -- bad input: a clear 4xx, and nothing stored changes --------------------------------------------
@@ -421,8 +478,9 @@ BAD_SAVES = [
 
 
 @pytest.mark.parametrize("name,body,status,words", BAD_SAVES, ids=[b[0] for b in BAD_SAVES])
-def test_bad_save_is_refused_clearly_and_changes_nothing(shared_http, shared, name, body, status,
-                                                         words):
+def test_bad_save_is_refused_clearly_and_changes_nothing(
+    shared_http, shared, name, body, status, words
+):
     before = stored(shared)
     r = put(shared_http, "rec1", "alice", body)
     assert r.status_code == status, r.text
@@ -430,11 +488,16 @@ def test_bad_save_is_refused_clearly_and_changes_nothing(shared_http, shared, na
     assert stored(shared) == before
 
 
-@pytest.mark.parametrize("content,words", [
-    ({"E1": 1}, "outside the sheet"), ({"A21": 1}, "outside the sheet"),
-    ({"a1": 1}, "unknown cell id"),
-    ({"A1": False}, "must be a number"),
-], ids=["column", "row", "lowercase", "bool"])
+@pytest.mark.parametrize(
+    "content,words",
+    [
+        ({"E1": 1}, "outside the sheet"),
+        ({"A21": 1}, "outside the sheet"),
+        ({"a1": 1}, "unknown cell id"),
+        ({"A1": False}, "must be a number"),
+    ],
+    ids=["column", "row", "lowercase", "bool"],
+)
 def test_bad_sheet_cells_are_refused(shared_http, shared, content, words):
     before = stored(shared)
     r = put(shared_http, "sheet1", "alice", save_body(1, content))
@@ -442,20 +505,37 @@ def test_bad_sheet_cells_are_refused(shared_http, shared, content, words):
     assert stored(shared) == before
 
 
-@pytest.mark.parametrize("raw,status,words", [
-    (b'{"expectedVersion": 1, "content": {"qty": NaN}, "writerId": "w", "saveSeq": 1}', 400,
-     "NaN is not a JSON number"),
-    (b'{"expectedVersion": 1, "content": {"qty": Infinity}, "writerId": "w", "saveSeq": 1}', 400,
-     "Infinity is not a JSON number"),
-    (b'{"expectedVersion": 1, "content": {"title": "\\ud800"}, "writerId": "w", "saveSeq": 1}',
-     422, "surrogate"),
-    (b'{"expectedVersion": 1, "content": {"title": "x"', 400, "not JSON"),
-    (b"", 400, "empty"),
-], ids=["nan", "infinity", "lone surrogate", "truncated json", "empty"])
+@pytest.mark.parametrize(
+    "raw,status,words",
+    [
+        (
+            b'{"expectedVersion": 1, "content": {"qty": NaN}, "writerId": "w", "saveSeq": 1}',
+            400,
+            "NaN is not a JSON number",
+        ),
+        (
+            b'{"expectedVersion": 1, "content": {"qty": Infinity}, "writerId": "w", "saveSeq": 1}',
+            400,
+            "Infinity is not a JSON number",
+        ),
+        (
+            b'{"expectedVersion": 1, "content": {"title": "\\ud800"}, '
+            b'"writerId": "w", "saveSeq": 1}',
+            422,
+            "surrogate",
+        ),
+        (b'{"expectedVersion": 1, "content": {"title": "x"', 400, "not JSON"),
+        (b"", 400, "empty"),
+    ],
+    ids=["nan", "infinity", "lone surrogate", "truncated json", "empty"],
+)
 def test_malformed_json_is_refused(shared_http, shared, raw, status, words):
     before = stored(shared)
-    r = shared_http.put(PATH.format("rec1"), content=raw,
-                        headers={"X-User": "alice", "Content-Type": "application/json"})
+    r = shared_http.put(
+        PATH.format("rec1"),
+        content=raw,
+        headers={"X-User": "alice", "Content-Type": "application/json"},
+    )
     assert r.status_code == status, r.text
     assert words.lower() in r.json()["message"].lower(), r.json()
     assert stored(shared) == before
@@ -464,17 +544,22 @@ def test_malformed_json_is_refused(shared_http, shared, raw, status, words):
 def test_oversized_body_is_413_and_changes_nothing(shared_http, shared):
     before = stored(shared)
     big = json.dumps(save_body(1, {"title": "x" * (MAX_BODY_BYTES + 10)})).encode()
-    r = shared_http.put(PATH.format("rec1"),
-                        headers={"X-User": "alice", "Content-Type": "application/json"},
-                        content=big)
+    r = shared_http.put(
+        PATH.format("rec1"),
+        headers={"X-User": "alice", "Content-Type": "application/json"},
+        content=big,
+    )
     assert r.status_code == 413 and "bytes" in r.json()["message"]
 
     def chunks():  # no Content-Length: counted as it streams
         for _ in range(20):
             yield b" " * 4096
-    r = shared_http.put(PATH.format("rec1"),
-                        headers={"X-User": "alice", "Content-Type": "application/json"},
-                        content=chunks())
+
+    r = shared_http.put(
+        PATH.format("rec1"),
+        headers={"X-User": "alice", "Content-Type": "application/json"},
+        content=chunks(),
+    )
     assert r.status_code == 413
     assert stored(shared) == before
 
@@ -483,16 +568,35 @@ def test_bad_create_is_refused(shared_http, shared):
     before = stored(shared)
     cases = [
         ({"content": {}, "writerId": "w", "saveSeq": 1}, "copyOf"),
-        ({"copyOf": "rec1", "kind": "sheet", "content": {}, "writerId": "w", "saveSeq": 1},
-         "copyOf"),
-        ({"kind": "record", "schema": {"attributes": {"Bad Id": "text"}}, "content": {},
-          "writerId": "w",
-          "saveSeq": 1}, "attribute id"),
-        ({"kind": "sheet", "schema": {"rows": 0, "cols": 1}, "content": {}, "writerId": "w",
-          "saveSeq": 1}, "rows"),
+        (
+            {"copyOf": "rec1", "kind": "sheet", "content": {}, "writerId": "w", "saveSeq": 1},
+            "copyOf",
+        ),
+        (
+            {
+                "kind": "record",
+                "schema": {"attributes": {"Bad Id": "text"}},
+                "content": {},
+                "writerId": "w",
+                "saveSeq": 1,
+            },
+            "attribute id",
+        ),
+        (
+            {
+                "kind": "sheet",
+                "schema": {"rows": 0, "cols": 1},
+                "content": {},
+                "writerId": "w",
+                "saveSeq": 1,
+            },
+            "rows",
+        ),
         ({"kind": "poem", "content": {}, "writerId": "w", "saveSeq": 1}, "kind"),
-        ({"copyOf": "rec1", "content": {"zz": 1}, "writerId": "w", "saveSeq": 1},
-         "unknown attribute id"),
+        (
+            {"copyOf": "rec1", "content": {"zz": 1}, "writerId": "w", "saveSeq": 1},
+            "unknown attribute id",
+        ),
     ]
     for body, words in cases:
         r = shared_http.post("/api/desk/files", headers={"X-User": "alice"}, json=body)
@@ -505,11 +609,15 @@ def test_unreachable_database_is_503_and_recovers(pg, dsn, toxiproxy):
     is back the pool reconnects on its own, within its reconnection backoff (polled)."""
     link = toxiproxy.link("documents-db-503", pg.host, pg.port)
     via_link = dsn.replace(f"port={pg.port}", f"port={link.port}")
-    with DocumentServer(via_link, connect_timeout=1) as s, \
-            httpx.Client(base_url=s.url, timeout=10) as c:
+    with (
+        DocumentServer(via_link, connect_timeout=1) as s,
+        httpx.Client(base_url=s.url, timeout=10) as c,
+    ):
+
         def save():
-            return c.put(PATH.format("rec1"), headers={"X-User": "alice"},
-                         json=save_body(1, {"title": "x"}))
+            return c.put(
+                PATH.format("rec1"), headers={"X-User": "alice"}, json=save_body(1, {"title": "x"})
+            )
 
         assert c.get(PATH.format("rec1"), headers={"X-User": "alice"}).status_code == 200
         link.down()
@@ -530,23 +638,33 @@ def test_unreachable_database_is_503_and_recovers(pg, dsn, toxiproxy):
 def test_the_store_reuses_its_connections(dsn):
     with DocumentServer(dsn, pool_size=3) as s, httpx.Client(base_url=s.url, timeout=10) as c:
         for seq in range(1, 41):
-            r = c.put(PATH.format("rec1"), headers={"X-User": "alice"},
-                      json=save_body(seq, {"title": f"t{seq}"}, seq=seq))
+            r = c.put(
+                PATH.format("rec1"),
+                headers={"X-User": "alice"},
+                json=save_body(seq, {"title": f"t{seq}"}, seq=seq),
+            )
             assert r.status_code == 200 and r.json()["version"] == seq + 1
         stats = s.store.pool.get_stats()
-        assert stats["requests_num"] >= 40            # a connection asked for per PUT ...
-        assert stats["connections_num"] <= 3          # ... on at most pool_size connections
+        assert stats["requests_num"] >= 40  # a connection asked for per PUT ...
+        assert stats["connections_num"] <= 3  # ... on at most pool_size connections
 
 
 def test_the_store_prepares_its_statements(dsn):
     with DocumentServer(dsn, pool_size=1) as s, httpx.Client(base_url=s.url, timeout=10) as c:
         for seq in (1, 2):
-            r = c.put(PATH.format("rec1"), headers={"X-User": "alice"},
-                      json=save_body(seq, {"title": f"t{seq}"}, seq=seq))
+            r = c.put(
+                PATH.format("rec1"),
+                headers={"X-User": "alice"},
+                json=save_body(seq, {"title": f"t{seq}"}, seq=seq),
+            )
             assert r.status_code == 200
-        with s.store.pool.connection() as conn:   # the one connection the two saves used
-            prepared = [q for (q,) in conn.execute("select statement from pg_prepared_statements",
-                                                   prepare=False)]
+        with s.store.pool.connection() as conn:  # the one connection the two saves used
+            prepared = [
+                q
+                for (q,) in conn.execute(
+                    "select statement from pg_prepared_statements", prepare=False
+                )
+            ]
     assert any("UPDATE documents d" in q for q in prepared), prepared
     assert any("a.can_write" in q for q in prepared), prepared
 
@@ -554,13 +672,16 @@ def test_the_store_prepares_its_statements(dsn):
 def test_a_dropped_database_link_costs_at_most_one_failed_request(pg, dsn, toxiproxy):
     link = toxiproxy.link("documents-db-pool", pg.host, pg.port)
     via_link = dsn.replace(f"port={pg.port}", f"port={link.port}")
-    with DocumentServer(via_link, pool_size=4, connect_timeout=2) as s, \
-            httpx.Client(base_url=s.url, timeout=10) as c:
+    with (
+        DocumentServer(via_link, pool_size=4, connect_timeout=2) as s,
+        httpx.Client(base_url=s.url, timeout=10) as c,
+    ):
+
         def read():
             return c.get(PATH.format("rec1"), headers={"X-User": "alice"}).status_code
 
         assert [read() for _ in range(6)] == [200] * 6
-        link.down()   # every pooled connection dies with the link (as in a database restart)
+        link.down()  # every pooled connection dies with the link (as in a database restart)
         link.up()
         answers = [read() for _ in range(6)]
         assert answers.count(503) <= 1 and answers[-5:] == [200] * 5, answers
@@ -572,8 +693,9 @@ def test_a_dropped_database_link_costs_at_most_one_failed_request(pg, dsn, toxip
 SCHEMATHESIS_STATS: dict[str, dict[str, int]] = {}
 
 
-@pytest.mark.parametrize("mode", [GenerationMode.NEGATIVE, GenerationMode.POSITIVE],
-                         ids=["malformed", "wellformed"])
+@pytest.mark.parametrize(
+    "mode", [GenerationMode.NEGATIVE, GenerationMode.POSITIVE], ids=["malformed", "wellformed"]
+)
 def test_schemathesis_no_5xx_and_rejections_change_nothing(shared, mode):
     """Generated requests (malformed ones: negative mode) against the published OpenAPI document,
     over real HTTP: never a 5xx, every rejection has a message and leaves every stored document
@@ -583,10 +705,15 @@ def test_schemathesis_no_5xx_and_rejections_change_nothing(shared, mode):
     schema = schemathesis.openapi.from_dict(server.app.openapi())
     stats = SCHEMATHESIS_STATS.setdefault(mode.value, {"requests": 0, "4xx": 0, "2xx": 0})
 
-    @settings(max_examples=50, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(case=schema.as_strategy(mode), user=st.sampled_from(["alice", "bob", "carol", "dave"]),
-           doc=st.sampled_from(["rec1", "sheet1", "nosuchdoc"]), deep=st.booleans())
+    @settings(
+        max_examples=50, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(
+        case=schema.as_strategy(mode),
+        user=st.sampled_from(["alice", "bob", "carol", "dave"]),
+        doc=st.sampled_from(["rec1", "sheet1", "nosuchdoc"]),
+        deep=st.booleans(),
+    )
     def run(case, user, doc, deep):
         if deep:
             case.headers = {**(case.headers or {}), "X-User": user}

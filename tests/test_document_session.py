@@ -9,8 +9,14 @@ import itertools
 import pytest
 
 from knownstate.chaos.toxi import Toxic
-from knownstate.impl.documents import (DocumentServer, DocumentStore, DraftStore, HttpTransport,
-                                       Session, schema_sql)
+from knownstate.impl.documents import (
+    DocumentServer,
+    DocumentStore,
+    DraftStore,
+    HttpTransport,
+    Session,
+    schema_sql,
+)
 from knownstate.model.contract import IllegalTransition, Rejected, Won
 from knownstate.model.document import (
     Created,
@@ -50,12 +56,22 @@ class Env:
         self.clock = Clock()
         self.transports: list[HttpTransport] = []
 
-    def session(self, doc="rec1", user="alice", kind="record", writer=None, open_it=True,
-                **kw) -> Session:
+    def session(
+        self, doc="rec1", user="alice", kind="record", writer=None, open_it=True, **kw
+    ) -> Session:
         t = HttpTransport(f"http://127.0.0.1:{self.link.port}", timeout=3)
         self.transports.append(t)
-        s = Session(doc, user=user, kind=kind, drafts=self.drafts, transport=t, writer_id=writer,
-                    debounce=1.0, clock=self.clock, **kw)
+        s = Session(
+            doc,
+            user=user,
+            kind=kind,
+            drafts=self.drafts,
+            transport=t,
+            writer_id=writer,
+            debounce=1.0,
+            clock=self.clock,
+            **kw,
+        )
         if open_it:
             assert s.open() == Won(s.state.value) and s.state in (State.CLEAN, State.DIRTY)
         return s
@@ -75,8 +91,9 @@ def env(fresh_db, toxiproxy, tmp_path):
     store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice", {"bob": True})
     store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1}, "alice", {"bob": True})
     with store, DocumentServer(dsn) as server:
-        link = toxiproxy.link(f"documents-http-{server.port}-{next(_links)}", "127.0.0.1",
-                              server.port)
+        link = toxiproxy.link(
+            f"documents-http-{server.port}-{next(_links)}", "127.0.0.1", server.port
+        )
         e = Env(store, server, link, DraftStore(tmp_path / "drafts"))
         yield e
         e.close()
@@ -99,7 +116,7 @@ def test_the_session_is_the_models_machine_with_real_ports(env):
     assert {n for n in vars(Session) if not n.startswith("__")} == {"aclose"}
     s = env.session()
     assert s.send == s.transport.send and s.clock is env.clock and s.drafts is env.drafts
-    for method in ("key", "write", "delete", "read", "siblings"):   # the draft-store port
+    for method in ("key", "write", "delete", "read", "siblings"):  # the draft-store port
         assert callable(getattr(env.drafts, method))
 
 
@@ -139,7 +156,7 @@ def test_saves_are_serialised(env):
     s.edit({"title": "x"}, now=0)
     req = s.begin_save(now=1)
     s.edit({"title": "y"}, now=1)
-    assert s.tick(5) is None                       # one in flight: no second request
+    assert s.tick(5) is None  # one in flight: no second request
     with pytest.raises(IllegalTransition):
         s.begin_save()
     assert s.state is State.SAVING
@@ -156,12 +173,12 @@ def test_lost_response_is_retried_and_answered_with_the_original_success(env):
     answer = s.tick(1)
     assert isinstance(answer, NoAnswer) and answer.reason.startswith("lost")
     assert s.state is State.OFFLINE and s.local == {"title": "mine", "qty": 1}
-    assert env.doc().version == 2 and env.doc().content == {"title": "mine", "qty": 1}   # it landed
+    assert env.doc().version == 2 and env.doc().content == {"title": "mine", "qty": 1}  # it landed
     assert env.store.applied(s.unconfirmed) == 2
     assert env.drafts.read(s.key)["content"] == {"title": "mine", "qty": 1}
-    env.store.server_write("rec1", {"done": True})                 # and the world moved on
+    env.store.server_write("rec1", {"done": True})  # and the world moved on
     env.link.remove(toxic)
-    assert s.tick(1) == Won(Saved(2, replayed=True))               # not a conflict against itself
+    assert s.tick(1) == Won(Saved(2, replayed=True))  # not a conflict against itself
     assert s.state is State.CLEAN and s.counters["idempotent_replays"] == 1
     assert env.doc().version == 3 and [h.version for h in env.doc().history] == [1, 2, 3]
     assert env.drafts.read(s.key) is None
@@ -176,7 +193,7 @@ def test_offline_keeps_the_edit_and_retries(env):
     assert s.state is State.OFFLINE and s.counters["save_failures"] == 1
     assert env.doc().version == 1 and env.store.applied(s.unconfirmed) is None
     assert env.drafts.read(s.key)["content"]["title"] == "offline work"
-    assert isinstance(s.tick(2), NoAnswer)                          # retried, still offline
+    assert isinstance(s.tick(2), NoAnswer)  # retried, still offline
     env.link.up()
     assert s.tick(3) == Won(Saved(2))
     assert s.state is State.CLEAN and env.doc().content["title"] == "offline work"
@@ -202,16 +219,16 @@ def test_discard_and_reload_while_offline_keeps_local_state(env):
 def test_conflict_is_a_state_not_an_automatic_rebase(env):
     s = env.session()
     s.edit({"qty": 3}, now=0)
-    env.store.server_write("rec1", {"title": "from the ai"})       # the server-side writer
+    env.store.server_write("rec1", {"title": "from the ai"})  # the server-side writer
     answer = s.tick(1)
     assert isinstance(answer, VersionConflict) and answer.version == 2
     assert s.state is State.CONFLICT and s.conflict.content == {"title": "from the ai", "qty": 1}
     exchanges = s.transport.exchanges
     for now in (2, 10, 100):
-        assert s.tick(now) is None                                 # no automatic resave
+        assert s.tick(now) is None  # no automatic resave
     assert s.transport.exchanges == exchanges
     assert env.doc().content == {"title": "from the ai", "qty": 1} and env.doc().version == 2
-    s.edit({"done": True}, now=100)                                # editing in conflict is allowed
+    s.edit({"done": True}, now=100)  # editing in conflict is allowed
     assert s.state is State.CONFLICT
     assert s.rebase(prefer_local) == Won(s.generation)
     assert s.state is State.DIRTY and s.base_version == 2
@@ -281,7 +298,7 @@ def test_sibling_drafts_are_offered_never_applied(env):
     a.begin_save(now=1)  # the tab dies mid-save: the request never went out
     del a
     b = env.session(writer="tab-b")
-    assert b.state is State.CLEAN and b.local == {"title": "a", "qty": 1}      # not applied
+    assert b.state is State.CLEAN and b.local == {"title": "a", "qty": 1}  # not applied
     assert [d["writerId"] for d in b.siblings] == ["tab-a"]
     assert env.drafts.read(b.key) is None
     assert b.adopt("tab-a") == Won("tab-a")
@@ -315,8 +332,8 @@ def test_reopened_writer_restores_its_draft_and_retries_its_lost_save(env):
     a = env.session(writer="tab-a")
     a.edit({"title": "before the crash"}, now=0)
     toxic = lose_responses(env.link)
-    assert isinstance(a.tick(1), NoAnswer)                  # applied, answer lost ...
-    del a                                                   # ... and the tab is gone
+    assert isinstance(a.tick(1), NoAnswer)  # applied, answer lost ...
+    del a  # ... and the tab is gone
     env.link.remove(toxic)
     again = env.session(writer="tab-a")
     assert again.state is State.DIRTY and again.counters["drafts_restored"] == 1
@@ -328,11 +345,11 @@ def test_writer_reopened_without_its_draft_never_reuses_a_save_identity(env):
     a = env.session(writer="tab-a")
     a.edit({"title": "first life"}, now=0)
     assert a.tick(1) == Won(Saved(2)) and a.close().flushed
-    again = env.session(writer="tab-a")                     # no draft: it counts from 1 again
+    again = env.session(writer="tab-a")  # no draft: it counts from 1 again
     again.edit({"title": "second life"}, now=2)
     taken = again.tick(3)
     assert isinstance(taken, SeqTaken) and (taken.seq, taken.version, taken.last_seq) == (1, 2, 1)
-    assert again.state is State.DIRTY and env.doc().version == 2   # refused, not applied
+    assert again.state is State.DIRTY and env.doc().version == 2  # refused, not applied
     assert again.tick(3) == Won(Saved(3)) and env.doc().content["title"] == "second life"
     history = [(h.writer_id, h.save_seq) for h in env.doc().history if h.writer_id]
     assert history == [("tab-a", 1), ("tab-a", 2)]
@@ -345,10 +362,10 @@ def test_failing_draft_store_is_visible_and_recovers(env):
     assert s.draft_status == "failing" and "failing" in s.draft_error
     assert s.counters["draft_failures"] == 1
     assert env.drafts.read(s.key) is None
-    s.edit({"title": "y"}, now=0.1)                         # still failing: retried, no latch
+    s.edit({"title": "y"}, now=0.1)  # still failing: retried, no latch
     assert env.drafts.refused == 2
     env.drafts.fail_writes = False
-    s.edit({"qty": 4}, now=0.2)                             # the next write goes through
+    s.edit({"qty": 4}, now=0.2)  # the next write goes through
     assert s.draft_status == "ok" and s.counters["draft_recoveries"] == 1
     assert env.drafts.read(s.key)["content"] == {"title": "y", "qty": 4}
 
@@ -373,7 +390,7 @@ def test_close_refuses_to_drop_when_neither_server_nor_drafts_take_the_edit(env)
 def test_close_flushes(env):
     s = env.session()
     s.edit({"title": "typed just before closing"}, now=0)
-    res = s.close()                                          # no tick: the debounce is not due
+    res = s.close()  # no tick: the debounce is not due
     assert res.flushed and s.state is State.CLOSED
     assert env.doc().content["title"] == "typed just before closing"
     assert env.drafts.read(s.key) is None
@@ -403,15 +420,16 @@ def test_close_offline_parks_the_work_in_the_draft(env):
 
 def test_session_belongs_to_the_document_not_the_panel(env):
     from knownstate.impl.documents import Workspace
+
     t = HttpTransport(f"http://127.0.0.1:{env.link.port}", timeout=3)
     env.transports.append(t)
     ws = Workspace("alice", env.drafts, t, clock=env.clock)
     left, right = ws.open_panel("rec1", "record"), ws.open_panel("rec1", "record")
-    assert left is right                                   # one session per document
+    assert left is right  # one session per document
     left.edit({"title": "typed in the left panel"}, now=0)
-    ws.close_panel("rec1")                                 # closing a panel flushes ...
+    ws.close_panel("rec1")  # closing a panel flushes ...
     assert env.doc().content["title"] == "typed in the left panel"
-    assert right.state is State.CLEAN                      # ... and the session lives on
+    assert right.state is State.CLEAN  # ... and the session lives on
     right.edit({"qty": 2}, now=0)
     assert ws.close_document("rec1").flushed and right.state is State.CLOSED
     assert env.doc().content == {"title": "typed in the left panel", "qty": 2}
@@ -423,7 +441,7 @@ def test_session_belongs_to_the_document_not_the_panel(env):
 def test_out_of_order_read_is_dropped(env):
     s = env.session()
     old = s.begin_read()
-    old_answer = s.transport.send(old)                      # the old state of the document
+    old_answer = s.transport.send(old)  # the old state of the document
     env.store.server_write("rec1", {"title": "newer"})
     new = s.begin_read()
     assert s.finish_read(new, s.transport.send(new)) == Won("clean")
@@ -465,8 +483,10 @@ def test_real_session_matches_the_model_and_keeps_the_invariants(env):
     model = DocumentModel(debounce=1.0)
     model.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice", {"bob": True})
     model.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1}, "alice", {"bob": True})
-    real = {"a": env.session(writer="wa", open_it=False),
-            "b": env.session(user="bob", writer="wb", open_it=False)}
+    real = {
+        "a": env.session(writer="wa", open_it=False),
+        "b": env.session(user="bob", writer="wb", open_it=False),
+    }
     for tab, s in real.items():
         model.open_tab(tab, s.user, "rec1", "record", s.writer_id)
     sent = []
@@ -495,12 +515,17 @@ def test_real_session_matches_the_model_and_keeps_the_invariants(env):
         elif op == "close":
             out, mout = s.close(), m.close()
         assert type(out) is type(mout) and (isinstance(out, NoAnswer) or out == mout), (
-            op, out, mout)
+            op,
+            out,
+            mout,
+        )
         assert s.view(tab) == m.view(tab)
-        projected = World(env.store.documents(), env.drafts.views(),
-                          {t: x.view(t) for t, x in real.items()})
+        projected = World(
+            env.store.documents(), env.drafts.views(), {t: x.view(t) for t, x in real.items()}
+        )
         assert {k: (d.version, d.content) for k, d in projected.docs.items()} == {
-            k: (d.version, d.content) for k, d in model.world().docs.items()}
+            k: (d.version, d.content) for k, d in model.world().docs.items()
+        }
         assert check_invariants(projected, model.ledger(), expected=model.world(), sent=sent) == []
 
     step("a", "load")
@@ -508,8 +533,8 @@ def test_real_session_matches_the_model_and_keeps_the_invariants(env):
     step("a", "edit", {"title": "A"}, 0)
     step("a", "save", fate="lost")
     step("b", "edit", {"qty": 2}, 0)
-    step("b", "save")                                     # conflict: a's lost save did land
-    step("a", "save")                                     # the retry: the original success
+    step("b", "save")  # conflict: a's lost save did land
+    step("a", "save")  # the retry: the original success
     step("b", "rebase", prefer_local)
     step("b", "save")
     env.store.server_write("rec1", {"done": True})

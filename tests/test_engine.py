@@ -19,8 +19,15 @@ MUTANT = {m.name: m for m in MUTANTS}
 
 
 def profile(**kw) -> Profile:
-    base = dict(name="test", min_examples=1, max_examples=400, steps=30, times_each=1, budget_s=1e9,
-                description="a test profile")
+    base = dict(
+        name="test",
+        min_examples=1,
+        max_examples=400,
+        steps=30,
+        times_each=1,
+        budget_s=1e9,
+        description="a test profile",
+    )
     return Profile(**{**base, **kw})
 
 
@@ -60,9 +67,10 @@ def test_a_client_side_driver_error_is_a_failure_naming_it_not_a_lost_connection
 
 def test_a_caught_mutant_names_its_invariant_and_replays_to_the_same_counterexample(check_env):
     mutant = MUTANT["unfenced-complete"]
-    runs = [run_check(mutant.machine(OutboxCheck), check_env, seed=4, require_all=False,
-                      shrinks=150)
-            for _ in range(2)]
+    runs = [
+        run_check(mutant.machine(OutboxCheck), check_env, seed=4, require_all=False, shrinks=150)
+        for _ in range(2)
+    ]
     assert all(r.failure is not None and mutant.invariant in r.invariants for r in runs)
     assert runs[0].counterexample == runs[1].counterexample
     assert runs[0].failure == runs[1].failure
@@ -80,7 +88,9 @@ def test_an_outcome_that_differs_from_the_model_names_what_it_breaks():
     assert set(broken_by(LostRace("fenced"), Won("sent"), True, "lease-fence")) == {"lease-fence"}
     assert set(broken_by(Won(None), LostRace("fenced"), True, None)) == {"lease-fence"}
     assert set(broken_by(LostRace("approved"), Won(None), False, "stable-step-identity")) == {
-        "conditional-transition", "stable-step-identity"}
+        "conditional-transition",
+        "stable-step-identity",
+    }
     assert broken_by(Won((1,)), Won((2,)), False, "claim") == ("claim",)
     assert broken_by(Won((1,)), Won((2,)), False, None) == ()
 
@@ -110,7 +120,8 @@ def test_a_block_is_judged_from_the_states_where_its_orders_stopped():
     seen = chk.observe_model
     assert chk._ended_then_changed((done,), seen(retried)) == ("terminal-answers-from-receipts",)
     assert chk._ended_then_changed((claimed, done), seen(retried)) == (
-        "terminal-answers-from-receipts",)
+        "terminal-answers-from-receipts",
+    )
     assert chk._ended_then_changed((done,), seen(done)) == ()
     assert chk._ended_then_changed((claimed,), seen(retried)) == ()  # not ended where it stopped
     assert chk._ended_then_changed((), seen(retried)) == ()

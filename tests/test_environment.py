@@ -151,13 +151,25 @@ def test_a_death_seen_first_as_a_refused_connection_ends_the_run_naming_the_part
 
 PARTS = {
     # part: (how to recognise its process, what the message names, kinds a run checks)
-    "postmaster": (lambda cmd: cmd[0].endswith("/postgres") and "-D" in cmd and any(
-        a.startswith("listen_addresses=") for a in cmd), "PostgreSQL",
-                   ["outbox", "approved-plan", "branch-reset", "document-session"]),
-    "toxiproxy": (lambda cmd: cmd[0].endswith("toxiproxy-server"), "toxiproxy-server",
-                  ["outbox", "approved-plan", "branch-reset", "document-session"]),
-    "stand-in": (lambda cmd: "knownstate.chaos.standin" in cmd, "stand-in",
-                 ["outbox", "branch-reset"]),
+    "postmaster": (
+        lambda cmd: (
+            cmd[0].endswith("/postgres")
+            and "-D" in cmd
+            and any(a.startswith("listen_addresses=") for a in cmd)
+        ),
+        "PostgreSQL",
+        ["outbox", "approved-plan", "branch-reset", "document-session"],
+    ),
+    "toxiproxy": (
+        lambda cmd: cmd[0].endswith("toxiproxy-server"),
+        "toxiproxy-server",
+        ["outbox", "approved-plan", "branch-reset", "document-session"],
+    ),
+    "stand-in": (
+        lambda cmd: "knownstate.chaos.standin" in cmd,
+        "stand-in",
+        ["outbox", "branch-reset"],
+    ),
 }
 
 
@@ -196,9 +208,22 @@ def test_a_real_part_killed_from_outside_ends_verify_with_exit_3_naming_it(part)
         kind = kinds[attempt % len(kinds)]
         env = {**os.environ, "CI": "true"}
         env.pop("DATABASE_URL", None)
-        proc = subprocess.Popen([*KNOWNSTATE, "verify", kind, "--examples", "100000", "--seed",
-                                 str(attempt), "--no-example-db"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env)
+        proc = subprocess.Popen(
+            [
+                *KNOWNSTATE,
+                "verify",
+                kind,
+                "--examples",
+                "100000",
+                "--seed",
+                str(attempt),
+                "--no-example-db",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         where = f"{part} #{attempt} ({kind}, moments drawn from seed {seed})"
         try:
             poll(f"the {part} of {where} starts", lambda: _find(proc.pid, recognise), 180)
@@ -229,5 +254,8 @@ def test_a_real_part_killed_from_outside_ends_verify_with_exit_3_naming_it(part)
         assert proc.returncode == 3, f"{where}, {pause:.2f}s in: exit {proc.returncode}\n{out}{err}"
         assert named in err, err
         assert "Traceback" not in err and "counterexample" not in out, out + err
-        poll(f"nothing of {where} is left running",
-              lambda: not [p for p, t in seen.items() if t is not None and _started(p) == t], 30)
+        poll(
+            f"nothing of {where} is left running",
+            lambda: not [p for p, t in seen.items() if t is not None and _started(p) == t],
+            30,
+        )

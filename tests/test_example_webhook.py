@@ -30,24 +30,45 @@ def site(tmp_path_factory) -> dict[str, str]:
     """The example pip-installed into a folder of its own (the environment's knownstate is
     the one it uses), and the environment that puts it on the path."""
     target = tmp_path_factory.mktemp("site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", "--target", str(target), str(EXAMPLE)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(EXAMPLE),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     assert (target / "webhook_kind" / "binding.py").exists()
     return {**os.environ, "PYTHONPATH": str(target), "CI": "1"}
 
 
 def knownstate(env, *args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "knownstate.chaos.cli", *args], env=env,
-                          cwd=cwd, capture_output=True, text=True, timeout=1200)
+    return subprocess.run(
+        [sys.executable, "-m", "knownstate.chaos.cli", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
 
 
 def test_the_installed_kind_is_found_through_its_entry_point_and_passes(site, tmp_path):
     report = tmp_path / "r.json"
     # a fixed number of examples: what the run observes depends on the seed alone, never on
     # how loaded the machine is (the CI profile's time budget would)
-    run = knownstate(site, "verify", "webhook", "--seed", "1", "--examples", "300",
-                     "--json", str(report))
+    run = knownstate(
+        site, "verify", "webhook", "--seed", "1", "--examples", "300", "--json", str(report)
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     kind = json.loads(report.read_text())["runs"][0]
     assert kind["kind"] == "webhook" and kind["status"] == "passed" and kind["ok"]
@@ -57,8 +78,18 @@ def test_the_installed_kind_is_found_through_its_entry_point_and_passes(site, tm
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_the_unfenced_variant_is_caught_naming_lease_fence(site, tmp_path, seed):
-    run = knownstate(site, "verify", "--kind", UNFENCED, "--seed", str(seed), "--examples", "300",
-                     "--no-example-db", cwd=tmp_path)
+    run = knownstate(
+        site,
+        "verify",
+        "--kind",
+        UNFENCED,
+        "--seed",
+        str(seed),
+        "--examples",
+        "300",
+        "--no-example-db",
+        cwd=tmp_path,
+    )
     out = run.stdout
     assert run.returncode == 1, out + run.stderr
     assert "failure: invariant violated: lease-fence: " in out, out
@@ -74,7 +105,24 @@ def test_the_unfenced_variant_is_caught_naming_lease_fence(site, tmp_path, seed)
 def test_the_examples_own_tests_pass_through_the_pytest_plugin(site):
     """Its mutant test, in the package's own pytest run (the reference passing is the entry
     point test's; the same check)."""
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "--knownstate-seed", "2", "-k", "catches", "tests"], cwd=EXAMPLE,
-                         env=site, capture_output=True, text=True, timeout=1200)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--knownstate-seed",
+            "2",
+            "-k",
+            "catches",
+            "tests",
+        ],
+        cwd=EXAMPLE,
+        env=site,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout + run.stderr

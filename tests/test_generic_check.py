@@ -34,10 +34,15 @@ class OutboxAdapter(Adapter):
 
     schema = impl.SCHEMA
     queries = queries.load("outbox.sql")
-    read_query = ("SELECT id::text AS key, status, attempts, next_attempt_at AS due, lease_until"
-                  " FROM outbox_delivery")
-    guards = {"fence": "AND attempts = %(attempt)s", "skip_locked": "SKIP LOCKED",
-              "lease": "AND lease_until <= now()"}
+    read_query = (
+        "SELECT id::text AS key, status, attempts, next_attempt_at AS due, lease_until"
+        " FROM outbox_delivery"
+    )
+    guards = {
+        "fence": "AND attempts = %(attempt)s",
+        "skip_locked": "SKIP LOCKED",
+        "lease": "AND lease_until <= now()",
+    }
 
     def store(self) -> impl.OutboxStore:
         t = self.timing
@@ -63,8 +68,9 @@ class OutboxAdapter(Adapter):
         return [str(i) for i in self.store().reclaim_stale(conn).value]
 
     def send(self, job, url):
-        request = urllib.request.Request(url, data=b"{}", method="POST",
-                                         headers={"Idempotency-Key": f"outbox-{job.key}"})
+        request = urllib.request.Request(
+            url, data=b"{}", method="POST", headers={"Idempotency-Key": f"outbox-{job.key}"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=5) as r:
                 r.read()
@@ -74,15 +80,26 @@ class OutboxAdapter(Adapter):
             return PERMANENT if e.code < 500 else RETRY
 
 
-DESCRIBED = OUTBOX.model_copy(update={
-    "name": "outbox-described", "external_key": True,
-    "retry": Retry(max_attempts=2, base="1m", cap="1h")})
+DESCRIBED = OUTBOX.model_copy(
+    update={
+        "name": "outbox-described",
+        "external_key": True,
+        "retry": Retry(max_attempts=2, base="1m", cap="1h"),
+    }
+)
 OutboxKind = kind(DESCRIBED, OutboxAdapter)
 
 
 def profile(**kw) -> Profile:
-    base = dict(name="test", min_examples=1, max_examples=400, steps=40, times_each=1,
-                budget_s=1e9, description="a test profile")
+    base = dict(
+        name="test",
+        min_examples=1,
+        max_examples=400,
+        steps=40,
+        times_each=1,
+        budget_s=1e9,
+        description="a test profile",
+    )
     return Profile(**{**base, **kw})
 
 
@@ -93,8 +110,9 @@ def test_the_reference_outbox_bound_through_its_description_passes(check_env):
     assert r.coverage["transition processing -reclaim_dead-> dead"] >= 1
 
 
-@pytest.mark.parametrize("name", ["no-fence-in-complete", "no-skip-locked-in-claim-due",
-                                  "no-lease-in-reclaim-stale"])
+@pytest.mark.parametrize(
+    "name", ["no-fence-in-complete", "no-skip-locked-in-claim-due", "no-lease-in-reclaim-stale"]
+)
 def test_the_mutants_derived_from_the_adapters_guards_are_caught(check_env, name):
     mutant = {m.name: m for m in OutboxKind.mutants}[name]
     r = run_check(mutant.machine(OutboxKind), check_env, seed=3, require_all=False, shrinks=100)
@@ -108,18 +126,25 @@ class _Broken(OutboxAdapter):
 
 class _Unfinished(OutboxAdapter):
     def complete(self, conn, job):
-        conn.execute("UPDATE outbox_delivery SET status = 'sent', lease_until = NULL "
-                     "WHERE id = %s AND attempts = %s", (job.handle.id, job.attempt))
+        conn.execute(
+            "UPDATE outbox_delivery SET status = 'sent', lease_until = NULL "
+            "WHERE id = %s AND attempts = %s",
+            (job.handle.id, job.attempt),
+        )
         return True  # and no COMMIT
 
 
-@pytest.mark.parametrize("adapter, says", [
-    (_Broken, "complete: the adapter raised KeyError"),
-    (_Unfinished, "the adapter returned with its transaction still open"),
-])
+@pytest.mark.parametrize(
+    "adapter, says",
+    [
+        (_Broken, "complete: the adapter raised KeyError"),
+        (_Unfinished, "the adapter returned with its transaction still open"),
+    ],
+)
 def test_an_adapters_own_bug_is_reported_as_the_adapters(check_env, adapter, says):
-    r = run_check(kind(DESCRIBED, adapter), check_env, seed=1, examples=10, require_all=False,
-                  shrinks=30)
+    r = run_check(
+        kind(DESCRIBED, adapter), check_env, seed=1, examples=10, require_all=False, shrinks=30
+    )
     assert r.failure is not None and says in r.failure, r.failure
 
 
@@ -128,11 +153,12 @@ class _RefusedSchema(OutboxAdapter):
 
 
 def test_a_schema_the_server_refuses_is_the_kinds_failure_naming_its_line(check_env):
-    r = run_check(kind(DESCRIBED, _RefusedSchema), check_env, seed=1, examples=10,
-                  require_all=False)
+    r = run_check(
+        kind(DESCRIBED, _RefusedSchema), check_env, seed=1, examples=10, require_all=False
+    )
     line = _RefusedSchema.schema.splitlines().index("CREATE TABLE extra (v txt);") + 1
     assert r.failure is not None and r.examples == 0, r.failure
-    assert f"refused the kind's schema SQL at line {line}: 42704 type \"txt\"" in r.failure
+    assert f'refused the kind\'s schema SQL at line {line}: 42704 type "txt"' in r.failure
 
 
 class _Partial(Adapter):
@@ -151,10 +177,14 @@ def test_a_description_and_an_adapter_that_cannot_make_a_check_are_refused_with_
     with pytest.raises(KindError) as e:
         kind(DESCRIBED, _Partial)
     text = str(e.value)
-    for hint in ("_Partial has no complete(conn, job)", "has no reclaim_stale(conn)",
-                 "has no send(job, url)", "neither read_query nor read(conn)",
-                 "guards['fence'] = 'AND attempts = %(attempt)s' appears in none of its queries",
-                 "make every operation async, or none"):
+    for hint in (
+        "_Partial has no complete(conn, job)",
+        "has no reclaim_stale(conn)",
+        "has no send(job, url)",
+        "neither read_query nor read(conn)",
+        "guards['fence'] = 'AND attempts = %(attempt)s' appears in none of its queries",
+        "make every operation async, or none",
+    ):
         assert hint in text, hint
 
 

@@ -28,8 +28,14 @@ def normal(outcome):
         return "lost"
     value = outcome.value
     if isinstance(value, tuple):
-        return tuple((str(c.id), c.attempt) if isinstance(c, outbox.Claim) else
-                     (c.key, c.attempt) if isinstance(c, Job) else str(c) for c in value)
+        return tuple(
+            (str(c.id), c.attempt)
+            if isinstance(c, outbox.Claim)
+            else (c.key, c.attempt)
+            if isinstance(c, Job)
+            else str(c)
+            for c in value
+        )
     return "won"
 
 
@@ -81,10 +87,14 @@ class SameAsOutbox(RuleBasedStateMachine):
 
     @invariant()
     def same_rows_and_transitions(self):
-        hand = [(str(d.id), d.status, d.attempts, d.next_attempt_at, d.lease_until)
-                for d in self.hand.state()]
-        mine = [(r.key, r.status, r.attempts, r.due, r.lease_until)
-                for r in sorted(self.generic.runs.values(), key=lambda r: r.seq)]
+        hand = [
+            (str(d.id), d.status, d.attempts, d.next_attempt_at, d.lease_until)
+            for d in self.hand.state()
+        ]
+        mine = [
+            (r.key, r.status, r.attempts, r.due, r.lease_until)
+            for r in sorted(self.generic.runs.values(), key=lambda r: r.seq)
+        ]
         assert hand == mine
         assert [(str(i), *rest) for i, *rest in self.hand.transitions] == self.generic.transitions
 
@@ -118,8 +128,12 @@ def test_a_weak_fence_lets_the_stale_owner_write_and_the_invariant_names_it(fenc
     before = m.views()
     assert not m.owns(first)
     assert m.complete(first) == Won() and m.runs["1"].status == "sent"
-    broken = check_invariants(OUTBOX.contract(), before, m.views(),
-                              [Write("1", first.attempt, accepted=True, owner_current=False)])
+    broken = check_invariants(
+        OUTBOX.contract(),
+        before,
+        m.views(),
+        [Write("1", first.attempt, accepted=True, owner_current=False)],
+    )
     assert {v.invariant for v in broken} == {"lease-fence"}
 
 
@@ -149,11 +163,19 @@ def test_a_failed_run_owes_its_backoff_in_the_retry_view():
     assert generic.views(OUTBOX, m.timing, m.state(), {})["1"].retry.owed == 0
 
 
-@pytest.mark.parametrize("changes, hint", [
-    ({"lease": Lease(seconds=300, clock="application", taken_back_by=("reclaim",
-                                                                       "reclaim_dead"))},
-     "a lease in application time needs a model by hand"),
-])
+@pytest.mark.parametrize(
+    "changes, hint",
+    [
+        (
+            {
+                "lease": Lease(
+                    seconds=300, clock="application", taken_back_by=("reclaim", "reclaim_dead")
+                )
+            },
+            "a lease in application time needs a model by hand",
+        )
+    ],
+)
 def test_a_description_the_generic_queue_cannot_run_is_refused_with_a_hint(changes, hint):
     with pytest.raises(ValueError, match=hint):
         GenericModel(OUTBOX.model_copy(update=changes))
@@ -165,14 +187,22 @@ def test_events_outside_the_vocabulary_are_named():
     assert "write a model by hand" in problems[0]
 
 
-@pytest.mark.parametrize("lease, base, cap, scale", [
-    ("5m", "1m", "1h", 1), ("30s", "10s", "10m", 6), ("45s", "20s", None, 12),
-    ("2m", "90s", None, 2),
-])
+@pytest.mark.parametrize(
+    "lease, base, cap, scale",
+    [
+        ("5m", "1m", "1h", 1),
+        ("30s", "10s", "10m", 6),
+        ("45s", "20s", None, 12),
+        ("2m", "90s", None, 2),
+    ],
+)
 def test_durations_are_scaled_to_whole_quanta(lease, base, cap, scale):
-    d = OUTBOX.model_copy(update={
-        "lease": Lease(seconds=lease, taken_back_by=("reclaim", "reclaim_dead")),
-        "retry": Retry(max_attempts=3, base=base, cap=cap)})
+    d = OUTBOX.model_copy(
+        update={
+            "lease": Lease(seconds=lease, taken_back_by=("reclaim", "reclaim_dead")),
+            "retry": Retry(max_attempts=3, base=base, cap=cap),
+        }
+    )
     t = Timing.of(d, quantum=60)
     assert t.scale == scale
     assert all(v % 60 == 0 for v in (t.lease, t.backoff_base, t.backoff_cap or 60))

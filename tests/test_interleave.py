@@ -18,8 +18,15 @@ import psycopg
 import pytest
 
 from knownstate.chaos import linearize
-from knownstate.chaos.interleave import (BlockAborted, ClockAhead, Op, ScheduledConnection,
-                                         Scheduler, WorkerStuck, history)
+from knownstate.chaos.interleave import (
+    BlockAborted,
+    ClockAhead,
+    Op,
+    ScheduledConnection,
+    Scheduler,
+    WorkerStuck,
+    history,
+)
 from knownstate.impl import errors
 from knownstate.model.contract import Won
 
@@ -66,8 +73,9 @@ def connect(pg, db, links):
 
     def make(worker: str, **kwargs) -> ScheduledConnection:
         link = links[worker]
-        conn = ScheduledConnection.connect(pg.dsn(db, host=link.host, port=link.port),
-                                           application_name=f"t-{worker}", **kwargs)
+        conn = ScheduledConnection.connect(
+            pg.dsn(db, host=link.host, port=link.port), application_name=f"t-{worker}", **kwargs
+        )
         made.append(conn)
         return conn
 
@@ -104,12 +112,15 @@ def log_events(worker: str, n: int):
                 conn.execute("INSERT INTO event (worker, n) VALUES (%s, %s)", (worker, i))
         errors.commit(conn, "log")
         return n
+
     return run
 
 
 def test_two_workers_statements_run_in_the_scheduled_order(scheduler, connect, admin):
-    ops = [Op("w0", "log 3", connect("w0"), log_events("w0", 3)),
-           Op("w1", "log 2", connect("w1"), log_events("w1", 2))]
+    ops = [
+        Op("w0", "log 3", connect("w0"), log_events("w0", 3)),
+        Op("w1", "log 2", connect("w1"), log_events("w1", 2)),
+    ]
     choices = ("w1", "w0", "w0", "w1", "w1", "w0", "w0")
     result = scheduler.run(ops, script(*choices))
     assert result.schedule == choices
@@ -126,7 +137,8 @@ def test_two_workers_statements_run_in_the_scheduled_order(scheduler, connect, a
 
 
 def test_every_way_to_reach_the_server_is_a_step_and_nothing_runs_unscheduled(
-        scheduler, connect, admin):
+    scheduler, connect, admin
+):
     def run(conn):
         conn.cursor().execute("SELECT 1")
         conn.execute("UPDATE account SET balance = balance WHERE id = 1")
@@ -149,19 +161,30 @@ def test_every_way_to_reach_the_server_is_a_step_and_nothing_runs_unscheduled(
     states = []
     with scheduler.block([Op("w0", "every path", conn, run)]) as block:
         while not block.finished:
-            (state,) = admin.execute("SELECT state FROM pg_stat_activity WHERE pid = %s",
-                                     (pid,)).fetchone()
+            (state,) = admin.execute(
+                "SELECT state FROM pg_stat_activity WHERE pid = %s", (pid,)
+            ).fetchone()
             states.append(state)
             block.step("w0")
         result = block.result()
     labels = [m[1] for line in result.trace if (m := re.match(r" *\d+\. w0 (.*)", line))]
     assert labels == [
-        "SELECT 1", "UPDATE account SET balance = balance WHERE id = 1",
+        "SELECT 1",
+        "UPDATE account SET balance = balance WHERE id = 1",
         "INSERT INTO event (worker, n) VALUES ('w0', %s)",
-        "SELECT id FROM account ORDER BY id", "round trip fetch_gen", "round trip close_gen",
-        "SAVEPOINT (nested transaction block)", "SELECT 2", "RELEASE SAVEPOINT _pg3_1", "COMMIT",
-        "BEGIN (transaction block)", "SELECT 3", "SAVEPOINT (nested transaction block)",
-        "SELECT 4", "RELEASE SAVEPOINT _pg3_2", "COMMIT (end of transaction block)",
+        "SELECT id FROM account ORDER BY id",
+        "round trip fetch_gen",
+        "round trip close_gen",
+        "SAVEPOINT (nested transaction block)",
+        "SELECT 2",
+        "RELEASE SAVEPOINT _pg3_1",
+        "COMMIT",
+        "BEGIN (transaction block)",
+        "SELECT 3",
+        "SAVEPOINT (nested transaction block)",
+        "SELECT 4",
+        "RELEASE SAVEPOINT _pg3_2",
+        "COMMIT (end of transaction block)",
     ]
     assert result.ops[0].value == "done"
     # Parked between steps, the backend never ran anything on its own.
@@ -178,26 +201,30 @@ def add(account: int, delta: int):
     def run(conn):
         try:
             with errors.boundary("add"):
-                conn.execute("UPDATE account SET balance = balance + %s WHERE id = %s",
-                             (delta, account))
+                conn.execute(
+                    "UPDATE account SET balance = balance + %s WHERE id = %s", (delta, account)
+                )
             errors.commit(conn, "add")
         except errors.TransactionAborted:
             conn.rollback()
             raise
         return Won()
+
     return run
 
 
 def test_a_lock_wait_is_read_from_the_server_and_ends_when_the_holder_commits(
-        scheduler, connect, admin):
+    scheduler, connect, admin
+):
     c0, c1 = connect("w0"), connect("w1")
     ops = [Op("w0", "add(1, +1)", c0, add(1, 1)), Op("w1", "add(1, +2)", c1, add(1, 2))]
     with scheduler.block(ops) as block:
         block.step("w0")
         block.step("w1")
         # The server, asked on its own connection, agrees: w1's backend waits for w0's.
-        (blockers,) = admin.execute("SELECT pg_blocking_pids(%s)",
-                                    (c1.info.backend_pid,)).fetchone()
+        (blockers,) = admin.execute(
+            "SELECT pg_blocking_pids(%s)", (c1.info.backend_pid,)
+        ).fetchone()
         assert blockers == [c0.info.backend_pid]
         assert block.blocked_by("w1") == ("w0",)
         assert block.options() == ["w0"]
@@ -239,28 +266,33 @@ def transfer(src: int, dst: int, amount: int):
     def run(conn):
         try:
             with errors.boundary("transfer"):
-                conn.execute("UPDATE account SET balance = balance - %s WHERE id = %s",
-                             (amount, src))
-                conn.execute("UPDATE account SET balance = balance + %s WHERE id = %s",
-                             (amount, dst))
+                conn.execute(
+                    "UPDATE account SET balance = balance - %s WHERE id = %s", (amount, src)
+                )
+                conn.execute(
+                    "UPDATE account SET balance = balance + %s WHERE id = %s", (amount, dst)
+                )
             errors.commit(conn, "transfer")
         except errors.TransactionAborted:
             conn.rollback()
             raise
         return Won()
+
     return run
 
 
 def judge(result, calls, admin):
     ops = {w: (lambda s, d, a: lambda m: m.transfer(s, d, a))(*args) for w, args in calls.items()}
     observed = tuple(admin.execute("SELECT id, balance FROM account ORDER BY id").fetchall())
-    return linearize.check(history(result, ops), Accounts(),
-                           final=linearize.FinalState(observed, Accounts.rows))
+    return linearize.check(
+        history(result, ops), Accounts(), final=linearize.FinalState(observed, Accounts.rows)
+    )
 
 
 @pytest.mark.parametrize("closer", ["w1", "w0"])
 def test_a_deadlock_is_an_outcome_the_model_expects_and_the_closer_is_its_victim(
-        scheduler, connect, admin, closer):
+    scheduler, connect, admin, closer
+):
     """w0 moves 1 -> 2, w1 moves 2 -> 1; each takes its first row, then wants the other's.
     The statement that closes the cycle is the victim, every time: the server aborts it
     (40P01), nothing of it commits, and the other transfer completes. The model has no
@@ -271,8 +303,10 @@ def test_a_deadlock_is_an_outcome_the_model_expects_and_the_closer_is_its_victim
     victims = []
     for _ in range(3):
         admin.execute("UPDATE account SET balance = 100")
-        ops = [Op(w, f"transfer{args}", c, transfer(*args))
-               for (w, args), c in zip(calls.items(), (c0, c1))]
+        ops = [
+            Op(w, f"transfer{args}", c, transfer(*args))
+            for (w, args), c in zip(calls.items(), (c0, c1))
+        ]
         result = scheduler.run(ops, script("w0", "w1", first, closer))
         victim = [r for r in result.ops if r.error is not None]
         assert len(victim) == 1, result.trace
@@ -283,50 +317,63 @@ def test_a_deadlock_is_an_outcome_the_model_expects_and_the_closer_is_its_victim
         verdict = judge(result, calls, admin)
         assert verdict.ok, "\n".join(verdict.explain())
         assert [o.client for o in verdict.order] == [first]
-        assert f"{closer} transfer{calls[closer]} raised TransactionAborted (40P01 deadlock " \
-               "detected)" in "\n".join(result.trace)
+        assert (
+            f"{closer} transfer{calls[closer]} raised TransactionAborted (40P01 deadlock "
+            "detected)" in "\n".join(result.trace)
+        )
     assert victims == [closer] * 3
 
 
 def test_a_serialization_failure_is_the_callers_outcome_and_the_other_commits(
-        scheduler, connect, admin):
+    scheduler, connect, admin
+):
     """Write skew under SERIALIZABLE: each reads both balances and moves money out of one
     if the sum allows. Both reads before either write: the second COMMIT fails (40001), as an
     outcome of that operation; the block is linearizable without it."""
+
     def withdraw(account: int):
         def run(conn):
             try:
                 with errors.boundary("withdraw"):
                     conn.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
-                    (total,) = conn.execute("SELECT sum(balance) FROM account "
-                                            "WHERE id IN (1, 2)").fetchone()
+                    (total,) = conn.execute(
+                        "SELECT sum(balance) FROM account WHERE id IN (1, 2)"
+                    ).fetchone()
                     if total >= 150:
-                        conn.execute("UPDATE account SET balance = balance - 150 WHERE id = %s",
-                                     (account,))
+                        conn.execute(
+                            "UPDATE account SET balance = balance - 150 WHERE id = %s", (account,)
+                        )
                 errors.commit(conn, "withdraw")
             except errors.TransactionAborted:
                 conn.rollback()
                 raise
             return Won()
+
         return run
 
-    ops = [Op("w0", "withdraw(1)", connect("w0"), withdraw(1)),
-           Op("w1", "withdraw(2)", connect("w1"), withdraw(2))]
+    ops = [
+        Op("w0", "withdraw(1)", connect("w0"), withdraw(1)),
+        Op("w1", "withdraw(2)", connect("w1"), withdraw(2)),
+    ]
     result = scheduler.run(ops, script("w0", "w1", "w0", "w1", "w0", "w0", "w1", "w1"))
     r0, r1 = result.ops
     assert r0.value == Won()
     assert r1.sqlstate == "40001" and r1.transient
     assert isinstance(r1.error, errors.TransactionAborted)
-    verdict = linearize.check(history(result, {"w0": lambda m: m.add(1, -150),
-                                               "w1": lambda m: m.add(2, -150)}), Accounts(),
-                              final=linearize.FinalState(tuple(admin.execute(
-                                  "SELECT id, balance FROM account ORDER BY id").fetchall()),
-                                  Accounts.rows))
+    verdict = linearize.check(
+        history(result, {"w0": lambda m: m.add(1, -150), "w1": lambda m: m.add(2, -150)}),
+        Accounts(),
+        final=linearize.FinalState(
+            tuple(admin.execute("SELECT id, balance FROM account ORDER BY id").fetchall()),
+            Accounts.rows,
+        ),
+    )
     assert verdict.ok and [o.client for o in verdict.order] == ["w0"]
 
 
 def test_the_same_choices_replay_the_same_schedule_trace_outcomes_and_rows(
-        scheduler, connect, admin):
+    scheduler, connect, admin
+):
     """Three workers moving money among three accounts in random directions: lock waits,
     deadlocks and plain runs. Each seed's choices, replayed, give the same everything."""
     conns = {w: connect(w) for w in ("w0", "w1", "w2")}
@@ -337,14 +384,16 @@ def test_the_same_choices_replay_the_same_schedule_trace_outcomes_and_rows(
         for _ in range(2):
             admin.execute("UPDATE account SET balance = 100")
             rng = random.Random(seed)
-            ops = [Op(w, f"transfer{d}", conns[w], transfer(*d, 5))
-                   for w, d in zip(conns, directions)]
+            ops = [
+                Op(w, f"transfer{d}", conns[w], transfer(*d, 5)) for w, d in zip(conns, directions)
+            ]
             result = scheduler.run(ops, lambda options: options[rng.randrange(len(options))])
             rows = admin.execute("SELECT id, balance FROM account ORDER BY id").fetchall()
             outcomes = [r.describe() for r in result.ops]
             runs.append((result.schedule, result.trace, outcomes, rows))
-        assert runs[0] == runs[1], "\n".join(["replayed differently:", *runs[0][1], "--",
-                                               *runs[1][1]])
+        assert runs[0] == runs[1], "\n".join(
+            ["replayed differently:", *runs[0][1], "--", *runs[1][1]]
+        )
         text = "\n".join(runs[0][1])
         seen_blocked += " waits for " in text
         seen_deadlock += "40P01" in text
@@ -357,7 +406,8 @@ def test_the_same_choices_replay_the_same_schedule_trace_outcomes_and_rows(
 
 
 def test_the_lock_holders_link_cut_mid_transaction_lets_the_waiter_through(
-        scheduler, connect, admin, links):
+    scheduler, connect, admin, links
+):
     c0, c1 = connect("w0"), connect("w1")
     ops = [Op("w0", "add(1, +1)", c0, add(1, 1)), Op("w1", "add(1, +2)", c1, add(1, 2))]
     with scheduler.block(ops) as block:
@@ -375,16 +425,18 @@ def test_the_lock_holders_link_cut_mid_transaction_lets_the_waiter_through(
     assert admin.execute("SELECT balance FROM account WHERE id = 1").fetchone() == (102,)
     text = "\n".join(result.trace)
     assert "FAULT link down w0" in text and "w0's backend is gone" in text
-    verdict = linearize.check(history(result, {"w0": lambda m: m.add(1, 1),
-                                               "w1": lambda m: m.add(1, 2)}),
-                              Accounts(), final=linearize.FinalState(
-                                  ((1, 102), (2, 100), (3, 100)), Accounts.rows))
+    verdict = linearize.check(
+        history(result, {"w0": lambda m: m.add(1, 1), "w1": lambda m: m.add(1, 2)}),
+        Accounts(),
+        final=linearize.FinalState(((1, 102), (2, 100), (3, 100)), Accounts.rows),
+    )
     assert verdict.ok  # w0 indeterminate, w1 explained; rows as observed, through the model
     assert knownstate_threads() == []
 
 
 def test_a_waiters_link_cut_leaves_its_backend_waiting_until_the_holder_commits(
-        scheduler, connect, admin, links):
+    scheduler, connect, admin, links
+):
     c0, c1 = connect("w0"), connect("w1")
     pid1 = c1.info.backend_pid
     ops = [Op("w0", "add(1, +1)", c0, add(1, 1)), Op("w1", "add(1, +2)", c1, add(1, 2))]
@@ -399,8 +451,9 @@ def test_a_waiters_link_cut_leaves_its_backend_waiting_until_the_holder_commits(
         result = block.result()
     assert isinstance(result.ops[1].error, errors.ConnectionLost)
     assert admin.execute("SELECT balance FROM account WHERE id = 1").fetchone() == (101,)
-    assert admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
-                         (pid1,)).fetchone() == (0,)
+    assert admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid1,)
+    ).fetchone() == (0,)
     assert "w1's backend is gone" in "\n".join(result.trace)
 
 
@@ -436,7 +489,8 @@ class Interrupted(BaseException):
 
 
 def test_an_interrupted_block_leaves_no_thread_no_backend_and_no_lock(
-        scheduler, connect, admin, pg, db):
+    scheduler, connect, admin, pg, db
+):
     c0, c1 = connect("w0"), connect("w1")
     pids = [c0.info.backend_pid, c1.info.backend_pid]
     ops = [Op("w0", "add(1, +1)", c0, add(1, 1)), Op("w1", "add(1, +2)", c1, add(1, 2))]
@@ -452,8 +506,9 @@ def test_an_interrupted_block_leaves_no_thread_no_backend_and_no_lock(
         scheduler.run(ops, choose)
     assert knownstate_threads() == []
     assert c0.closed and c1.closed
-    assert admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)",
-                         (pids,)).fetchone() == (0,)
+    assert admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
+    ).fetchone() == (0,)
     # No lock lingers: a new block on the same row runs through at once.
     again = scheduler.run([Op("w0", "add(1, +5)", connect("w0"), add(1, 5))], script())
     assert again.ops[0].value == Won()
@@ -479,8 +534,7 @@ def test_a_worker_stuck_outside_any_lock_is_an_environment_error_naming_it(pg, d
         scheduler.close()
 
 
-def test_a_database_clock_ahead_of_real_time_is_refused_with_the_reason(
-        scheduler, connect, pg):
+def test_a_database_clock_ahead_of_real_time_is_refused_with_the_reason(scheduler, connect, pg):
     pg.clock.jump(300)
     try:
         with pytest.raises(ClockAhead, match="300 s ahead of real time.*a day back"):
@@ -497,6 +551,7 @@ def test_a_database_clock_ahead_of_real_time_is_refused_with_the_reason(
 
 def test_a_block_restores_the_connections_own_settings(scheduler, connect):
     conn = connect("w0", options="-c lock_timeout=2000 -c statement_timeout=10000")
+
     def show(c):
         value = c.execute("SHOW lock_timeout").fetchone()[0]
         c.commit()
@@ -521,5 +576,6 @@ def test_a_block_needs_idle_scheduled_connections(scheduler, connect, pg, db):
         scheduler.run([Op("w0", "x", busy, lambda c: None)], script())
     busy.rollback()
     with pytest.raises(ValueError, match="one operation per worker"):
-        scheduler.run([Op("w0", "x", busy, lambda c: None), Op("w0", "y", busy, lambda c: None)],
-                      script())
+        scheduler.run(
+            [Op("w0", "x", busy, lambda c: None), Op("w0", "y", busy, lambda c: None)], script()
+        )

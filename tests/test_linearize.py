@@ -48,8 +48,7 @@ def op(client, label, apply, call, ret, output=UNKNOWN, key=None) -> Operation:
 
 
 def put(client, k, v, call, ret, key=True):
-    return op(client, f"put({k}, {v})", lambda m: m.put(k, v), call, ret, Won(),
-              k if key else None)
+    return op(client, f"put({k}, {v})", lambda m: m.put(k, v), call, ret, Won(), k if key else None)
 
 
 def get(client, k, seen, call, ret, key=True):
@@ -65,8 +64,10 @@ def test_two_overlapping_claims_of_one_row_cannot_both_win_it():
     model = OutboxModel(Config())
     model.enqueue(1)
     one = Won((Claim(1, 1),))
-    fine = [op("w0", "claim(1)", lambda m: m.claim(1), 0, 5, one),
-            op("w1", "claim(1)", lambda m: m.claim(1), 1, 4, Won(()))]
+    fine = [
+        op("w0", "claim(1)", lambda m: m.claim(1), 0, 5, one),
+        op("w1", "claim(1)", lambda m: m.claim(1), 1, 4, Won(())),
+    ]
     verdict = check(fine, model)
     assert verdict.ok
     assert [o.client for o in verdict.order] == ["w0", "w1"]
@@ -180,8 +181,12 @@ def _split(rows):
 
 
 def test_parts_are_checked_apart_and_rows_nobody_touched_must_be_unchanged():
-    history = [put("a", "x", 1, 0, 3), get("b", "x", 1, 1, 2),
-               put("c", "y", 5, 0, 1), get("d", "y", 5, 2, 3)]
+    history = [
+        put("a", "x", 1, 0, 3),
+        get("b", "x", 1, 1, 2),
+        put("c", "y", 5, 0, 1),
+        get("d", "y", 5, 2, 3),
+    ]
     final = FinalState((("x", 1), ("y", 5), ("z", 0)), _rows, _split)
     verdict = check(history, Registers({"z": 0}), partition=lambda o: o.key, final=final)
     assert verdict.ok and verdict.partitions == 2
@@ -196,8 +201,12 @@ def test_parts_are_checked_apart_and_rows_nobody_touched_must_be_unchanged():
 
 def test_a_partitioned_check_with_final_rows_needs_a_split():
     with pytest.raises(ValueError, match="FinalState.split"):
-        check([put("a", "x", 1, 0, 1)], Registers(), partition=lambda o: o.key,
-              final=FinalState((), _rows))
+        check(
+            [put("a", "x", 1, 0, 1)],
+            Registers(),
+            partition=lambda o: o.key,
+            final=FinalState((), _rows),
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -211,12 +220,16 @@ def _oracle(history, initial, observed) -> bool:
     n = len(history)
     maybe = [i for i, o in enumerate(history) if o.ret is None]
     for skipped in itertools.chain.from_iterable(
-            itertools.combinations(maybe, k) for k in range(len(maybe) + 1)):
+        itertools.combinations(maybe, k) for k in range(len(maybe) + 1)
+    ):
         ops = [i for i in range(n) if i not in skipped]
         for order in itertools.permutations(ops):
             pos = {i: p for p, i in enumerate(order)}
-            if any(history[a].ret is not None and history[a].ret < history[b].call
-                   and pos[a] > pos[b] for a in ops for b in ops):
+            if any(
+                history[a].ret is not None and history[a].ret < history[b].call and pos[a] > pos[b]
+                for a in ops
+                for b in ops
+            ):
                 continue
             m = initial.copy()
             explained = True
@@ -241,12 +254,30 @@ def histories(draw):
         ret = None if draw(st.integers(0, 5)) == 0 else call + draw(st.integers(0, 4))
         if draw(st.booleans()):
             v = draw(st.integers(1, 2))
-            out.append(op(f"c{i}", f"put({k}, {v})", lambda m, k=k, v=v: m.put(k, v), call, ret,
-                          Won() if ret is not None else UNKNOWN, k))
+            out.append(
+                op(
+                    f"c{i}",
+                    f"put({k}, {v})",
+                    lambda m, k=k, v=v: m.put(k, v),
+                    call,
+                    ret,
+                    Won() if ret is not None else UNKNOWN,
+                    k,
+                )
+            )
         else:
             seen = draw(st.sampled_from([None, 1, 2]))
-            out.append(op(f"c{i}", f"get({k})", lambda m, k=k: m.get(k), call, ret,
-                          Won(seen) if ret is not None else UNKNOWN, k))
+            out.append(
+                op(
+                    f"c{i}",
+                    f"get({k})",
+                    lambda m, k=k: m.get(k),
+                    call,
+                    ret,
+                    Won(seen) if ret is not None else UNKNOWN,
+                    k,
+                )
+            )
     rows = draw(st.sets(st.tuples(st.sampled_from(["x", "y"]), st.integers(1, 2)), max_size=2))
     observed = tuple(sorted(dict(rows).items()))
     return out, observed
@@ -258,8 +289,9 @@ def test_the_checker_agrees_with_brute_force_with_and_without_parts(case):
     history, observed = case
     expected = _oracle(history, Registers(), observed)
     whole = check(history, Registers(), final=FinalState(observed, _rows))
-    parts = check(history, Registers(), final=FinalState(observed, _rows, _split),
-                  partition=lambda o: o.key)
+    parts = check(
+        history, Registers(), final=FinalState(observed, _rows, _split), partition=lambda o: o.key
+    )
     assert whole.ok is expected
     assert parts.ok is expected
     if expected:
@@ -293,8 +325,11 @@ def test_a_thousand_operation_history_is_linearizable_and_one_wrong_outcome_is_f
     fp = lambda m: (m.now, m.state(), m._next_id)  # noqa: E731
     verdict = check(history, initial, final=final, fingerprint=fp, copy=lin._outbox_copy)
     assert verdict.ok and len(verdict.order) == len(history)
-    k = next(i for i, o in enumerate(history)
-             if i > 500 and o.label.startswith("complete") and o.output == Won("sent"))
+    k = next(
+        i
+        for i, o in enumerate(history)
+        if i > 500 and o.label.startswith("complete") and o.output == Won("sent")
+    )
     history[k] = dataclasses.replace(history[k], output=LostRace("fenced"))
     verdict = check(history, initial, final=final, fingerprint=fp, copy=lin._outbox_copy)
     assert verdict.ok is False

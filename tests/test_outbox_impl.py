@@ -25,8 +25,14 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
-                                 run_state_machine_as_test)
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from knownstate.chaos.toxi import Toxic
 from knownstate.impl import errors
@@ -35,8 +41,20 @@ from knownstate.impl.errors import CommitIndeterminate, ConnectionLost, Transact
 from knownstate.impl.outbox import OutboxStore, project
 from knownstate.model.contract import LostRace, Rejected, Write, Won, check_invariants
 from knownstate.model import outbox as outbox_model
-from knownstate.model.outbox import (CONTRACT, OK, PERMANENT, RETRYABLE, TABLE, TWICE_IN_BATCH,
-                                     Claim, Config, OutboxModel, Report, Status, views)
+from knownstate.model.outbox import (
+    CONTRACT,
+    OK,
+    PERMANENT,
+    RETRYABLE,
+    TABLE,
+    TWICE_IN_BATCH,
+    Claim,
+    Config,
+    OutboxModel,
+    Report,
+    Status,
+    views,
+)
 
 P, R, S, F, D = (s.value for s in Status)
 
@@ -77,16 +95,25 @@ def connect(dsn):
 
 def rows(observer: psycopg.Connection) -> dict[int, tuple]:
     """Every column of every row, read on a direct autocommit connection."""
-    return {r[0]: r for r in observer.execute(
-        "select id, status, attempts, next_attempt_at, lease_until, last_error from "
-        "outbox_delivery order by id")}
+    return {
+        r[0]: r
+        for r in observer.execute(
+            "select id, status, attempts, next_attempt_at, lease_until, last_error from "
+            "outbox_delivery order by id"
+        )
+    }
 
 
 class Pair:
     """One model and one database, driven by the same operations and compared after each."""
 
-    def __init__(self, conns: list[psycopg.Connection], observer: psycopg.Connection, clock,
-                 config: Config = CONFIG):
+    def __init__(
+        self,
+        conns: list[psycopg.Connection],
+        observer: psycopg.Connection,
+        clock,
+        config: Config = CONFIG,
+    ):
         self.model, self.store = OutboxModel(config), OutboxStore(config)
         self.conns, self.observer, self.clock = conns, observer, clock
         self.t0: datetime = observer.execute("select now()").fetchone()[0]
@@ -98,7 +125,8 @@ class Pair:
         q = round(seconds / QUANTUM) * QUANTUM
         assert abs(seconds - q) < QUANTUM / 2 - 5, (
             f"a sequence ran {time.monotonic() - self.started:.0f}s of real time, longer than the "
-            "clock tolerance: this machine is too slow for the test")
+            "clock tolerance: this machine is too slow for the test"
+        )
         return q
 
     def advance(self, seconds: int) -> None:
@@ -117,10 +145,19 @@ class Pair:
         assert got == expected, f"{op}{args}: implementation {got}, model {expected}"
         state = project(self.observer, self.to_model_time)
         assert state == self.model.state(), f"after {op}{args}"
-        accepted = ([isinstance(o, Won) for o in got.value] if batch and isinstance(got, Won)
-                    else [isinstance(got, Won)] * len(tokens))
-        writes = [] if isinstance(got, Rejected) else [  # a refused batch attempted no write
-            Write(str(t.id), t.attempt, a, o) for t, a, o in zip(tokens, accepted, owner_current)]
+        accepted = (
+            [isinstance(o, Won) for o in got.value]
+            if batch and isinstance(got, Won)
+            else [isinstance(got, Won)] * len(tokens)
+        )
+        writes = (
+            []
+            if isinstance(got, Rejected)
+            else [  # a refused batch attempted no write
+                Write(str(t.id), t.attempt, a, o)
+                for t, a, o in zip(tokens, accepted, owner_current)
+            ]
+        )
         # The sink is not in these sequences: count a completed row's send as received so the
         # at-least-once invariant reads the rows alone.
         received = {d.id: 1 for d in state if d.status == S}
@@ -166,25 +203,25 @@ def test_every_transition_of_the_table_agrees_with_the_model(pair):
     pair("extend_lease", c1, token=c1)
     assert pair("complete", c1, token=c1) == Won(S)
     assert pair("fail", c2, True, token=c2) == Won(F)
-    assert pair("fail", c3, False, token=c3) == Won(P)        # retry: backoff 60
-    c4, c5 = pair("claim", 5, conn=1).value                    # 3 is not due yet
+    assert pair("fail", c3, False, token=c3) == Won(P)  # retry: backoff 60
+    c4, c5 = pair("claim", 5, conn=1).value  # 3 is not due yet
     assert (c4.id, c5.id) == (4, 5)
-    pair.advance(300)                                          # both leases lapse
+    pair.advance(300)  # both leases lapse
     assert pair("reclaim_stale") == Won((4, 5))
     c3, c4, c5 = pair("claim", 3).value
     assert (c3, c4) == (Claim(3, 2), Claim(4, 2))
-    assert pair("fail", c3, False, token=c3) == Won(P)        # backoff 120
+    assert pair("fail", c3, False, token=c3) == Won(P)  # backoff 120
     pair.advance(120)
     c3 = pair("claim", 1).value[0]
     assert c3 == Claim(3, 3)
-    assert pair("fail", c3, False, token=c3) == Won(D)        # give_up at max_attempts
+    assert pair("fail", c3, False, token=c3) == Won(D)  # give_up at max_attempts
     assert pair("fail", c4, False, token=c4) == Won(P)
     pair.advance(300)
     assert pair("reclaim_stale") == Won((5,))
     c4, c5 = pair("claim", 2, conn=1).value
     assert (c4, c5) == (Claim(4, 3), Claim(5, 3))
     pair.advance(300)
-    assert pair("reclaim_stale") == Won((4, 5))                # reclaim_dead, both at the limit
+    assert pair("reclaim_stale") == Won((4, 5))  # reclaim_dead, both at the limit
     assert pair.taken == {(t.source, t.event, t.target) for t in TABLE.transitions}
 
 
@@ -214,7 +251,8 @@ def test_random_sequences_agree_with_the_model(dsn, connect, clock):
             self.tokens: list[Claim] = []
 
         @precondition(
-            lambda self: sum(d.status == P for d in self.pair.model.deliveries.values()) < 4)
+            lambda self: sum(d.status == P for d in self.pair.model.deliveries.values()) < 4
+        )
         @rule()
         def enqueue(self):
             self.pair("enqueue", self.pair.model.next_id())
@@ -224,8 +262,11 @@ def test_random_sequences_agree_with_the_model(dsn, connect, clock):
             self.tokens.extend(self.pair("claim", batch, conn=w).value)
 
         @precondition(lambda self: self.tokens)
-        @rule(data=st.data(), w=st.integers(0, 1),
-              op=st.sampled_from(["complete", "retry", "permanent", "extend"]))
+        @rule(
+            data=st.data(),
+            w=st.integers(0, 1),
+            op=st.sampled_from(["complete", "retry", "permanent", "extend"]),
+        )
         def write(self, data, w, op):
             c = data.draw(st.sampled_from(self.tokens), label="token")
             if op == "complete":
@@ -239,10 +280,18 @@ def test_random_sequences_agree_with_the_model(dsn, connect, clock):
         @rule(data=st.data(), w=st.integers(0, 1))
         def write_batch(self, data, w):
             by_id = {c.id: c for c in data.draw(st.permutations(self.tokens), label="tokens")}
-            ids = data.draw(st.lists(st.sampled_from(sorted(by_id)), min_size=1, max_size=4,
-                                     unique=True), label="ids")
-            results = data.draw(st.lists(st.sampled_from([OK, RETRYABLE, PERMANENT]),
-                                         min_size=len(ids), max_size=len(ids)), label="results")
+            ids = data.draw(
+                st.lists(st.sampled_from(sorted(by_id)), min_size=1, max_size=4, unique=True),
+                label="ids",
+            )
+            results = data.draw(
+                st.lists(
+                    st.sampled_from([OK, RETRYABLE, PERMANENT]),
+                    min_size=len(ids),
+                    max_size=len(ids),
+                ),
+                label="results",
+            )
             self.pair("record_batch", [Report(by_id[i], r) for i, r in zip(ids, results)], conn=w)
 
         @rule(minutes=st.sampled_from([1, 2, 5]))
@@ -256,12 +305,20 @@ def test_random_sequences_agree_with_the_model(dsn, connect, clock):
         @invariant()
         def no_transaction_left_open(self):
             if hasattr(self, "pair"):
-                assert all(c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-                           for c in conns)
+                assert all(
+                    c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE for c in conns
+                )
 
-    run_state_machine_as_test(Machine, settings=settings(
-        max_examples=25, stateful_step_count=20, deadline=None, database=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]))
+    run_state_machine_as_test(
+        Machine,
+        settings=settings(
+            max_examples=25,
+            stateful_step_count=20,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -333,9 +390,10 @@ def test_the_lease_is_stamped_and_compared_with_the_database_clock(connect, cloc
     conn, observer = connect(), connect(autocommit=True)
     store.enqueue(conn, 1)
     clock.jump(3600)  # the database is an hour ahead of this process
-    (c, _), = store.claim_batch(conn, 1)
+    ((c, _),) = store.claim_batch(conn, 1)
     lease_until, db_now = observer.execute(
-        "select lease_until, now() from outbox_delivery").fetchone()
+        "select lease_until, now() from outbox_delivery"
+    ).fetchone()
     app_now = datetime.now(timezone.utc)
     assert abs((lease_until - db_now).total_seconds() - 300) < 5
     # an app-clock lease would say 300
@@ -359,7 +417,7 @@ def test_the_reaper_never_touches_a_terminal_row(connect, clock):
     assert store.fail(conn, c2, permanent=True, error="422") == Won(F)
     assert store.fail(conn, c3, permanent=False, error="503") == Won(D)
     terminal = {i: r for i, r in rows(observer).items() if i != 4}
-    clock.jump(10 ** 6)
+    clock.jump(10**6)
     assert store.reclaim_stale(conn) == Won((4,))
     after = rows(observer)
     assert {i: r for i, r in after.items() if i != 4} == terminal
@@ -388,8 +446,10 @@ def test_a_mixed_batch_agrees_with_the_model_in_one_commit(pair):
         pair("enqueue", i)
     c1, c2, c3, c4 = pair("claim", 4).value
     pair.advance(QUANTUM)
-    got = pair("record_batch", [Report(c3, RETRYABLE), Report(c1, OK), Report(c4, PERMANENT),
-                                Report(c2, RETRYABLE)])
+    got = pair(
+        "record_batch",
+        [Report(c3, RETRYABLE), Report(c1, OK), Report(c4, PERMANENT), Report(c2, RETRYABLE)],
+    )
     assert got == Won((Won(P), Won(S), Won(F), Won(P)))
     r = rows(pair.observer)
     assert r[1][5] is None and r[2][5] == r[3][5] == r[4][5] == ""  # as complete/fail write it
@@ -509,12 +569,20 @@ class ToxicCommit(psycopg.Connection):
         super().commit()
 
 
-@pytest.mark.parametrize("toxic, landed", [
-    (Toxic("limit_data", "downstream", {"bytes": 0}), True),   # the COMMIT arrived, its answer not
-    (Toxic("reset_peer", "upstream", {"timeout": 0}), False),  # the COMMIT never arrived
-], ids=["reply-lost", "request-lost"])
-def test_a_batch_whose_commit_is_lost_keeps_both_states_until_observed(dsn, connect, clock, db_link,
-                                                                       toxic, landed):
+@pytest.mark.parametrize(
+    "toxic, landed",
+    [
+        (
+            Toxic("limit_data", "downstream", {"bytes": 0}),
+            True,
+        ),  # the COMMIT arrived, its answer not
+        (Toxic("reset_peer", "upstream", {"timeout": 0}), False),  # the COMMIT never arrived
+    ],
+    ids=["reply-lost", "request-lost"],
+)
+def test_a_batch_whose_commit_is_lost_keeps_both_states_until_observed(
+    dsn, connect, clock, db_link, toxic, landed
+):
     observer = connect(autocommit=True)
     pair = Pair([connect()], observer, clock)
     for i in (1, 2, 3, 4):
@@ -542,7 +610,8 @@ def test_a_batch_whose_commit_is_lost_keeps_both_states_until_observed(dsn, conn
     wait_backend_gone(observer, pid)
     state = project(observer, pair.to_model_time)
     assert [k for k, m in candidates.items() if m.state() == state] == [
-        "committed" if landed else "not committed"]  # all rows of the batch, or none
+        "committed" if landed else "not committed"
+    ]  # all rows of the batch, or none
 
 
 # ---------------------------------------------------------------------------
@@ -566,7 +635,7 @@ def test_a_lock_timeout_becomes_transaction_aborted(connect):
     store = OutboxStore(CONFIG)
     holder, victim, observer = connect(), connect(), connect(autocommit=True)
     store.enqueue(holder, 1)
-    (c, _), = store.claim_batch(holder, 1)
+    ((c, _),) = store.claim_batch(holder, 1)
     holder.execute("select * from outbox_delivery where id = 1 for update")  # hold the row lock
     victim.execute("set lock_timeout = '100ms'")
     victim.commit()

@@ -17,10 +17,28 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from knownstate.model import outbox
-from knownstate.model.contract import (CREATED, IllegalTransition, LostRace, Rejected, Write, Won,
-                                       check_invariants)
-from knownstate.model.outbox import (CONTRACT, OK, PERMANENT, RETRYABLE, TABLE, Claim, Config,
-                                     Delivery, OutboxModel, Report, Status)
+from knownstate.model.contract import (
+    CREATED,
+    IllegalTransition,
+    LostRace,
+    Rejected,
+    Write,
+    Won,
+    check_invariants,
+)
+from knownstate.model.outbox import (
+    CONTRACT,
+    OK,
+    PERMANENT,
+    RETRYABLE,
+    TABLE,
+    Claim,
+    Config,
+    Delivery,
+    OutboxModel,
+    Report,
+    Status,
+)
 
 P, R, S, F, D = (s.value for s in Status)
 
@@ -78,8 +96,9 @@ def drive(event: str) -> OutboxModel:
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("t", TABLE.transitions,
-                         ids=[f"{t.source}-{t.event}-{t.target}" for t in TABLE.transitions])
+@pytest.mark.parametrize(
+    "t", TABLE.transitions, ids=[f"{t.source}-{t.event}-{t.target}" for t in TABLE.transitions]
+)
 def test_every_row_of_the_table_is_taken_by_its_operation(t):
     m = drive(t.event)
     assert m.transitions[-1] == (1, t.source, t.event, t.target)
@@ -97,10 +116,21 @@ def test_the_table_is_the_seeds_outbox_column():
 TERMINAL_EVENTS = ["complete", "fail_permanent", "give_up", "reclaim_dead"]
 
 
-@pytest.mark.parametrize("status, event", [
-    (P, "complete"), (P, "retry"), (P, "reclaim"), (P, "enqueue"),
-    (S, "claim"), (S, "reclaim"), (F, "retry"), (D, "claim"), (R, "claim"), (R, "enqueue"),
-])
+@pytest.mark.parametrize(
+    "status, event",
+    [
+        (P, "complete"),
+        (P, "retry"),
+        (P, "reclaim"),
+        (P, "enqueue"),
+        (S, "claim"),
+        (S, "reclaim"),
+        (F, "retry"),
+        (D, "claim"),
+        (R, "claim"),
+        (R, "enqueue"),
+    ],
+)
 def test_an_illegal_step_raises_and_leaves_the_state_unchanged(status, event):
     m = OutboxModel()
     m.deliveries[1] = Delivery(1, status, 1, 0, 300 if status == R else None)
@@ -131,9 +161,12 @@ def reclaimed_and_reclaimed_again() -> tuple[OutboxModel, Claim, Claim]:
 def test_a_stale_owner_is_fenced_and_changes_nothing(write):
     m, stale, current = reclaimed_and_reclaimed_again()
     snapshot = m.copy()
-    out = {"complete": lambda c: m.complete(c), "fail_retry": lambda c: m.fail(c, permanent=False),
-           "fail_permanent": lambda c: m.fail(c, permanent=True),
-           "extend_lease": lambda c: m.extend_lease(c)}[write](stale)
+    out = {
+        "complete": lambda c: m.complete(c),
+        "fail_retry": lambda c: m.fail(c, permanent=False),
+        "fail_permanent": lambda c: m.fail(c, permanent=True),
+        "extend_lease": lambda c: m.extend_lease(c),
+    }[write](stale)
     assert isinstance(out, LostRace)
     assert m == snapshot and m.transitions == snapshot.transitions
     assert m.complete(current) == Won(S)  # the current owner still can
@@ -183,7 +216,7 @@ def test_the_reaper_never_touches_a_terminal_row():
     m.fail(c3, permanent=False)  # attempt 1 of 1: dead
     terminal = {i: m.deliveries[i] for i in (1, 2, 3)}
     assert [d.status for d in terminal.values()] == [S, F, D]
-    m.advance(10 ** 6)
+    m.advance(10**6)
     assert m.reclaim_stale() == Won((4,))
     assert {i: m.deliveries[i] for i in (1, 2, 3)} == terminal
     assert m.deliveries[4].status == D  # reclaimed at the limit: reclaim_dead
@@ -221,7 +254,7 @@ def test_dead_at_max_attempts_and_not_before():
         c = m.claim(1).value[0]
     assert c.attempt == 3
     assert m.fail(c, permanent=False) == Won(D)
-    m.advance(10 ** 6)
+    m.advance(10**6)
     assert m.claim(5) == Won(())  # dead is never claimed again
 
 
@@ -291,8 +324,9 @@ def test_a_batch_moves_each_row_by_its_own_result():
     assert (c1.attempt, c4.attempt) == (1, 2)
     m.advance(7)
     n = len(m.transitions)
-    out = m.record_batch([Report(c3, RETRYABLE), Report(c1, OK), Report(c4, RETRYABLE),
-                          Report(c2, PERMANENT)])
+    out = m.record_batch(
+        [Report(c3, RETRYABLE), Report(c1, OK), Report(c4, RETRYABLE), Report(c2, PERMANENT)]
+    )
     assert out == Won((Won(P), Won(S), Won(D), Won(F)))  # in the order of the reports
     assert m.deliveries[1] == Delivery(1, S, 1, 60, None)
     assert m.deliveries[2] == Delivery(2, F, 1, 60, None)
@@ -326,8 +360,9 @@ def test_a_batch_naming_a_row_twice_is_refused_whole():
     m.enqueue(2)
     c1, c2 = m.claim(2).value
     snapshot = m.copy()
-    assert m.record_batch([Report(c1, OK), Report(c2, OK), Report(c1, RETRYABLE)]) == \
-        Rejected(outbox.TWICE_IN_BATCH)
+    assert m.record_batch([Report(c1, OK), Report(c2, OK), Report(c1, RETRYABLE)]) == Rejected(
+        outbox.TWICE_IN_BATCH
+    )
     assert m == snapshot and m.transitions == snapshot.transitions
     assert m.record_batch([]) == Won(())
 
@@ -348,8 +383,9 @@ class OutboxModelMachine(RuleBasedStateMachine):
 
     @initialize(max_attempts=st.integers(1, 4))
     def start(self, max_attempts):
-        self.m = OutboxModel(Config(lease=300, backoff_base=60, backoff_cap=240,
-                                    max_attempts=max_attempts))
+        self.m = OutboxModel(
+            Config(lease=300, backoff_base=60, backoff_cap=240, max_attempts=max_attempts)
+        )
         self.tokens: list[Claim] = []  # every claim ever handed out, stale ones included
         self.prev: dict[int, Delivery] = {}
 
@@ -357,15 +393,26 @@ class OutboxModelMachine(RuleBasedStateMachine):
         before = self.m.views()
         self.prev = dict(self.m.deliveries)
         owner_current = writes_for is not None and (
-            (d := self.m.deliveries.get(writes_for.id)) is not None and d.status == R
-            and d.attempts == writes_for.attempt)
+            (d := self.m.deliveries.get(writes_for.id)) is not None
+            and d.status == R
+            and d.attempts == writes_for.attempt
+        )
         n = len(self.m.transitions)
         out = fn()
-        writes = [] if writes_for is None else [Write(str(writes_for.id), writes_for.attempt,
-                                                      accepted=isinstance(out, Won),
-                                                      owner_current=owner_current)]
+        writes = (
+            []
+            if writes_for is None
+            else [
+                Write(
+                    str(writes_for.id),
+                    writes_for.attempt,
+                    accepted=isinstance(out, Won),
+                    owner_current=owner_current,
+                )
+            ]
+        )
         assert check_invariants(CONTRACT, before, self.m.views(), writes) == []
-        for (_, src, event, dst) in self.m.transitions[n:]:
+        for _, src, event, dst in self.m.transitions[n:]:
             assert TABLE.next(src, event) == dst
         return out
 
@@ -384,10 +431,12 @@ class OutboxModelMachine(RuleBasedStateMachine):
         c = data.draw(st.sampled_from(self.tokens), label="token")
         if op != "extend":
             self.m.sink_received(c.id)  # the worker sends first, then records the sink's answer
-        fn = {"complete": lambda: self.m.complete(c),
-              "retry": lambda: self.m.fail(c, permanent=False),
-              "permanent": lambda: self.m.fail(c, permanent=True),
-              "extend": lambda: self.m.extend_lease(c)}[op]
+        fn = {
+            "complete": lambda: self.m.complete(c),
+            "retry": lambda: self.m.fail(c, permanent=False),
+            "permanent": lambda: self.m.fail(c, permanent=True),
+            "extend": lambda: self.m.extend_lease(c),
+        }[op]
         self.step(fn, writes_for=c)
 
     @precondition(lambda self: self.tokens)
@@ -395,8 +444,9 @@ class OutboxModelMachine(RuleBasedStateMachine):
     def write_batch(self, data):
         """A batch of outcomes over distinct rows, stale tokens included: judged row by row."""
         by_id = {c.id: c for c in data.draw(st.permutations(self.tokens), label="tokens")}
-        chosen = data.draw(st.lists(st.sampled_from(sorted(by_id)), min_size=1, unique=True),
-                           label="ids")
+        chosen = data.draw(
+            st.lists(st.sampled_from(sorted(by_id)), min_size=1, unique=True), label="ids"
+        )
         results = st.sampled_from([OK, RETRYABLE, PERMANENT])
         reports = [Report(by_id[i], data.draw(results, label="result")) for i in chosen]
         for r in reports:
@@ -406,8 +456,15 @@ class OutboxModelMachine(RuleBasedStateMachine):
         self.prev = dict(self.m.deliveries)
         out = self.m.record_batch(reports)
         assert isinstance(out, Won) and len(out.value) == len(reports)
-        writes = [Write(str(r.claim.id), r.claim.attempt, accepted=isinstance(o, Won),
-                        owner_current=owners[r.claim.id]) for r, o in zip(reports, out.value)]
+        writes = [
+            Write(
+                str(r.claim.id),
+                r.claim.attempt,
+                accepted=isinstance(o, Won),
+                owner_current=owners[r.claim.id],
+            )
+            for r, o in zip(reports, out.value)
+        ]
         assert check_invariants(CONTRACT, before, self.m.views(), writes) == []
 
     @rule(seconds=st.sampled_from([1, 60, 299, 300, 1000]))

@@ -84,8 +84,12 @@ class WorkerProcess:
         self.name = name
         self.proc = subprocess.Popen(
             [sys.executable, "-c", WORKER, dsn, sink_url, str(LEASE)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            preexec_fn=tools.die_with_parent)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=tools.die_with_parent,
+        )
         self.lines: list[list[str]] = []
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -121,7 +125,8 @@ class WorkerProcess:
         """Close stdin (the stop signal), wait for a clean exit, return the loop's stats."""
         self.proc.stdin.close()
         assert self.proc.wait(timeout=20) == 0, (
-            f"{self.name} exited {self.proc.returncode}: {self.proc.stderr.read()}")
+            f"{self.name} exited {self.proc.returncode}: {self.proc.stderr.read()}"
+        )
         self._reader.join(timeout=10)
         (stats,) = self.said("stats")
         return json.loads(" ".join(stats))
@@ -129,6 +134,7 @@ class WorkerProcess:
 
 def poll(what: str, predicate, deadline_s: float = 30.0, procs: list[WorkerProcess] = ()):
     """:func:`polling.poll`, failing at once when one of ``procs`` exits (not by SIGKILL)."""
+
     def holds():
         if value := predicate():
             return value
@@ -141,8 +147,10 @@ def poll(what: str, predicate, deadline_s: float = 30.0, procs: list[WorkerProce
 
 
 def statuses(observer: psycopg.Connection) -> dict[int, tuple[str, int]]:
-    return {i: (s, a) for i, s,
-            a in observer.execute("select id, status, attempts from outbox_delivery")}
+    return {
+        i: (s, a)
+        for i, s, a in observer.execute("select id, status, attempts from outbox_delivery")
+    }
 
 
 @pytest.mark.slow
@@ -150,8 +158,11 @@ def test_a_killed_worker_loses_nothing_and_its_sends_may_repeat(pg, fresh_db, to
     dsn = fresh_db(impl.SCHEMA)
     store = OutboxStore(Config(lease=LEASE))
     workers: list[WorkerProcess] = []
-    with (NotificationSink() as sink, psycopg.connect(dsn, autocommit=True) as observer,
-          psycopg.connect(dsn) as conn):
+    with (
+        NotificationSink() as sink,
+        psycopg.connect(dsn, autocommit=True) as observer,
+        psycopg.connect(dsn) as conn,
+    ):
         try:
             for i in range(1, N + 1):
                 store.enqueue(conn, i, {"to": f"user{i}"})
@@ -163,31 +174,43 @@ def test_a_killed_worker_loses_nothing_and_its_sends_may_repeat(pg, fresh_db, to
             poll("the victim claimed a batch", victim.claims, procs=workers)
             workers += [WorkerProcess(f"survivor{k}", dsn, sink.url) for k in (1, 2)]
             survivors = workers[1:]
-            poll("every survivor recorded a delivery and the victim is mid-batch",
-                 lambda: all(s.recorded() for s in survivors) and victim.mid_batch(set(sink.log)),
-                 procs=workers)
+            poll(
+                "every survivor recorded a delivery and the victim is mid-batch",
+                lambda: all(s.recorded() for s in survivors) and victim.mid_batch(set(sink.log)),
+                procs=workers,
+            )
 
             victim.kill()
             assert victim.proc.returncode == -signal.SIGKILL
             # its transactions end when the server sees it gone
             for (pid,) in victim.said("backend"):
-                poll(f"the victim's backend {pid} is gone",
-                     lambda: not observer.execute("select 1 from pg_stat_activity where pid = %s",
-                                                  (int(pid),)).fetchone())
+                poll(
+                    f"the victim's backend {pid} is gone",
+                    lambda: (
+                        not observer.execute(
+                            "select 1 from pg_stat_activity where pid = %s", (int(pid),)
+                        ).fetchone()
+                    ),
+                )
             rows = statuses(observer)
             orphans = {i for i, a in victim.claims() if rows[i] == ("processing", a)}
             assert orphans, "the victim held no claimed row when it died: the kill was not mid-run"
 
             # The survivors deliver everything else; the orphans wait for the reaper,
             # never for the victim.
-            poll("only the victim's rows are unfinished",
-                 lambda: {i for i, (s, _) in statuses(observer).items() if s != "sent"} == orphans,
-                 procs=workers)
+            poll(
+                "only the victim's rows are unfinished",
+                lambda: {i for i, (s, _) in statuses(observer).items() if s != "sent"} == orphans,
+                procs=workers,
+            )
             assert store.reclaim_stale(conn) == Won(())  # their leases are still live
             pg.clock.jump(LEASE + 60)
             assert store.reclaim_stale(conn) == Won(tuple(sorted(orphans)))
-            poll("every delivery is sent",
-                 lambda: all(s == "sent" for s, _ in statuses(observer).values()), procs=workers)
+            poll(
+                "every delivery is sent",
+                lambda: all(s == "sent" for s, _ in statuses(observer).values()),
+                procs=workers,
+            )
             stats = [s.finish() for s in survivors]
         finally:
             for w in workers:
@@ -195,12 +218,14 @@ def test_a_killed_worker_loses_nothing_and_its_sends_may_repeat(pg, fresh_db, to
 
         final = statuses(observer)
         assert len(final) == N and all(s == "sent" for s, _ in final.values())
-        assert not observer.execute("select 1 from outbox_delivery where status = 'processing' "
-                                    "or lease_until is not null").fetchone()
+        assert not observer.execute(
+            "select 1 from outbox_delivery where status = 'processing' or lease_until is not null"
+        ).fetchone()
         log = set(sink.log)
         missing = sorted((i, a) for i, (_, a) in final.items() if (i, a) not in log)
         assert not missing, (
-            f"recorded as sent but the sink never received that attempt: {missing[:10]}")
+            f"recorded as sent but the sink never received that attempt: {missing[:10]}"
+        )
         received = sink.received()
         assert set(received) == set(final) and min(received.values()) >= 1
 
@@ -219,8 +244,10 @@ def test_a_killed_worker_loses_nothing_and_its_sends_may_repeat(pg, fresh_db, to
         # each row sent by exactly one record
         assert sum(s["sent"] for s in stats) == N - len(victim_sent_in_db)
         assert all(s["fenced"] == 0 and s["errors"] == 0 for s in stats), stats
-        print(f"\n{N} deliveries, 3 workers, victim killed holding {len(orphans)} claimed row(s), "
-              f"{len(reached)} of them already at the sink; reaper reclaimed {len(orphans)}; "
-              f"duplicate deliveries at the sink: {duplicates}; survivors: {stats}")
+        print(
+            f"\n{N} deliveries, 3 workers, victim killed holding {len(orphans)} claimed row(s), "
+            f"{len(reached)} of them already at the sink; reaper reclaimed {len(orphans)}; "
+            f"duplicate deliveries at the sink: {duplicates}; survivors: {stats}"
+        )
     for w in workers:
         assert w.proc.poll() is not None

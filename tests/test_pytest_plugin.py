@@ -16,7 +16,7 @@ from knownstate.chaos.cli import main
 
 pytestmark = pytest.mark.slow
 
-FIXTURES = textwrap.dedent('''
+FIXTURES = textwrap.dedent("""
     import psycopg
     import pytest
 
@@ -55,7 +55,7 @@ FIXTURES = textwrap.dedent('''
         report = str(failed.value)
         assert "demo-unfenced: FAILED" in report and "lease-fence" in report, report
         assert "replay: knownstate verify --kind test_fixtures:UnfencedKind" in report, report
-''')
+""")
 
 
 def test_init_kind_scaffolds_a_package_whose_tests_pass_and_the_fixtures_work(tmp_path):
@@ -63,9 +63,13 @@ def test_init_kind_scaffolds_a_package_whose_tests_pass_and_the_fixtures_work(tm
     root = tmp_path / "demo-queue"
     assert (root / "demo_queue_kind" / "binding.py").exists()
     (root / "tests" / "test_fixtures.py").write_text(FIXTURES)
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "--knownstate-seed", "1"],
-                         cwd=root, capture_output=True, text=True, timeout=1500)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--knownstate-seed", "1"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert run.returncode == 0 and "4 passed" in run.stdout, run.stdout[-4000:] + run.stderr
 
 

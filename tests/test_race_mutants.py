@@ -66,8 +66,9 @@ def _schedule(lines: list[str]) -> list[str]:
     return [line.split()[1] for line in lines if line[:5].strip().rstrip(".").isdigit()]
 
 
-@pytest.mark.parametrize("name", [n for n in MUTANTS if len(rm.SCENARIOS[MUTANTS[n].scenario]
-                                                             .block) == 2])
+@pytest.mark.parametrize(
+    "name", [n for n in MUTANTS if len(rm.SCENARIOS[MUTANTS[n].scenario].block) == 2]
+)
 def test_the_reference_is_linearizable_under_every_schedule_of_the_block(rig, name):
     scenario = rm.SCENARIOS[MUTANTS[name].scenario]
     examples = rm.every_schedule(rig, scenario, rm.REFERENCE)
@@ -97,7 +98,8 @@ def test_each_mutant_is_caught_on_five_seeds(rig, name):
 
 
 def test_the_3a43514_schedule_applies_the_step_again_and_the_reference_answers_from_its_receipt(
-        rig):
+    rig,
+):
     """The race the gate once missed: w1 locks the run, w0 waits for the lock; after w1
     commits, the mutant's count (read before the wait) misses w1's receipt and runs step 0
     again (refused by the receipt's key); the reference counts after the wait and answers

@@ -44,8 +44,15 @@ def units(n: int = 3, mutant=None, seeds=(1,)) -> list[Unit]:
 
 
 def report(us: list[Unit], command: str = "verify", seeds=(1,), shard=None, planned=None):
-    return Report(command, ["knownstate", command], "ci", list(seeds), us,
-                  len(us) if planned is None else planned, shard)
+    return Report(
+        command,
+        ["knownstate", command],
+        "ci",
+        list(seeds),
+        us,
+        len(us) if planned is None else planned,
+        shard,
+    )
 
 
 def finish(rep: Report, unit: Unit, r) -> None:
@@ -69,8 +76,17 @@ def _passed():
 def _failed():
     rep = report(units(2))
     finish(rep, rep.units[0], result("outbox", 1))
-    finish(rep, rep.units[1], result(rep.units[1].kind, 1, failure="invariant violated: x",
-                                     invariants=("lease-fence",), batch=4))
+    finish(
+        rep,
+        rep.units[1],
+        result(
+            rep.units[1].kind,
+            1,
+            failure="invariant violated: x",
+            invariants=("lease-fence",),
+            batch=4,
+        ),
+    )
     return rep.document()
 
 
@@ -130,9 +146,17 @@ def test_a_run_cut_short_keeps_what_finished_and_marks_the_rest(signal_name, cod
     assert current["coverage"], "what the interrupted run had observed is kept"
     assert (never["status"], never["examples"]) == ("not run", 0)
     assert (doc["signal"], doc["exit_code"]) == (signal_name, code)
-    assert doc["counts"] == {"runs": 3, "ok": 1, "passed": 1, "failed": 0, "vacuous": 0,
-                             "interrupted": 1, "environment": 0, "not run": 1,
-                             "not covered": 0}
+    assert doc["counts"] == {
+        "runs": 3,
+        "ok": 1,
+        "passed": 1,
+        "failed": 0,
+        "vacuous": 0,
+        "interrupted": 1,
+        "environment": 0,
+        "not run": 1,
+        "not covered": 0,
+    }
 
 
 def test_an_environment_fault_marks_the_run_in_progress_not_a_failure():
@@ -193,8 +217,11 @@ def test_junit_passes_a_caught_mutant_and_fails_a_surviving_one():
 
 def test_junit_names_do_not_carry_random_seeds_and_survive_control_characters():
     rep = report(units(1, seeds=(912873, 912874)), seeds=(912873, 912874))
-    finish(rep, rep.units[0], result(seed=912873, failure="bad byte \x00\x1b here",
-                                     invariants=("claim",)))
+    finish(
+        rep,
+        rep.units[0],
+        result(seed=912873, failure="bad byte \x00\x1b here", invariants=("claim",)),
+    )
     finish(rep, rep.units[1], result(seed=912874))
     root = _junit(rep.document())  # parses: no character XML forbids
     names = [c.get("name") for c in root.iter("testcase")]
@@ -226,15 +253,21 @@ def test_merged_shards_are_the_report_of_one_run(n):
     validate(merged)
     assert merged["runs"] == whole["runs"]
     assert (merged["outcome"], merged["exit_code"], merged["counts"]) == (
-        whole["outcome"], whole["exit_code"], whole["counts"])
+        whole["outcome"],
+        whole["exit_code"],
+        whole["counts"],
+    )
     assert merged["shard"] is None and merged["merged_from"] == [p for p, _ in reversed(docs)]
 
 
 def test_a_merge_is_interrupted_when_one_shard_was():
     docs, _ = _shards(2)
     cut = copy.deepcopy(docs[1][1])
-    cut["runs"][-1]["status"], cut["outcome"], cut["signal"] = "interrupted", "interrupted", \
-        "SIGTERM"
+    cut["runs"][-1]["status"], cut["outcome"], cut["signal"] = (
+        "interrupted",
+        "interrupted",
+        "SIGTERM",
+    )
     merged = merge([docs[0], ("b.json", cut)])
     assert (merged["outcome"], merged["exit_code"]) == ("interrupted", 143)
 
@@ -274,20 +307,30 @@ def test_reports_are_written_whole(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.xml"]  # no temp files
 
 
-@pytest.mark.parametrize("replay,absent", [
-    (Replay(), ["--examples", "--steps", "--batch", "--shrinks", "--mutant", "example-db"]),
-    (Replay(profile="deep", examples=30, steps=20, shrinks=50, example_db="my db"), []),
-    (Replay(no_example_db=True), ["--examples"]),
-])
+@pytest.mark.parametrize(
+    "replay,absent",
+    [
+        (Replay(), ["--examples", "--steps", "--batch", "--shrinks", "--mutant", "example-db"]),
+        (Replay(profile="deep", examples=30, steps=20, shrinks=50, example_db="my db"), []),
+        (Replay(no_example_db=True), ["--examples"]),
+    ],
+)
 def test_a_replay_command_parses_back_to_the_same_run(replay, absent):
-    cmd = replay.command("outbox", 12, batch=3 if replay.examples else 0,
-                         mutant="unfenced-complete" if replay.steps else None)
+    cmd = replay.command(
+        "outbox",
+        12,
+        batch=3 if replay.examples else 0,
+        mutant="unfenced-complete" if replay.steps else None,
+    )
     words = shlex.split(cmd)
     assert words[:2] == ["knownstate", "verify"]
     args = build_parser().parse_args(words[1:])
     assert (args.kinds, args.seed, args.profile) == (["outbox"], 12, replay.profile)
-    assert (args.examples, args.steps, args.shrinks) == (replay.examples, replay.steps,
-                                                         replay.shrinks)
+    assert (args.examples, args.steps, args.shrinks) == (
+        replay.examples,
+        replay.steps,
+        replay.shrinks,
+    )
     assert args.batch == (3 if replay.examples else 0)
     assert args.example_db == replay.example_db and args.no_example_db == replay.no_example_db
     assert args.mutant == ("unfenced-complete" if replay.steps else None)

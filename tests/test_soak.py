@@ -369,10 +369,15 @@ def plan_history(variant: str = "") -> History:
         ops[5] = op("r0.1:1", "read", {"1": None}, 9.0)
         ops[4] = op("w0.1:3", "heartbeat", {"1": 1}, 9.5)
         audit[6:] = [
-            upd(7, "agent_proposal", "r0.1:1", plan("executing", 1, 1.2), plan("failed", 1, 1.2),
-                9.0),
-            upd(8, "agent_proposal", "w0.1:3", plan("failed", 1, 1.2), plan("failed", 1, 9.5),
-                9.5),
+            upd(
+                7,
+                "agent_proposal",
+                "r0.1:1",
+                plan("executing", 1, 1.2),
+                plan("failed", 1, 1.2),
+                9.0,
+            ),
+            upd(8, "agent_proposal", "w0.1:3", plan("failed", 1, 1.2), plan("failed", 1, 9.5), 9.5),
         ]
         final["agent_proposal"][0]["status"] = "failed"
         final["agent_proposal_step"].pop()
@@ -383,8 +388,17 @@ def plan_history(variant: str = "") -> History:
         ops[3].args = {"step_index": 0}
         ops[4] = op("w0.1:3", "run_step", {"1": 1}, 1.4, out="conn-lost")
         ops[4].args = {"step_index": 1}
-        ops.insert(5, op("w0.1:4", "run_step", {"1": 1}, 1.6, out="rejected",
-                         value="run_step: step 2 out of order, step 1 is next"))
+        ops.insert(
+            5,
+            op(
+                "w0.1:4",
+                "run_step",
+                {"1": 1},
+                1.6,
+                out="rejected",
+                value="run_step: step 2 out of order, step 1 is next",
+            ),
+        )
         ops[5].args = {"step_index": 1}
         if variant == "step-wrote-another-step":
             # Or: w0's call for step 0 committed, but its answer was lost; its retry of step 0,
@@ -397,8 +411,14 @@ def plan_history(variant: str = "") -> History:
                 a.ref = ref
         else:
             audit[6:] = [
-                upd(7, "agent_proposal", "r0.1:1", plan("executing", 1, 1.2),
-                    plan("failed", 1, 1.2), 9.0),
+                upd(
+                    7,
+                    "agent_proposal",
+                    "r0.1:1",
+                    plan("executing", 1, 1.2),
+                    plan("failed", 1, 1.2),
+                    9.0,
+                )
             ]
             ops[6] = op("r0.1:1", "read", {"1": None}, 9.0)
             final["agent_proposal"][0]["status"] = "failed"
@@ -773,7 +793,7 @@ def test_a_mutant_fails_the_soak_with_an_attributed_violation_and_reports(tmp_pa
     first = data["soak"]["violations"][0]
     assert first["invariant"] == "external-effect-semantics" and first["operation"].startswith("w")
     assert ":" in first["operation"] and "poll(" in first["message"]
-    assert "failures=\"0\"" in (tmp_path / "r.xml").read_text()  # a caught mutant is a good run
+    assert 'failures="0"' in (tmp_path / "r.xml").read_text()  # a caught mutant is a good run
     page = (tmp_path / "r.timeline.html").read_text()
     assert "FAILED" in page and "<svg" in page
 
@@ -805,8 +825,8 @@ def _workers(pid: int) -> list[int]:
 def test_a_worker_killed_from_outside_is_exit_3_and_ctrl_c_is_130_with_nothing_left():
     p = _cli("approved-plan", "--seconds", "60", "--seed", "4")
     victim = poll(
-        "the soak's workers are running", lambda: len(_workers(p.pid)) == 5 and _workers(p.pid),
-        120)[0]
+        "the soak's workers are running", lambda: len(_workers(p.pid)) == 5 and _workers(p.pid), 120
+    )[0]
     started = _children(p.pid)
     os.kill(victim, signal.SIGKILL)
     out, err = p.communicate(timeout=120)

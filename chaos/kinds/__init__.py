@@ -69,8 +69,10 @@ def _as_check(obj, where: str) -> type:
     if isinstance(obj, type) and issubclass(obj, KindCheck) and obj.kind:
         return obj
     what = type(obj).__name__ if not isinstance(obj, type) else f"class {obj.__name__}"
-    raise KindNotFound(f"{where} is a {what}, not a check: give a KindCheck subclass with a "
-                       "kind name, e.g. knownstate.chaos.generic.kind(description, adapter)")
+    raise KindNotFound(
+        f"{where} is a {what}, not a check: give a KindCheck subclass with a "
+        "kind name, e.g. knownstate.chaos.generic.kind(description, adapter)"
+    )
 
 
 def _import(spec: str, where: str):
@@ -82,10 +84,13 @@ def _import(spec: str, where: str):
         return obj
     except ModuleNotFoundError as e:
         if e.name and module.startswith(e.name):
-            raise KindNotFound(f"{where}: no module {e.name!r} (is the package installed, or the "
-                               "current directory the one that holds it?)") from None
-        raise KindNotFound(f"{where} cannot be imported: {type(e).__name__}: {e} (install "
-                           "what it needs)") from None
+            raise KindNotFound(
+                f"{where}: no module {e.name!r} (is the package installed, or the "
+                "current directory the one that holds it?)"
+            ) from None
+        raise KindNotFound(
+            f"{where} cannot be imported: {type(e).__name__}: {e} (install what it needs)"
+        ) from None
     except AttributeError:
         raise KindNotFound(f"{where}: module {module!r} has no {attr!r}") from None
     except KindNotFound:
@@ -106,8 +111,10 @@ def load(spec: str) -> str:
     name = check_class.kind
     if name in REGISTRY or name in _entry_points():
         if check(name) is not check_class:
-            raise KindNotFound(f"--kind {spec}: its kind is named {name!r}, like another kind "
-                               "already known: give it a name of its own")
+            raise KindNotFound(
+                f"--kind {spec}: its kind is named {name!r}, like another kind "
+                "already known: give it a name of its own"
+            )
         return name
     _named[name] = (check_class, spec)
     return name
@@ -139,13 +146,16 @@ def check(name: str):
         return _named[name][0]
     ep = _entry_points().get(name)
     if ep is None:
-        raise KindNotFound(f"unknown kind {name}: choose from {', '.join(names())}, or name "
-                           "one with --kind package.module:Thing")
+        raise KindNotFound(
+            f"unknown kind {name}: choose from {', '.join(names())}, or name "
+            "one with --kind package.module:Thing"
+        )
     where = f"kind {name!r} ({_describe(ep)})"
     found = _as_check(_import(ep.value, where), where)
     if found.kind != name:
-        raise KindNotFound(f"{where} loads a check of kind {found.kind!r}: name the entry point "
-                           f"{found.kind!r}")
+        raise KindNotFound(
+            f"{where} loads a check of kind {found.kind!r}: name the entry point {found.kind!r}"
+        )
     return found
 
 

@@ -57,8 +57,11 @@ STEPS = (
 
 def plans() -> st.SearchStrategy[tuple[dict, ...]]:
     """Plans of one to four steps, the length drawn uniformly (lists would mostly be short)."""
-    return st.integers(1, 4).flatmap(
-        lambda n: st.lists(st.sampled_from(STEPS), min_size=n, max_size=n)).map(tuple)
+    return (
+        st.integers(1, 4)
+        .flatmap(lambda n: st.lists(st.sampled_from(STEPS), min_size=n, max_size=n))
+        .map(tuple)
+    )
 
 
 def show(steps) -> str:
@@ -92,14 +95,21 @@ class ApprovedPlanCheck(KindCheck):
     store_class = impl.ApprovedPlanStore
     queries: dict[str, str] | None = None  # the mutant catalogue replaces some
     required_events = (  # a heal, and the fence it arms, need a heartbeat to lapse
-        "lost race", needs("fence refusal", "time-shift"), needs("lazy heal", "time-shift"),
+        "lost race",
+        needs("fence refusal", "time-shift"),
+        needs("lazy heal", "time-shift"),
         "step answered from its receipt",
-        "repeat answered from receipts", "compensation run",
-        "worker died before commit", "connection lost", "indeterminate commit",
-        "indeterminate resolved: committed", "indeterminate resolved: not committed",
+        "repeat answered from receipts",
+        "compensation run",
+        "worker died before commit",
+        "connection lost",
+        "indeterminate commit",
+        "indeterminate resolved: committed",
+        "indeterminate resolved: not committed",
         "fence refusal: run_step (no longer claimed)",
         "fence refusal: heartbeat (no longer claimed)",
-        needs("concurrent block", "concurrency"), needs("lock wait in a block", "concurrency"),
+        needs("concurrent block", "concurrency"),
+        needs("lock wait in a block", "concurrency"),
     )
 
     # -- hooks ----------------------------------------------------------------------------
@@ -129,8 +139,10 @@ class ApprovedPlanCheck(KindCheck):
         for pid, _source, event, _target in m.transitions:
             if event == "mark_interrupted_if_stale":
                 self.event("lazy heal")
-            elif (event in ("step_ok", "last_step_ok", "step_failed")
-                  and m.proposal(pid).compensates is not None):
+            elif (
+                event in ("step_ok", "last_step_ok", "step_failed")
+                and m.proposal(pid).compensates is not None
+            ):
                 self.event("compensation run")
 
     def clock_matters(self) -> bool:
@@ -138,9 +150,12 @@ class ApprovedPlanCheck(KindCheck):
         owner died) is executing and not yet stale: the jump lets the next read heal it. A held
         run meets the clock through a stall."""
         held = {pid for h in self.held for pid in h}
-        return any(p.status is Status.EXECUTING and p.proposal_id not in held
-                   and self.model.now - p.heartbeat_at < self.heartbeat_s
-                   for p in self._proposals())
+        return any(
+            p.status is Status.EXECUTING
+            and p.proposal_id not in held
+            and self.model.now - p.heartbeat_at < self.heartbeat_s
+            for p in self._proposals()
+        )
 
     def lost(self, worker: Worker, error: BaseException) -> None:
         """A worker that died forgets everything; one that only lost its connection reconnects and
@@ -171,8 +186,12 @@ class ApprovedPlanCheck(KindCheck):
 
     def _claims(self, executing_only: bool = False) -> list[tuple[int, int]]:
         executing = set(self._with_status({Status.EXECUTING}))
-        return [(w, pid) for w, held in enumerate(self.held) for pid in sorted(held)
-                if not executing_only or pid in executing]
+        return [
+            (w, pid)
+            for w, held in enumerate(self.held)
+            for pid in sorted(held)
+            if not executing_only or pid in executing
+        ]
 
     GUARANTEE = {"mark_executing": "claim", "read": "lease", "revise": "stable-step-identity"}
     """What an operation's outcome is, of the contract: the claim (who executes), the lease (a
@@ -183,41 +202,65 @@ class ApprovedPlanCheck(KindCheck):
         """One operation by worker ``w`` on the model and on its own store."""
         worker = self.workers[w]
         label = f"{name}(w{w}, {shown if shown is not None else ', '.join(map(str, args))})"
-        return self.apply(worker, label, lambda m: getattr(m, name)(*args),
-                          lambda c: getattr(self.stores[w], name)(c, *args),
-                          guarantee=self.GUARANTEE.get(name))
+        return self.apply(
+            worker,
+            label,
+            lambda m: getattr(m, name)(*args),
+            lambda c: getattr(self.stores[w], name)(c, *args),
+            guarantee=self.GUARANTEE.get(name),
+        )
 
-    def _fenced(self, w: int, claim: Claim, label: str, model_op: Callable, impl_op: Callable,
-                guarantee: str | None = None) -> Any:
+    def _fenced(
+        self,
+        w: int,
+        claim: Claim,
+        label: str,
+        model_op: Callable,
+        impl_op: Callable,
+        guarantee: str | None = None,
+    ) -> Any:
         """A write by the claim's holder, judged as a Write: the model says whether the holder
         still owns the run (executing under its token: lockExecuting's verdict), the database
         says whether it let the write in."""
 
         def owner() -> tuple[int, int, bool]:
             p = self.model.proposal(claim.pid)
-            return claim.pid, claim.token, model.fence("write", p.status, p.generation,
-                                                       claim.token) is None
+            return (
+                claim.pid,
+                claim.token,
+                model.fence("write", p.status, p.generation, claim.token) is None,
+            )
 
-        return self.apply(self.workers[w], label, model_op, impl_op, fenced=owner,
-                          guarantee=guarantee)
+        return self.apply(
+            self.workers[w], label, model_op, impl_op, fenced=owner, guarantee=guarantee
+        )
 
     def _record_of(self, pid: int) -> tuple:
         """What a repeat request must not change: the run's receipts and its effects."""
-        receipts = self.ws.query("select step_index, ok, detail from agent_proposal_step "
-                                 "where proposal_id = %s order by step_index", (pid,))
+        receipts = self.ws.query(
+            "select step_index, ok, detail from agent_proposal_step "
+            "where proposal_id = %s order by step_index",
+            (pid,),
+        )
         effects = self.ws.query("select count(*) from demo_ledger where proposal_id = %s", (pid,))
         return tuple(receipts), effects[0][0]
 
     # -- seeding -------------------------------------------------------------------------------
-    @initialize(first=plans(), more=st.lists(plans(), max_size=1),
-                stage=st.sampled_from(("executing", "executing", "approved", "pending")))
+    @initialize(
+        first=plans(),
+        more=st.lists(plans(), max_size=1),
+        stage=st.sampled_from(("executing", "executing", "approved", "pending")),
+    )
     def seed_work(self, first, more, stage: str) -> None:
         """Every example starts with a plan already approved or claimed by w0 (as drawn), so
         execution starts at once, and maybe a second one pending. The invariants compare
         consecutive states, so each operation here is checked on its own."""
         pid = self._op(0, "propose", first, shown=show(first)).value
-        for op in {"executing": ("approve", "mark_executing"), "approved": ("approve",),
-                   "pending": ()}[stage]:
+        for op in {
+            "executing": ("approve", "mark_executing"),
+            "approved": ("approve",),
+            "pending": (),
+        }[stage]:
             if op == "approve":
                 self._op(0, "approve", pid)
             else:
@@ -237,8 +280,11 @@ class ApprovedPlanCheck(KindCheck):
         self._op(w, "propose", steps, shown=show(steps))
 
     @precondition(lambda self: self._with_status({Status.PENDING, Status.APPROVED}))
-    @rule(w=st.integers(0, 1), data=st.data(),
-          op=st.sampled_from(("approve", "approve", "revise", "reject", "expire")))
+    @rule(
+        w=st.integers(0, 1),
+        data=st.data(),
+        op=st.sampled_from(("approve", "approve", "revise", "reject", "expire")),
+    )
     def review(self, w: int, data, op: str) -> None:
         """A person decides on a plan: approve it (which freezes its payload), revise its steps
         while it is pending, or reject it; or the expiry sweeper expires it. The sweeper races the
@@ -274,17 +320,25 @@ class ApprovedPlanCheck(KindCheck):
     def _execute(self, w: int, pid: int, action: str) -> None:
         claim = self.held[w][pid]
         if action == "heartbeat":
-            got = self._fenced(w, claim, f"heartbeat(w{w}, {pid}, token={claim.token})",
-                               lambda m: m.heartbeat(pid, claim.token),
-                               lambda c: self.stores[w].heartbeat(c, pid, claim.token))
+            got = self._fenced(
+                w,
+                claim,
+                f"heartbeat(w{w}, {pid}, token={claim.token})",
+                lambda m: m.heartbeat(pid, claim.token),
+                lambda c: self.stores[w].heartbeat(c, pid, claim.token),
+            )
         else:
             i = claim.next + {"next": 0, "again": -1, "skip": 1}[action]
             done = len(self.model.proposal(pid).receipts)
             # A step's outcome is the receipt of the step asked for, by its position.
-            got = self._fenced(w, claim, f"run_step(w{w}, {pid}, step={i}, token={claim.token})",
-                               lambda m: m.run_step(pid, i, claim.token),
-                               lambda c: self.stores[w].run_step(c, pid, i, claim.token),
-                               guarantee="stable-step-identity")
+            got = self._fenced(
+                w,
+                claim,
+                f"run_step(w{w}, {pid}, step={i}, token={claim.token})",
+                lambda m: m.run_step(pid, i, claim.token),
+                lambda c: self.stores[w].run_step(c, pid, i, claim.token),
+                guarantee="stable-step-identity",
+            )
         if isinstance(got, LostRace):
             self.event("fence refusal")
             self.held[w].pop(pid, None)
@@ -306,9 +360,11 @@ class ApprovedPlanCheck(KindCheck):
     # not repeated yet. Otherwise Hypothesis, which likes to repeat what it drew, fills examples
     # with reads that observe nothing.
     def _unread(self) -> list[int]:
-        return [p.proposal_id for p in self._proposals()
-                if p.status is Status.EXECUTING
-                and self.seen.get(p.proposal_id) != self._seen_key(p)]
+        return [
+            p.proposal_id
+            for p in self._proposals()
+            if p.status is Status.EXECUTING and self.seen.get(p.proposal_id) != self._seen_key(p)
+        ]
 
     def _seen_key(self, p: model.Proposal) -> tuple:
         return (self.model.now, p.heartbeat_at, len(p.receipts))
@@ -349,9 +405,11 @@ class ApprovedPlanCheck(KindCheck):
     def _compensable(self) -> list[int]:
         """Finished runs with a committed step and no compensation yet."""
         done = {p.compensates for p in self._proposals()}
-        return [p.proposal_id for p in self._proposals()
-                if p.status in FINISHED and any(r.ok for r in p.receipts)
-                and p.proposal_id not in done]
+        return [
+            p.proposal_id
+            for p in self._proposals()
+            if p.status in FINISHED and any(r.ok for r in p.receipts) and p.proposal_id not in done
+        ]
 
     @precondition(lambda self: self._compensable())
     @rule(w=st.integers(0, 1), data=st.data())
@@ -360,9 +418,14 @@ class ApprovedPlanCheck(KindCheck):
         executed like any plan, with its own receipts. Drawn for a run that has none yet, or
         any run (the existing compensation is found; a run with nothing to undo is refused)."""
         compensable = self._compensable()
-        pid = data.draw(st.one_of(st.sampled_from(compensable), st.sampled_from(compensable),
-                                  st.sampled_from([p.proposal_id for p in self._proposals()])),
-                        label="proposal")
+        pid = data.draw(
+            st.one_of(
+                st.sampled_from(compensable),
+                st.sampled_from(compensable),
+                st.sampled_from([p.proposal_id for p in self._proposals()]),
+            ),
+            label="proposal",
+        )
         self._op(w, "compensate", pid)
 
     # -- the fault policy's questions -----------------------------------------------------------
@@ -383,35 +446,61 @@ class ApprovedPlanCheck(KindCheck):
         next step of a run it holds, or renew its heartbeat; run the step the other worker holds,
         with its token (the same step request delivered twice); read an executing run (which
         heals it when its heartbeat is stale)."""
-        out = [Offer(f"mark_executing({pid})", lambda m, p=pid: m.mark_executing(p),
-                     lambda c, p=pid: self.stores[w].mark_executing(c, p),
-                     after=self._claimed(w, pid), guarantee="claim", runs=frozenset({pid}))
-               for pid in self._with_status({Status.APPROVED})]
+        out = [
+            Offer(
+                f"mark_executing({pid})",
+                lambda m, p=pid: m.mark_executing(p),
+                lambda c, p=pid: self.stores[w].mark_executing(c, p),
+                after=self._claimed(w, pid),
+                guarantee="claim",
+                runs=frozenset({pid}),
+            )
+            for pid in self._with_status({Status.APPROVED})
+        ]
         for holder, pid in self._claims(executing_only=True):
             claim = self.held[holder][pid]
             i, token = claim.next, claim.token
             twice = " (the same request again)" if holder != w else ""
-            out.append(Offer(f"run_step({pid}, step={i}, token={token}){twice}",
-                             lambda m, p=pid, i=i, t=token: m.run_step(p, i, t),
-                             lambda c, p=pid, i=i, t=token: self.stores[w].run_step(c, p, i, t),
-                             after=self._stepped(holder, pid, i), fenced=True,
-                             guarantee="stable-step-identity", runs=frozenset({pid})))
+            out.append(
+                Offer(
+                    f"run_step({pid}, step={i}, token={token}){twice}",
+                    lambda m, p=pid, i=i, t=token: m.run_step(p, i, t),
+                    lambda c, p=pid, i=i, t=token: self.stores[w].run_step(c, p, i, t),
+                    after=self._stepped(holder, pid, i),
+                    fenced=True,
+                    guarantee="stable-step-identity",
+                    runs=frozenset({pid}),
+                )
+            )
             if holder == w:
-                out.append(Offer(f"heartbeat({pid}, token={token})",
-                                 lambda m, p=pid, t=token: m.heartbeat(p, t),
-                                 lambda c, p=pid, t=token: self.stores[w].heartbeat(c, p, t),
-                                 after=self._renewed(w, pid), guarantee="lease-fence",
-                                 runs=frozenset({pid}), fenced=True))
-        out += [Offer(f"read({pid})", lambda m, p=pid: m.read(p),
-                      lambda c, p=pid: self.stores[w].read(c, p), guarantee="lease",
-                      runs=frozenset({pid}))
-                for pid in self._with_status({Status.EXECUTING})]
+                out.append(
+                    Offer(
+                        f"heartbeat({pid}, token={token})",
+                        lambda m, p=pid, t=token: m.heartbeat(p, t),
+                        lambda c, p=pid, t=token: self.stores[w].heartbeat(c, p, t),
+                        after=self._renewed(w, pid),
+                        guarantee="lease-fence",
+                        runs=frozenset({pid}),
+                        fenced=True,
+                    )
+                )
+        out += [
+            Offer(
+                f"read({pid})",
+                lambda m, p=pid: m.read(p),
+                lambda c, p=pid: self.stores[w].read(c, p),
+                guarantee="lease",
+                runs=frozenset({pid}),
+            )
+            for pid in self._with_status({Status.EXECUTING})
+        ]
         return out
 
     def _claimed(self, w: int, pid: int):
         def after(got) -> None:
             if isinstance(got, Won):
                 self.held[w][pid] = Claim(pid, got.value)
+
         return after
 
     def _stepped(self, holder: int, pid: int, i: int):
@@ -423,12 +512,14 @@ class ApprovedPlanCheck(KindCheck):
                 self.held[holder].pop(pid, None)
             elif isinstance(got, Won):
                 claim.next = max(claim.next, i + 1)
+
         return after
 
     def _renewed(self, w: int, pid: int):
         def after(got) -> None:
             if isinstance(got, LostRace):
                 self.held[w].pop(pid, None)
+
         return after
 
     def meanwhile(self, w: int, data) -> None:
@@ -477,8 +568,9 @@ class _ReceiptAfterEffect(impl.ApprovedPlanStore):
             steps = impl._steps(steps_json)
             checked = model.check_step_index(steps, done, step_index)
             if checked is True:
-                r = conn.execute(self.q["receipt"],
-                                 {"id": proposal_id, "step_index": step_index}).fetchone()
+                r = conn.execute(
+                    self.q["receipt"], {"id": proposal_id, "step_index": step_index}
+                ).fetchone()
                 return Won(model.Receipt(*r)), False
             if checked is not None:
                 return checked, False
@@ -493,12 +585,20 @@ class _ReceiptAfterEffect(impl.ApprovedPlanStore):
         receipt = model.Receipt(step_index, ok, model.describe(step, ok))
 
         def record():
-            conn.execute(self.q["insert_receipt"], {"id": proposal_id, "step_index": step_index,
-                                                    "ok": ok, "detail": receipt.detail})
-            conn.execute(self.q["finish_step"], {
-                "id": proposal_id,
-                "status": model.TABLE.next(status, model.step_event(ok, step_index, len(steps))),
-                "failure": None if ok else model.step_failure(step_index, receipt.detail)})
+            conn.execute(
+                self.q["insert_receipt"],
+                {"id": proposal_id, "step_index": step_index, "ok": ok, "detail": receipt.detail},
+            )
+            conn.execute(
+                self.q["finish_step"],
+                {
+                    "id": proposal_id,
+                    "status": model.TABLE.next(
+                        status, model.step_event(ok, step_index, len(steps))
+                    ),
+                    "failure": None if ok else model.step_failure(step_index, receipt.detail),
+                },
+            )
             return Won(receipt), True
 
         return self._transaction(conn, "run_step.receipt", record)
@@ -545,67 +645,132 @@ class _HealAppClock(impl.ApprovedPlanStore):
     clock stamped it)."""
 
     def _heal(self, conn, proposal_id):
-        q = sql_edit(self.q, "mark_interrupted_if_stale", "heartbeat_at < now() -",
-                     "heartbeat_at < %(app_now)s::timestamptz -")["mark_interrupted_if_stale"]
+        q = sql_edit(
+            self.q,
+            "mark_interrupted_if_stale",
+            "heartbeat_at < now() -",
+            "heartbeat_at < %(app_now)s::timestamptz -",
+        )["mark_interrupted_if_stale"]
         with boundary("approved-plan.heal"):
-            row = conn.execute(q, {"id": proposal_id, "failure": model.INTERRUPTED,
-                                   "heartbeat_s": self.heartbeat_s,
-                                   "app_now": datetime.now(timezone.utc)}).fetchone()
+            row = conn.execute(
+                q,
+                {
+                    "id": proposal_id,
+                    "failure": model.INTERRUPTED,
+                    "heartbeat_s": self.heartbeat_s,
+                    "app_now": datetime.now(timezone.utc),
+                },
+            ).fetchone()
         return row is not None
 
 
 MUTANTS = [
-    Mutant("receipt-after-effect", "approved-plan", "receipt-with-effect",
-           "the step's effect commits first and its receipt in a second transaction",
-           with_attrs(store_class=_ReceiptAfterEffect)),
-    Mutant("step-index-call-counter", "approved-plan", "stable-step-identity",
-           "the step index is a per-worker count of run_step calls, "
-           "not the position in the frozen payload",
-           with_attrs(store_class=_CallCounter)),
-    Mutant("repeat-reexecutes", "approved-plan", "terminal-answers-from-receipts",
-           "a repeat request on a finished plan replays its steps' effects",
-           with_attrs(store_class=_RepeatReexecutes)),
-    Mutant("no-lock-executing-fence", "approved-plan", "lease-fence",
-           "a step neither locks the run "
-           "nor checks that it is still executing under the caller's token",
-           _edit("lock_executing",
-                 "SELECT status, generation, steps FROM agent_proposal "
-                 "WHERE id = %(id)s FOR NO KEY UPDATE",
-                 "SELECT 'executing', generation, steps FROM agent_proposal WHERE id = %(id)s",
-                 ("finish_step", "WHERE id = %(id)s AND status = 'executing'",
-                  "WHERE id = %(id)s"))),
-    Mutant("heal-ignores-heartbeat", "approved-plan", "lease",
-           "markInterruptedIfStale fails every executing run it reads, live heartbeat or not",
-           _edit("mark_interrupted_if_stale",
-                 "\n  AND heartbeat_at < now() - make_interval(secs => %(heartbeat_s)s)", "")),
-    Mutant("heal-app-clock", "approved-plan", "lease",
-           "markInterruptedIfStale judges the heartbeat by the application clock, "
-           "not the database's",
-           with_attrs(store_class=_HealAppClock), needs=("db-clock",)),
-    Mutant("unfenced-heartbeat", "approved-plan", "lease-fence",
-           "the heartbeat renews the lease "
-           "without checking the run is still executing under the token",
-           _edit("heartbeat",
-                 "WHERE id = %(id)s AND status = 'executing' AND generation = %(token)s",
-                 "WHERE id = %(id)s")),
-    Mutant("unconditional-claim", "approved-plan", "conditional-transition",
-           "markExecuting is not conditional on status = 'approved'",
-           _edit("mark_executing", "WHERE id = %(id)s AND status = 'approved'",
-                 "WHERE id = %(id)s")),
-    Mutant("expire-executing", "approved-plan", "conditional-transition",
-           "expire also takes a run that already started executing",
-           _edit("expire", "status IN ('pending', 'approved')",
-                 "status IN ('pending', 'approved', 'executing')")),
-    Mutant("revise-after-approval", "approved-plan", "stable-step-identity",
-           "approval does not freeze the payload: "
-           "an approved or executing plan's steps can be replaced",
-           _edit("revise", "AND status = 'pending'",
-                 "AND status IN ('pending', 'approved', 'executing')")),
-    Mutant("failed-step-continues", "approved-plan", "retry-policy",
-           "a step that is not ok leaves the run executing (to be retried) instead of failing it",
-           _edit("finish_step", "SET status = %(status)s,",
-                 "SET status = CASE WHEN %(failure)s::text IS NULL THEN %(status)s "
-                 "ELSE status END,")),
+    Mutant(
+        "receipt-after-effect",
+        "approved-plan",
+        "receipt-with-effect",
+        "the step's effect commits first and its receipt in a second transaction",
+        with_attrs(store_class=_ReceiptAfterEffect),
+    ),
+    Mutant(
+        "step-index-call-counter",
+        "approved-plan",
+        "stable-step-identity",
+        "the step index is a per-worker count of run_step calls, "
+        "not the position in the frozen payload",
+        with_attrs(store_class=_CallCounter),
+    ),
+    Mutant(
+        "repeat-reexecutes",
+        "approved-plan",
+        "terminal-answers-from-receipts",
+        "a repeat request on a finished plan replays its steps' effects",
+        with_attrs(store_class=_RepeatReexecutes),
+    ),
+    Mutant(
+        "no-lock-executing-fence",
+        "approved-plan",
+        "lease-fence",
+        "a step neither locks the run "
+        "nor checks that it is still executing under the caller's token",
+        _edit(
+            "lock_executing",
+            "SELECT status, generation, steps FROM agent_proposal "
+            "WHERE id = %(id)s FOR NO KEY UPDATE",
+            "SELECT 'executing', generation, steps FROM agent_proposal WHERE id = %(id)s",
+            ("finish_step", "WHERE id = %(id)s AND status = 'executing'", "WHERE id = %(id)s"),
+        ),
+    ),
+    Mutant(
+        "heal-ignores-heartbeat",
+        "approved-plan",
+        "lease",
+        "markInterruptedIfStale fails every executing run it reads, live heartbeat or not",
+        _edit(
+            "mark_interrupted_if_stale",
+            "\n  AND heartbeat_at < now() - make_interval(secs => %(heartbeat_s)s)",
+            "",
+        ),
+    ),
+    Mutant(
+        "heal-app-clock",
+        "approved-plan",
+        "lease",
+        "markInterruptedIfStale judges the heartbeat by the application clock, not the database's",
+        with_attrs(store_class=_HealAppClock),
+        needs=("db-clock",),
+    ),
+    Mutant(
+        "unfenced-heartbeat",
+        "approved-plan",
+        "lease-fence",
+        "the heartbeat renews the lease "
+        "without checking the run is still executing under the token",
+        _edit(
+            "heartbeat",
+            "WHERE id = %(id)s AND status = 'executing' AND generation = %(token)s",
+            "WHERE id = %(id)s",
+        ),
+    ),
+    Mutant(
+        "unconditional-claim",
+        "approved-plan",
+        "conditional-transition",
+        "markExecuting is not conditional on status = 'approved'",
+        _edit("mark_executing", "WHERE id = %(id)s AND status = 'approved'", "WHERE id = %(id)s"),
+    ),
+    Mutant(
+        "expire-executing",
+        "approved-plan",
+        "conditional-transition",
+        "expire also takes a run that already started executing",
+        _edit(
+            "expire",
+            "status IN ('pending', 'approved')",
+            "status IN ('pending', 'approved', 'executing')",
+        ),
+    ),
+    Mutant(
+        "revise-after-approval",
+        "approved-plan",
+        "stable-step-identity",
+        "approval does not freeze the payload: "
+        "an approved or executing plan's steps can be replaced",
+        _edit(
+            "revise", "AND status = 'pending'", "AND status IN ('pending', 'approved', 'executing')"
+        ),
+    ),
+    Mutant(
+        "failed-step-continues",
+        "approved-plan",
+        "retry-policy",
+        "a step that is not ok leaves the run executing (to be retried) instead of failing it",
+        _edit(
+            "finish_step",
+            "SET status = %(status)s,",
+            "SET status = CASE WHEN %(failure)s::text IS NULL THEN %(status)s ELSE status END,",
+        ),
+    ),
 ]
 
 # The read-then-write races only a concurrent block reaches (``knownstate.chaos.race_mutants``).

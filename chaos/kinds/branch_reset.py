@@ -64,8 +64,17 @@ MARGIN = QUANTUM
 BOUND = model.skew_bound(LEASE, MARGIN)
 """L - M = 240 s with the check's lease: a reaper less than this ahead never ends a live run."""
 
-SKEWS = (-QUANTUM, 0, QUANTUM, 2 * QUANTUM, BOUND - QUANTUM, BOUND, BOUND + QUANTUM,
-         LEASE + QUANTUM, 2 * LEASE)
+SKEWS = (
+    -QUANTUM,
+    0,
+    QUANTUM,
+    2 * QUANTUM,
+    BOUND - QUANTUM,
+    BOUND,
+    BOUND + QUANTUM,
+    LEASE + QUANTUM,
+    2 * LEASE,
+)
 """What the app-clock skew rule sets one process's clock to, from real time: behind, on time,
 ahead within the bound, and ahead at or past it, the bound's edge on both sides."""
 
@@ -74,8 +83,10 @@ REAPER = 2
 BRANCHES = ("a", "b")
 TERMINAL = model.TERMINAL
 
-SKEW_BOUND = ("A live run (stamped at most M ago) is reaped or refused as lapsed only by a "
-              "clock at least L - M ahead of its last poller's: the bound of an app-clock lease.")
+SKEW_BOUND = (
+    "A live run (stamped at most M ago) is reaped or refused as lapsed only by a "
+    "clock at least L - M ahead of its last poller's: the bound of an app-clock lease."
+)
 
 
 class BranchResetCheck(KindCheck):
@@ -83,10 +94,16 @@ class BranchResetCheck(KindCheck):
     contract = model.CONTRACT
     schema = impl.SCHEMA
     n_workers = 3  # w0, w1: pollers; w2: the reaper job
-    policy = FaultPolicy(gap=2, heal_after=6, crash_between_steps=False, db_clock_moves_model=False,
-                         commit_faults=("commit-reply-lost", "commit-request-lost", "worker-death",
-                                        "db-crash"),
-                         stall=LEASE + QUANTUM, stall_clock="app", reply_lost=True)
+    policy = FaultPolicy(
+        gap=2,
+        heal_after=6,
+        crash_between_steps=False,
+        db_clock_moves_model=False,
+        commit_faults=("commit-reply-lost", "commit-request-lost", "worker-death", "db-crash"),
+        stall=LEASE + QUANTUM,
+        stall_clock="app",
+        reply_lost=True,
+    )
     own_invariants = {"skew-bound": SKEW_BOUND}
     lease = LEASE
     margin = MARGIN
@@ -94,16 +111,27 @@ class BranchResetCheck(KindCheck):
     queries: dict[str, str] | None = None  # the mutant catalogue replaces some
     http_timeout = 1.0
     required_events = (
-        "lost race", "fence refusal", "poll of an operation in flight", "reap",
+        "lost race",
+        "fence refusal",
+        "poll of an operation in flight",
+        "reap",
         "idempotent repeat answered",
-        "skew within bound", "skew past bound (known deviation)", "worker died before commit",
-        "indeterminate commit", "indeterminate resolved: committed",
+        "skew within bound",
+        "skew past bound (known deviation)",
+        "worker died before commit",
+        "indeterminate commit",
+        "indeterminate resolved: committed",
         "indeterminate resolved: not committed",
-        "connection lost", "external call failed", "create retried, one creation", "lease refusal",
-        "one in flight refused", "key reused refused",
+        "connection lost",
+        "external call failed",
+        "create retried, one creation",
+        "lease refusal",
+        "one in flight refused",
+        "key reused refused",
         "reaped live run under skew past bound (known deviation)",
         "live run spared by a reaper ahead within bound",
-        needs("concurrent block", "concurrency"), needs("lock wait in a block", "concurrency"),
+        needs("concurrent block", "concurrency"),
+        needs("lock wait in a block", "concurrency"),
     )
 
     # -- hooks ----------------------------------------------------------------------------
@@ -114,14 +142,21 @@ class BranchResetCheck(KindCheck):
         for w in self.workers:
             url = ""
             if w.index in POLLERS:
-                w.ops_link = self.env.api.link(f"branch-reset-{w.name}-ops", self.ops.host,
-                                               self.ops.port)
+                w.ops_link = self.env.api.link(
+                    f"branch-reset-{w.name}-ops", self.ops.host, self.ops.port
+                )
                 w.links = [w.link, w.ops_link]
                 url = f"http://{w.ops_link.host}:{w.ops_link.port}"
-            self.stores.append(self.store_class(w.name, url, self._app_clock(w.name),
-                                                lease_seconds=self.lease,
-                                                http_timeout=self.http_timeout,
-                                                queries_=self.queries))
+            self.stores.append(
+                self.store_class(
+                    w.name,
+                    url,
+                    self._app_clock(w.name),
+                    lease_seconds=self.lease,
+                    http_timeout=self.http_timeout,
+                    queries_=self.queries,
+                )
+            )
         self.last_key: dict[str, str] = {}
         self.key_serial = itertools.count(1)
         # run -> (lease_until, stamped at, stamper's skew)
@@ -141,8 +176,9 @@ class BranchResetCheck(KindCheck):
         # The key an implementation sends is its own business; the contract is what the API did:
         # which operations exist (for which run, in which status) and the create requests it
         # acted on.
-        ops = tuple(sorted((op.op_id, op.run_id, op.branch, op.status.value)
-                           for op in state.ops.values()))
+        ops = tuple(
+            sorted((op.op_id, op.run_id, op.branch, op.status.value) for op in state.ops.values())
+        )
         return ops, tuple(sorted(state.create_requests.items()))
 
     def observe_model(self, m: model.BranchResetModel):
@@ -160,9 +196,13 @@ class BranchResetCheck(KindCheck):
 
     def views(self, observation):
         rows, (ops, requests) = observation
-        ext = ExternalState(ops={i: ExternalOp(i, run, branch, "", ExternalStatus(status))
-                                 for i, run, branch, status in ops},
-                            create_requests=dict(requests))
+        ext = ExternalState(
+            ops={
+                i: ExternalOp(i, run, branch, "", ExternalStatus(status))
+                for i, run, branch, status in ops
+            },
+            create_requests=dict(requests),
+        )
         return model.views(dict(rows), ext)
 
     def observed(self, m: model.BranchResetModel) -> None:
@@ -180,8 +220,9 @@ class BranchResetCheck(KindCheck):
 
     # -- helpers ----------------------------------------------------------------------------
     def _runs(self, *statuses: Status) -> list[str]:
-        return sorted(r for r, run in self.model.runs.items()
-                      if not statuses or run.status in statuses)
+        return sorted(
+            r for r, run in self.model.runs.items() if not statuses or run.status in statuses
+        )
 
     def _skew(self, worker: str) -> int:
         return self.model.app_skew.get(worker, 0)
@@ -191,8 +232,12 @@ class BranchResetCheck(KindCheck):
         poller is on schedule, so the run is live."""
         run = self.model.runs.get(run_id)
         stamp = self.stamps.get(run_id)
-        if (run is None or run.status is not Status.RUNNING or stamp is None
-                or stamp[0] != run.lease_until):
+        if (
+            run is None
+            or run.status is not Status.RUNNING
+            or stamp is None
+            or stamp[0] != run.lease_until
+        ):
             return None
         _, at, skew = stamp
         return (at, skew) if self.model.now - at <= self.margin else None
@@ -208,12 +253,16 @@ class BranchResetCheck(KindCheck):
         at, poller_skew = live
         rel = self._skew(worker) - poller_skew
         if rel < BOUND:
-            problem = (f"{what} {run_id}, live (stamped {self.model.now - at}s ago), by a clock "
-                       f"{rel:+d}s from its poller's, below L - M = {BOUND}s")
+            problem = (
+                f"{what} {run_id}, live (stamped {self.model.now - at}s ago), by a clock "
+                f"{rel:+d}s from its poller's, below L - M = {BOUND}s"
+            )
             self.fail(problem, [Violation("skew-bound", problem)])
-        self.log(f"  ({what} live run {run_id}: {worker}'s clock is {rel:+d}s "
-                 "from its last poller's, "
-                 f">= L - M = {BOUND}s: the known deviation of an application-clock lease)")
+        self.log(
+            f"  ({what} live run {run_id}: {worker}'s clock is {rel:+d}s "
+            "from its last poller's, "
+            f">= L - M = {BOUND}s: the known deviation of an application-clock lease)"
+        )
 
     # -- operations -------------------------------------------------------------------------
     @initialize(skew=st.sampled_from((0,) + tuple(s for s in SKEWS if s)))
@@ -234,14 +283,18 @@ class BranchResetCheck(KindCheck):
         fault in the counterexample."""
 
     @precondition(lambda self: len(self.model.runs) < 8)
-    @rule(w=st.sampled_from(POLLERS), branch=st.sampled_from(BRANCHES),
-          key=st.sampled_from(["new", "repeat", "new", "other branch's"]))
+    @rule(
+        w=st.sampled_from(POLLERS),
+        branch=st.sampled_from(BRANCHES),
+        key=st.sampled_from(["new", "repeat", "new", "other branch's"]),
+    )
     def request(self, w: int, branch: str, key: str) -> None:
         """A reset requested with an idempotency key: a new key, the branch's last key again (a
         client retry), or the last key of the other branch (a client bug the API refuses)."""
         other = BRANCHES[1 - BRANCHES.index(branch)]
-        k = {"repeat": self.last_key.get(branch),
-             "other branch's": self.last_key.get(other)}.get(key)
+        k = {"repeat": self.last_key.get(branch), "other branch's": self.last_key.get(other)}.get(
+            key
+        )
         if k is None:
             k = f"{branch}-k{next(self.key_serial)}"
             self.last_key[branch] = k
@@ -251,12 +304,14 @@ class BranchResetCheck(KindCheck):
         def impl_op(conn):
             got = self.stores[w].request(conn, branch, k)
             if existing is not None and existing.status in TERMINAL and existing.branch == branch:
-                self._record(repeats=[Repeat(existing.run_id,
-                                             reexecuted=got != Won(existing.run_id))])
+                self._record(
+                    repeats=[Repeat(existing.run_id, reexecuted=got != Won(existing.run_id))]
+                )
             return got
 
-        got = self.apply(self.workers[w], label, lambda m: m.request(branch, k), impl_op,
-                         guarantee="claim")
+        got = self.apply(
+            self.workers[w], label, lambda m: m.request(branch, k), impl_op, guarantee="claim"
+        )
         if existing is not None and got == Won(existing.run_id):
             self.event("idempotent repeat answered")
             if existing.status in TERMINAL:
@@ -271,21 +326,27 @@ class BranchResetCheck(KindCheck):
         ones (fence refusals), then queued ones (the guard on running refuses them too)."""
         if not self._runs(Status.RUNNING, *TERMINAL):
             return []
-        return (self._runs(Status.RUNNING) * running + self._runs(*TERMINAL)
-                + self._runs(Status.QUEUED))
+        return (
+            self._runs(Status.RUNNING) * running + self._runs(*TERMINAL) + self._runs(Status.QUEUED)
+        )
 
     def _ended(self) -> list[str]:
         """Running runs whose operation ended at the API: polling one is the poll that makes
         progress."""
         m = self.model
-        return [r for r in self._runs(Status.RUNNING)
-                if m.ops[m.runs[r].external_op_id].status is not ExternalStatus.IN_PROGRESS]
+        return [
+            r
+            for r in self._runs(Status.RUNNING)
+            if m.ops[m.runs[r].external_op_id].status is not ExternalStatus.IN_PROGRESS
+        ]
 
     def _next_work(self) -> list[tuple[str, str]]:
         """A worker loop's next turn: start a queued run, or poll a running one."""
-        return ([("start", r) for r in self._runs(Status.QUEUED)]
-                + [("poll", r) for r in self._runs(Status.RUNNING)]
-                + [("poll", r) for r in self._ended()] * 2)
+        return (
+            [("start", r) for r in self._runs(Status.QUEUED)]
+            + [("poll", r) for r in self._runs(Status.RUNNING)]
+            + [("poll", r) for r in self._ended()] * 2
+        )
 
     @precondition(lambda self: self._next_work())
     @rule(w=st.sampled_from(POLLERS), data=st.data())
@@ -299,8 +360,9 @@ class BranchResetCheck(KindCheck):
     @rule(w=st.sampled_from(POLLERS), data=st.data())
     def start(self, w: int, data) -> None:
         """A poller takes a run: claims it and creates its external operation, once."""
-        self._start(w, data.draw(st.sampled_from(self._runs(Status.QUEUED) * 3 + self._runs()),
-                                 label="run"))
+        self._start(
+            w, data.draw(st.sampled_from(self._runs(Status.QUEUED) * 3 + self._runs()), label="run")
+        )
 
     def _start(self, w: int, run_id: str) -> None:
         run = self.model.runs[run_id]
@@ -314,8 +376,14 @@ class BranchResetCheck(KindCheck):
 
         def impl_op(conn):
             got = self.stores[w].start(conn, run_id)
-            writes = [Write(run_id, model.GENERATION[run.status], isinstance(got, Won),
-                            isinstance(expected["out"], Won))]
+            writes = [
+                Write(
+                    run_id,
+                    model.GENERATION[run.status],
+                    isinstance(got, Won),
+                    isinstance(expected["out"], Won),
+                )
+            ]
             repeats = [Repeat(run_id, isinstance(got, Won))] if run.status in TERMINAL else []
             self._record(writes, repeats)
             return got
@@ -323,16 +391,25 @@ class BranchResetCheck(KindCheck):
         # Whatever failed, the API may have acted on the create before it
         # (the POST precedes COMMIT).
         with self.external_call(worker):
-            self.apply(worker, label, model_op, impl_op,
-                       external_maybe=lambda m: m.external_create(run_id, run.branch))
+            self.apply(
+                worker,
+                label,
+                model_op,
+                impl_op,
+                external_maybe=lambda m: m.external_create(run_id, run.branch),
+            )
 
     @precondition(lambda self: self._past_queued())
     @rule(w=st.sampled_from(POLLERS), data=st.data())
     def poll(self, w: int, data) -> None:
         """A poller polls a run's operation: records what it saw, ends the run or extends the
         lease."""
-        self._poll(w, data.draw(st.sampled_from(self._ended() * 4 + self._past_queued(running=4)),
-                                label="run"))
+        self._poll(
+            w,
+            data.draw(
+                st.sampled_from(self._ended() * 4 + self._past_queued(running=4)), label="run"
+            ),
+        )
 
     def _poll(self, w: int, run_id: str) -> None:
         run = self.model.runs[run_id]
@@ -347,8 +424,11 @@ class BranchResetCheck(KindCheck):
 
         def impl_op(conn):
             got = self.stores[w].poll(conn, run_id)
-            writes = ([] if run.status is Status.QUEUED else
-                      [Write(run_id, 1, isinstance(got, Won), isinstance(expected["out"], Won))])
+            writes = (
+                []
+                if run.status is Status.QUEUED
+                else [Write(run_id, 1, isinstance(got, Won), isinstance(expected["out"], Won))]
+            )
             repeats = [Repeat(run_id, isinstance(got, Won))] if run.status in TERMINAL else []
             self._record(writes, repeats)
             return got
@@ -382,8 +462,11 @@ class BranchResetCheck(KindCheck):
 
         def impl_op(conn):
             got = self.stores[w].cancel(conn, run_id)
-            writes = ([] if run.status is Status.QUEUED else
-                      [Write(run_id, 1, isinstance(got, Won), isinstance(expected["out"], Won))])
+            writes = (
+                []
+                if run.status is Status.QUEUED
+                else [Write(run_id, 1, isinstance(got, Won), isinstance(expected["out"], Won))]
+            )
             repeats = [Repeat(run_id, isinstance(got, Won))] if run.status in TERMINAL else []
             self._record(writes, repeats)
             return got
@@ -408,8 +491,13 @@ class BranchResetCheck(KindCheck):
         live run it ends or spares is judged against the skew bound."""
         worker = self.workers[REAPER]
         live = {r: lv for r in self._runs(Status.RUNNING) if (lv := self._live(r)) is not None}
-        got = self.apply(worker, f"reap({worker.name}, the reaper)", lambda m: m.reap(worker.name),
-                         lambda c: self.stores[REAPER].reap(c), guarantee="lease")
+        got = self.apply(
+            worker,
+            f"reap({worker.name}, the reaper)",
+            lambda m: m.reap(worker.name),
+            lambda c: self.stores[REAPER].reap(c),
+            guarantee="lease",
+        )
         if not isinstance(got, Won):
             return
         self.event("reap", len(got.value))
@@ -474,9 +562,19 @@ class BranchResetCheck(KindCheck):
         running run; the reaper reaps. (A start calls the operations API: it stays sequential.)"""
         running = self._runs(Status.RUNNING)
         if w == REAPER:
-            return [Offer("reap()", lambda m: m.reap(self.workers[REAPER].name),
-                          lambda c: self.stores[REAPER].reap(c), guarantee="lease",
-                          runs=frozenset(running))] if running else []
+            return (
+                [
+                    Offer(
+                        "reap()",
+                        lambda m: m.reap(self.workers[REAPER].name),
+                        lambda c: self.stores[REAPER].reap(c),
+                        guarantee="lease",
+                        runs=frozenset(running),
+                    )
+                ]
+                if running
+                else []
+            )
         if len(self.model.runs) >= 8:
             return []
         key = f"k{self.race_keys}"
@@ -484,19 +582,38 @@ class BranchResetCheck(KindCheck):
         # nothing in flight (a branch never reset before when the usual two are busy)
         busy = {r.branch for r in self.model.runs.values() if r.status in model.IN_FLIGHT}
         free = [b for b in BRANCHES if b not in busy] + [f"{b}{self.race_keys}" for b in "cd"]
-        out = [Offer(f"request({branch}, key={key})", lambda m, b=branch: m.request(b, key),
-                     lambda c, b=branch: self.stores[w].request(c, b, key),
-                     after=self._requested(branch, key), guarantee="claim",
-                     runs=frozenset({("key", key)}))
-               for branch in free[:2]]
+        out = [
+            Offer(
+                f"request({branch}, key={key})",
+                lambda m, b=branch: m.request(b, key),
+                lambda c, b=branch: self.stores[w].request(c, b, key),
+                after=self._requested(branch, key),
+                guarantee="claim",
+                runs=frozenset({("key", key)}),
+            )
+            for branch in free[:2]
+        ]
         name = self.workers[w].name
         for run_id in running:
-            out.append(Offer(f"poll({run_id})", lambda m, r=run_id: m.poll(r, name),
-                             lambda c, r=run_id: self.stores[w].poll(c, r),
-                             guarantee="lease-fence", runs=frozenset({run_id}), fenced=True))
-            out.append(Offer(f"cancel({run_id})", lambda m, r=run_id: m.cancel(r),
-                             lambda c, r=run_id: self.stores[w].cancel(c, r),
-                             guarantee="conditional-transition", runs=frozenset({run_id})))
+            out.append(
+                Offer(
+                    f"poll({run_id})",
+                    lambda m, r=run_id: m.poll(r, name),
+                    lambda c, r=run_id: self.stores[w].poll(c, r),
+                    guarantee="lease-fence",
+                    runs=frozenset({run_id}),
+                    fenced=True,
+                )
+            )
+            out.append(
+                Offer(
+                    f"cancel({run_id})",
+                    lambda m, r=run_id: m.cancel(r),
+                    lambda c, r=run_id: self.stores[w].cancel(c, r),
+                    guarantee="conditional-transition",
+                    runs=frozenset({run_id}),
+                )
+            )
         return out
 
     def _requested(self, branch: str, key: str):
@@ -504,6 +621,7 @@ class BranchResetCheck(KindCheck):
             if isinstance(got, Won):
                 self.last_key[branch] = key
                 self.race_keys += 1
+
         return after
 
     def meanwhile(self, w: int, data) -> None:
@@ -527,8 +645,12 @@ class BranchResetCheck(KindCheck):
         what = "skew within bound" if spread < BOUND else "skew past bound (known deviation)"
         self.event(what)
         who = "the reaper" if w == REAPER else "poller"
-        self.fault("app-clock-skew", f"app clock of {who} {name} set {skew:+d}s from real time "
-                                     f"(spread {spread}s, L - M = {BOUND}s: {what})", pace=False)
+        self.fault(
+            "app-clock-skew",
+            f"app clock of {who} {name} set {skew:+d}s from real time "
+            f"(spread {spread}s, L - M = {BOUND}s: {what})",
+            pace=False,
+        )
 
     @precondition(lambda self: self.ops.pending_failures == 0 and self._next_work())
     @rule(data=st.data(), twice=st.booleans())
@@ -537,8 +659,9 @@ class BranchResetCheck(KindCheck):
         (whoever makes them); a poller takes its turn at once."""
         n = 2 if twice else 1
         self.ops.fail_next(n)
-        self.fault("stand-in-503", f"operations API answers the next {n} request(s) 503",
-                   pace=False)
+        self.fault(
+            "stand-in-503", f"operations API answers the next {n} request(s) 503", pace=False
+        )
         self.turn(data.draw(st.sampled_from(POLLERS), label="poller"), data)
 
 
@@ -609,9 +732,14 @@ class _CreateOutsideClaim(impl.BranchResetStore):
         where = "branch-reset.start"
         try:
             with boundary(where):
-                row = conn.execute(self.q["claim"], {
-                    "run_id": run_id, "worker": self.worker,
-                    "lease_until": self.app_clock() + self.lease}).fetchone()
+                row = conn.execute(
+                    self.q["claim"],
+                    {
+                        "run_id": run_id,
+                        "worker": self.worker,
+                        "lease_until": self.app_clock() + self.lease,
+                    },
+                ).fetchone()
                 if row is None:
                     outcome = self._miss(conn, run_id)
                     conn.rollback()
@@ -619,8 +747,10 @@ class _CreateOutsideClaim(impl.BranchResetStore):
             commit(conn, where)
             with boundary(where):
                 op_id, op_status = self.api.create(run_id, row[0], idempotency_key=run_id)
-                conn.execute(self.q["record_operation"], {"run_id": run_id, "op_id": op_id,
-                                                          "op_status": op_status.value})
+                conn.execute(
+                    self.q["record_operation"],
+                    {"run_id": run_id, "op_id": op_id, "op_status": op_status.value},
+                )
             commit(conn, where)
             return Won(op_id)
         except BaseException:
@@ -629,44 +759,84 @@ class _CreateOutsideClaim(impl.BranchResetStore):
 
 
 _POLL_IGNORES_LEASE = {
-    **sql_edit(_Q, "poll_target", "SELECT status, lease_until, external_op_id",
-               "SELECT status, '9999-12-31'::timestamptz AS lease_until, external_op_id"),
+    **sql_edit(
+        _Q,
+        "poll_target",
+        "SELECT status, lease_until, external_op_id",
+        "SELECT status, '9999-12-31'::timestamptz AS lease_until, external_op_id",
+    ),
     "record_poll": sql_edit(_Q, "record_poll", "AND lease_until > %(app_now)s", "")["record_poll"],
 }
 
 MUTANTS = [
-    Mutant("poll-reissues-operation", "branch-reset", "external-effect-semantics",
-           "a poll re-submits the create without the idempotency key: "
-           "a second operation at the API",
-           with_attrs(store_class=_PollReissues)),
-    Mutant("start-retry-fresh-key", "branch-reset", "external-effect-semantics",
-           "start sends a fresh idempotency key per attempt: a start retried after its create was "
-           "acted on creates a second operation", with_attrs(store_class=_StartFreshKey)),
-    Mutant("create-outside-claim", "branch-reset", "receipt-with-effect",
-           "start commits the claim, "
-           "then creates the operation and records it in a second transaction",
-           with_attrs(store_class=_CreateOutsideClaim)),
-    Mutant("cancel-unguarded", "branch-reset", "conditional-transition",
-           "cancel is not guarded on status = 'running': it overwrites queued and terminal runs",
-           _edit("cancel", "WHERE id = %(run_id)s AND status = 'running'",
-                 "WHERE id = %(run_id)s")),
+    Mutant(
+        "poll-reissues-operation",
+        "branch-reset",
+        "external-effect-semantics",
+        "a poll re-submits the create without the idempotency key: a second operation at the API",
+        with_attrs(store_class=_PollReissues),
+    ),
+    Mutant(
+        "start-retry-fresh-key",
+        "branch-reset",
+        "external-effect-semantics",
+        "start sends a fresh idempotency key per attempt: a start retried after its create was "
+        "acted on creates a second operation",
+        with_attrs(store_class=_StartFreshKey),
+    ),
+    Mutant(
+        "create-outside-claim",
+        "branch-reset",
+        "receipt-with-effect",
+        "start commits the claim, "
+        "then creates the operation and records it in a second transaction",
+        with_attrs(store_class=_CreateOutsideClaim),
+    ),
+    Mutant(
+        "cancel-unguarded",
+        "branch-reset",
+        "conditional-transition",
+        "cancel is not guarded on status = 'running': it overwrites queued and terminal runs",
+        _edit("cancel", "WHERE id = %(run_id)s AND status = 'running'", "WHERE id = %(run_id)s"),
+    ),
     # A request claims its key for one run (its guarantee is the claim): every way this bug
     # shows breaks that, a repeat of a finished run's key also the terminal-answers invariant.
-    Mutant("idempotency-key-not-unique", "branch-reset", "claim",
-           "the idempotency key has an index but not a unique one: "
-           "a repeated or reused key makes a new run",
-           _schema_edit("CREATE UNIQUE INDEX branch_reset_idempotency_key",
-                        "CREATE INDEX branch_reset_idempotency_key")),
-    Mutant("one-in-flight-missing", "branch-reset", "claim",
-           "no one-in-flight guard: a second run of a branch is queued while one is in flight",
-           _schema_edit("CREATE UNIQUE INDEX branch_reset_one_in_flight ON branch_reset (branch)\n"
-                        "    WHERE status IN ('queued', 'running');", "")),
-    Mutant("reaper-ignores-lease", "branch-reset", "lease",
-           "the reaper fails every running run, live leases included",
-           _edit("reap", " AND lease_until <= %(app_now)s", "")),
-    Mutant("poll-ignores-lease", "branch-reset", "lease-fence",
-           "a poll does not check the lease: a poller that stalled past it extends it and goes on",
-           with_attrs(queries=_POLL_IGNORES_LEASE)),
+    Mutant(
+        "idempotency-key-not-unique",
+        "branch-reset",
+        "claim",
+        "the idempotency key has an index but not a unique one: "
+        "a repeated or reused key makes a new run",
+        _schema_edit(
+            "CREATE UNIQUE INDEX branch_reset_idempotency_key",
+            "CREATE INDEX branch_reset_idempotency_key",
+        ),
+    ),
+    Mutant(
+        "one-in-flight-missing",
+        "branch-reset",
+        "claim",
+        "no one-in-flight guard: a second run of a branch is queued while one is in flight",
+        _schema_edit(
+            "CREATE UNIQUE INDEX branch_reset_one_in_flight ON branch_reset (branch)\n"
+            "    WHERE status IN ('queued', 'running');",
+            "",
+        ),
+    ),
+    Mutant(
+        "reaper-ignores-lease",
+        "branch-reset",
+        "lease",
+        "the reaper fails every running run, live leases included",
+        _edit("reap", " AND lease_until <= %(app_now)s", ""),
+    ),
+    Mutant(
+        "poll-ignores-lease",
+        "branch-reset",
+        "lease-fence",
+        "a poll does not check the lease: a poller that stalled past it extends it and goes on",
+        with_attrs(queries=_POLL_IGNORES_LEASE),
+    ),
 ]
 
 # The read-then-write races only a concurrent block reaches (``knownstate.chaos.race_mutants``).

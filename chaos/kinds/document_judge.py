@@ -23,30 +23,47 @@ from dataclasses import dataclass
 from typing import Any
 
 from knownstate.model.contract import Rejected, Violation, Won
-from knownstate.model.document import (CloseResult, CopyRequest, Created, Dropped, NoAnswer,
-                                       ReadRequest, Saved, SaveRequest, SeqTaken, Snapshot,
-                                       VersionConflict, World, save_fingerprint)
+from knownstate.model.document import (
+    CloseResult,
+    CopyRequest,
+    Created,
+    Dropped,
+    NoAnswer,
+    ReadRequest,
+    Saved,
+    SaveRequest,
+    SeqTaken,
+    Snapshot,
+    VersionConflict,
+    World,
+    save_fingerprint,
+)
 
 from ..replay import Exchange, Raised, canon, short
 from .document_requests import REQUEST_INVARIANTS
 
 CHECK_INVARIANTS = {
-    "retry-answered-from-receipt":
+    "retry-answered-from-receipt": (
         "A save whose identity (user, writerId, saveSeq) already saved is answered from that "
         "save's receipt: the same request with its original success, never a conflict against "
-        "itself; other content with save_seq_taken.",
-    "receipt-is-the-users-own":
+        "itself; other content with save_seq_taken."
+    ),
+    "receipt-is-the-users-own": (
         "Only the user's own receipt answers a save: another user's save under the same writerId "
-        "neither answers nor replaces it.",
-    "no-stale-read-applied":
-        "A read a tab applies never takes its copy back to a version older than its base.",
+        "neither answers nor replaces it."
+    ),
+    "no-stale-read-applied": (
+        "A read a tab applies never takes its copy back to a version older than its base."
+    ),
     **REQUEST_INVARIANTS,
 }
 """Judged on the real world besides the model's eight invariants. Each is what a mutant of the
 catalogue breaks."""
 
-RECEIPT_SQL = ("SELECT fingerprint, version FROM document_history WHERE document_id = %s "
-               "AND author = %s AND writer_id = %s AND save_seq = %s")
+RECEIPT_SQL = (
+    "SELECT fingerprint, version FROM document_history WHERE document_id = %s "
+    "AND author = %s AND writer_id = %s AND save_seq = %s"
+)
 
 
 # ---------------------------------------------------------------------------------------
@@ -64,9 +81,12 @@ class Seen:
 
     def __post_init__(self):
         tabs = self.world.tabs
-        self.key = (canon(dict(self.world.docs)), canon(self.drafts),
-                    canon({k: dataclasses.replace(v, transitions=()) for k, v in tabs.items()}),
-                    canon({k: v.transitions for k, v in tabs.items()}))
+        self.key = (
+            canon(dict(self.world.docs)),
+            canon(self.drafts),
+            canon({k: dataclasses.replace(v, transitions=()) for k, v in tabs.items()}),
+            canon({k: v.transitions for k, v in tabs.items()}),
+        )
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Seen) and self.key == other.key
@@ -81,8 +101,9 @@ def describe_difference(model: Seen, real: Seen) -> str:
         for k in sorted(set(a) | set(b)):
             x, y = a.get(k), b.get(k)
             if canon(x) != canon(y):
-                lines.append(f"  {what} {k}:\n    model:          {short(x)}\n"
-                             f"    implementation: {short(y)}")
+                lines.append(
+                    f"  {what} {k}:\n    model:          {short(x)}\n    implementation: {short(y)}"
+                )
 
     compare("document", dict(model.world.docs), dict(real.world.docs))
     compare("draft", model.drafts, real.drafts)
@@ -111,8 +132,7 @@ def show(x: Any) -> str:
     if isinstance(x, VersionConflict):
         return f"conflict (stored v{x.version})"
     if isinstance(x, SeqTaken):
-        return (f"refused: {x.writer_id}#{x.seq} already saved v{x.version} "
-                f"(last seq {x.last_seq})")
+        return f"refused: {x.writer_id}#{x.seq} already saved v{x.version} (last seq {x.last_seq})"
     if isinstance(x, NoAnswer):
         return "no answer"
     if isinstance(x, Rejected):
@@ -151,27 +171,42 @@ def receipt_answers(query, exchanges: list[Exchange]) -> list[Violation]:
         if not isinstance(req, SaveRequest) or isinstance(answer, NoAnswer):
             continue
         rows = query(RECEIPT_SQL, (req.doc_id, req.user, req.writer_id, req.seq))
-        own = rows[0] if rows else None   # (fingerprint, version) of the user's own receipt
+        own = rows[0] if rows else None  # (fingerprint, version) of the user's own receipt
         save = f"{req.user}'s save {req.writer_id}#{req.seq}"
         won = isinstance(answer, Won) and isinstance(answer.value, Saved)
         saved = answer.value if won else None
-        cited = (answer.version if isinstance(answer, SeqTaken)
-                 else saved.version if saved is not None and saved.replayed else None)
+        cited = (
+            answer.version
+            if isinstance(answer, SeqTaken)
+            else saved.version
+            if saved is not None and saved.replayed
+            else None
+        )
         if cited is not None and (own is None or own[1] != cited):
             mine = f"its own says v{own[1]}" if own else "it never saved"
-            out.append(Violation("receipt-is-the-users-own",
-                                 f"{save} was answered from a receipt of v{cited} ({mine}): "
-                                 f"{show(answer)}"))
+            out.append(
+                Violation(
+                    "receipt-is-the-users-own",
+                    f"{save} was answered from a receipt of v{cited} ({mine}): {show(answer)}",
+                )
+            )
         if own is not None and own[0] == save_fingerprint(req.user, req.base_version, req.content):
             if saved is None or saved.version != own[1]:
-                out.append(Violation("retry-answered-from-receipt",
-                                     f"{save} landed as v{own[1]}, and was answered "
-                                     f"{show(answer)}"))
+                out.append(
+                    Violation(
+                        "retry-answered-from-receipt",
+                        f"{save} landed as v{own[1]}, and was answered {show(answer)}",
+                    )
+                )
         elif own is not None:
             if not (isinstance(answer, SeqTaken) and answer.version == own[1]):
-                out.append(Violation("retry-answered-from-receipt",
-                                     f"{save} reuses an identity that saved v{own[1]} with "
-                                     f"other content, and was answered {show(answer)}"))
+                out.append(
+                    Violation(
+                        "retry-answered-from-receipt",
+                        f"{save} reuses an identity that saved v{own[1]} with "
+                        f"other content, and was answered {show(answer)}",
+                    )
+                )
     return out
 
 
@@ -185,24 +220,37 @@ class ReadsApplied:
 
     def judge(self, world: World, exchanges: list[Exchange]) -> list[Violation]:
         out, before = [], self.bases
-        self.bases = {slot: (t.writer_id, len(t.transitions), t.base_version)
-                      for slot, t in world.tabs.items()}
+        self.bases = {
+            slot: (t.writer_id, len(t.transitions), t.base_version)
+            for slot, t in world.tabs.items()
+        }
         for slot, t in world.tabs.items():
             prev = before.get(slot)
             if prev is None or prev[0] != t.writer_id or len(t.transitions) < prev[1]:
                 continue
-            events = {e for _, e, _ in t.transitions[prev[1]:]}
+            events = {e for _, e, _ in t.transitions[prev[1] :]}
             if not events & {"reloaded", "discard_reloaded"} or "adopt" in events:
                 continue
             # every version the tab was told in the step: reads it was sent, saves that landed
-            seen = [a.value.version for s, r, a in exchanges
-                    if s == slot and isinstance(a, Won) and (
-                        isinstance(r, ReadRequest) and r.purpose != "load"
-                        and isinstance(a.value, Snapshot)
-                        or isinstance(r, SaveRequest) and isinstance(a.value, Saved))]
+            seen = [
+                a.value.version
+                for s, r, a in exchanges
+                if s == slot
+                and isinstance(a, Won)
+                and (
+                    isinstance(r, ReadRequest)
+                    and r.purpose != "load"
+                    and isinstance(a.value, Snapshot)
+                    or isinstance(r, SaveRequest)
+                    and isinstance(a.value, Saved)
+                )
+            ]
             newest = max([prev[2], *seen])
             if t.base_version < newest:
-                out.append(Violation("no-stale-read-applied",
-                                     f"tab {slot} applied a read of v{t.base_version} after it "
-                                     f"had v{newest}"))
+                out.append(
+                    Violation(
+                        "no-stale-read-applied",
+                        f"tab {slot} applied a read of v{t.base_version} after it had v{newest}",
+                    )
+                )
         return out

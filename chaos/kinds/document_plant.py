@@ -82,13 +82,18 @@ class Plant:
         self.server_dsn = psycopg.conninfo.make_conninfo(dsn, application_name=self.server_app)
         # a connection per request: a fault meets each request the same way on every replay
         self.server = DocumentServer(self.server_dsn, connect_timeout=2, pool_size=None).start()
-        self.links = {slot: env.api.link(f"document-session-{slot}", "127.0.0.1", self.server.port)
-                      for slot in SLOTS}
-        self.http = {slot: HttpTransport(f"http://127.0.0.1:{link.port}", timeout=5)
-                     for slot, link in self.links.items()}
+        self.links = {
+            slot: env.api.link(f"document-session-{slot}", "127.0.0.1", self.server.port)
+            for slot in SLOTS
+        }
+        self.http = {
+            slot: HttpTransport(f"http://127.0.0.1:{link.port}", timeout=5)
+            for slot, link in self.links.items()
+        }
         self.http[CLIENT] = HttpTransport(self.server.url, timeout=5)
-        self.raw = httpx.Client(base_url=self.server.url, timeout=5,
-                                limits=httpx.Limits(max_keepalive_connections=0))
+        self.raw = httpx.Client(
+            base_url=self.server.url, timeout=5, limits=httpx.Limits(max_keepalive_connections=0)
+        )
         self.wires = {name: Wire(self.recorder, name, h) for name, h in self.http.items()}
         # on tmpfs when there is one: the store fsyncs every write, and the check writes many
         shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -111,7 +116,7 @@ class CheckedModel(DocumentModel):
 
     def __init__(self):
         super().__init__(debounce=DEBOUNCE, retry_delay=0.0)
-        self.counted: dict[str, int] = {}          # tab -> transitions already counted
+        self.counted: dict[str, int] = {}  # tab -> transitions already counted
         self.retired_transitions: list[tuple[str, str, str]] = []
         self.retired_counters: dict[str, int] = {}
 
@@ -119,7 +124,7 @@ class CheckedModel(DocumentModel):
         t = self.tabs.get(tab)
         if t is None:
             return
-        self.retired_transitions += t.transitions[self.counted.pop(tab, 0):]
+        self.retired_transitions += t.transitions[self.counted.pop(tab, 0) :]
         for k, n in t.counters.items():
             self.retired_counters[k] = self.retired_counters.get(k, 0) + n
 
@@ -136,7 +141,7 @@ class CheckedModel(DocumentModel):
         """Transitions not counted yet (and marks them counted)."""
         out, self.retired_transitions = self.retired_transitions, []
         for name, t in self.tabs.items():
-            out += t.transitions[self.counted.get(name, 0):]
+            out += t.transitions[self.counted.get(name, 0) :]
             self.counted[name] = len(t.transitions)
         return out
 
@@ -172,7 +177,7 @@ class ModelSide:
         self.m.crash_tab(slot)
 
     def offline(self, slot: str):
-        return contextlib.nullcontext("")   # the recording says what the network did
+        return contextlib.nullcontext("")  # the recording says what the network did
 
     def server_write(self, patch):
         return self.m.server_write(DOC, patch)
@@ -192,9 +197,17 @@ class RealSide:
 
     def open(self, slot: str, user: str, writer: str) -> Session:
         c = self.check
-        s = c.session_class(DOC, user=user, kind="record", drafts=c.drafts,
-                            transport=c.plant.wires[slot], writer_id=writer, debounce=DEBOUNCE,
-                            retry_delay=0.0, clock=c.time)
+        s = c.session_class(
+            DOC,
+            user=user,
+            kind="record",
+            drafts=c.drafts,
+            transport=c.plant.wires[slot],
+            writer_id=writer,
+            debounce=DEBOUNCE,
+            retry_delay=0.0,
+            clock=c.time,
+        )
         c.sessions[slot] = s
         return s
 

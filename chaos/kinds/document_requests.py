@@ -24,12 +24,14 @@ import httpx
 from knownstate.model.contract import Violation
 
 REQUEST_INVARIANTS = {
-    "refused-request-changes-nothing":
+    "refused-request-changes-nothing": (
         "A request the HTTP contract refuses (ambiguous, malformed or not the user's to make) "
-        "changes nothing stored.",
-    "refusal-answered-clearly":
+        "changes nothing stored."
+    ),
+    "refusal-answered-clearly": (
         'A refused request gets the 4xx the contract names, as {"error", "message"} with a '
-        "message that says what is wrong.",
+        "message that says what is wrong."
+    ),
 }
 
 FILES = "/api/desk/files"
@@ -64,38 +66,113 @@ def _save(version: int | None, writer: str, title: str) -> dict:
 
 
 HOSTILE: tuple[Hostile, ...] = (
-    Hostile("a record schema with an attribute id ending in a newline", 422, "invalid_content",
-            lambda doc, v, w: ("POST", FILES, ALICE_JSON, _json(
-                {"kind": "record", "schema": {"attributes": {"title\n": "text"}},
-                 "content": {"title\n": "x"}, "writerId": w, "saveSeq": 1}))),
-    Hostile("a sheet with a cell id ending in a newline", 422, "invalid_content",
-            lambda doc, v, w: ("POST", FILES, ALICE_JSON, _json(
-                {"kind": "sheet", "schema": {"rows": 2, "cols": 2}, "content": {"A1\n": 1},
-                 "writerId": w, "saveSeq": 1}))),
-    Hostile("a save whose content has a key twice", 400, "bad_request",
-            lambda doc, v, w: _put(doc, ALICE_JSON, _json(_save(v, w, "once")).replace(
-                b'"title": "once"', b'"title": "once", "title": "twice"'))),
-    Hostile("a save in UTF-16", 400, "bad_request",
-            lambda doc, v, w: _put(doc, ALICE_JSON, json.dumps(_save(v, w, "utf16")).encode(
-                "utf-16"))),
-    Hostile("a save based on If-Match with the version in leading zeros", 412,
-            "precondition_failed",
-            lambda doc, v, w: _put(doc, [*ALICE_JSON, ("If-Match", f'"{v:04d}"')],
-                                   _json(_save(None, w, "zeros")))),
-    Hostile("a save with two X-User headers, the second a stranger", 400, "bad_request",
-            lambda doc, v, w: _put(doc, [*ALICE_JSON, ("X-User", "mallory")],
-                                   _json(_save(v, w, "two users")))),
-    Hostile("a save with two If-Match headers", 400, "bad_request",
-            lambda doc, v, w: _put(doc, [*ALICE_JSON, ("If-Match", f'"{v}"'),
-                                         ("If-Match", '"1"')], _json(_save(None, w, "two tags")))),
-    Hostile("a JSON save labelled text/plain", 415, "unsupported_media_type",
-            lambda doc, v, w: _put(doc, [("X-User", "alice"), ("Content-Type", "text/plain")],
-                                   _json(_save(v, w, "plain")))),
-    Hostile("a save whose JSON is cut short", 400, "bad_request",
-            lambda doc, v, w: _put(doc, ALICE_JSON, _json(_save(v, w, "cut"))[:-2])),
-    Hostile("a create posted to a trailing slash", 404, "not_found",
-            lambda doc, v, w: ("POST", f"{FILES}/", ALICE_JSON, _json(
-                {"copyOf": doc, "content": {"title": "slash"}, "writerId": w, "saveSeq": 1}))),
+    Hostile(
+        "a record schema with an attribute id ending in a newline",
+        422,
+        "invalid_content",
+        lambda doc, v, w: (
+            "POST",
+            FILES,
+            ALICE_JSON,
+            _json(
+                {
+                    "kind": "record",
+                    "schema": {"attributes": {"title\n": "text"}},
+                    "content": {"title\n": "x"},
+                    "writerId": w,
+                    "saveSeq": 1,
+                }
+            ),
+        ),
+    ),
+    Hostile(
+        "a sheet with a cell id ending in a newline",
+        422,
+        "invalid_content",
+        lambda doc, v, w: (
+            "POST",
+            FILES,
+            ALICE_JSON,
+            _json(
+                {
+                    "kind": "sheet",
+                    "schema": {"rows": 2, "cols": 2},
+                    "content": {"A1\n": 1},
+                    "writerId": w,
+                    "saveSeq": 1,
+                }
+            ),
+        ),
+    ),
+    Hostile(
+        "a save whose content has a key twice",
+        400,
+        "bad_request",
+        lambda doc, v, w: _put(
+            doc,
+            ALICE_JSON,
+            _json(_save(v, w, "once")).replace(
+                b'"title": "once"', b'"title": "once", "title": "twice"'
+            ),
+        ),
+    ),
+    Hostile(
+        "a save in UTF-16",
+        400,
+        "bad_request",
+        lambda doc, v, w: _put(doc, ALICE_JSON, json.dumps(_save(v, w, "utf16")).encode("utf-16")),
+    ),
+    Hostile(
+        "a save based on If-Match with the version in leading zeros",
+        412,
+        "precondition_failed",
+        lambda doc, v, w: _put(
+            doc, [*ALICE_JSON, ("If-Match", f'"{v:04d}"')], _json(_save(None, w, "zeros"))
+        ),
+    ),
+    Hostile(
+        "a save with two X-User headers, the second a stranger",
+        400,
+        "bad_request",
+        lambda doc, v, w: _put(
+            doc, [*ALICE_JSON, ("X-User", "mallory")], _json(_save(v, w, "two users"))
+        ),
+    ),
+    Hostile(
+        "a save with two If-Match headers",
+        400,
+        "bad_request",
+        lambda doc, v, w: _put(
+            doc,
+            [*ALICE_JSON, ("If-Match", f'"{v}"'), ("If-Match", '"1"')],
+            _json(_save(None, w, "two tags")),
+        ),
+    ),
+    Hostile(
+        "a JSON save labelled text/plain",
+        415,
+        "unsupported_media_type",
+        lambda doc, v, w: _put(
+            doc, [("X-User", "alice"), ("Content-Type", "text/plain")], _json(_save(v, w, "plain"))
+        ),
+    ),
+    Hostile(
+        "a save whose JSON is cut short",
+        400,
+        "bad_request",
+        lambda doc, v, w: _put(doc, ALICE_JSON, _json(_save(v, w, "cut"))[:-2]),
+    ),
+    Hostile(
+        "a create posted to a trailing slash",
+        404,
+        "not_found",
+        lambda doc, v, w: (
+            "POST",
+            f"{FILES}/",
+            ALICE_JSON,
+            _json({"copyOf": doc, "content": {"title": "slash"}, "writerId": w, "saveSeq": 1}),
+        ),
+    ),
 )
 
 
@@ -106,16 +183,28 @@ def judge(case: Hostile, response: httpx.Response, before, after) -> list[Violat
         body = response.json()
     except ValueError:
         body = None
-    clear = (isinstance(body, dict) and body.get("error") == case.error
-             and isinstance(body.get("message"), str) and body["message"].strip())
+    clear = (
+        isinstance(body, dict)
+        and body.get("error") == case.error
+        and isinstance(body.get("message"), str)
+        and body["message"].strip()
+    )
     if response.status_code != case.status or not clear:
         got = f"{response.status_code} {response.text[:160]!r}"
-        out.append(Violation("refusal-answered-clearly",
-                             f"{case.name}: answered {got}, the contract says {case.status} "
-                             f'{{"error": "{case.error}", "message": ...}}'))
+        out.append(
+            Violation(
+                "refusal-answered-clearly",
+                f"{case.name}: answered {got}, the contract says {case.status} "
+                f'{{"error": "{case.error}", "message": ...}}',
+            )
+        )
     if after != before:
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-        out.append(Violation("refused-request-changes-nothing",
-                             f"{case.name}: answered {response.status_code}, and stored "
-                             f"document(s) {', '.join(changed)} changed"))
+        out.append(
+            Violation(
+                "refused-request-changes-nothing",
+                f"{case.name}: answered {response.status_code}, and stored "
+                f"document(s) {', '.join(changed)} changed",
+            )
+        )
     return out

@@ -57,23 +57,51 @@ from knownstate.impl.documents.reading import RequestReader
 from knownstate.impl.documents.session import Session
 from knownstate.impl.documents.store import DocumentStore
 from knownstate.model.contract import IllegalTransition, Won
-from knownstate.model.document import (INVARIANTS as SESSION_INVARIANTS, TABLE, DraftView,
-                                       KindError, NoAnswer, ReadRequest, SaveRequest, State,
-                                       UnsavedWork, World, check_invariants, prefer_local,
-                                       prefer_stored)
+from knownstate.model.document import (
+    INVARIANTS as SESSION_INVARIANTS,
+    TABLE,
+    DraftView,
+    KindError,
+    NoAnswer,
+    ReadRequest,
+    SaveRequest,
+    State,
+    UnsavedWork,
+    World,
+    check_invariants,
+    prefer_local,
+    prefer_stored,
+)
 
 from ..check import FaultPolicy
 from ..toxi import Toxic
 from ..replay import Candidate, Exchange, ReplayCheck
-from .document_judge import (CHECK_INVARIANTS, ReadsApplied, Seen, describe_difference,
-                             receipt_answers, show, show_request)
-from .document_plant import (CLIENT, DOC, INITIAL, SCHEMA, SLOTS, CheckedModel,
-                             ModelSide, Observer, Plant, RealSide)
+from .document_judge import (
+    CHECK_INVARIANTS,
+    ReadsApplied,
+    Seen,
+    describe_difference,
+    receipt_answers,
+    show,
+    show_request,
+)
+from .document_plant import (
+    CLIENT,
+    DOC,
+    INITIAL,
+    SCHEMA,
+    SLOTS,
+    CheckedModel,
+    ModelSide,
+    Observer,
+    Plant,
+    RealSide,
+)
 from .document_requests import HOSTILE, REQUEST_INVARIANTS, Hostile, judge
 
-NETS = ("ok",) * 6 + ("offline", "answer lost")                      # for a step that reads
+NETS = ("ok",) * 6 + ("offline", "answer lost")  # for a step that reads
 NETS_WRITE = ("ok",) * 3 + ("offline", "answer lost", "answer lost")  # for a step that may write
-NETS_COPY = ("ok", "offline", "answer lost")                          # for keeping a copy
+NETS_COPY = ("ok", "offline", "answer lost")  # for keeping a copy
 REUSE = "a save identity reused for other content"
 BUDGET = {"other client": 2, "impostor": 1, "reopen": 1}
 """Steps per example for the rules that are not the session's own work: they share the example
@@ -97,18 +125,32 @@ class DocumentSessionCheck(ReplayCheck):
     drafts_class: type[DraftStore] = DraftStore
     queries: dict[str, str] | None = None
     required_events = (
-        "conflict", "rebase", "copy", "sibling draft adopted", "sibling draft discarded",
-        "stale read dropped", "idempotent retry answered", "draft-store failure",
-        "draft-store recovery", "lost response", "hostile request refused",
+        "conflict",
+        "rebase",
+        "copy",
+        "sibling draft adopted",
+        "sibling draft discarded",
+        "stale read dropped",
+        "idempotent retry answered",
+        "draft-store failure",
+        "draft-store recovery",
+        "lost response",
+        "hostile request refused",
     )
     EVENTS = {  # counter of the model -> event name
-        "conflicts": "conflict", "rebases": "rebase", "copies": "copy",
+        "conflicts": "conflict",
+        "rebases": "rebase",
+        "copies": "copy",
         "siblings_adopted": "sibling draft adopted",
         "siblings_discarded": "sibling draft discarded",
         "stale_reads_dropped": "stale read dropped",
-        "idempotent_replays": "idempotent retry answered", "draft_failures": "draft-store failure",
-        "draft_recoveries": "draft-store recovery", "drafts_restored": "own draft restored",
-        "discarded": "discard", "save_failures": "save failed", "copy_failures": "copy failed",
+        "idempotent_replays": "idempotent retry answered",
+        "draft_failures": "draft-store failure",
+        "draft_recoveries": "draft-store recovery",
+        "drafts_restored": "own draft restored",
+        "discarded": "discard",
+        "save_failures": "save failed",
+        "copy_failures": "copy failed",
         "seqs_taken": "save seq taken",
     }
 
@@ -120,8 +162,9 @@ class DocumentSessionCheck(ReplayCheck):
     def reset_example(self) -> None:
         plant = self.env.stand_in("document-session", lambda: Plant(self.env, self.ws))
         self.plant, self.recorder, self.links = plant, plant.recorder, plant.links
-        store = self.store_class(plant.server_dsn, connect_timeout=2, pool_size=None,
-                                 queries=self.queries)
+        store = self.store_class(
+            plant.server_dsn, connect_timeout=2, pool_size=None, queries=self.queries
+        )
         plant.server.use(store=store, reader=self.reader_class())
         self.observer = Observer(self.ws)
         self.observer.seed(DOC, "record", SCHEMA, INITIAL, "alice", {"bob": True})
@@ -137,7 +180,7 @@ class DocumentSessionCheck(ReplayCheck):
         self.drafts_failing = False
         self.hostile_n = 0
         self.budget = dict(BUDGET)
-        self.refusals: list = []   # the verdict on a hostile request, judged after its step
+        self.refusals: list = []  # the verdict on a hostile request, judged after its step
         plant.recorder.take()
 
     def new_model(self) -> CheckedModel:
@@ -203,8 +246,9 @@ class DocumentSessionCheck(ReplayCheck):
         out += self.reads.judge(real.world, exchanges)
         out += self.refusals
         self.refusals = []
-        self.stats.invariants_checked += (len(SESSION_INVARIANTS) + len(CHECK_INVARIANTS)
-                                          - len(REQUEST_INVARIANTS))
+        self.stats.invariants_checked += (
+            len(SESSION_INVARIANTS) + len(CHECK_INVARIANTS) - len(REQUEST_INVARIANTS)
+        )
         return out
 
     def counted(self, chosen: Candidate) -> None:
@@ -227,8 +271,9 @@ class DocumentSessionCheck(ReplayCheck):
         return bool(self._slots(State.OFFLINE))
 
     # -- a step --------------------------------------------------------------------------------
-    def _run(self, label: str, script: Callable[[Any], Any],
-             net: tuple[str, str] | None = None) -> Any:
+    def _run(
+        self, label: str, script: Callable[[Any], Any], net: tuple[str, str] | None = None
+    ) -> Any:
         return self.play(label, script, self._net(*net) if net else None)
 
     @contextlib.contextmanager
@@ -321,8 +366,11 @@ class DocumentSessionCheck(ReplayCheck):
             t.edit(patch, now)
             return t.tick(later)
 
-        self._run(f"close {slot} and open it again (writer {writer}, no draft), edit "
-                  f"{_fmt_patch(patch)}, then wait {DEBOUNCE}s", script)
+        self._run(
+            f"close {slot} and open it again (writer {writer}, no draft), edit "
+            f"{_fmt_patch(patch)}, then wait {DEBOUNCE}s",
+            script,
+        )
 
     @precondition(lambda self: self._slots(State.LOADING))
     @rule(data=st.data(), give_up=st.sampled_from([False, False, True]), net=st.sampled_from(NETS))
@@ -331,8 +379,9 @@ class DocumentSessionCheck(ReplayCheck):
         loading."""
         slot = self._pick(data, self._slots(State.LOADING))
         if give_up:
-            self._run(f"close {slot} while it is still loading",
-                      lambda side: side.tab(slot).close())
+            self._run(
+                f"close {slot} while it is still loading", lambda side: side.tab(slot).close()
+            )
             return
 
         def script(side):
@@ -347,8 +396,12 @@ class DocumentSessionCheck(ReplayCheck):
     PENDING = (State.DIRTY, State.OFFLINE)
 
     @precondition(lambda self: self._slots(*self.EDITABLE))
-    @rule(data=st.data(), attr=st.sampled_from(["title", "qty", "done", "clear"]),
-          then=st.sampled_from(["", "", "tick"]), net=st.sampled_from(NETS_WRITE))
+    @rule(
+        data=st.data(),
+        attr=st.sampled_from(["title", "qty", "done", "clear"]),
+        then=st.sampled_from(["", "", "tick"]),
+        net=st.sampled_from(NETS_WRITE),
+    )
     def edit(self, data, attr: str, then: str, net: str) -> None:
         """The user types (and, with ``then=tick``, waits: the debounce fires and the tab saves)."""
         slot = self._pick(data, self._slots(*self.EDITABLE))
@@ -364,8 +417,7 @@ class DocumentSessionCheck(ReplayCheck):
             return t.tick(later) if then else out
 
         wait = f", then wait {DEBOUNCE}s" if then else ""
-        self._run(f"edit {slot} {_fmt_patch(patch)}{wait}", script,
-                  (slot, net) if then else None)
+        self._run(f"edit {slot} {_fmt_patch(patch)}{wait}", script, (slot, net) if then else None)
 
     @precondition(lambda self: self._slots(*self.PENDING))
     @rule(data=st.data(), advance=st.sampled_from([1.0, 1.0, 0.5]), net=st.sampled_from(NETS_WRITE))
@@ -378,8 +430,11 @@ class DocumentSessionCheck(ReplayCheck):
         self._run(f"tick {slot} +{advance}s", lambda side: side.tab(slot).tick(now), (slot, net))
 
     @precondition(lambda self: self._slots(*self.PENDING))
-    @rule(data=st.data(), attr=st.sampled_from(["title", "qty", "done"]),
-          net=st.sampled_from(NETS_WRITE))
+    @rule(
+        data=st.data(),
+        attr=st.sampled_from(["title", "qty", "done"]),
+        net=st.sampled_from(NETS_WRITE),
+    )
     def edit_during_save(self, data, attr: str, net: str) -> None:
         """The user types while a save is in flight: the edit stays pending, whatever the answer."""
         slot = self._pick(data, self._slots(*self.PENDING))
@@ -392,8 +447,9 @@ class DocumentSessionCheck(ReplayCheck):
             t.edit(patch, now)
             return t.finish_save(req, side.send(slot, req))
 
-        self._run(f"save {slot}, and edit {_fmt_patch(patch)} while it is in flight", script,
-                  (slot, net))
+        self._run(
+            f"save {slot}, and edit {_fmt_patch(patch)} while it is in flight", script, (slot, net)
+        )
 
     @precondition(lambda self: self._slots(*self.PENDING))
     @rule(data=st.data(), reload=st.booleans(), net=st.sampled_from(NETS))
@@ -404,9 +460,11 @@ class DocumentSessionCheck(ReplayCheck):
         self._discard(slot, reload, net)
 
     @precondition(lambda self: self._slots(State.OFFLINE))
-    @rule(data=st.data(),
-          how=st.sampled_from(["discard", "discard and reload", "close", "discard"]),
-          net=st.sampled_from(NETS_WRITE))
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(["discard", "discard and reload", "close", "discard"]),
+        net=st.sampled_from(NETS_WRITE),
+    )
     def leave_offline_work(self, data, how: str, net: str) -> None:
         """While a tab waits to retry a save, the user leaves its work: discards it (the retry is
         dropped, not the server's copy), discards and reloads (offline, nothing changes), or
@@ -431,8 +489,11 @@ class DocumentSessionCheck(ReplayCheck):
 
     # -- reads ----------------------------------------------------------------------------------
     @precondition(lambda self: self._slots(*self.EDITABLE))
-    @rule(data=st.data(), race=st.sampled_from(["none", "newer read first", "local edit", "save"]),
-          replace=st.booleans())
+    @rule(
+        data=st.data(),
+        race=st.sampled_from(["none", "newer read first", "local edit", "save"]),
+        replace=st.booleans(),
+    )
     def read(self, data, race: str, replace: bool) -> None:
         """A read (reload when clean, discard-and-reload otherwise), possibly answered late: after a
         newer read was applied, after a local edit, or after a save moved the base. The guard drops
@@ -441,8 +502,11 @@ class DocumentSessionCheck(ReplayCheck):
             race = "local edit"
         if race == "save" and not self._slots(*self.PENDING):
             race = "local edit"
-        slots = {"none": self._slots(State.CLEAN), "newer read first": self._slots(State.CLEAN),
-                 "save": self._slots(*self.PENDING)}.get(race, self._slots(*self.EDITABLE))
+        slots = {
+            "none": self._slots(State.CLEAN),
+            "newer read first": self._slots(State.CLEAN),
+            "save": self._slots(*self.PENDING),
+        }.get(race, self._slots(*self.EDITABLE))
         slot = self._pick(data, slots)
         clean = self._state(slot) is State.CLEAN
         purpose = "refresh" if clean and not (replace and race == "none") else "replace"
@@ -465,20 +529,30 @@ class DocumentSessionCheck(ReplayCheck):
                 t.finish_save(req, side.send(slot, req))
             return t.finish_read(late, late_answer)
 
-        what = {"none": "",
-                "newer read first": ", answered after a server-side write and a newer read",
-                "local edit": f", answered after an edit {_fmt_patch(patch or {})}",
-                "save": ", answered after a save"}
+        what = {
+            "none": "",
+            "newer read first": ", answered after a server-side write and a newer read",
+            "local edit": f", answered after an edit {_fmt_patch(patch or {})}",
+            "save": ", answered after a save",
+        }
         verb = "reload" if purpose == "refresh" else "discard and reload"
         self._run(f"{verb} {slot}{what[race]}", script)
 
     # -- conflicts ------------------------------------------------------------------------------
     @precondition(lambda self: self._slots(State.CONFLICT))
-    @rule(data=st.data(), how=st.sampled_from(["discard", "rebase, a clash keeps the local value",
-                                               "rebase, a clash keeps the stored value",
-                                               "discard and reload",
-                                               "rebase, a clash keeps the local value"]),
-          net=st.sampled_from(NETS))
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(
+            [
+                "discard",
+                "rebase, a clash keeps the local value",
+                "rebase, a clash keeps the stored value",
+                "discard and reload",
+                "rebase, a clash keeps the local value",
+            ]
+        ),
+        net=st.sampled_from(NETS),
+    )
     def resolve(self, data, how: str, net: str) -> None:
         """The user resolves the conflict: rebase (records merge by attribute id), discard (take the
         stored copy), or discard and reload."""
@@ -505,8 +579,9 @@ class DocumentSessionCheck(ReplayCheck):
 
     # -- sibling drafts -------------------------------------------------------------------------
     def _with_siblings(self) -> list[str]:
-        return [slot for slot, s in self.sessions.items()
-                if s.siblings and s.state is not State.CLOSED]
+        return [
+            slot for slot, s in self.sessions.items() if s.siblings and s.state is not State.CLOSED
+        ]
 
     @precondition(lambda self: self._with_siblings())
     @rule(data=st.data(), adopt=st.sampled_from([True, True, False]))
@@ -519,20 +594,34 @@ class DocumentSessionCheck(ReplayCheck):
         s = self.sessions[slot]
         writer = data.draw(st.sampled_from([d["writerId"] for d in s.siblings]), label="sibling")
         if adopt:
-            self._run(f"{slot} adopts the draft of writer {writer}",
-                      lambda side: side.tab(slot).adopt(writer))
+            self._run(
+                f"{slot} adopts the draft of writer {writer}",
+                lambda side: side.tab(slot).adopt(writer),
+            )
         else:
-            self._run(f"{slot} discards the draft of writer {writer}",
-                      lambda side: side.tab(slot).discard_sibling(writer))
+            self._run(
+                f"{slot} discards the draft of writer {writer}",
+                lambda side: side.tab(slot).discard_sibling(writer),
+            )
 
     # -- closing and dying ----------------------------------------------------------------------
     CLOSABLE = (State.LOADING, State.CLEAN, State.DIRTY, State.OFFLINE, State.CONFLICT)
 
     @precondition(lambda self: self._slots(*self.CLOSABLE))
-    @rule(data=st.data(), how=st.sampled_from(["close", "close", "close", "killed",
-                                               "killed mid-save, before the request",
-                                               "killed mid-save, after the request"]),
-          net=st.sampled_from(NETS_WRITE))
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(
+            [
+                "close",
+                "close",
+                "close",
+                "killed",
+                "killed mid-save, before the request",
+                "killed mid-save, after the request",
+            ]
+        ),
+        net=st.sampled_from(NETS_WRITE),
+    )
     def close(self, data, how: str, net: str) -> None:
         """The tab is closed (it flushes; work the server did not take is parked in the writer's
         draft), or it dies — possibly mid-save: its memory is gone, the draft store stays."""
@@ -553,8 +642,9 @@ class DocumentSessionCheck(ReplayCheck):
             side.crash(slot)
             return None
 
-        self._run(f"tab {slot} {how}", script,
-                  (slot, net) if how.endswith("after the request") else None)
+        self._run(
+            f"tab {slot} {how}", script, (slot, net) if how.endswith("after the request") else None
+        )
 
     # Drawn twice as often as the other rules (Hypothesis draws a rule uniformly among the enabled
     # ones; a rule listed under two names counts twice): they keep work flowing towards saves,
@@ -607,8 +697,9 @@ class DocumentSessionCheck(ReplayCheck):
     def _alice_pending(self) -> list[str]:
         return [slot for slot in self._slots(*self.PENDING) if SLOTS[slot] == "alice"]
 
-    @precondition(lambda self: self._server_calm() and self._alice_pending()
-                  and self.budget["impostor"])
+    @precondition(
+        lambda self: self._server_calm() and self._alice_pending() and self.budget["impostor"]
+    )
     @rule(data=st.data())
     def impostor_save(self, data) -> None:
         """An alice tab saves while offline (the request never arrives); bob's client then
@@ -625,12 +716,15 @@ class DocumentSessionCheck(ReplayCheck):
             with side.offline(slot):
                 req = t.begin_save(now)
                 t.finish_save(req, side.send(slot, req))
-            side.send(CLIENT, SaveRequest(DOC, "bob", req.writer_id, req.seq, base,
-                                          {"title": title}, 0))
-            return t.tick(now)   # the retry is due at once
+            side.send(
+                CLIENT, SaveRequest(DOC, "bob", req.writer_id, req.seq, base, {"title": title}, 0)
+            )
+            return t.tick(now)  # the retry is due at once
 
-        self._run(f"{slot} saves offline; bob's client saves as its writer and seq; {slot} "
-                  "retries", script)
+        self._run(
+            f"{slot} saves offline; bob's client saves as its writer and seq; {slot} retries",
+            script,
+        )
 
     def _reused_save_seq(self) -> None:
         """A client saves, then sends other content under the same (writerId, saveSeq): a save
@@ -657,8 +751,9 @@ class DocumentSessionCheck(ReplayCheck):
         patch = {attr: {"title": f"ai.{k}", "qty": 1000 + k, "done": k % 2 == 0}[attr]}
         self._run(f"server-side write {_fmt_patch(patch)}", lambda side: side.server_write(patch))
 
-    @precondition(lambda self: self.drafts_failing
-                  or (self._calm() and self._slots(*self.EDITABLE)))
+    @precondition(
+        lambda self: self.drafts_failing or (self._calm() and self._slots(*self.EDITABLE))
+    )
     @rule()
     def fault_drafts(self) -> None:
         """The draft store starts refusing writes and deletes (quota, full disk, private mode), or
@@ -671,13 +766,17 @@ class DocumentSessionCheck(ReplayCheck):
             self.fault("draft-store", "the draft store starts failing")
             return
         self.log("the draft store works again")
-        failing = [slot for slot in self._slots(*self.EDITABLE)
-                   if self.sessions[slot].draft_status == "failing"]
+        failing = [
+            slot
+            for slot in self._slots(*self.EDITABLE)
+            if self.sessions[slot].draft_status == "failing"
+        ]
         if failing:
             slot, now = failing[0], self.clock
             patch = self._patch(slot, "title")
-            self._run(f"edit {slot} {_fmt_patch(patch)}",
-                      lambda side: side.tab(slot).edit(patch, now))
+            self._run(
+                f"edit {slot} {_fmt_patch(patch)}", lambda side: side.tab(slot).edit(patch, now)
+            )
 
 
 def _fmt_patch(patch: dict) -> str:

@@ -43,21 +43,33 @@ class OutboxCheck(KindCheck):
     n_workers = 3  # w0, w1 run the worker loop; w2 is a reaper process (its own connection)
     REAPER = 2
     # max_attempts 2 keeps "dead" within reach of a short program; the reference default is 3.
-    config = model.Config(lease=5 * QUANTUM, backoff_base=QUANTUM, backoff_cap=60 * QUANTUM,
-                          max_attempts=2)
+    config = model.Config(
+        lease=5 * QUANTUM, backoff_base=QUANTUM, backoff_cap=60 * QUANTUM, max_attempts=2
+    )
     policy = FaultPolicy(gap=1, heal_after=6, stall=config.lease + QUANTUM, reply_lost=True)
     lock_wait_breaks = "claim"
     store_class = impl.OutboxStore
     queries: dict[str, str] | None = None  # the mutant catalogue replaces some
     required_events = (  # a reclaim, and the fence it arms, need a lease to lapse
-        "lost race", needs("fence rejection", "time-shift"), needs("reclaim", "time-shift"),
-        "backoff", "skip locked",
-        "worker died before commit", "connection lost", "indeterminate commit",
-        "indeterminate resolved: committed", "indeterminate resolved: not committed",
-        "duplicate delivery", "sink reply lost",
-        *(f"fence refusal: {op} ({why})" for op in ("complete", "fail", "extend_lease")
-          for why in ("re-claimed", "no longer claimed")),
-        needs("concurrent block", "concurrency"), needs("lock wait in a block", "concurrency"),
+        "lost race",
+        needs("fence rejection", "time-shift"),
+        needs("reclaim", "time-shift"),
+        "backoff",
+        "skip locked",
+        "worker died before commit",
+        "connection lost",
+        "indeterminate commit",
+        "indeterminate resolved: committed",
+        "indeterminate resolved: not committed",
+        "duplicate delivery",
+        "sink reply lost",
+        *(
+            f"fence refusal: {op} ({why})"
+            for op in ("complete", "fail", "extend_lease")
+            for why in ("re-claimed", "no longer claimed")
+        ),
+        needs("concurrent block", "concurrency"),
+        needs("lock wait in a block", "concurrency"),
         "batch of mixed attempts",
     )
 
@@ -82,8 +94,12 @@ class OutboxCheck(KindCheck):
     def observe_impl(self):
         conn = self.ws.admin()
         rows = impl.project(conn, self.to_model_time)
-        self._reclaimed = {r[0] for r in conn.execute(
-            "SELECT id FROM outbox_delivery WHERE last_error = %s", (RECLAIMED,)).fetchall()}
+        self._reclaimed = {
+            r[0]
+            for r in conn.execute(
+                "SELECT id FROM outbox_delivery WHERE last_error = %s", (RECLAIMED,)
+            ).fetchall()
+        }
         return rows, tuple(sorted(self.sink.received().items()))
 
     def views(self, observation):
@@ -96,11 +112,18 @@ class OutboxCheck(KindCheck):
             waiting = d.status == model.P and d.attempts > 0
             owed = 0 if d.id in self._reclaimed else self.config.backoff(d.attempts)
             owned = d.status == model.R and d.lease_until is not None
-            out[str(d.id)] = replace(out[str(d.id)], retry=RetryView(
-                d.attempts, self.config.max_attempts, waiting,
-                due_in=max(0, d.next_attempt_at - now), owed=owed if waiting else 0),
+            out[str(d.id)] = replace(
+                out[str(d.id)],
+                retry=RetryView(
+                    d.attempts,
+                    self.config.max_attempts,
+                    waiting,
+                    due_in=max(0, d.next_attempt_at - now),
+                    owed=owed if waiting else 0,
+                ),
                 lease_left=d.lease_until - now if owned else None,
-                lease_granted=self.config.lease if owned else None)
+                lease_granted=self.config.lease if owned else None,
+            )
         return out
 
     def observed(self, m: model.OutboxModel) -> None:
@@ -112,9 +135,11 @@ class OutboxCheck(KindCheck):
         """Time can change something: a backoff to wait out, or a lease nobody alive holds to
         lapse. (A stall covers leases that a living worker holds.)"""
         held = {i for _, i in self._holding()}
-        return any((d.status == model.R and d.id not in held)
-                   or (d.status == model.P and d.next_attempt_at > self.model.now)
-                   for d in self.model.deliveries.values())
+        return any(
+            (d.status == model.R and d.id not in held)
+            or (d.status == model.P and d.next_attempt_at > self.model.now)
+            for d in self.model.deliveries.values()
+        )
 
     def forget(self, worker) -> None:
         self.held[worker.index].clear()
@@ -132,50 +157,84 @@ class OutboxCheck(KindCheck):
         now, rows = self.model.now, self.model.deliveries.values()
         due = frozenset(d.id for d in rows if d.status == model.P and d.next_attempt_at <= now)
         lapsed = frozenset(d.id for d in rows if d.status == model.R and d.lease_until <= now)
-        reap = Offer("reclaim_stale()", lambda m: m.reclaim_stale(),
-                     lambda c: self.store.reclaim_stale(c), guarantee="lease", runs=lapsed)
+        reap = Offer(
+            "reclaim_stale()",
+            lambda m: m.reclaim_stale(),
+            lambda c: self.store.reclaim_stale(c),
+            guarantee="lease",
+            runs=lapsed,
+        )
         if w == self.REAPER:
             return [reap]
         out = []
         if self._waiting() < 3:  # a producer's retried event: two enqueue the one id at once
             new = self.model.next_id()
-            out.append(Offer(f"enqueue(id={new})", lambda m, new=new: m.enqueue(new),
-                             lambda c, new=new: self.store.enqueue(c, new),
-                             runs=frozenset({("new", new)})))
+            out.append(
+                Offer(
+                    f"enqueue(id={new})",
+                    lambda m, new=new: m.enqueue(new),
+                    lambda c, new=new: self.store.enqueue(c, new),
+                    runs=frozenset({("new", new)}),
+                )
+            )
 
         def reach(b: int) -> frozenset:  # lapsed rows a claim of b takes once reclaimed
             return frozenset(sorted(due | lapsed)[:b]) & lapsed
 
-        out += [Offer(f"claim(batch={b})", lambda m, b=b: m.claim(b),
-                      lambda c, b=b: self.store.claim(c, b), after=self._took(w),
-                      guarantee="claim",
-                      among_others=lambda m, got, b=b: m.claim_skipping(
-                          b, tuple(c.id for c in got.value) if isinstance(got, Won) else ()),
-                      runs=due | reach(b), once_freed=reach(b))  # reclaimed, then claimed
-                for b in (1, 2, 3)]
+        out += [
+            Offer(
+                f"claim(batch={b})",
+                lambda m, b=b: m.claim(b),
+                lambda c, b=b: self.store.claim(c, b),
+                after=self._took(w),
+                guarantee="claim",
+                among_others=lambda m, got, b=b: m.claim_skipping(
+                    b, tuple(c.id for c in got.value) if isinstance(got, Won) else ()
+                ),
+                runs=due | reach(b),
+                once_freed=reach(b),
+            )  # reclaimed, then claimed
+            for b in (1, 2, 3)
+        ]
         for i, h in sorted(self.held[w].items()):
             c = h.claim
             if h.result == impl.OK:
-                out.append(Offer(f"complete({c.id}, attempt={c.attempt})",
-                                 lambda m, c=c: m.complete(c),
-                                 lambda conn, c=c: self.store.complete(conn, c),
-                                 after=self._let_go(w, c.id), guarantee="lease-fence",
-                                 runs=frozenset({c.id}), fenced=True))
+                out.append(
+                    Offer(
+                        f"complete({c.id}, attempt={c.attempt})",
+                        lambda m, c=c: m.complete(c),
+                        lambda conn, c=c: self.store.complete(conn, c),
+                        after=self._let_go(w, c.id),
+                        guarantee="lease-fence",
+                        runs=frozenset({c.id}),
+                        fenced=True,
+                    )
+                )
             elif h.result is not None:
                 permanent = h.result == impl.PERMANENT
-                out.append(Offer(f"fail({c.id}, attempt={c.attempt}, permanent={permanent})",
-                                 lambda m, c=c, p=permanent: m.fail(c, p),
-                                 lambda conn, c=c, p=permanent, r=h.result:
-                                 self.store.fail(conn, c, p, r),
-                                 after=self._let_go(w, c.id), guarantee="lease-fence",
-                                 runs=frozenset({c.id}), fenced=True))
+                out.append(
+                    Offer(
+                        f"fail({c.id}, attempt={c.attempt}, permanent={permanent})",
+                        lambda m, c=c, p=permanent: m.fail(c, p),
+                        lambda conn, c=c, p=permanent, r=h.result: self.store.fail(conn, c, p, r),
+                        after=self._let_go(w, c.id),
+                        guarantee="lease-fence",
+                        runs=frozenset({c.id}),
+                        fenced=True,
+                    )
+                )
             if h.result is not None:
                 continue  # sent: the loop records it next (a heartbeat only runs while sending)
-            out.append(Offer(f"extend_lease({c.id}, attempt={c.attempt})",
-                             lambda m, c=c: m.extend_lease(c),
-                             lambda conn, c=c: self.store.extend_lease(conn, c),
-                             guarantee="lease-fence", runs=frozenset({c.id}),
-                                 fenced=True))
+            out.append(
+                Offer(
+                    f"extend_lease({c.id}, attempt={c.attempt})",
+                    lambda m, c=c: m.extend_lease(c),
+                    lambda conn, c=c: self.store.extend_lease(conn, c),
+                    guarantee="lease-fence",
+                    runs=frozenset({c.id}),
+                    fenced=True,
+                )
+            )
         return out
 
     def _took(self, w: int):
@@ -183,6 +242,7 @@ class OutboxCheck(KindCheck):
             if isinstance(got, Won):
                 for c in got.value:
                     self.held[w][c.id] = Held(c)
+
         return after
 
     def _let_go(self, w: int, delivery: int):
@@ -196,8 +256,10 @@ class OutboxCheck(KindCheck):
             return ["record"]
         if held:
             return ["send"]
-        due = any(d.status == model.P and d.next_attempt_at <= self.model.now
-                  for d in self.model.deliveries.values())
+        due = any(
+            d.status == model.P and d.next_attempt_at <= self.model.now
+            for d in self.model.deliveries.values()
+        )
         return ["claim"] if due else []
 
     def turn(self, w: int, data) -> None:
@@ -214,8 +276,11 @@ class OutboxCheck(KindCheck):
         """Workers holding a live lease; those that sent a delivery and have not recorded it yet
         when there are any: a stall between the send and the record is where a stale owner's
         terminal write meets the reaper and a new owner."""
-        live = {d.id for d in self.model.deliveries.values()
-                if d.status == model.R and d.lease_until > self.model.now}
+        live = {
+            d.id
+            for d in self.model.deliveries.values()
+            if d.status == model.R and d.lease_until > self.model.now
+        }
         sent = sorted({w for w, i in self._holding(sent=True) if i in live})
         return sent or sorted({w for w, i in self._holding() if i in live})
 
@@ -238,8 +303,12 @@ class OutboxCheck(KindCheck):
 
     # -- helpers ----------------------------------------------------------------------------
     def _holding(self, sent: bool | None = None) -> list[tuple[int, int]]:
-        return [(w, i) for w, held in enumerate(self.held) for i, h in sorted(held.items())
-                if sent is None or (h.result is not None) == sent]
+        return [
+            (w, i)
+            for w, held in enumerate(self.held)
+            for i, h in sorted(held.items())
+            if sent is None or (h.result is not None) == sent
+        ]
 
     def _mine(self, w: int, sent: bool) -> list[int]:
         return [i for x, i in self._holding(sent) if x == w]
@@ -266,15 +335,24 @@ class OutboxCheck(KindCheck):
     @rule(w=st.integers(0, 1))
     def enqueue(self, w: int) -> None:
         i = self.model.next_id()
-        self.apply(self.workers[w], f"enqueue(w{w}, id={i})", lambda m: m.enqueue(i),
-                   lambda c: self.store.enqueue(c, i))
+        self.apply(
+            self.workers[w],
+            f"enqueue(w{w}, id={i})",
+            lambda m: m.enqueue(i),
+            lambda c: self.store.enqueue(c, i),
+        )
 
     @rule(w=st.integers(0, 1), batch=st.integers(1, 3))
     def claim(self, w: int, batch: int) -> None:
         worker = self.workers[w]
-        got = self.apply(worker, f"claim(w{w}, batch={batch})", lambda m: m.claim(batch),
-                         lambda c: self.store.claim(c, batch), on_error=lambda: self.forget(worker),
-                         guarantee="claim")
+        got = self.apply(
+            worker,
+            f"claim(w{w}, batch={batch})",
+            lambda m: m.claim(batch),
+            lambda c: self.store.claim(c, batch),
+            on_error=lambda: self.forget(worker),
+            guarantee="claim",
+        )
         if isinstance(got, Won):
             for c in got.value:
                 self.held[w][c.id] = Held(c)
@@ -295,8 +373,9 @@ class OutboxCheck(KindCheck):
         label = f"send(w{w}, {h.claim.id}, attempt={h.claim.attempt}) sink answers {answer}"
         try:
             with self.external_call(worker):
-                h.result = impl.send_to_sink(f"http://127.0.0.1:{worker.sink_link.port}", h.claim,
-                                             timeout=5)
+                h.result = impl.send_to_sink(
+                    f"http://127.0.0.1:{worker.sink_link.port}", h.claim, timeout=5
+                )
         except ExternalCallFailed:
             # No answer: the sink may or may not have recorded it. The worker treats it as
             # retryable.
@@ -325,16 +404,24 @@ class OutboxCheck(KindCheck):
         h = self.held[w].pop(delivery)
         c = h.claim
         if h.result == impl.OK:
-            got = self.apply(worker, f"complete(w{w}, {c.id}, attempt={c.attempt})",
-                             lambda m: m.complete(c), lambda conn: self.store.complete(conn, c),
-                             on_error=lambda: self.forget(worker), fenced=lambda: self._fence(c))
+            got = self.apply(
+                worker,
+                f"complete(w{w}, {c.id}, attempt={c.attempt})",
+                lambda m: m.complete(c),
+                lambda conn: self.store.complete(conn, c),
+                on_error=lambda: self.forget(worker),
+                fenced=lambda: self._fence(c),
+            )
         else:
             permanent = h.result == impl.PERMANENT
-            got = self.apply(worker,
-                             f"fail(w{w}, {c.id}, attempt={c.attempt}, permanent={permanent})",
-                             lambda m: m.fail(c, permanent),
-                             lambda conn: self.store.fail(conn, c, permanent, h.result),
-                             on_error=lambda: self.forget(worker), fenced=lambda: self._fence(c))
+            got = self.apply(
+                worker,
+                f"fail(w{w}, {c.id}, attempt={c.attempt}, permanent={permanent})",
+                lambda m: m.fail(c, permanent),
+                lambda conn: self.store.fail(conn, c, permanent, h.result),
+                on_error=lambda: self.forget(worker),
+                fenced=lambda: self._fence(c),
+            )
         if isinstance(got, LostRace):
             self.event("fence rejection")
         elif got == Won(model.P):
@@ -350,14 +437,16 @@ class OutboxCheck(KindCheck):
     def record_batch(self, data) -> None:
         """The batched fenced write: a worker records every delivery it has sent (two or more)
         in one statement, each row fenced on its own claimed attempt; a stale row loses alone."""
-        self._record_batch(data, data.draw(st.sampled_from(self._batch_holders()),
-                                           label="worker"))
+        self._record_batch(data, data.draw(st.sampled_from(self._batch_holders()), label="worker"))
 
     def _mixed_due(self) -> list[int]:
         """Idle workers, when a claim of three would take deliveries at different attempts (a
         retry and a first try): where a batch's rows carry different fence tokens."""
-        due = [d for _, d in sorted(self.model.deliveries.items())
-               if d.status == model.P and d.next_attempt_at <= self.model.now][:3]
+        due = [
+            d
+            for _, d in sorted(self.model.deliveries.items())
+            if d.status == model.P and d.next_attempt_at <= self.model.now
+        ][:3]
         if len({d.attempts for d in due}) < 2:
             return []
         return [w for w in (0, 1) if not self.held[w]]
@@ -382,8 +471,11 @@ class OutboxCheck(KindCheck):
         reports = [model.Report(h.claim, h.result) for h in held]
         if len({r.claim.attempt for r in reports}) > 1:
             self.event("batch of mixed attempts")
-        label = f"record_batch(w{w}, " + ", ".join(f"{r.claim.id}@{r.claim.attempt} {r.result}"
-                                                     for r in reports) + ")"
+        label = (
+            f"record_batch(w{w}, "
+            + ", ".join(f"{r.claim.id}@{r.claim.attempt} {r.result}" for r in reports)
+            + ")"
+        )
         owners = [self._fence(r.claim) for r in reports]
 
         def impl_op(conn):
@@ -394,8 +486,13 @@ class OutboxCheck(KindCheck):
                         self.writes.append(Write(str(run), token, isinstance(row, Won), owner))
             return got
 
-        got = self.apply(worker, label, lambda m: m.record_batch(reports), impl_op,
-                         on_error=lambda: self.forget(worker))
+        got = self.apply(
+            worker,
+            label,
+            lambda m: m.record_batch(reports),
+            impl_op,
+            on_error=lambda: self.forget(worker),
+        )
         for row in got.value if isinstance(got, Won) else ():
             if isinstance(row, LostRace):
                 self.event("fence rejection")
@@ -407,18 +504,27 @@ class OutboxCheck(KindCheck):
     def extend_lease(self, data) -> None:
         w, i = self._pick(data)
         worker, h = self.workers[w], self.held[w][i]
-        got = self.apply(worker, f"extend_lease(w{w}, {h.claim.id}, attempt={h.claim.attempt})",
-                         lambda m: m.extend_lease(h.claim),
-                         lambda c: self.store.extend_lease(c, h.claim),
-                         on_error=lambda: self.forget(worker), fenced=lambda: self._fence(h.claim))
+        got = self.apply(
+            worker,
+            f"extend_lease(w{w}, {h.claim.id}, attempt={h.claim.attempt})",
+            lambda m: m.extend_lease(h.claim),
+            lambda c: self.store.extend_lease(c, h.claim),
+            on_error=lambda: self.forget(worker),
+            fenced=lambda: self._fence(h.claim),
+        )
         if isinstance(got, LostRace):
             self.event("fence rejection")
             self.held[w].pop(h.claim.id, None)
 
     @rule(w=st.integers(0, 1))
     def reclaim_stale(self, w: int) -> None:
-        got = self.apply(self.workers[w], f"reclaim_stale(w{w})", lambda m: m.reclaim_stale(),
-                         lambda c: self.store.reclaim_stale(c), guarantee="lease")
+        got = self.apply(
+            self.workers[w],
+            f"reclaim_stale(w{w})",
+            lambda m: m.reclaim_stale(),
+            lambda c: self.store.reclaim_stale(c),
+            guarantee="lease",
+        )
         if isinstance(got, Won) and got.value:
             self.event("reclaim", len(got.value))
 
@@ -442,14 +548,20 @@ class OutboxCheck(KindCheck):
         self.log(f"{label} -> {fmt(got_a)}")
         if got_a != exp_a:
             wa.abandon()
-            self.fail(f"{label}: implementation answered {fmt(got_a)}, "
-                      f"the model expects {fmt(exp_a)}",
-                      otherwise="claim")
+            self.fail(
+                f"{label}: implementation answered {fmt(got_a)}, the model expects {fmt(exp_a)}",
+                otherwise="claim",
+            )
         self.model = trial
         self.candidates = [Candidate(trial)]
-        got_b = self.apply(wb, f"claim_race: w1 claim(batch={bb}) while w0's claim is open",
-                           lambda m: m.claim(bb), lambda c: self.store.claim(c, bb),
-                           on_error=lambda: self.forget(wb), guarantee="claim")
+        got_b = self.apply(
+            wb,
+            f"claim_race: w1 claim(batch={bb}) while w0's claim is open",
+            lambda m: m.claim(bb),
+            lambda c: self.store.claim(c, bb),
+            on_error=lambda: self.forget(wb),
+            guarantee="claim",
+        )
         try:
             errors.commit(conn_a, "outbox.claim")
         except errors.CommitIndeterminate as e:
@@ -484,10 +596,15 @@ class _AppClockReaper(impl.OutboxStore):
     """The reaper judges leases by the application's clock, not the database's."""
 
     def reclaim_stale(self, conn):
-        q = sql_edit(self.q, "reclaim_stale", "lease_until <= now()",
-                     "lease_until <= %(app_now)s")["reclaim_stale"]
-        rows = self._one_tx(conn, "reclaim_stale", q, {"max_attempts": self.config.max_attempts,
-                                                        "app_now": datetime.now(timezone.utc)})
+        q = sql_edit(self.q, "reclaim_stale", "lease_until <= now()", "lease_until <= %(app_now)s")[
+            "reclaim_stale"
+        ]
+        rows = self._one_tx(
+            conn,
+            "reclaim_stale",
+            q,
+            {"max_attempts": self.config.max_attempts, "app_now": datetime.now(timezone.utc)},
+        )
         return Won(tuple(sorted(r[0] for r in rows)))
 
 
@@ -495,59 +612,122 @@ class _AppClockLease(impl.OutboxStore):
     """The claim stamps the lease from the application's clock, not the database's."""
 
     def begin_claim(self, conn, batch):
-        q = sql_edit(self.q, "claim_due", "lease_until = now() +",
-                     "lease_until = %(app_now)s::timestamptz +")["claim_due"]
+        q = sql_edit(
+            self.q, "claim_due", "lease_until = now() +", "lease_until = %(app_now)s::timestamptz +"
+        )["claim_due"]
         with errors.boundary("outbox.claim"):
-            rows = conn.execute(q, {"batch": batch, "lease": self.config.lease,
-                                    "app_now": datetime.now(timezone.utc)}).fetchall()
+            rows = conn.execute(
+                q,
+                {"batch": batch, "lease": self.config.lease, "app_now": datetime.now(timezone.utc)},
+            ).fetchall()
         return sorted(((model.Claim(r[0], r[1]), r[2]) for r in rows), key=lambda c: c[0].id)
 
 
 MUTANTS = [
-    Mutant("unfenced-complete", "outbox", "lease-fence",
-           "the terminal write does not match attempts = <claimed attempt>",
-           _edit("complete", "AND attempts = %(attempt)s", "")),
-    Mutant("unconditional-complete", "outbox", "conditional-transition",
-           "the terminal write is not conditional on status = 'processing'",
-           _edit("complete", "AND status = 'processing' ", "")),
-    Mutant("unfenced-retry", "outbox", "lease-fence",
-           "a failed send is recorded without the attempts fence",
-           _edit("fail", "AND status = 'processing' AND attempts = %(attempt)s",
-                 "AND status = 'processing'")),
-    Mutant("claim-without-bump", "outbox", "lease-fence",
-           "the claim does not bump attempts, so the fence token never changes",
-           _edit("claim_due", "attempts = d.attempts + 1", "attempts = d.attempts")),
-    Mutant("claim-without-skip-locked", "outbox", "claim",
-           "the claim waits on rows another worker is claiming (FOR UPDATE without SKIP LOCKED)",
-           _edit("claim_due", "FOR UPDATE SKIP LOCKED", "FOR UPDATE")),
-    Mutant("reaper-app-clock", "outbox", "lease",
-           "the reaper compares leases with the application clock "
-           "(the database clock stamped them)",
-           with_attrs(store_class=_AppClockReaper), needs=("db-clock",)),
-    Mutant("lease-app-clock", "outbox", "lease",
-           "the claim stamps its lease with the application clock "
-           "(the reaper reads the database clock)",
-           with_attrs(store_class=_AppClockLease), needs=("db-clock",)),
-    Mutant("reaper-ignores-lease", "outbox", "lease",
-           "the reaper takes back every processing row, live leases included",
-           _edit("reclaim_stale", "AND lease_until <= now()", "")),
-    Mutant("reaper-touches-terminal", "outbox", "terminal-answers-from-receipts",
-           "the reaper treats a missing lease as lapsed and does not check the status",
-           _edit("reclaim_stale", "WHERE status = 'processing' AND lease_until <= now()",
-                 "WHERE status <> 'pending' AND coalesce(lease_until, '-infinity') <= now()")),
-    Mutant("no-backoff", "outbox", "retry-policy",
-           "a retry is due at once instead of after an exponential backoff",
-           _edit("fail", "ELSE now() + make_interval(secs => least(%(cap)s, %(base)s * 2 ^ "
-                         "greatest(attempts - 1, 0)))",
-                 "ELSE now()")),
-    Mutant("batch-fenced-on-first-row", "outbox", "lease-fence",
-           "the batched completion matches every row against the first row's claimed attempt",
-           _edit("record_batch", "AND d.attempts = b.attempt",
-                 "AND d.attempts = (%(attempts)s::integer[])[1]")),
-    Mutant("never-dead", "outbox", "retry-policy",
-           "a failed send is retried forever: never dead at max attempts",
-           _edit("fail", "WHEN attempts >= %(max_attempts)s THEN 'dead'",
-                 "WHEN false THEN 'dead'")),
+    Mutant(
+        "unfenced-complete",
+        "outbox",
+        "lease-fence",
+        "the terminal write does not match attempts = <claimed attempt>",
+        _edit("complete", "AND attempts = %(attempt)s", ""),
+    ),
+    Mutant(
+        "unconditional-complete",
+        "outbox",
+        "conditional-transition",
+        "the terminal write is not conditional on status = 'processing'",
+        _edit("complete", "AND status = 'processing' ", ""),
+    ),
+    Mutant(
+        "unfenced-retry",
+        "outbox",
+        "lease-fence",
+        "a failed send is recorded without the attempts fence",
+        _edit(
+            "fail",
+            "AND status = 'processing' AND attempts = %(attempt)s",
+            "AND status = 'processing'",
+        ),
+    ),
+    Mutant(
+        "claim-without-bump",
+        "outbox",
+        "lease-fence",
+        "the claim does not bump attempts, so the fence token never changes",
+        _edit("claim_due", "attempts = d.attempts + 1", "attempts = d.attempts"),
+    ),
+    Mutant(
+        "claim-without-skip-locked",
+        "outbox",
+        "claim",
+        "the claim waits on rows another worker is claiming (FOR UPDATE without SKIP LOCKED)",
+        _edit("claim_due", "FOR UPDATE SKIP LOCKED", "FOR UPDATE"),
+    ),
+    Mutant(
+        "reaper-app-clock",
+        "outbox",
+        "lease",
+        "the reaper compares leases with the application clock (the database clock stamped them)",
+        with_attrs(store_class=_AppClockReaper),
+        needs=("db-clock",),
+    ),
+    Mutant(
+        "lease-app-clock",
+        "outbox",
+        "lease",
+        "the claim stamps its lease with the application clock "
+        "(the reaper reads the database clock)",
+        with_attrs(store_class=_AppClockLease),
+        needs=("db-clock",),
+    ),
+    Mutant(
+        "reaper-ignores-lease",
+        "outbox",
+        "lease",
+        "the reaper takes back every processing row, live leases included",
+        _edit("reclaim_stale", "AND lease_until <= now()", ""),
+    ),
+    Mutant(
+        "reaper-touches-terminal",
+        "outbox",
+        "terminal-answers-from-receipts",
+        "the reaper treats a missing lease as lapsed and does not check the status",
+        _edit(
+            "reclaim_stale",
+            "WHERE status = 'processing' AND lease_until <= now()",
+            "WHERE status <> 'pending' AND coalesce(lease_until, '-infinity') <= now()",
+        ),
+    ),
+    Mutant(
+        "no-backoff",
+        "outbox",
+        "retry-policy",
+        "a retry is due at once instead of after an exponential backoff",
+        _edit(
+            "fail",
+            "ELSE now() + make_interval(secs => least(%(cap)s, %(base)s * 2 ^ "
+            "greatest(attempts - 1, 0)))",
+            "ELSE now()",
+        ),
+    ),
+    Mutant(
+        "batch-fenced-on-first-row",
+        "outbox",
+        "lease-fence",
+        "the batched completion matches every row against the first row's claimed attempt",
+        _edit(
+            "record_batch",
+            "AND d.attempts = b.attempt",
+            "AND d.attempts = (%(attempts)s::integer[])[1]",
+        ),
+    ),
+    Mutant(
+        "never-dead",
+        "outbox",
+        "retry-policy",
+        "a failed send is retried forever: never dead at max attempts",
+        _edit("fail", "WHEN attempts >= %(max_attempts)s THEN 'dead'", "WHEN false THEN 'dead'"),
+    ),
 ]
 
 # The read-then-write races only a concurrent block reaches (``knownstate.chaos.race_mutants``).

@@ -11,5 +11,14 @@ from .server import DocumentServer, create_app
 from .session import HttpTransport, Session, Workspace
 from .store import DocumentStore, schema_sql
 
-__all__ = ["DocumentServer", "DocumentStore", "DraftStore", "DraftStoreError", "HttpTransport",
-           "Session", "Workspace", "create_app", "schema_sql"]
+__all__ = [
+    "DocumentServer",
+    "DocumentStore",
+    "DraftStore",
+    "DraftStoreError",
+    "HttpTransport",
+    "Session",
+    "Workspace",
+    "create_app",
+    "schema_sql",
+]

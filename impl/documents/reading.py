@@ -34,11 +34,13 @@ _ENTITY_TAG = re.compile(r'(W/)?"([\x21\x23-\x7e\x80-\xff]*)"')
 _VERSION_TAG = re.compile(r"[1-9][0-9]{0,18}")
 
 
-def error(status: int, error: str, message: str, headers: dict | None = None,
-          **extra) -> JSONResponse:
+def error(
+    status: int, error: str, message: str, headers: dict | None = None, **extra
+) -> JSONResponse:
     """The one error format of every 4xx (and 5xx): ``{"error", "message", ...}``."""
-    return JSONResponse({"error": error, "message": message, **extra}, status_code=status,
-                        headers=headers)
+    return JSONResponse(
+        {"error": error, "message": message, **extra}, status_code=status, headers=headers
+    )
 
 
 class BadRequest(Exception):
@@ -81,8 +83,7 @@ class RequestReader:
     def header(self, headers, name: str) -> str | None:
         values = headers.getlist(name)
         if len(values) > 1:
-            raise BadRequest(400, "bad_request",
-                             f"{len(values)} {name} headers: send exactly one")
+            raise BadRequest(400, "bad_request", f"{len(values)} {name} headers: send exactly one")
         return values[0] if values else None
 
     def user(self, headers) -> str | None:
@@ -98,20 +99,28 @@ class RequestReader:
             m = Message()
             m["content-type"] = value
             params = {k.lower(): v.lower() for k, v in m.get_params()[1:]}
-            if m.get_content_type() == "application/json" and params.get("charset",
-                                                                          "utf-8") == "utf-8":
+            if (
+                m.get_content_type() == "application/json"
+                and params.get("charset", "utf-8") == "utf-8"
+            ):
                 return
-        raise BadRequest(415, "unsupported_media_type",
-                         f"Content-Type {value!r} is not JSON: send the body as JSON in UTF-8 "
-                         "with Content-Type: application/json")
+        raise BadRequest(
+            415,
+            "unsupported_media_type",
+            f"Content-Type {value!r} is not JSON: send the body as JSON in UTF-8 "
+            "with Content-Type: application/json",
+        )
 
     def decode(self, raw: bytes) -> str:
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise BadRequest(400, "bad_request",
-                             f"the body is not UTF-8 (byte 0x{raw[e.start]:02x} at offset "
-                             f"{e.start}): send JSON encoded as UTF-8") from None
+            raise BadRequest(
+                400,
+                "bad_request",
+                f"the body is not UTF-8 (byte 0x{raw[e.start]:02x} at offset "
+                f"{e.start}): send JSON encoded as UTF-8",
+            ) from None
 
     def object_from_pairs(self, pairs: list[tuple[str, object]]) -> dict:
         """One JSON object. A key twice is refused: which of the two was meant is a guess."""
@@ -128,19 +137,24 @@ class RequestReader:
 
     def parse(self, text: str) -> object:
         try:
-            return json.loads(text, object_pairs_hook=self.object_from_pairs,
-                              parse_constant=_no_constant)
+            return json.loads(
+                text, object_pairs_hook=self.object_from_pairs, parse_constant=_no_constant
+            )
         except _DuplicateKey as e:
-            raise BadRequest(400, "bad_request",
-                             f"the JSON body has the key {ascii(e.args[0])} twice in one object: "
-                             "send each key once") from None
+            raise BadRequest(
+                400,
+                "bad_request",
+                f"the JSON body has the key {ascii(e.args[0])} twice in one object: "
+                "send each key once",
+            ) from None
         except _NotJsonNumber as e:
             raise self.not_json(f"{e.args[0]} is not a JSON number") from None
         except json.JSONDecodeError as e:
             raise self.not_json(f"{e.msg} at line {e.lineno} column {e.colno}") from None
         except (RecursionError, ValueError) as e:
-            raise self.not_json(f"{type(e).__name__}, nested too deep or a number too long "
-                                "for this server to read") from None
+            raise self.not_json(
+                f"{type(e).__name__}, nested too deep or a number too long for this server to read"
+            ) from None
 
     def body(self, headers, raw: bytes) -> object:
         """The JSON value of a request body, read strictly."""
@@ -155,14 +169,20 @@ class RequestReader:
             return None
         value = value.strip(" \t")
         if value == "*":
-            raise BadRequest(428, "precondition_required",
-                             'If-Match: * names no version: send If-Match: "<version>" or '
-                             '"expectedVersion" in the body')
+            raise BadRequest(
+                428,
+                "precondition_required",
+                'If-Match: * names no version: send If-Match: "<version>" or '
+                '"expectedVersion" in the body',
+            )
         m = _ENTITY_TAG.fullmatch(value)
         if m is None:
-            raise BadRequest(400, "bad_request",
-                             'If-Match must be one entity tag, like "3" (the ETag of the '
-                             "version the save is based on)")
+            raise BadRequest(
+                400,
+                "bad_request",
+                'If-Match must be one entity tag, like "3" (the ETag of the '
+                "version the save is based on)",
+            )
         weak, opaque = m.groups()
         return IfMatch(value, self.tag_version(opaque, weak=bool(weak)))
 

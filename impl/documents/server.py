@@ -38,17 +38,26 @@ from fastapi import FastAPI, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr,
-                      ValidationError)
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from knownstate.chaos import tools
 from knownstate.impl.errors import KnownstateError
 from knownstate.model.contract import Rejected, Won
-from knownstate.model.document import (ID_PATTERN, MAX_BODY_BYTES, MAX_KEYS, MAX_VERSION,
-                                       USER_PATTERN, WRITER_PATTERN, Created, Saved, SeqTaken,
-                                       Snapshot, VersionConflict)
+from knownstate.model.document import (
+    ID_PATTERN,
+    MAX_BODY_BYTES,
+    MAX_KEYS,
+    MAX_VERSION,
+    USER_PATTERN,
+    WRITER_PATTERN,
+    Created,
+    Saved,
+    SeqTaken,
+    Snapshot,
+    VersionConflict,
+)
 
 from .reading import BadRequest, RequestReader, error
 from .store import DocumentStore, schema_sql
@@ -138,26 +147,41 @@ class ConflictOut(ErrorOut):
     content: dict
 
 
-UserHeader = Annotated[str | None, Header(alias="X-User",
-                                          description="The user making the request: a stand-in "
-                                                      "for authentication (see the README).")]
-IfMatchHeader = Annotated[str | None, Header(alias="If-Match",
-                                             description='The base version as its ETag, "3".')]
+UserHeader = Annotated[
+    str | None,
+    Header(
+        alias="X-User",
+        description="The user making the request: a stand-in for authentication (see the README).",
+    ),
+]
+IfMatchHeader = Annotated[
+    str | None, Header(alias="If-Match", description='The base version as its ETag, "3".')
+]
 IdPath = Annotated[str, Path(pattern=ID_PATTERN)]
 UserPath = Annotated[str, Path(pattern=USER_PATTERN)]
 
 _MESSAGES = {
     "not_found": (404, "no such document"),
     "forbidden": (403, "you may read this document but not write it"),
-    "precondition_required": (428, 'a save must carry its base version: "expectedVersion" in '
-                                   'the body or If-Match: "<version>"'),
-    "create_conflict": (409, "this (writerId, saveSeq) already created a different document: "
-                             "send a new saveSeq"),
+    "precondition_required": (
+        428,
+        'a save must carry its base version: "expectedVersion" in '
+        'the body or If-Match: "<version>"',
+    ),
+    "create_conflict": (
+        409,
+        "this (writerId, saveSeq) already created a different document: send a new saveSeq",
+    ),
     "not_owner": (403, "only the document's owner may see or change who has access to it"),
     "owner_access": (422, "the owner's own access cannot change: name another user"),
 }
-_STATUS_NAMES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
-                 413: "body_too_large", 415: "unsupported_media_type"}
+_STATUS_NAMES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+}
 
 
 def _won(out: Won | Rejected):
@@ -172,12 +196,15 @@ def _won(out: Won | Rejected):
 
 
 def _seq_taken(t: SeqTaken):
-    return error(409, "save_seq_taken",
-                 f"writerId {t.writer_id!r} already used saveSeq {t.seq} for other content "
-                 f"(it saved version {t.version}): a save identity names one save; send the "
-                 f"same request to retry it, or new content with saveSeq {t.last_seq + 1}",
-                 receipt={"writerId": t.writer_id, "saveSeq": t.seq, "version": t.version},
-                 lastSeq=t.last_seq)
+    return error(
+        409,
+        "save_seq_taken",
+        f"writerId {t.writer_id!r} already used saveSeq {t.seq} for other content "
+        f"(it saved version {t.version}): a save identity names one save; send the "
+        f"same request to retry it, or new content with saveSeq {t.last_seq + 1}",
+        receipt={"writerId": t.writer_id, "saveSeq": t.seq, "version": t.version},
+        lastSeq=t.last_seq,
+    )
 
 
 def _ok(body: dict, version: int, status: int = 200, **headers) -> JSONResponse:
@@ -187,8 +214,14 @@ def _ok(body: dict, version: int, status: int = 200, **headers) -> JSONResponse:
 def _describe(errors) -> str:
     parts = []
     for e in errors[:5]:
-        loc = ".".join(ascii(p) if not isinstance(p, str) or not p.isidentifier() else p
-                       for p in e.get("loc", ()) if p != "body") or "body"
+        loc = (
+            ".".join(
+                ascii(p) if not isinstance(p, str) or not p.isidentifier() else p
+                for p in e.get("loc", ())
+                if p != "body"
+            )
+            or "body"
+        )
         parts.append(f"{loc}: {ascii(e.get('msg', 'invalid'))[1:-1]}")
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
     return "; ".join(parts) + more
@@ -221,9 +254,11 @@ class _LeanRoute(APIRoute):
                 for name in path_names:
                     value, (what, pattern) = request.path_params[name], _PATH[name]
                     if not re.fullmatch(pattern, value):
-                        raise BadRequest(422, "invalid_request",
-                                         f"path.{name}: {ascii(value)} is not a {what} "
-                                         f"({pattern})")
+                        raise BadRequest(
+                            422,
+                            "invalid_request",
+                            f"path.{name}: {ascii(value)} is not a {what} ({pattern})",
+                        )
                     kwargs[name] = value
                 if body_model is not None:
                     reader: RequestReader = request.app.state.reader
@@ -297,13 +332,20 @@ class BodyLimit:
 # ---------------------------------------------------------------------------------------
 
 
-def create_app(store: DocumentStore, *, max_body_bytes: int = MAX_BODY_BYTES,
-               reader: RequestReader | None = None) -> FastAPI:
+def create_app(
+    store: DocumentStore,
+    *,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    reader: RequestReader | None = None,
+) -> FastAPI:
     """The ASGI app serving the document API from ``store`` (whose schema must be installed).
     The routes use ``app.state.store`` and ``app.state.reader`` per request, so a check may
     swap either between requests (:meth:`DocumentServer.use`)."""
-    app = FastAPI(title="knownstate documents", version="1",
-                  description="Versioned documents: compare-and-swap saves, explicit conflicts.")
+    app = FastAPI(
+        title="knownstate documents",
+        version="1",
+        description="Versioned documents: compare-and-swap saves, explicit conflicts.",
+    )
     app.router.route_class = _LeanRoute
     app.state.store = store
     app.state.reader = reader or RequestReader()
@@ -323,103 +365,182 @@ def create_app(store: DocumentStore, *, max_body_bytes: int = MAX_BODY_BYTES,
         headers = getattr(exc, "headers", None)
         message = ascii(str(exc.detail))[1:-1]
         if exc.status_code == 404:
-            message = (f"no route {ascii(request.url.path)[1:-1]}: the API is GET and PUT "
-                       "/api/desk/files/{id}, POST /api/desk/files (no trailing slash)")
+            message = (
+                f"no route {ascii(request.url.path)[1:-1]}: the API is GET and PUT "
+                "/api/desk/files/{id}, POST /api/desk/files (no trailing slash)"
+            )
         elif exc.status_code == 405:
             allowed = (headers or {}).get("Allow", "")
             message = f"{request.method} is not allowed on this route: use {allowed}"
-        return error(exc.status_code, _STATUS_NAMES.get(exc.status_code, "http_error"), message,
-                     headers=headers)
+        return error(
+            exc.status_code,
+            _STATUS_NAMES.get(exc.status_code, "http_error"),
+            message,
+            headers=headers,
+        )
 
     @app.exception_handler(KnownstateError)
     async def unavailable(_request: Request, exc: KnownstateError):
-        return error(503, "unavailable",
-                     "the document store is unreachable; retry the same request")
+        return error(
+            503, "unavailable", "the document store is unreachable; retry the same request"
+        )
 
-    common = {400: {"model": ErrorOut}, 401: {"model": ErrorOut}, 404: {"model": ErrorOut},
-              422: {"model": ErrorOut}, 503: {"model": ErrorOut}}
+    common = {
+        400: {"model": ErrorOut},
+        401: {"model": ErrorOut},
+        404: {"model": ErrorOut},
+        422: {"model": ErrorOut},
+        503: {"model": ErrorOut},
+    }
     writes = {403: {"model": ErrorOut}, 413: {"model": ErrorOut}, 415: {"model": ErrorOut}}
 
     def user_of(request: Request) -> str:
         """Who the request acts for (``X-User``, read strictly), or a 401."""
         user = app.state.reader.user(request.headers)
         if user is None:
-            raise BadRequest(401, "unauthenticated",
-                             "name the user in one X-User header ([A-Za-z0-9_.@-]{1,64})")
+            raise BadRequest(
+                401, "unauthenticated", "name the user in one X-User header ([A-Za-z0-9_.@-]{1,64})"
+            )
         return user
 
-    @app.get("/api/desk/files/{id}", responses={200: {"model": DocumentOut}, **common},
-             response_model=None, summary="Read a document")
+    @app.get(
+        "/api/desk/files/{id}",
+        responses={200: {"model": DocumentOut}, **common},
+        response_model=None,
+        summary="Read a document",
+    )
     def read_document(id: IdPath, request: Request, x_user: UserHeader = None):
         snap: Snapshot = _won(app.state.store.get(user_of(request), id))
-        return _ok({"id": snap.id, "kind": snap.kind, "schema": snap.schema,
-                    "version": snap.version, "content": snap.content}, snap.version)
+        return _ok(
+            {
+                "id": snap.id,
+                "kind": snap.kind,
+                "schema": snap.schema,
+                "version": snap.version,
+                "content": snap.content,
+            },
+            snap.version,
+        )
 
-    @app.put("/api/desk/files/{id}",
-             responses={200: {"model": SavedOut}, 409: {"model": ConflictOut},
-                        412: {"model": ConflictOut}, 428: {"model": ErrorOut}, **writes,
-                        **common},
-             response_model=None, summary="Save a document against its base version")
-    def save_document(id: IdPath, body: SaveBody, request: Request, x_user: UserHeader = None,
-                      if_match: IfMatchHeader = None):
+    @app.put(
+        "/api/desk/files/{id}",
+        responses={
+            200: {"model": SavedOut},
+            409: {"model": ConflictOut},
+            412: {"model": ConflictOut},
+            428: {"model": ErrorOut},
+            **writes,
+            **common,
+        },
+        response_model=None,
+        summary="Save a document against its base version",
+    )
+    def save_document(
+        id: IdPath,
+        body: SaveBody,
+        request: Request,
+        x_user: UserHeader = None,
+        if_match: IfMatchHeader = None,
+    ):
         user = user_of(request)
         expected, tag = body.expectedVersion, app.state.reader.if_match(request.headers)
         if tag is not None:
             if expected is not None and expected != tag.version:
-                raise BadRequest(400, "bad_request",
-                                 "If-Match and expectedVersion name different versions: "
-                                 "send one of them")
+                raise BadRequest(
+                    400,
+                    "bad_request",
+                    "If-Match and expectedVersion name different versions: send one of them",
+                )
             expected = tag.version if tag.version is not None else 0  # 0: no version's ETag
         out = app.state.store.put(user, id, expected, body.content, body.writerId, body.saveSeq)
         if isinstance(out, VersionConflict):
             if tag is not None:
-                return error(412, "precondition_failed",
-                             f"If-Match {tag.tag} does not match the current ETag "
-                             f'"{out.version}"', version=out.version, content=out.content)
-            return error(409, "version_conflict", "the document changed since your base version",
-                         version=out.version, content=out.content)
+                return error(
+                    412,
+                    "precondition_failed",
+                    f'If-Match {tag.tag} does not match the current ETag "{out.version}"',
+                    version=out.version,
+                    content=out.content,
+                )
+            return error(
+                409,
+                "version_conflict",
+                "the document changed since your base version",
+                version=out.version,
+                content=out.content,
+            )
         if isinstance(out, SeqTaken):
             return _seq_taken(out)
         saved: Saved = _won(out)
         return _ok({"id": id, "version": saved.version, "replayed": saved.replayed}, saved.version)
 
-    @app.post("/api/desk/files", status_code=201,
-              responses={201: {"model": SavedOut}, 409: {"model": ErrorOut}, **writes, **common},
-              response_model=None, summary="Create a document (or keep a local copy as a new one)")
+    @app.post(
+        "/api/desk/files",
+        status_code=201,
+        responses={201: {"model": SavedOut}, 409: {"model": ErrorOut}, **writes, **common},
+        response_model=None,
+        summary="Create a document (or keep a local copy as a new one)",
+    )
     def create_document(body: CreateBody, request: Request, x_user: UserHeader = None):
         user = user_of(request)
         if body.copyOf is None and body.kind is None:
             return error(422, "invalid_request", 'name "copyOf", or "kind" and "schema"')
         if body.copyOf is not None and (body.kind is not None or body.schema_ is not None):
-            return error(422, "invalid_request", '"copyOf" takes the kind and schema of the '
-                                                 'original: do not send "kind" or "schema" with it')
-        c: Created = _won(app.state.store.create(user, body.writerId, body.saveSeq, body.content,
-                                                 copy_of=body.copyOf, kind=body.kind,
-                                                 schema=body.schema_))
-        return _ok({"id": c.id, "version": c.version, "replayed": c.replayed}, c.version,
-                   status=200 if c.replayed else 201, Location=f"/api/desk/files/{c.id}")
+            return error(
+                422,
+                "invalid_request",
+                '"copyOf" takes the kind and schema of the '
+                'original: do not send "kind" or "schema" with it',
+            )
+        c: Created = _won(
+            app.state.store.create(
+                user,
+                body.writerId,
+                body.saveSeq,
+                body.content,
+                copy_of=body.copyOf,
+                kind=body.kind,
+                schema=body.schema_,
+            )
+        )
+        return _ok(
+            {"id": c.id, "version": c.version, "replayed": c.replayed},
+            c.version,
+            status=200 if c.replayed else 201,
+            Location=f"/api/desk/files/{c.id}",
+        )
 
     # -- sharing: the owner decides who may read and who may write -----------------------------
     owner_only = {403: {"model": ErrorOut}, **common}
 
-    @app.put("/api/desk/files/{id}/acl/{user}", responses={200: {"model": SharedOut}, **writes,
-                                                           **owner_only},
-             response_model=None, summary="Share a document: let a user read it, or write it")
-    def share_document(id: IdPath, user: UserPath, body: ShareBody, request: Request,
-                       x_user: UserHeader = None):
+    @app.put(
+        "/api/desk/files/{id}/acl/{user}",
+        responses={200: {"model": SharedOut}, **writes, **owner_only},
+        response_model=None,
+        summary="Share a document: let a user read it, or write it",
+    )
+    def share_document(
+        id: IdPath, user: UserPath, body: ShareBody, request: Request, x_user: UserHeader = None
+    ):
         can_write = _won(app.state.store.share(user_of(request), id, user, body.canWrite))
         return JSONResponse({"id": id, "user": user, "canWrite": can_write})
 
-    @app.delete("/api/desk/files/{id}/acl/{user}",
-                responses={200: {"model": RevokedOut}, **owner_only}, response_model=None,
-                summary="Stop sharing a document with a user")
-    def unshare_document(id: IdPath, user: UserPath, request: Request,
-                         x_user: UserHeader = None):
+    @app.delete(
+        "/api/desk/files/{id}/acl/{user}",
+        responses={200: {"model": RevokedOut}, **owner_only},
+        response_model=None,
+        summary="Stop sharing a document with a user",
+    )
+    def unshare_document(id: IdPath, user: UserPath, request: Request, x_user: UserHeader = None):
         revoked = _won(app.state.store.unshare(user_of(request), id, user))
         return JSONResponse({"id": id, "user": user, "revoked": revoked})
 
-    @app.get("/api/desk/files/{id}/acl", responses={200: {"model": AccessOut}, **owner_only},
-             response_model=None, summary="Who may read (false) and write (true) a document")
+    @app.get(
+        "/api/desk/files/{id}/acl",
+        responses={200: {"model": AccessOut}, **owner_only},
+        response_model=None,
+        summary="Who may read (false) and write (true) a document",
+    )
     def access_list(id: IdPath, request: Request, x_user: UserHeader = None):
         owner = user_of(request)
         access = _won(app.state.store.access_list(owner, id))
@@ -438,8 +559,16 @@ class DocumentServer:
     ``with DocumentServer(dsn) as server: ... server.url``. The server owns its store and
     closes it when it stops."""
 
-    def __init__(self, dsn: str, *, host: str = "127.0.0.1", port: int | None = None,
-                 connect_timeout: float = 3.0, pool_size: int | None = 8, **app_options):
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        connect_timeout: float = 3.0,
+        pool_size: int | None = 8,
+        **app_options,
+    ):
         self.dsn, self.host, self.port = dsn, host, port
         store = DocumentStore(dsn, connect_timeout=connect_timeout, pool_size=pool_size)
         self.app = create_app(store, **app_options)
@@ -466,11 +595,19 @@ class DocumentServer:
 
     def start(self) -> "DocumentServer":
         self.port = self.port or tools.free_port()
-        config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
-                                access_log=False, lifespan="off", timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            self.app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+        )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name=f"documents:{self.port}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, name=f"documents:{self.port}", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:

@@ -27,14 +27,39 @@ import httpx
 
 from knownstate.model.contract import IllegalTransition, Rejected, Won
 from knownstate.model.document_kinds import MergeUnsupported
-from knownstate.model.document_protocol import (Answer, Created, NoAnswer, ReadRequest, Request,
-                                                Saved, SaveRequest, SeqTaken, Snapshot,
-                                                VersionConflict)
-from knownstate.model.document_session import (TABLE, CloseResult, DraftPort, SessionCore, State,
-                                               UnsavedWork)
+from knownstate.model.document_protocol import (
+    Answer,
+    Created,
+    NoAnswer,
+    ReadRequest,
+    Request,
+    Saved,
+    SaveRequest,
+    SeqTaken,
+    Snapshot,
+    VersionConflict,
+)
+from knownstate.model.document_session import (
+    TABLE,
+    CloseResult,
+    DraftPort,
+    SessionCore,
+    State,
+    UnsavedWork,
+)
 
-__all__ = ["Session", "HttpTransport", "Transport", "Workspace", "State", "TABLE", "CloseResult",
-           "UnsavedWork", "IllegalTransition", "MergeUnsupported"]
+__all__ = [
+    "Session",
+    "HttpTransport",
+    "Transport",
+    "Workspace",
+    "State",
+    "TABLE",
+    "CloseResult",
+    "UnsavedWork",
+    "IllegalTransition",
+    "MergeUnsupported",
+]
 
 
 # ---------------------------------------------------------------------------------------
@@ -65,15 +90,29 @@ class HttpTransport:
         headers = {"X-User": request.user}
         try:
             if isinstance(request, SaveRequest):
-                r = self.client.put(f"/api/desk/files/{request.doc_id}", headers=headers, json={
-                    "expectedVersion": request.base_version, "content": request.content,
-                    "writerId": request.writer_id, "saveSeq": request.seq})
+                r = self.client.put(
+                    f"/api/desk/files/{request.doc_id}",
+                    headers=headers,
+                    json={
+                        "expectedVersion": request.base_version,
+                        "content": request.content,
+                        "writerId": request.writer_id,
+                        "saveSeq": request.seq,
+                    },
+                )
             elif isinstance(request, ReadRequest):
                 r = self.client.get(f"/api/desk/files/{request.doc_id}", headers=headers)
             else:
-                r = self.client.post("/api/desk/files", headers=headers, json={
-                    "copyOf": request.copy_of, "content": request.content,
-                    "writerId": request.writer_id, "saveSeq": request.seq})
+                r = self.client.post(
+                    "/api/desk/files",
+                    headers=headers,
+                    json={
+                        "copyOf": request.copy_of,
+                        "content": request.content,
+                        "writerId": request.writer_id,
+                        "saveSeq": request.seq,
+                    },
+                )
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             return NoAnswer(f"unreachable: {type(e).__name__}")
         except httpx.TransportError as e:
@@ -92,8 +131,11 @@ class HttpTransport:
             return NoAnswer(f"garbled: {r.status_code} answer is not JSON")
         if r.status_code in (200, 201):
             if isinstance(request, ReadRequest):
-                return Won(Snapshot(body["id"], body["kind"], body["schema"], body["version"],
-                                    body["content"]))
+                return Won(
+                    Snapshot(
+                        body["id"], body["kind"], body["schema"], body["version"], body["content"]
+                    )
+                )
             if isinstance(request, SaveRequest):
                 return Won(Saved(body["version"], bool(body.get("replayed"))))
             return Won(Created(body["id"], body["version"], bool(body.get("replayed"))))
@@ -103,10 +145,11 @@ class HttpTransport:
             return VersionConflict("version_conflict", body["version"], body["content"])
         if r.status_code == 409 and error == "save_seq_taken":
             receipt = body["receipt"]
-            return SeqTaken(error, receipt["writerId"], receipt["saveSeq"], receipt["version"],
-                            body["lastSeq"])
+            return SeqTaken(
+                error, receipt["writerId"], receipt["saveSeq"], receipt["version"], body["lastSeq"]
+            )
         if error in ("not_found", "forbidden", "precondition_required", "create_conflict"):
-            return Rejected(error)          # the model's reasons, word for word
+            return Rejected(error)  # the model's reasons, word for word
         if error == "invalid_content":
             return Rejected(f"invalid: {message}")
         return Rejected(f"{error}: {message}")
@@ -122,13 +165,30 @@ class Session(SessionCore):
     ``transport`` and keeping its drafts in ``drafts``. A fresh ``writer_id`` per session
     unless given (give the same one to restore a tab's draft)."""
 
-    def __init__(self, doc_id: str, *, user: str, kind: str, drafts: DraftPort,
-                 transport: Transport | None = None, writer_id: str | None = None,
-                 debounce: float = 1.0, retry_delay: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic):
-        super().__init__(doc_id, user=user, kind=kind, writer_id=writer_id or uuid.uuid4().hex[:12],
-                         drafts=drafts, send=transport.send if transport is not None else None,
-                         clock=clock, debounce=debounce, retry_delay=retry_delay)
+    def __init__(
+        self,
+        doc_id: str,
+        *,
+        user: str,
+        kind: str,
+        drafts: DraftPort,
+        transport: Transport | None = None,
+        writer_id: str | None = None,
+        debounce: float = 1.0,
+        retry_delay: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        super().__init__(
+            doc_id,
+            user=user,
+            kind=kind,
+            writer_id=writer_id or uuid.uuid4().hex[:12],
+            drafts=drafts,
+            send=transport.send if transport is not None else None,
+            clock=clock,
+            debounce=debounce,
+            retry_delay=retry_delay,
+        )
         self.transport = transport
 
     async def aclose(self, max_failures: int = 2) -> CloseResult:
@@ -150,9 +210,14 @@ class Workspace:
     def open_panel(self, doc_id: str, kind: str) -> Session:
         s = self.sessions.get(doc_id)
         if s is None or s.state is State.CLOSED:
-            s = self.sessions[doc_id] = Session(doc_id, user=self.user, kind=kind,
-                                                drafts=self.drafts, transport=self.transport,
-                                                **self.options)
+            s = self.sessions[doc_id] = Session(
+                doc_id,
+                user=self.user,
+                kind=kind,
+                drafts=self.drafts,
+                transport=self.transport,
+                **self.options,
+            )
             s.open()
         self.panels[doc_id] = self.panels.get(doc_id, 0) + 1
         return s

@@ -33,11 +33,30 @@ from psycopg_pool import ConnectionPool, NullConnectionPool
 from knownstate.impl import queries as named_queries
 from knownstate.impl.errors import boundary, is_connection_error
 from knownstate.model.contract import Rejected, Won
-from knownstate.model.document import (FORBIDDEN, KINDS, NOT_FOUND, NOT_OWNER, OWNER_ACCESS,
-                                       PRECONDITION_REQUIRED, CopyRequest, Created, DocView,
-                                       HistoryEntry, Kind, KindError, Saved, SaveRequest,
-                                       SeqTaken, Snapshot, VersionConflict, create_fingerprint,
-                                       created_id, kind_of, new_document, save_fingerprint)
+from knownstate.model.document import (
+    FORBIDDEN,
+    KINDS,
+    NOT_FOUND,
+    NOT_OWNER,
+    OWNER_ACCESS,
+    PRECONDITION_REQUIRED,
+    CopyRequest,
+    Created,
+    DocView,
+    HistoryEntry,
+    Kind,
+    KindError,
+    Saved,
+    SaveRequest,
+    SeqTaken,
+    Snapshot,
+    VersionConflict,
+    create_fingerprint,
+    created_id,
+    kind_of,
+    new_document,
+    save_fingerprint,
+)
 
 Q = named_queries.load("documents.sql")
 
@@ -52,21 +71,36 @@ class DocumentStore:
 
     kinds: Mapping[str, Kind] = KINDS
 
-    def __init__(self, dsn: str, *, pool_size: int | None = 8, connect_timeout: float = 3.0,
-                 queries: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        pool_size: int | None = 8,
+        connect_timeout: float = 3.0,
+        queries: Mapping[str, str] | None = None,
+    ):
         self.dsn = dsn
         self.connect_timeout = connect_timeout
         self.q = dict(queries) if queries is not None else Q
-        kwargs = {"autocommit": True, "connect_timeout": max(1, round(connect_timeout)),
-                  "application_name": "knownstate-documents"}
+        kwargs = {
+            "autocommit": True,
+            "connect_timeout": max(1, round(connect_timeout)),
+            "application_name": "knownstate-documents",
+        }
         if pool_size is None:
-            self.pool: ConnectionPool = NullConnectionPool(dsn, kwargs=kwargs, open=True,
-                                                           timeout=connect_timeout)
+            self.pool: ConnectionPool = NullConnectionPool(
+                dsn, kwargs=kwargs, open=True, timeout=connect_timeout
+            )
         else:
-            self.pool = ConnectionPool(dsn, kwargs={**kwargs, "prepare_threshold": 0},
-                                       min_size=min(2, pool_size), max_size=pool_size,
-                                       timeout=connect_timeout, open=True,
-                                       name=f"documents-{id(self):x}")
+            self.pool = ConnectionPool(
+                dsn,
+                kwargs={**kwargs, "prepare_threshold": 0},
+                min_size=min(2, pool_size),
+                max_size=pool_size,
+                timeout=connect_timeout,
+                open=True,
+                name=f"documents-{id(self):x}",
+            )
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[psycopg.Connection]:
@@ -97,12 +131,27 @@ class DocumentStore:
             conn.execute(schema_sql(), prepare=False)
 
     # -- administration -------------------------------------------------------------------
-    def seed(self, doc_id: str, kind: str, schema: Mapping, content: Mapping, owner: str,
-             share: Mapping[str, bool] | None = None) -> None:
+    def seed(
+        self,
+        doc_id: str,
+        kind: str,
+        schema: Mapping,
+        content: Mapping,
+        owner: str,
+        share: Mapping[str, bool] | None = None,
+    ) -> None:
         schema = new_document(kind, schema, content, self.kinds)
         with boundary("seed document"), self._connect() as conn, conn.transaction():
-            conn.execute(self.q["seed"], {"id": doc_id, "kind": kind, "schema": Jsonb(schema),
-                                          "content": Jsonb(dict(content)), "owner": owner})
+            conn.execute(
+                self.q["seed"],
+                {
+                    "id": doc_id,
+                    "kind": kind,
+                    "schema": Jsonb(schema),
+                    "content": Jsonb(dict(content)),
+                    "owner": owner,
+                },
+            )
             for user, can_write in {owner: True, **dict(share or {})}.items():
                 conn.execute(self.q["grant"], {"id": doc_id, "user": user, "can_write": can_write})
 
@@ -158,8 +207,9 @@ class DocumentStore:
                 self.kind(row[0]).validate_patch(row[1], patch)
             except KindError as e:
                 return Rejected(f"invalid: {e}")
-            out = conn.execute(self.q["server_write"],
-                               {"id": doc_id, "patch": Jsonb(dict(patch))}).fetchone()
+            out = conn.execute(
+                self.q["server_write"], {"id": doc_id, "patch": Jsonb(dict(patch))}
+            ).fetchone()
         return Won(Saved(out[0])) if out else NOT_FOUND
 
     def documents(self, conn: psycopg.Connection | None = None) -> dict[str, DocView]:
@@ -172,8 +222,10 @@ class DocumentStore:
         by_doc: dict[str, list[HistoryEntry]] = {}
         for doc_id, version, base, author, writer, seq in hist:
             by_doc.setdefault(doc_id, []).append(HistoryEntry(version, base, author, writer, seq))
-        return {i: DocView(i, kind, version, content, tuple(by_doc.get(i, ())))
-                for i, kind, version, content in docs}
+        return {
+            i: DocView(i, kind, version, content, tuple(by_doc.get(i, ())))
+            for i, kind, version, content in docs
+        }
 
     def applied(self, request: SaveRequest | CopyRequest) -> int | None:
         """The version a session's save (or copy) produced, or None if it never landed: what a
@@ -182,8 +234,7 @@ class DocumentStore:
             doc_id = request.doc_id
         else:
             doc_id = created_id(request.user, request.writer_id, request.seq)
-        args = {"id": doc_id, "user": request.user, "writer": request.writer_id,
-                "seq": request.seq}
+        args = {"id": doc_id, "user": request.user, "writer": request.writer_id, "seq": request.seq}
         with boundary("read history"), self._connect() as conn:
             row = conn.execute(self.q["applied"], args).fetchone()
         return row[0] if row else None
@@ -201,13 +252,20 @@ class DocumentStore:
         kind, schema, content, version, _ = row
         return Won(Snapshot(doc_id, kind, schema, version, content))
 
-    def put(self, user: str, doc_id: str, expected: int | None, content: Mapping, writer_id: str,
-            seq: int) -> Won | VersionConflict | SeqTaken | Rejected:
+    def put(
+        self,
+        user: str,
+        doc_id: str,
+        expected: int | None,
+        content: Mapping,
+        writer_id: str,
+        seq: int,
+    ) -> Won | VersionConflict | SeqTaken | Rejected:
         args = {"id": doc_id, "user": user}
         with boundary("save document"), self._connect() as conn:
             row = conn.execute(self.q["access_kind"], args).fetchone()
             if row is None:
-                return NOT_FOUND                  # authorization first: nothing revealed
+                return NOT_FOUND  # authorization first: nothing revealed
             kind, schema, can_write = row
             if not can_write:
                 return FORBIDDEN
@@ -219,8 +277,10 @@ class DocumentStore:
                 return Rejected(f"invalid: {e}")
             fp = save_fingerprint(user, expected, content)
             args.update(writer=writer_id, seq=seq)
-            saved = conn.execute(self.q["save"], {**args, "expected": expected, "fingerprint": fp,
-                                                  "content": Jsonb(dict(content))}).fetchone()
+            saved = conn.execute(
+                self.q["save"],
+                {**args, "expected": expected, "fingerprint": fp, "content": Jsonb(dict(content))},
+            ).fetchone()
             if saved is not None:
                 return Won(Saved(saved[0]))
             # The CAS missed: access lost meanwhile, this save identity saved before (a retry,
@@ -237,9 +297,17 @@ class DocumentStore:
             return SeqTaken("save_seq_taken", writer_id, seq, receipt_version, last_seq)
         return VersionConflict("version_conflict", version, stored)
 
-    def create(self, user: str, writer_id: str, seq: int, content: Mapping, *,
-               copy_of: str | None = None, kind: str | None = None,
-               schema: Mapping | None = None) -> Won | Rejected:
+    def create(
+        self,
+        user: str,
+        writer_id: str,
+        seq: int,
+        content: Mapping,
+        *,
+        copy_of: str | None = None,
+        kind: str | None = None,
+        schema: Mapping | None = None,
+    ) -> Won | Rejected:
         with boundary("create document"), self._connect() as conn:
             if copy_of is not None:
                 row = conn.execute(self.q["access_kind"], {"id": copy_of, "user": user}).fetchone()
@@ -253,9 +321,16 @@ class DocumentStore:
             new_id = created_id(user, writer_id, seq)
             fp = create_fingerprint(user, kind, schema, content)
             args = {"id": new_id, "user": user, "writer": writer_id, "seq": seq}
-            row = conn.execute(self.q["create"], {**args, "kind": kind, "schema": Jsonb(schema),
-                                                  "content": Jsonb(dict(content)),
-                                                  "fingerprint": fp}).fetchone()
+            row = conn.execute(
+                self.q["create"],
+                {
+                    **args,
+                    "kind": kind,
+                    "schema": Jsonb(schema),
+                    "content": Jsonb(dict(content)),
+                    "fingerprint": fp,
+                },
+            ).fetchone()
             if row is not None:
                 return Won(Created(new_id, 1))
             existing = conn.execute(self.q["created"], args).fetchone()

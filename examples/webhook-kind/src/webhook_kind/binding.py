@@ -43,10 +43,16 @@ ANSWER = {lib.DELIVERED: OK, lib.RETRY: RETRY, lib.REJECTED: PERMANENT}
 class WebhookAdapter(Adapter):
     schema = lib.SCHEMA
     queries = lib.QUERIES
-    guards = {"fence": "AND attempts = %(attempt)s", "status": "AND status = 'delivering'",
-              "lease": "AND lease_until <= now()", "skip_locked": "SKIP LOCKED"}
-    read_query = ("SELECT event_key AS key, status, attempts, next_attempt_at AS due, "
-                  "lease_until FROM webhook_delivery")
+    guards = {
+        "fence": "AND attempts = %(attempt)s",
+        "status": "AND status = 'delivering'",
+        "lease": "AND lease_until <= now()",
+        "skip_locked": "SKIP LOCKED",
+    }
+    read_query = (
+        "SELECT event_key AS key, status, attempts, next_attempt_at AS due, "
+        "lease_until FROM webhook_delivery"
+    )
 
     def queue(self, conn) -> lib.Deliveries:
         t = self.timing  # the description's durations, as the gate runs them

@@ -103,8 +103,9 @@ class Delivery:
 class Deliveries:
     """The queue's operations, each one transaction on the caller's connection."""
 
-    def __init__(self, conn: AsyncConnection, config: Config = Config(),
-                 queries: dict[str, str] = QUERIES):
+    def __init__(
+        self, conn: AsyncConnection, config: Config = Config(), queries: dict[str, str] = QUERIES
+    ):
         self.conn, self.config, self.q = conn, config, queries
 
     async def _run(self, name: str, params: dict) -> list[tuple]:
@@ -114,8 +115,9 @@ class Deliveries:
 
     async def publish(self, event_key: str, endpoint: str, payload: dict) -> int | None:
         """The delivery's id; None when the event was already published (the same delivery)."""
-        rows = await self._run("publish", {"key": event_key, "endpoint": endpoint,
-                                           "payload": Jsonb(payload)})
+        rows = await self._run(
+            "publish", {"key": event_key, "endpoint": endpoint, "payload": Jsonb(payload)}
+        )
         return rows[0][0] if rows else None
 
     async def claim(self, batch: int) -> list[Delivery]:
@@ -133,9 +135,18 @@ class Deliveries:
     async def failed(self, d: Delivery, permanent: bool, error: str) -> str | None:
         """The delivery's new status; None when it is no longer this worker's."""
         c = self.config
-        rows = await self._run("failed", {
-            "id": d.id, "attempt": d.attempt, "permanent": permanent, "error": error,
-            "max_attempts": c.max_attempts, "base": c.backoff_base, "cap": c.backoff_cap})
+        rows = await self._run(
+            "failed",
+            {
+                "id": d.id,
+                "attempt": d.attempt,
+                "permanent": permanent,
+                "error": error,
+                "max_attempts": c.max_attempts,
+                "base": c.backoff_base,
+                "cap": c.backoff_cap,
+            },
+        )
         return rows[0][0] if rows else None
 
     async def reap(self) -> list[str]:
@@ -148,8 +159,9 @@ async def deliver(d: Delivery, url: str | None = None, timeout: float = 5.0) -> 
     """POST the event to its endpoint (or ``url``): delivered, retry (5xx) or rejected (4xx).
     Raises httpx.TransportError when no answer came (the receiver may still have it)."""
     async with httpx.AsyncClient(timeout=timeout, verify=TLS) as client:
-        r = await client.post(url or d.endpoint, json=d.payload,
-                              headers={"Idempotency-Key": d.event_key})
+        r = await client.post(
+            url or d.endpoint, json=d.payload, headers={"Idempotency-Key": d.event_key}
+        )
     if r.status_code < 300:
         return DELIVERED
     return REJECTED if 400 <= r.status_code < 500 else RETRY

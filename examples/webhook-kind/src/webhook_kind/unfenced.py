@@ -23,5 +23,4 @@ class UnfencedAdapter(WebhookAdapter):
     guards = {k: v for k, v in WebhookAdapter.guards.items() if k != "fence"}
 
 
-UnfencedWebhookKind = kind(WEBHOOK.model_copy(update={"name": "webhook-unfenced"}),
-                           UnfencedAdapter)
+UnfencedWebhookKind = kind(WEBHOOK.model_copy(update={"name": "webhook-unfenced"}), UnfencedAdapter)
