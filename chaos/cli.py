@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from . import kinds, memory
+from . import kinds, memory, outpath
 from .check import PROFILES, EnvironmentFault, Env, run_check
 from .cluster import Unavailable, resolve_dsn
 from .mutants import catalogue_problems
@@ -41,6 +41,7 @@ from .report import (
     write_reports,
 )
 from . import tools
+from .outpath import OutputError
 from .tools import MissingTool
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ENVIRONMENT = 0, 1, 2, 3
@@ -193,7 +194,7 @@ def plan(args, command: str) -> Plan:
         problem = path and path_problem(path, what)
         if problem:
             raise UsageError(problem)
-    if args.json and args.junit and os.path.abspath(args.json) == os.path.abspath(args.junit):
+    if args.json and args.junit and _same_file(args.json, args.junit):
         raise UsageError("--json and --junit name the same file: give each its own")
     mem, notes = _memory(args, command)
     explicit_db = getattr(args, "example_db", None)
@@ -207,6 +208,11 @@ def plan(args, command: str) -> Plan:
         dsn=bool(args.dsn),
     )
     return Plan(command, units, planned, seeds, shard, replay, mem, len(seeds) == 1, notes)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Two report paths that end at one file (a stream, like /dev/null, may take both)."""
+    return outpath.resolve(a)[0] == outpath.resolve(b)[0] and not outpath.is_stream(a)
 
 
 def _memory(args, command: str) -> tuple[memory.Memory | None, list[str]]:
@@ -299,10 +305,21 @@ def execute(args, p: Plan) -> int:
         outcome, sig, message = _stopped_by(e, report)
     doc = report.document(outcome, message, sig)
     summary(doc)
-    write_reports(doc, args.json, args.junit)
+    code = reports(doc, args.json, args.junit)
     written = [x for x in (args.json, args.junit) if x]
-    if written:
+    if written and code == doc["exit_code"]:
         print(f"reports: {', '.join(written)}")
+    return code
+
+
+def reports(doc: dict, json_path: str | None, junit_path: str | None) -> int:
+    """Write the reports; the command's exit code: the document's, or 3 when a report could not
+    be written after a run that passed (said in one line: a full disk, /dev/full)."""
+    try:
+        write_reports(doc, json_path, junit_path)
+    except OutputError as e:
+        print(f"knownstate: {e}", file=sys.stderr)
+        return doc["exit_code"] or EXIT_ENVIRONMENT
     return doc["exit_code"]
 
 
@@ -410,7 +427,7 @@ def cmd_mutants(args) -> int:
             p.shard,
         )
         doc = report.document("failed", message)
-        write_reports(doc, args.json, args.junit)
+        reports(doc, args.json, args.junit)
         print("knownstate mutants: REFUSED — fix the catalogue first (nothing ran)")
         return EXIT_FAILED
     return execute(args, p)
@@ -429,8 +446,7 @@ def cmd_report_merge(args) -> int:
         if not r["ok"]:
             print("\n".join(run_lines(r)))
     summary(doc)
-    write_reports(doc, args.json, args.junit)
-    return doc["exit_code"]
+    return reports(doc, args.json, args.junit)
 
 
 def cmd_specs(args) -> int:

@@ -15,7 +15,6 @@ versioned by ``version`` (:data:`SCHEMA_VERSION`): a reader refuses a version it
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import time
@@ -24,6 +23,7 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, Iterable
 
+from . import outpath
 from .check import SHRINKS as DEFAULT_SHRINKS  # run_check's and --shrinks's default
 from xml.etree import ElementTree as ET
 
@@ -420,35 +420,26 @@ def read(path: str) -> dict:
 
 def path_problem(path: str, what: str) -> str | None:
     """Why ``path`` cannot take the ``what`` (None: it can). Checked before anything runs."""
-    p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    if p.is_dir():
-        return f"cannot write the {what} to {path}: it is a directory; give a file name"
-    if not parent.exists():
-        return f"cannot write the {what} to {path}: directory {parent} does not exist"
-    if not parent.is_dir():
-        return f"cannot write the {what} to {path}: {parent} is not a directory"
-    if p.exists() and not os.access(p, os.W_OK):
-        return f"cannot write the {what} to {path}: the file is not writable"
-    if not p.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        return f"cannot write the {what} to {path}: directory {parent} is not writable"
-    return None
-
-
-def _write(path: str, text: str) -> None:
-    """Write whole or not at all: an interrupted write never leaves half a report."""
-    tmp = Path(f"{path}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    return outpath.problem(path, what)
 
 
 def write_reports(doc: dict, json_path: str | None, junit_path: str | None) -> None:
+    """Write both reports (each whole, or not at all: :func:`.outpath.write`); when one cannot
+    be written the other still is, and :class:`~.outpath.OutputError` names every failure."""
     import json
 
-    if json_path:
-        _write(json_path, json.dumps(doc, indent=2) + "\n")
-    if junit_path:
-        _write(junit_path, junit(doc))
+    failed = []
+    for path, what, render in (
+        (json_path, "JSON report", lambda: json.dumps(doc, indent=2) + "\n"),
+        (junit_path, "JUnit report", lambda: junit(doc)),
+    ):
+        if path:
+            try:
+                outpath.write(path, render(), what)
+            except outpath.OutputError as e:
+                failed.append(str(e))
+    if failed:
+        raise outpath.OutputError("; ".join(failed))
 
 
 # ---------------------------------------------------------------------------------------
