@@ -17,9 +17,10 @@ import sys
 import time
 from dataclasses import dataclass
 
+from . import dsn as dsns
 from . import kinds, memory, outpath
 from .check import PROFILES, EnvironmentFault, Env, run_check
-from .cluster import Unavailable, resolve_dsn
+from .cluster import Unavailable
 from .mutants import catalogue_problems
 from .report import (
     not_covered_record,
@@ -466,11 +467,22 @@ def cmd_specs(args) -> int:
     return EXIT_OK
 
 
-def _dsn_option(value: str) -> str:
+MAX_SEED = 2**64 - 1
+SEED_HELP = f"the seed, 0..{MAX_SEED} (default: a random one, printed)"
+
+
+def seed_option(text: str) -> int:
+    """argparse type of ``--seed``: a whole number from 0 (a seed is printed and replayed as
+    given, so ``-5`` or ``1e3`` is refused rather than read as something else)."""
     try:
-        return resolve_dsn(value)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_SEED or not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a seed: give a whole number 0..{MAX_SEED}"
+        )
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -496,16 +508,19 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--steps", type=int, help="maximum steps per example (default: the profile's)"
         )
-        sp.add_argument("--seed", type=int, help="the seed (default: a random one, printed)")
+        sp.add_argument("--seed", type=seed_option, help=SEED_HELP)
         sp.add_argument(
             "--dsn",
-            type=_dsn_option,
+            type=dsns.option,
             metavar="DSN",
             help=(
                 "an external PostgreSQL (default: a throwaway cluster). Only the database the DSN "
                 "names is used, in schemas the run creates and drops; its user needs CONNECT and "
                 "CREATE on it. env:NAME reads the DSN from the environment variable NAME (e.g. "
-                "--dsn env:DATABASE_URL); no variable is ever read otherwise"
+                "--dsn env:DATABASE_URL); DATABASE_URL is never read otherwise. What the DSN "
+                "leaves out, libpq takes from PGHOST, PGPORT, PGUSER, PGPASSWORD, PGSSLMODE and "
+                "its other PG* variables (and ~/.pgpass), as psql does; the throwaway cluster "
+                "reads none of them"
             ),
         )
         sp.add_argument("--json", metavar="FILE", help="write a JSON report")
@@ -641,6 +656,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+THROWAWAY = ("verify", "mutants", "soak", "serve", "bench")
+"""Commands that run on a throwaway PostgreSQL unless given --dsn: libpq's environment variables
+are removed from their process (and its children), :func:`.dsn.ignore_environment`."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
@@ -649,6 +669,14 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name, None) is not None and getattr(args, name) < 1:
             print(f"knownstate: --{name} must be at least 1", file=sys.stderr)
             return EXIT_USAGE
+    if args.command in THROWAWAY and not getattr(args, "dsn", None):
+        ignored = dsns.ignore_environment()
+        if ignored:
+            print(
+                f"knownstate: note: {', '.join(ignored)} ignored: the throwaway PostgreSQL reads "
+                "no libpq variable (a server named with --dsn does)",
+                file=sys.stderr,
+            )
     tools.reset_interrupt()
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     for s in previous:

@@ -22,7 +22,6 @@ import contextlib
 import getpass
 import os
 import pwd
-import re
 import secrets
 import shutil
 import signal
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import psycopg
 
+from . import dsn as dsns
 from . import tools
 
 
@@ -372,7 +372,11 @@ class PostgresCluster:
     def dsn(
         self, dbname: str = "postgres", host: str | None = None, port: int | None = None
     ) -> str:
-        return f"host={host or self.host} port={port or self.port} user=postgres dbname={dbname}"
+        """A DSN of this cluster, immune to libpq's environment variables (:func:`.dsn.pinned`):
+        ``PGOPTIONS``, ``PGSSLMODE``, ... are meant for servers a user names, never for this."""
+        return dsns.pinned(
+            host=host or self.host, port=port or self.port, user="postgres", dbname=dbname
+        )
 
     def describe(self) -> str:
         clock = "libfaketime clock" if self.clock else "real clock"
@@ -389,8 +393,9 @@ class ExternalDatabase:
     def __init__(self, dsn: str):
         self._dsn = dsn
         info = psycopg.conninfo.conninfo_to_dict(dsn)
-        self.host = info.get("host", "127.0.0.1")
-        self.port = int(info.get("port", 5432))
+        # what libpq will use: the DSN's, else its environment variable's, else its default
+        self.host = info.get("host") or os.environ.get("PGHOST") or "localhost"
+        self.port = int(str(info.get("port") or os.environ.get("PGPORT") or 5432).split(",")[0])
         self._info = info
         self.user = info.get("user") or os.environ.get("PGUSER") or getpass.getuser()
         self.dbname = info.get("dbname") or os.environ.get("PGDATABASE") or self.user
@@ -413,7 +418,7 @@ class ExternalDatabase:
                 raise Refused(
                     f"user {self.user} may not create schemas in database "
                     f"{self.dbname} on {self.host}:{self.port}: grant it with GRANT "
-                    f"CREATE ON DATABASE {_ident(self.dbname)} TO {_ident(self.user)}"
+                    f"CREATE ON DATABASE {dsns.ident(self.dbname)} TO {dsns.ident(self.user)}"
                 )
             self._may_end_own_sessions(conn)
 
@@ -429,42 +434,18 @@ class ExternalDatabase:
                 )
             except psycopg.OperationalError as e:
                 text = str(e)
-                refused = self._refusal(" ".join(text.split()))
+                refused = dsns.refusal(
+                    text, f"{self.host}:{self.port}", self.user, self.dbname, self._dsn
+                )
                 if refused:
                     raise Refused(refused) from None
                 if time.monotonic() > deadline:
                     raise Refused(
                         f"PostgreSQL at {self.host}:{self.port} is not answering "
-                        f"({_reason(text)}): is it running, and is the DSN right?"
+                        f"({dsns.reason(text)}): is it running, and is the DSN right?"
+                        + dsns.environment_note(self._dsn)
                     ) from None
                 time.sleep(0.1)
-
-    def _refusal(self, text: str) -> str | None:
-        """The one-line message for a connection the server refused (None: not a refusal)."""
-        where = f"{self.host}:{self.port}"
-        if "permission denied for database" in text:
-            return (
-                f"user {self.user} may not connect to database {self.dbname} on {where}: "
-                f"grant it with GRANT CONNECT ON DATABASE {_ident(self.dbname)} TO "
-                f"{_ident(self.user)}"
-            )
-        if f'database "{self.dbname}" does not exist' in text:
-            return (
-                f"database {self.dbname} does not exist on {where}: create it, or name "
-                "an existing one in the DSN (the harness never creates databases)"
-            )
-        if any(
-            m in text
-            for m in (
-                "authentication failed",
-                "does not exist",
-                "no pg_hba.conf entry",
-                "not permitted to log in",
-                "too many connections for role",
-            )
-        ):
-            return f"{where} refused user {self.user}: {_reason(text)}: check the DSN"
-        return None
 
     def _may_end_own_sessions(self, conn: psycopg.Connection) -> None:
         """The harness ends its own abandoned sessions (pg_terminate_backend) and watches its
@@ -486,13 +467,13 @@ class ExternalDatabase:
                         f"user {self.user} may not call {function}() in database "
                         f"{self.dbname} on {self.host}:{self.port} (the harness ends "
                         "and watches its own sessions): grant it with GRANT EXECUTE "
-                        f"ON FUNCTION {signature} TO {_ident(self.user)}"
+                        f"ON FUNCTION {signature} TO {dsns.ident(self.user)}"
                     ) from None
             if ended is not True:
                 raise Refused(
                     f"user {self.user} may not end its own sessions in database "
                     f"{self.dbname} on {self.host}:{self.port}: grant it with "
-                    f"GRANT pg_signal_backend TO {_ident(self.user)}"
+                    f"GRANT pg_signal_backend TO {dsns.ident(self.user)}"
                 )
 
     def stop(self) -> None:
@@ -532,19 +513,6 @@ class ExternalDatabase:
 
     def __exit__(self, *exc):
         self.stop()
-
-
-def _ident(name: str) -> str:
-    """``name`` as an SQL identifier in a message a user copies."""
-    return name if re.fullmatch(r"[a-z_][a-z0-9_$]*", name) else '"' + name.replace('"', '""') + '"'
-
-
-def _reason(text: str) -> str:
-    """The server's (or libpq's) reason in a connection error: its first line, without the
-    address in front of it."""
-    reason = text.split("FATAL:", 1)[-1] if "FATAL:" in text else text.rsplit("failed:", 1)[-1]
-    first = reason.strip().splitlines()[0] if reason.strip() else text
-    return first.split(" DETAIL:")[0].split(" HINT:")[0].strip()
 
 
 def docker_available() -> str | None:
@@ -588,24 +556,10 @@ class ContainerDatabase(ExternalDatabase):
             self._container = None
 
 
-def resolve_dsn(value: str) -> str:
-    """The DSN a ``--dsn`` value names: the value itself, or with ``env:NAME`` the value of the
-    environment variable NAME (so ``--dsn env:DATABASE_URL`` reads it on purpose; nothing ever
-    reads it implicitly). Raises ValueError naming what is missing."""
-    if value.startswith("env:"):
-        name = value[4:]
-        found = os.environ.get(name, "")
-        if not name or not found.strip():
-            raise ValueError(
-                f"--dsn {value}: the environment variable {name or '(none)'} is not set or empty"
-            )
-        return found.strip()
-    if not value.strip():
-        raise ValueError("--dsn needs a DSN (postgresql://... or key=value pairs) or env:NAME")
-    return value
+resolve_dsn = dsns.resolve  # where it lived first (tests and callers import it from here)
 
 
 def open_database(dsn: str | None = None, *, faketime: bool = True):
     """The database a check runs on: the given DSN, else a throwaway cluster. An environment
-    variable is read only when ``dsn`` names it (``env:NAME``, :func:`resolve_dsn`)."""
+    variable is read only when ``dsn`` names it (``env:NAME``, :func:`.dsn.resolve`)."""
     return ExternalDatabase(resolve_dsn(dsn)) if dsn else PostgresCluster(faketime=faketime)

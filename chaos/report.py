@@ -23,6 +23,7 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, Iterable
 
+from . import dsn as dsns
 from . import outpath
 from .check import SHRINKS as DEFAULT_SHRINKS  # run_check's and --shrinks's default
 from xml.etree import ElementTree as ET
@@ -244,7 +245,8 @@ class Report:
         shard: tuple[int, int] | None = None,
         example_db: str | None = None,
     ):
-        self.command, self.argv, self.profile = command, list(argv), profile
+        self.command, self.profile = command, profile
+        self.argv = dsns.redact_argv(argv)  # a --dsn password is never stored
         self.seeds, self.units, self.planned, self.shard = list(seeds), list(units), planned, shard
         self.example_db = example_db
         self.database: str | None = None

@@ -18,6 +18,7 @@ import ipaddress
 
 import psycopg
 
+from . import dsn as dsns
 from .cluster import ClusterError, PostgresCluster, Unavailable
 
 EXIT_OK, EXIT_USAGE, EXIT_ENVIRONMENT = 0, 2, 3
@@ -34,8 +35,10 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--dsn",
+        type=dsns.option,
         help="serve the documents of this PostgreSQL (tables are created if "
-        "missing); default: a throwaway cluster, removed on exit",
+        "missing); env:NAME reads it from that variable; default: a throwaway cluster, "
+        "removed on exit",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0: any free one)")

@@ -1231,6 +1231,8 @@ MIN_SECONDS = 5.0
 
 def add_parser(subparsers) -> None:
     """Register ``soak``."""
+    from . import cli
+
     p = subparsers.add_parser(
         "soak",
         help="run the reference worker processes under a nemesis and judge the history",
@@ -1246,7 +1248,7 @@ def add_parser(subparsers) -> None:
         help=f"duration of the nemesis phase (default {DEFAULT_SECONDS:g}, "
         f"at most {MAX_SECONDS:g})",
     )
-    p.add_argument("--seed", type=int, help="the seed (default: a random one, printed)")
+    p.add_argument("--seed", type=cli.seed_option, help=cli.SEED_HELP)
     p.add_argument("--mutant", metavar="NAME", help="run the worker processes on a named mutant")
     p.add_argument("--json", metavar="FILE", help="write a JSON report")
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")

@@ -21,10 +21,27 @@ class MissingTool(RuntimeError):
     """A program knownstate needs is not installed."""
 
 
+def _override(variable: str, what: str, is_dir: bool = False) -> Path | None:
+    """The path an override variable names, if set: it must exist (a file, or with ``is_dir`` a
+    directory), else MissingTool naming the variable. An override is never silently passed
+    over for a tool found elsewhere."""
+    value = os.environ.get(variable)
+    if not value:
+        return None
+    path = Path(value)
+    if not (path.is_dir() if is_dir else path.is_file()):
+        kind = "directory" if is_dir else "file"
+        raise MissingTool(
+            f"{variable}={value}: no such {kind}: point it at {what}, or unset it to use the one "
+            "`make setup` installs"
+        )
+    return path
+
+
 def _pg_bindir() -> Path | None:
-    env = os.environ.get("KNOWNSTATE_PG_BINDIR")
+    env = _override("KNOWNSTATE_PG_BINDIR", "PostgreSQL's bin directory", is_dir=True)
     if env:
-        return Path(env)
+        return env
     candidates = []
     pg_config = shutil.which("pg_config")
     if pg_config:
@@ -40,6 +57,12 @@ def _pg_bindir() -> Path | None:
 
 def pg_binary(name: str) -> str:
     bindir = _pg_bindir()
+    overridden = os.environ.get("KNOWNSTATE_PG_BINDIR")
+    if bindir is not None and overridden and not (bindir / name).exists():
+        raise MissingTool(
+            f"KNOWNSTATE_PG_BINDIR={bindir}: it has no {name!r}: point it at the bin directory "
+            "of a PostgreSQL installation (the one with initdb and postgres)"
+        )
     if bindir is None or not (bindir / name).exists():
         raise MissingTool(
             f"PostgreSQL server binary {name!r} not found: run `make setup` "
@@ -49,9 +72,10 @@ def pg_binary(name: str) -> str:
 
 
 def libfaketime() -> str:
-    env = os.environ.get("KNOWNSTATE_LIBFAKETIME")
-    candidates = [Path(env)] if env else []
-    candidates += [
+    env = _override("KNOWNSTATE_LIBFAKETIME", "libfaketime.so.1")
+    if env:
+        return str(env)
+    candidates = [
         Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"),
         Path("/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1"),
         Path("/usr/lib/faketime/libfaketime.so.1"),
@@ -67,10 +91,11 @@ def libfaketime() -> str:
 
 
 def toxiproxy_server() -> str:
-    env = os.environ.get("KNOWNSTATE_TOXIPROXY")
-    for c in ([Path(env)] if env else []) + [TOOLS_DIR / "bin" / "toxiproxy-server"]:
-        if c.exists():
-            return str(c)
+    env = _override("KNOWNSTATE_TOXIPROXY", "a toxiproxy-server program")
+    if env:
+        return str(env)
+    if (TOOLS_DIR / "bin" / "toxiproxy-server").exists():
+        return str(TOOLS_DIR / "bin" / "toxiproxy-server")
     found = shutil.which("toxiproxy-server")
     if found:
         return found

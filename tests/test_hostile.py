@@ -28,12 +28,15 @@ import sys
 import threading
 from pathlib import Path
 
+import psycopg
 import pytest
 from gate_fakes import Engine, FakeEnv, machine_of, result
 
 from knownstate.chaos import cli, tools
-from knownstate.chaos.report import Report, Unit, path_problem, write_reports
+from knownstate.chaos.cluster import ExternalDatabase, Refused
 from knownstate.chaos.outpath import OutputError
+from knownstate.chaos.report import Report, Unit, path_problem, write_reports
+from knownstate.chaos.tools import MissingTool
 
 KNOWNSTATE = [sys.executable, "-m", "knownstate.chaos.cli"]
 
@@ -191,3 +194,139 @@ def test_a_report_that_cannot_be_written_after_the_run_is_one_line_and_exit_3(
     assert stat.S_ISCHR(os.stat(full).st_mode)
     with pytest.raises(OutputError, match="No space left"):
         write_reports(_doc(), full, None)
+
+
+# ---------------------------------------------------------------------------------------
+# libpq's PG* variables: never on the throwaway cluster; named when they break a --dsn.
+# ---------------------------------------------------------------------------------------
+
+HOSTILE_ENV = {
+    "PGOPTIONS": "-c statement_timeout=1",
+    "PGSSLMODE": "require",
+    "PGAPPNAME": "hostile",
+    "PGHOSTADDR": "192.0.2.1",
+    "PGTARGETSESSIONATTRS": "read-only",
+    "PGREQUIREAUTH": "password",
+    "PGCHANNELBINDING": "require",
+    "PGGSSENCMODE": "require",
+    "PGCLIENTENCODING": "LATIN1",
+    "PGCONNECT_TIMEOUT": "1",
+}
+
+
+def test_the_throwaway_clusters_connections_read_no_pg_variable(pg, monkeypatch):
+    for name, value in HOSTILE_ENV.items():
+        monkeypatch.setenv(name, value)
+    with psycopg.connect(pg.dsn(), connect_timeout=10) as conn:
+        settings = conn.execute(
+            "select current_setting('statement_timeout'), current_setting('client_encoding'), "
+            "current_setting('application_name'), inet_server_addr()::text"
+        ).fetchone()
+    assert settings == ("0", "UTF8", "", "127.0.0.1/32")
+
+
+def test_a_dsn_refused_because_of_a_pg_variable_names_it_at_once(pg, monkeypatch):
+    monkeypatch.setenv("PGSSLMODE", "require")
+    plain = f"host=127.0.0.1 port={pg.port} user=postgres dbname=postgres"
+    with pytest.raises(Refused, match="PGSSLMODE=require") as refused:
+        ExternalDatabase(plain).preflight(deadline_s=60)
+    assert "SSL" in str(refused.value) and len(str(refused.value).splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_the_gates_verdict_is_the_same_with_and_without_pg_variables(tmp_path):
+    """The acceptance of issue 18: PGOPTIONS, PGSSLMODE and PGTZ (and PGDATESTYLE, which no DSN
+    can override) change nothing on the throwaway cluster."""
+    argv = ["verify", "outbox", "--seed", "1", "--examples", "3", "--no-example-db"]
+    runs = {}
+    for name, extra in [
+        ("plain", {}),
+        ("hostile", {**HOSTILE_ENV, "PGTZ": "Asia/Tokyo", "PGDATESTYLE": "SQL, DMY"}),
+    ]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        out = subprocess.run(
+            [*KNOWNSTATE, *argv, "--json", str(tmp_path / f"{name}.json")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**env, "CI": "true", **extra},
+            cwd=tmp_path,
+        )
+        doc = json.loads((tmp_path / f"{name}.json").read_text())
+        runs[name] = (
+            out.returncode,
+            doc["outcome"],
+            [(r["kind"], r["status"], r["failure"], r["invariants"]) for r in doc["runs"]],
+        )
+        if extra:
+            assert "PGOPTIONS" in out.stderr and "ignored" in out.stderr, out.stderr
+    assert runs["hostile"] == runs["plain"]
+    assert runs["plain"][0] in (0, 1) and runs["plain"][2][0][2] is None, runs
+
+
+# ---------------------------------------------------------------------------------------
+# Secrets and malformed input.
+# ---------------------------------------------------------------------------------------
+
+SECRET = "s3cret-Pw"
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        f"postgresql://runner:{SECRET}@127.0.0.1:1/app",
+        f"host=127.0.0.1 port=1 user=runner password={SECRET} dbname=app",
+        f"postgresql://runner@127.0.0.1:1/app?password={SECRET}",
+    ],
+)
+def test_a_password_in_the_dsn_is_in_no_report_or_line_printed(gate, tmp_path, capsys, dsn):
+    argv = ["verify", "outbox", "--seed", "1", "--dsn", dsn, "--json", "r.json", "--junit", "r.xml"]
+    code, engine = gate(argv)
+    out = capsys.readouterr()
+    assert code == 0 and engine.calls
+    written = (tmp_path / "r.json").read_text() + (tmp_path / "r.xml").read_text()
+    assert SECRET not in out.out + out.err + written
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert "--dsn" in doc["argv"] and "***" in " ".join(doc["argv"])
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["verify", "--dsn", f"host=db password={SECRET} trailing"], "not a DSN"),
+        (["verify", "--dsn", f"postgresql://u:{SECRET}@db:99999/app"], "not a port number"),
+        (["mutants", "--dsn", f"postgresql://u:{SECRET}%ZZ@db/app"], "not a DSN"),
+        (["serve", "--dsn", f"host=db password={SECRET} trailing"], "not a DSN"),
+        (["verify", "--seed", "-5"], "not a seed"),
+        (["mutants", "--seed", "1e3"], "not a seed"),
+        (["soak", "outbox", "--seed", "-5"], "not a seed"),
+    ],
+)
+def test_a_malformed_dsn_or_seed_is_exit_2_naming_it_and_no_secret(capsys, argv, words):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2, err
+    assert words in err.strip().splitlines()[-1] and SECRET not in err, err
+
+
+# ---------------------------------------------------------------------------------------
+# Tool overrides.
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "variable, find",
+    [
+        ("KNOWNSTATE_TOXIPROXY", tools.toxiproxy_server),
+        ("KNOWNSTATE_LIBFAKETIME", tools.libfaketime),
+        ("KNOWNSTATE_PG_BINDIR", lambda: tools.pg_binary("initdb")),
+    ],
+)
+def test_a_tool_override_naming_a_missing_file_fails_naming_the_variable(
+    monkeypatch, tmp_path, variable, find
+):
+    monkeypatch.setenv(variable, str(tmp_path / "missing"))
+    with pytest.raises(MissingTool, match=variable) as missing:
+        find()
+    assert str(tmp_path / "missing") in str(missing.value)
