@@ -21,28 +21,34 @@ Every request names its user in ``X-User`` (``401`` without): a stand-in for aut
 see the README. Authorization comes before any version check: a user without an ACL row gets
 ``404`` and learns nothing, not even the version; a reader's write is ``403``. Bad input is a
 ``4xx`` in one format, ``{"error", "message"}``, whose message names the problem, and changes
-nothing (how a request is read: :mod:`.reading`). A database that cannot be reached is ``503``.
+nothing (how a request is read: :mod:`.reading`). A database that cannot be reached is ``503``,
+and so is a request not answered within its deadline (``Limits.request_seconds``): a write that
+had not committed by then never will (:func:`.store.deadline`). ``HEAD`` is served on every
+``GET`` route. The HTTP layer's own refusals (bad HTTP, oversized heads, slow clients, Host) are
+in the same format (:mod:`.http`).
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import inspect
 import re
+import socket
 import threading
 import time
 import typing
 from typing import Annotated, Literal, Union
 
+import anyio
 import uvicorn
 from fastapi import FastAPI, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from knownstate.chaos import tools
 from knownstate.impl.errors import KnownstateError
 from knownstate.model.contract import Rejected, Won
 from knownstate.model.document import (
@@ -59,10 +65,12 @@ from knownstate.model.document import (
     VersionConflict,
 )
 
+from . import store as store_impl
+from .http import Limits, protocol
 from .reading import BadRequest, RequestReader, error
 from .store import DocumentStore, schema_sql
 
-__all__ = ["DocumentServer", "create_app", "schema_sql"]
+__all__ = ["DocumentServer", "Limits", "ListenError", "create_app", "schema_sql"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -240,6 +248,17 @@ class _LeanRoute(APIRoute):
     arguments — is worked out once, here, when the route is built; FastAPI's per-request
     dependency solving is not on the path of a save."""
 
+    def matches(self, scope):
+        """A HEAD request is served as its GET (uvicorn sends no body for it)."""
+        if scope.get("type") == "http" and scope.get("method") == "HEAD" and "GET" in self.methods:
+            scope = {**scope, "method": "GET"}
+        return super().matches(scope)
+
+    async def handle(self, scope, receive, send):
+        if scope.get("method") == "HEAD" and "GET" in self.methods:
+            scope = {**scope, "method": "GET"}
+        await super().handle(scope, receive, send)
+
     def get_route_handler(self):
         endpoint = self.endpoint
         hints = typing.get_type_hints(endpoint)
@@ -268,9 +287,39 @@ class _LeanRoute(APIRoute):
                 return e.response()
             except ValidationError as e:
                 return error(422, "invalid_request", _describe(e.errors()))
-            return await run_in_threadpool(endpoint, **kwargs)
+            return await within_deadline(request.app.state.limits, endpoint, kwargs)
 
         return handle
+
+
+async def within_deadline(limits: Limits, endpoint, kwargs: dict):
+    """Run the endpoint in a worker thread, answered by ``limits.request_seconds`` whatever
+    the database does: past it, 503, and the thread is left to finish on its own (a write it
+    had in flight cannot commit any more: the store's deadline is set a margin earlier, so a
+    write that commits at all commits before this answer)."""
+    seconds = limits.request_seconds
+    commit_by = time.monotonic() + seconds - min(1.0, seconds / 4)
+    call = functools.partial(_call_under_deadline, commit_by, endpoint, kwargs)
+    try:
+        with anyio.fail_after(seconds):
+            return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+    except TimeoutError:
+        return _late(seconds)
+
+
+def _call_under_deadline(commit_by: float, endpoint, kwargs: dict):
+    with store_impl.deadline(commit_by):
+        return endpoint(**kwargs)
+
+
+def _late(seconds: float):
+    return error(
+        503,
+        "unavailable",
+        f"the document store did not answer within {seconds:g} s: a save that had not "
+        "committed by then never will; retry the same request (one that did land is answered "
+        "from its receipt)",
+    )
 
 
 _PATH = {"id": ("document id", ID_PATTERN), "user": ("user name", USER_PATTERN)}
@@ -303,7 +352,7 @@ class BodyLimit:
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                break
+                return  # the client went (or was too slow): a partial body is never handed on
             body = message.get("body", b"")
             size += len(body)
             if size > self.limit:
@@ -337,6 +386,7 @@ def create_app(
     *,
     max_body_bytes: int = MAX_BODY_BYTES,
     reader: RequestReader | None = None,
+    limits: Limits | None = None,
 ) -> FastAPI:
     """The ASGI app serving the document API from ``store`` (whose schema must be installed).
     The routes use ``app.state.store`` and ``app.state.reader`` per request, so a check may
@@ -349,6 +399,7 @@ def create_app(
     app.router.route_class = _LeanRoute
     app.state.store = store
     app.state.reader = reader or RequestReader()
+    app.state.limits = limits or Limits()
     app.router.redirect_slashes = app.state.reader.redirect_slashes
     app.add_middleware(BodyLimit, limit=max_body_bytes)
 
@@ -381,8 +432,23 @@ def create_app(
 
     @app.exception_handler(KnownstateError)
     async def unavailable(_request: Request, exc: KnownstateError):
+        cause = getattr(exc.__cause__, "sqlstate", None)
+        if isinstance(exc, store_impl.DeadlinePassed) or cause in (
+            store_impl.DEADLINE_PASSED,
+            "57014",  # statement_timeout
+        ):
+            return _late(app.state.limits.request_seconds)
         return error(
             503, "unavailable", "the document store is unreachable; retry the same request"
+        )
+
+    @app.exception_handler(Exception)
+    async def internal(_request: Request, exc: Exception):
+        return error(
+            500,
+            "internal_error",
+            f"the server failed ({type(exc).__name__}): a bug in knownstate; nothing is known "
+            "about this request's effect: read the document before retrying",
         )
 
     common = {
@@ -554,10 +620,45 @@ def create_app(
 # ---------------------------------------------------------------------------------------
 
 
+class ListenError(RuntimeError):
+    """The server cannot listen where it was told to: the message says why and what to do."""
+
+
+def listen(host: str, port: int | None) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0 or None: a free one), or ListenError
+    naming the cause: a host name that does not resolve, an address not of this machine, a
+    port in use or privileged."""
+    try:
+        infos = socket.getaddrinfo(
+            host, port or 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as e:
+        raise ListenError(
+            f"cannot listen on host {host!r}: it does not resolve ({e.strerror}): give an "
+            "address of this machine, e.g. --host 127.0.0.1"
+        ) from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        why = {
+            errno.EADDRINUSE: f"port {port} is taken: choose another with --port (0: any free one)",
+            errno.EADDRNOTAVAIL: f"{host} is not an address of this machine: give one that is",
+            errno.EACCES: f"port {port} needs privileges: choose one above 1023",
+        }.get(e.errno, f"{e.strerror}")
+        raise ListenError(f"cannot listen on {host}:{port or 0}: {why}") from None
+    return sock
+
+
 class DocumentServer:
     """The document API served by uvicorn in a background thread. ``start()``/``stop()`` or
     ``with DocumentServer(dsn) as server: ... server.url``. The server owns its store and
-    closes it when it stops."""
+    closes it when it stops. ``limits`` (:class:`~.http.Limits`): deadlines and sizes; the
+    store's statements time out at the request deadline."""
 
     def __init__(
         self,
@@ -567,11 +668,18 @@ class DocumentServer:
         port: int | None = None,
         connect_timeout: float = 3.0,
         pool_size: int | None = 8,
+        limits: Limits | None = None,
         **app_options,
     ):
         self.dsn, self.host, self.port = dsn, host, port
-        store = DocumentStore(dsn, connect_timeout=connect_timeout, pool_size=pool_size)
-        self.app = create_app(store, **app_options)
+        self.limits = limits or Limits()
+        store = DocumentStore(
+            dsn,
+            connect_timeout=connect_timeout,
+            pool_size=pool_size,
+            statement_timeout=self.limits.request_seconds,
+        )
+        self.app = create_app(store, limits=self.limits, **app_options)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -581,7 +689,8 @@ class DocumentServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     def use(self, store: DocumentStore | None = None, reader: RequestReader | None = None) -> None:
         """Serve the next requests from ``store`` and read them with ``reader`` (a check swaps
@@ -594,26 +703,33 @@ class DocumentServer:
             self.app.router.redirect_slashes = reader.redirect_slashes
 
     def start(self) -> "DocumentServer":
-        self.port = self.port or tools.free_port()
+        """Listen (ListenError naming the cause when it cannot) and serve in a thread."""
+        sock = listen(self.host, self.port)
+        self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app,
-            host=self.host,
-            port=self.port,
             log_level="warning",
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=2,
+            http=protocol(self.limits),
+            timeout_keep_alive=max(1, round(self.limits.idle_seconds)),
+            h11_max_incomplete_event_size=self.limits.header_bytes,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
-            target=self._server.run, name=f"documents:{self.port}", daemon=True
+            target=self._server.run,
+            kwargs={"sockets": [sock]},
+            name=f"documents:{self.port}",
+            daemon=True,
         )
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"the document server did not start on {self.url}")
+                sock.close()
+                raise ListenError(f"the document server did not start on {self.url}")
             time.sleep(0.01)
         return self
 

@@ -17,6 +17,16 @@ background threads were doing. After a connection error the pool checks its idle
 so a database restart costs one failed request (503, which a session retries), not one per
 pooled connection.
 
+Deadlines. The server runs each request under :func:`deadline`: waiting for a pooled connection
+ends at it, and every write the request makes commits by it or not at all. The write is sent
+in one pipeline after ``SET LOCAL knownstate.write_deadline`` (the database clock's instant
+matching the deadline), and deferred triggers of the schema refuse its COMMIT after that instant
+(SQLSTATE ``KS408``): a write held up by a slow or stopped database never lands after its
+client was answered 503. The database's clock is related to this process's monotonic clock once
+per connection: ``clock_timestamp()`` read at some instant between sending the query and reading
+its answer, so the instant derived is never later than the true one. ``statement_timeout``
+(the server's request deadline) frees a connection stuck on a lock.
+
 Seams (the mutant catalogue replaces one at a time; the reference never changes):
 ``queries`` (the named SQL) and ``kinds`` (what an id or a value of each document kind may be).
 """
@@ -24,14 +34,18 @@ Seams (the mutant catalogue replaces one at a time; the reference never changes)
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import datetime as dt
+import time
+import weakref
 from typing import Iterator, Mapping
 
 import psycopg
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool, NullConnectionPool
+from psycopg_pool import ConnectionPool, NullConnectionPool, PoolTimeout
 
 from knownstate.impl import queries as named_queries
-from knownstate.impl.errors import boundary, is_connection_error
+from knownstate.impl.errors import KnownstateError, boundary, is_connection_error
 from knownstate.model.contract import Rejected, Won
 from knownstate.model.document import (
     FORBIDDEN,
@@ -65,6 +79,41 @@ def schema_sql() -> str:
     return named_queries.schema("documents_schema.sql")
 
 
+DEADLINE_PASSED = "KS408"
+"""The SQLSTATE of a write refused at COMMIT because its request's deadline had passed."""
+
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "knownstate_documents_deadline", default=None
+)
+
+
+class DeadlinePassed(KnownstateError):
+    """The request's deadline passed before the document store answered: nothing of it was
+    saved."""
+
+
+@contextlib.contextmanager
+def deadline(commit_by: float):
+    """Run the store's operations in the block under a deadline: ``commit_by`` is a
+    ``time.monotonic()`` instant; a pooled connection is waited for until then, and a write
+    commits by then or not at all (see the module's docstring)."""
+    token = _DEADLINE.set(commit_by)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _remaining() -> float | None:
+    at = _DEADLINE.get()
+    if at is None:
+        return None
+    left = at - time.monotonic()
+    if left <= 0:
+        raise DeadlinePassed("before the database was reached")
+    return left
+
+
 class DocumentStore:
     """The documents at ``dsn`` (which may be a Toxiproxy link), over a pool of ``pool_size``
     connections (``None``: a connection per call). ``close()`` when done."""
@@ -78,18 +127,22 @@ class DocumentStore:
         pool_size: int | None = 8,
         connect_timeout: float = 3.0,
         queries: Mapping[str, str] | None = None,
+        statement_timeout: float | None = None,
     ):
         self.dsn = dsn
         self.connect_timeout = connect_timeout
+        self.statement_timeout = statement_timeout
         self.q = dict(queries) if queries is not None else Q
+        self._clock_offsets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         kwargs = {
             "autocommit": True,
             "connect_timeout": max(1, round(connect_timeout)),
             "application_name": "knownstate-documents",
         }
+        configure = self._configure if statement_timeout else None
         if pool_size is None:
             self.pool: ConnectionPool = NullConnectionPool(
-                dsn, kwargs=kwargs, open=True, timeout=connect_timeout
+                dsn, kwargs=kwargs, open=True, timeout=connect_timeout, configure=configure
             )
         else:
             self.pool = ConnectionPool(
@@ -100,18 +153,53 @@ class DocumentStore:
                 timeout=connect_timeout,
                 open=True,
                 name=f"documents-{id(self):x}",
+                configure=configure,
             )
+
+    def _configure(self, conn: psycopg.Connection) -> None:
+        ms = max(1, round(self.statement_timeout * 1000))
+        conn.execute(f"SET statement_timeout = {ms}")
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[psycopg.Connection]:
         try:
-            with self.pool.connection() as conn:
+            with self.pool.connection(timeout=_remaining()) as conn:
                 yield conn
+        except PoolTimeout:
+            if _DEADLINE.get() is None:
+                raise
+            raise DeadlinePassed("no database connection came free in time") from None
         except psycopg.Error as e:
             if is_connection_error(e) and not isinstance(self.pool, NullConnectionPool):
                 with contextlib.suppress(Exception):
                     self.pool.check()  # drop the idle connections a restart left dead
             raise
+
+    def _write(self, conn: psycopg.Connection, sql: str, params: Mapping) -> psycopg.Cursor:
+        """Execute a write statement that commits by the request's deadline or not at all
+        (autocommit: the statement is its transaction). Without a deadline, just execute it."""
+        at = _DEADLINE.get()
+        if at is None:
+            return conn.execute(sql, params)
+        offset = self._clock_offset(conn)
+        _remaining()  # passed already: send nothing
+        by = dt.datetime.fromtimestamp(at + offset, tz=dt.timezone.utc)
+        with conn.pipeline():
+            conn.execute(
+                "SELECT set_config('knownstate.write_deadline', %s, true)", (by.isoformat(),)
+            )
+            cur = conn.execute(sql, params)
+        return cur
+
+    def _clock_offset(self, conn: psycopg.Connection) -> float:
+        """Seconds from this process's monotonic clock to the database's ``clock_timestamp()``
+        (as an epoch), never more than the true offset: the database read its clock before the
+        answer came back. Measured once per connection."""
+        offset = self._clock_offsets.get(conn)
+        if offset is None:
+            (now,) = conn.execute("SELECT clock_timestamp()").fetchone()
+            offset = self._clock_offsets[conn] = now.timestamp() - time.monotonic()
+        return offset
 
     def close(self) -> None:
         """Close the pool (its connections and its worker threads)."""
@@ -168,14 +256,14 @@ class DocumentStore:
         """Let ``user`` read ``doc_id`` (and write it, with ``can_write``); the owner only."""
         args = {"id": doc_id, "owner": owner, "user": user, "can_write": can_write}
         with boundary("share"), self._connect() as conn:
-            row = conn.execute(self.q["share"], args).fetchone()
+            row = self._write(conn, self.q["share"], args).fetchone()
             return Won(row[0]) if row else self._not_shared(conn, owner, doc_id, user)
 
     def unshare(self, owner: str, doc_id: str, user: str) -> Won | Rejected:
         """Take ``user``'s access to ``doc_id`` away; ``Won(False)`` if there was none."""
         args = {"id": doc_id, "owner": owner, "user": user}
         with boundary("unshare"), self._connect() as conn:
-            if conn.execute(self.q["unshare"], args).fetchone():
+            if self._write(conn, self.q["unshare"], args).fetchone():
                 return Won(True)
             refused = self._not_shared(conn, owner, doc_id, user)
         return Won(False) if refused is None else refused
@@ -277,7 +365,8 @@ class DocumentStore:
                 return Rejected(f"invalid: {e}")
             fp = save_fingerprint(user, expected, content)
             args.update(writer=writer_id, seq=seq)
-            saved = conn.execute(
+            saved = self._write(
+                conn,
                 self.q["save"],
                 {**args, "expected": expected, "fingerprint": fp, "content": Jsonb(dict(content))},
             ).fetchone()
@@ -321,7 +410,8 @@ class DocumentStore:
             new_id = created_id(user, writer_id, seq)
             fp = create_fingerprint(user, kind, schema, content)
             args = {"id": new_id, "user": user, "writer": writer_id, "seq": seq}
-            row = conn.execute(
+            row = self._write(
+                conn,
                 self.q["create"],
                 {
                     **args,
