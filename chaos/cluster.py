@@ -408,7 +408,7 @@ class ExternalDatabase:
         """Find, before anything runs, what the DSN's user may not do here: connect to the
         database, create schemas in it, see and end its own sessions. Raises :class:`Refused`
         naming the grant needed. Waits up to ``deadline_s`` for a server that is starting."""
-        conn = self._connect_or_refuse(deadline_s)
+        conn = self.connect(deadline_s)
         with conn:
             self.user, self.dbname, may_create = conn.execute(
                 "select current_user, current_database(), "
@@ -422,15 +422,15 @@ class ExternalDatabase:
                 )
             self._may_end_own_sessions(conn)
 
-    def _connect_or_refuse(self, deadline_s: float) -> psycopg.Connection:
+    def connect(self, deadline_s: float, application_name: str = "knownstate-preflight"):
+        """An autocommit connection to the DSN's database, or :class:`Refused` with one line:
+        what refused it (the server, the name service, a PG* variable) and what to do. A server
+        that does not answer is tried again until ``deadline_s``."""
         deadline = time.monotonic() + deadline_s
         while True:
             try:
                 return psycopg.connect(
-                    self._dsn,
-                    autocommit=True,
-                    connect_timeout=5,
-                    application_name="knownstate-preflight",
+                    self._dsn, autocommit=True, connect_timeout=5, application_name=application_name
                 )
             except psycopg.OperationalError as e:
                 text = str(e)

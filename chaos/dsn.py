@@ -223,7 +223,7 @@ def refusal(text: str, where: str, user: str, dbname: str, dsn: str) -> str | No
             f"database {dbname} does not exist on {where}: create it, or name an existing one "
             "in the DSN (knownstate never creates databases)"
         )
-    if "could not translate host name" in text:
+    if "could not translate host name" in text or "failed to resolve host" in text:
         host = where.rsplit(":", 1)[0]
         return f"cannot resolve host {host} ({reason(text)}): check the DSN's host{note}"
     if "password authentication failed" in text or "no password supplied" in text:

@@ -218,6 +218,28 @@ class DocumentStore:
         with boundary("install documents schema"), self._connect() as conn:
             conn.execute(schema_sql(), prepare=False)
 
+    READS = (
+        "access",
+        "access_kind",
+        "missed",
+        "owner",
+        "all_documents",
+        "all_history",
+        "applied",
+        "created",
+        "kind_schema",
+    )
+
+    def probe(self) -> None:
+        """Run every read query of the store once (nothing matches): raises
+        TransactionAborted naming what is missing when the tables found are not the ones the
+        queries need (tables of the same names that someone else made)."""
+        args = {"id": "", "user": "", "writer": "", "seq": 0}
+        with boundary("read the document tables"), self._connect() as conn:
+            for name in self.READS:
+                sql = self.q[name]
+                conn.execute(sql, args if "%(" in sql else None).fetchall()
+
     # -- administration -------------------------------------------------------------------
     def seed(
         self,
