@@ -26,14 +26,13 @@ import secrets
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import psycopg
 
 from . import dsn as dsns
-from . import tools
+from . import leftovers, tools
 
 
 class ClusterError(RuntimeError):
@@ -211,7 +210,8 @@ class PostgresCluster:
         initdb = tools.pg_binary("initdb")
         self._postgres = tools.pg_binary("postgres")
         ld = tools.libfaketime() if self.faketime else None
-        self._dir = Path(tempfile.mkdtemp(prefix="knownstate-pg-"))
+        leftovers.sweep()  # what runs killed with SIGKILL left behind
+        self._dir = leftovers.make("knownstate-pg-")
         try:
             self._user = self._run_as()
             if self._user:
@@ -359,7 +359,7 @@ class PostgresCluster:
             proc.wait()
             _wait_gone(victims)
         if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            leftovers.remove(self._dir)
             self._dir = None
 
     def __enter__(self) -> "PostgresCluster":

@@ -42,11 +42,9 @@ import json
 import os
 import random
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -59,7 +57,7 @@ from psycopg.rows import dict_row
 
 from . import history as hist
 from . import nemesis as nem
-from . import soakworker, tools
+from . import leftovers, soakworker, tools
 from .check import EnvironmentFault
 from .cluster import ClusterError, PostgresCluster
 from .opsapi import OpsApi
@@ -709,14 +707,14 @@ class Soak:
     def run(self) -> SoakResult:
         started = time.time()
         self.nemesis: nem.Nemesis | None = None
-        logdir = Path(tempfile.mkdtemp(prefix="knownstate-soak-"))
+        logdir = leftovers.make("knownstate-soak-")  # swept by a later run if this one is killed
         # Every child process (workers, a restarted PostgreSQL) is forked on this one thread, which
         # outlives them all: a child's parent-death signal fires when the *thread* that forked it
         # ends, and the nemesis thread, which restarts what it killed, ends before the soak does.
         spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="soak-spawner")
         with contextlib.ExitStack() as stack:
             stack.callback(spawner.shutdown)
-            stack.callback(shutil.rmtree, logdir, True)
+            stack.callback(leftovers.remove, logdir)
             try:
                 self.cluster = stack.enter_context(PostgresCluster())
                 self.toxiproxy = stack.enter_context(ToxiproxyServer())

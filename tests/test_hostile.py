@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -31,6 +32,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from gate_fakes import Engine, FakeEnv, machine_of, result
+from polling import poll
 
 from knownstate.chaos import cli, tools
 from knownstate.chaos.cluster import ExternalDatabase, Refused
@@ -330,3 +332,111 @@ def test_a_tool_override_naming_a_missing_file_fails_naming_the_variable(
     with pytest.raises(MissingTool, match=variable) as missing:
         find()
     assert str(tmp_path / "missing") in str(missing.value)
+
+
+# ---------------------------------------------------------------------------------------
+# Leftovers: what a run killed with SIGKILL leaves is swept by the next, and only that.
+# ---------------------------------------------------------------------------------------
+
+MAKE_AND_WAIT = (
+    "import sys; from knownstate.chaos import leftovers; "
+    "print(leftovers.make('knownstate-test-'), flush=True); sys.stdin.read()"
+)
+
+
+@pytest.fixture
+def temp_dir(monkeypatch):
+    """A temp directory of the test's own (readable by the postgres user when root)."""
+    import shutil
+    import tempfile
+
+    where = tempfile.mkdtemp(prefix="hostile-tmp-", dir="/tmp")
+    os.chmod(where, 0o755)
+    monkeypatch.setenv("TMPDIR", where)
+    yield Path(where)
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def _owner(temp_dir: Path) -> tuple[subprocess.Popen, Path]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", MAKE_AND_WAIT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def test_the_sweep_removes_only_the_folders_of_dead_runs(temp_dir):
+    from knownstate.chaos import leftovers
+
+    dead, dead_folder = _owner(temp_dir)
+    alive, alive_folder = _owner(temp_dir)
+    (dead_folder / "data").mkdir()
+    squatter = subprocess.Popen(["cat"], stdin=subprocess.PIPE, cwd=dead_folder / "data")
+    unowned = temp_dir / "knownstate-pg-made-by-an-older-knownstate"
+    unowned.mkdir()
+    try:
+        dead.kill()
+        dead.wait(timeout=30)
+        assert leftovers.sweep(str(temp_dir)) == [dead_folder]
+        assert not dead_folder.exists() and alive_folder.exists() and unowned.exists()
+        assert squatter.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        alive.stdin.close()
+        alive.wait(timeout=30)
+        squatter.kill()
+        squatter.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_after_kill_9_of_verify_the_next_run_leaves_nothing_of_the_first(temp_dir, tmp_path):
+    """The acceptance of issue 18: kill -KILL of a running verify, then one more run."""
+    env = {**os.environ, "CI": "true", "TMPDIR": str(temp_dir)}
+    first = subprocess.Popen(
+        [*KNOWNSTATE, "verify", "outbox", "--seed", "1", "--no-example-db"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    try:
+        for line in first.stdout:
+            if "examples," in line or "steps," in line:  # a progress line: the run is under way
+                break
+        started = _descendants(first.pid)
+        folders = sorted(temp_dir.glob("knownstate-*"))
+        assert started and folders, (started, folders)
+        first.kill()
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    poll("every process of the killed run is gone", lambda: not [p for p in started if _alive(p)])
+    assert all(f.exists() for f in folders), "SIGKILL leaves the folders (the next run sweeps)"
+    second = subprocess.run(
+        [*KNOWNSTATE, "verify", "outbox", "--seed", "2", "--examples", "1", "--no-example-db"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert second.returncode in (0, 1), second.stdout + second.stderr
+    assert list(temp_dir.iterdir()) == [], list(temp_dir.iterdir())
+    assert not [p for p in started if _alive(p)]
+
+
+def _descendants(pid: int) -> list[int]:
+    from knownstate.chaos.cluster import _descendants as descendants
+
+    return descendants(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,103 @@
+"""Temp folders a run owns, and the sweep of those whose run died without removing them.
+
+A run removes its folders when it ends, also after Ctrl-C or an error; ``kill -KILL`` leaves
+them (a throwaway cluster's is some 40 MB). So every folder is made by :func:`make`, with a
+lock file, ``.knownstate-owner``, that the making process holds locked (``flock``) for as long
+as the folder is its: the kernel lets go of the lock when that process dies, however it dies.
+:func:`sweep`, run whenever a run starts a cluster, removes every ``knownstate-*`` folder in the
+temp directory whose lock it can take — its owner is gone — after killing what still lives in
+it (a PostgreSQL server that outlived its runner: its processes' working directory is in the
+folder). A folder whose owner lives is never touched, and neither is one without the lock file
+(being made this instant, or made by a knownstate before this one): the lock file appears,
+already locked, in one rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+PREFIX = "knownstate-"
+OWNER = ".knownstate-owner"
+_held: dict[Path, int] = {}
+
+
+def make(prefix: str) -> Path:
+    """A new folder in the temp directory, owned by this process until :func:`remove`."""
+    assert prefix.startswith(PREFIX)
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    staging = folder / f"{OWNER}.{os.getpid()}"
+    fd = os.open(staging, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(staging, folder / OWNER)
+    _held[folder] = fd
+    return folder
+
+
+def remove(folder: Path) -> None:
+    """Remove a folder :func:`make` made, and let go of it."""
+    shutil.rmtree(folder, ignore_errors=True)
+    fd = _held.pop(Path(folder), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def sweep(where: str | None = None) -> list[Path]:
+    """Remove the folders of runs that died; the folders removed."""
+    base = Path(where or tempfile.gettempdir())
+    removed = []
+    try:
+        entries = sorted(base.iterdir())
+    except OSError:
+        return removed
+    for folder in entries:
+        if not folder.name.startswith(PREFIX) or folder in _held:
+            continue
+        try:
+            fd = os.open(folder / OWNER, os.O_RDONLY)
+        except OSError:
+            continue  # no lock file: being made right now, or not made by make()
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its owner is alive
+            _kill_living_in(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+            if not folder.exists():
+                removed.append(folder)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _kill_living_in(folder: Path, deadline_s: float = 10.0) -> None:
+    """SIGKILL every process whose working directory is in ``folder``, and wait until gone."""
+    inside = str(folder)
+    victims = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+                if cwd == inside or cwd.startswith(inside + "/"):
+                    victims.append(int(entry))
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline and any(_alive(p) for p in victims):
+        time.sleep(0.01)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
