@@ -57,7 +57,7 @@ from psycopg.rows import dict_row
 
 from . import history as hist
 from . import nemesis as nem
-from . import leftovers, soakworker, tools
+from . import leftovers, outpath, soakworker, tools
 from .check import EnvironmentFault
 from .cluster import ClusterError, PostgresCluster
 from .opsapi import OpsApi
@@ -1117,7 +1117,7 @@ def report_extra(r: SoakResult, timeline: str | None) -> dict:
 
 def default_timeline(args, kind: str, seed: int) -> str:
     for report in (args.json, args.junit):
-        if report:
+        if report and not outpath.is_stream(report):  # no "/dev/stdout.timeline.html"
             p = Path(report)
             return str(p.with_name(p.stem + ".timeline.html"))
     return f"knownstate-soak-{kind}-{seed}.html"
@@ -1128,6 +1128,11 @@ def cmd_soak(args) -> int:
 
     if not MIN_SECONDS <= args.seconds <= MAX_SECONDS:
         raise cli.UsageError(f"--seconds must be between {MIN_SECONDS:g} and {MAX_SECONDS:g}")
+    outputs = (("json", "JSON report"), ("junit", "JUnit report"), ("timeline", "timeline"))
+    for flag, what in outputs:
+        problem = getattr(args, flag) and outpath.problem(getattr(args, flag), what)
+        if problem:
+            raise cli.UsageError(problem)
     seed = args.seed if args.seed is not None else secrets.randbelow(2**32)
     live = sys.stdout.isatty() and not os.environ.get("CI")
     out = _LiveLine() if live else None
@@ -1156,22 +1161,38 @@ def cmd_soak(args) -> int:
     for f in soak.schedule:
         print(f"    {f.describe()}")
     sys.stdout.flush()
-    r = soak.run()
+    report = _report(args, seed)  # made now, so that its seconds are the soak's
+    try:
+        r = soak.run()
+    except (KeyboardInterrupt, EnvironmentFault) as e:  # reports on every exit but 2, as verify
+        if args.json or args.junit:
+            _write_cut_short(args, report, e)
+        raise
     if out:
         out.done()
     timeline = args.timeline or (None if r.passed else default_timeline(args, args.kind, seed))
     if timeline:
-        tl.write(
-            timeline,
-            r.history,
-            r.verdict,
-            title=f"knownstate soak {r.kind}, seed {r.seed}"
-            + (f", mutant {r.mutant}" if r.mutant else ""),
-        )
+        try:
+            tl.write(
+                timeline,
+                r.history,
+                r.verdict,
+                title=f"knownstate soak {r.kind}, seed {r.seed}"
+                + (f", mutant {r.mutant}" if r.mutant else ""),
+            )
+        except outpath.OutputError as e:
+            print(f"knownstate: {e}", file=sys.stderr)
+            timeline = None
     for line in summary_lines(r, timeline):
         print(line)
-    if args.json or args.junit:
-        write_reports(args, r, timeline)
+    written = write_reports(args, report, r, timeline) if args.json or args.junit else True
+    code = _exit_code(r)
+    return code if code or written else cli.EXIT_ENVIRONMENT
+
+
+def _exit_code(r: SoakResult) -> int:
+    from . import cli
+
     if r.mutant is None:
         return cli.EXIT_OK if r.passed else cli.EXIT_FAILED
     # As `verify --mutant`: caught when the soak failed naming the invariant the mutant declares.
@@ -1190,20 +1211,51 @@ def kinds_mutants(kind: str):
     return kinds.mutants(kind)
 
 
-def write_reports(args, r: SoakResult, timeline: str | None) -> None:
-    """The JSON and JUnit reports ``verify`` writes (one run, of profile ``soak``), the soak's
-    own findings under ``soak``, the soak's replay command."""
+def _report(args, seed: int):
+    """The report of this soak: one run, of profile ``soak``."""
     from . import report as rp
 
-    mutant = next((m for m in kinds_mutants(r.kind) if m.name == r.mutant), None)
-    unit = rp.Unit(0, r.kind, r.seed, mutant)
-    rep = rp.Report("soak", sys.argv[1:], "soak", [r.seed], [unit], 1)
+    mutant = next((m for m in kinds_mutants(args.kind) if m.name == args.mutant), None)
+    unit = rp.Unit(0, args.kind, seed, mutant)
+    argv = ["knownstate", *getattr(args, "argv", sys.argv[1:])]
+    report = rp.Report("soak", argv, "soak", [seed], [unit], 1)
+    report.start(unit)
+    return report
+
+
+def _write_cut_short(args, report, e: BaseException) -> None:
+    """The reports of a soak a signal (130, 143) or a real part (3) stopped."""
+    from . import cli
+
+    if isinstance(e, KeyboardInterrupt):
+        sig = getattr(e, "signal", "SIGINT")
+        doc = report.document("interrupted", f"interrupted by {sig}", sig)
+    else:
+        doc = report.document("environment", str(e))
+    unit = report.units[0]
+    doc["soak"] = {
+        "kind": unit.kind,
+        "seconds": args.seconds,
+        "mutant": args.mutant,
+        "replay": replay_command(unit.kind, args.seconds, unit.seed, args.mutant),
+    }
+    cli.reports(doc, args.json, args.junit)
+
+
+def write_reports(args, report, r: SoakResult, timeline: str | None) -> bool:
+    """The JSON and JUnit reports ``verify`` writes (one run, of profile ``soak``), the soak's
+    own findings under ``soak``, the soak's replay command; False when one could not be written
+    (said in one line)."""
+    from . import cli
+    from . import report as rp
+
+    unit = report.units[0]
     rec = rp.finished_record(unit, check_result(r), rp.Replay(profile="soak"))
-    rec["replay"] = None if r.passed else r.replay()
-    rep.finish(unit, rec)
-    doc = rep.document()
+    rec["replay"] = r.replay()  # also on a pass: the command that runs this soak again
+    report.finish(unit, rec)
+    doc = report.document()
     doc["soak"] = report_extra(r, timeline)["soak"]
-    rp.write_reports(doc, args.json, args.junit)
+    return cli.reports(doc, args.json, args.junit) == doc["exit_code"]
 
 
 def _mutant_description(kind: str, mutant: str) -> str:

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from html import escape
-from pathlib import Path
-
+from . import outpath
 from .history import History, Verdict
 
 WIDTH = 1500
@@ -246,4 +245,6 @@ Times are seconds from the start of the nemesis phase; hover a mark for details.
 
 
 def write(path: str, h: History, v: Verdict, title: str = "knownstate soak") -> None:
-    Path(path).write_text(render(h, v, title))
+    """Write the timeline as a report is written (:func:`.outpath.write`: never replacing what
+    is at the path); OutputError with one line when it cannot."""
+    outpath.write(path, render(h, v, title), "timeline")

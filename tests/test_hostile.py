@@ -440,3 +440,54 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# ---------------------------------------------------------------------------------------
+# soak: reports on every exit, with real seconds and a replay command.
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_soak_that_passes_reports_its_real_seconds_and_how_to_run_it_again(tmp_path):
+    out = subprocess.run(
+        [*KNOWNSTATE, "soak", "outbox", "--seconds", "5", "--seed", "3", "--json", "r.json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "CI": "true"},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["outcome"] == "passed" and doc["seconds"] >= 5, doc["seconds"]
+    assert doc["runs"][0]["seconds"] >= 5
+    assert doc["runs"][0]["replay"] == "knownstate soak outbox --seconds 5 --seed 3"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_soak_stopped_by_a_signal_writes_both_reports(tmp_path, sig, code):
+    proc = subprocess.Popen(
+        [*KNOWNSTATE, "soak", "outbox", "--seconds", "120", "--seed", "3"]
+        + ["--json", "r.json", "--junit", "r.xml"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "CI": "true"},
+        start_new_session=True,
+    )
+    try:
+        for line in proc.stdout:
+            if "faults now:" in line:  # a progress line: the soak is under way
+                break
+        proc.send_signal(sig)
+        assert proc.wait(timeout=120) == code
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["outcome"] == "interrupted" and doc["exit_code"] == code
+    assert doc["runs"][0]["status"] == "interrupted" and doc["seconds"] > 0
+    assert doc["soak"]["replay"] == "knownstate soak outbox --seconds 120 --seed 3"
+    assert "<error" in (tmp_path / "r.xml").read_text()
