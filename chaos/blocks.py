@@ -24,16 +24,17 @@ from knownstate.model.contract import LostRace, Won, check_invariants
 from . import interleave, linearize
 from .harness import EnvironmentFault, Worker, WorkerDied
 from .interleave import Op, SchedulerEnvironmentError
-from .steps import Candidate, Offer, broken_by
+from .steps import Candidate, Action, broken_by
 from .toxi import Link
 
 
 class Blocks:
     """The base's concurrent-block rule, mixed into :class:`~.check.KindCheck`."""
 
-    def offers(self, w: int) -> list[Offer]:
-        """What worker ``w`` can start now in a concurrent block (default: nothing)."""
-        return []
+    def offers(self, w: int) -> list[Action]:
+        """What worker ``w`` can start now in a concurrent block: each of its actions that is one
+        transaction on its connection (``Action.run`` unset)."""
+        return [a for a in self.actions(w) if a.run is None]
 
     def fingerprint(self, model: Any) -> Any:
         """A hashable value equal for model states that act the same (the search's cache key)."""
@@ -241,7 +242,7 @@ class Blocks:
         data,
         chosen: list[Worker],
         run: Any,
-        only: dict[str, list[Offer]] | None = None,
+        only: dict[str, list[Action]] | None = None,
         schedule: Callable[..., Callable[[list[str]], str]] | None = None,
         faults: bool = True,
     ) -> None:
@@ -250,7 +251,7 @@ class Blocks:
         offers)`` (default: drawn as :meth:`_schedule` draws it); a fault may strike inside it
         unless ``faults`` is False."""
 
-        def choices(w: Worker) -> list[Offer]:
+        def choices(w: Worker) -> list[Action]:
             if only and only.get(w.name):
                 return only[w.name]
             mine = self.offers(w.index)

@@ -42,7 +42,8 @@ import time
 from typing import Any, Callable, ClassVar, NoReturn
 
 import psycopg
-from hypothesis.stateful import RuleBasedStateMachine, invariant
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from knownstate.impl.errors import (
     ClientError,
@@ -87,13 +88,13 @@ from .runner import (
     run_check,
     shrink_budget,
 )
-from .steps import Candidate, Failure, Offer, broken_by, diff, fmt
+from .steps import Action, Candidate, Failure, broken_by, diff, fmt
 
 __all__ = [
     "BATCH",
     "SHRINKS",
     "GateDatabase",
-    "Offer",
+    "Action",
     "RunState",
     "SaveOnly",
     "batch_seed",
@@ -140,6 +141,10 @@ class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
     """The invariant a worker's wait on another worker's lock breaks in this kind (None: such a
     wait is reported as a failure without naming one)."""
 
+    operations: ClassVar[tuple[str, ...]] = ()
+    """The kind's operations, by name: the engine makes one rule for each (:meth:`act`), drawing
+    among the :class:`~.steps.Action` of that name the workers have now (:meth:`actions`)."""
+
     # Set per run by build_machine():
     env: ClassVar[Env]
     ws: ClassVar[Workspace]
@@ -166,6 +171,16 @@ class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
             r if isinstance(r, Requirement) else Requirement(r) for r in cls.required_events
         )
         return rows + events
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for op in cls.__dict__.get("operations", ()):
+            setattr(cls, f"op_{op}", _rule_for(op))
+
+    def actions(self, w: int) -> list[Action]:
+        """Everything worker ``w`` can do now, each operation once (default: nothing). The same
+        list gives the rules, the concurrent blocks and the faults' turns."""
+        return []
 
     def new_model(self) -> Any:
         raise NotImplementedError
@@ -390,6 +405,39 @@ class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
         return out + self.kind_violations(real)
 
     # -- the step ----------------------------------------------------------------------------
+    def doable(self, op: str) -> list[tuple[int, Action]]:
+        """Every ``(worker, action)`` of operation ``op`` now."""
+        return [(w.index, a) for w in self.workers for a in self.actions(w.index) if a.op == op]
+
+    def act(self, data, op: str) -> Any:
+        """The rule of operation ``op``: one of its actions now, by one of the workers that have
+        it (an unlikely one, expected to lose, one time in three), done as a step."""
+        pairs = self.doable(op)
+        likely = [p for p in pairs if p[1].likely]
+        rest = [p for p in pairs if not p[1].likely]
+        options = [st.sampled_from(ps) for ps in (likely, likely, rest) if ps]
+        w, action = data.draw(st.one_of(options), label=op)
+        return self.do(w, action)
+
+    def do(self, w: int, action: Action) -> Any:
+        """Worker ``w`` does ``action`` as a step of its own (:meth:`apply`, or the action's own
+        ``run``); what it remembers follows the answer (``after``)."""
+        if action.run is not None:
+            return action.run()
+        got = self.apply(
+            self.workers[w],
+            action.shown(self.workers[w].name),
+            action.model_op,
+            action.impl_op,
+            on_error=action.on_error,
+            external_maybe=action.external_maybe,
+            fenced=action.fence,
+            guarantee=action.guarantee,
+        )
+        if got is not None and action.after is not None:
+            action.after(got)
+        return got
+
     def apply(
         self,
         worker: Worker | None,
@@ -620,3 +668,16 @@ class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
             self.prev_views = self.views(real)
         self.writes, self.repeats = [], []
         self._after_block = False
+
+
+def _rule_for(op: str):
+    """The rule of operation ``op`` (see :meth:`KindCheck.act`)."""
+
+    @precondition(lambda self: bool(self.doable(op)))
+    @rule(data=st.data())
+    def do_op(self, data) -> None:
+        self.act(data, op)
+
+    do_op.__name__ = do_op.__qualname__ = f"op_{op}"
+    do_op.__doc__ = f"A worker does one of its {op} actions now."
+    return do_op
