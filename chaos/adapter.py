@@ -51,6 +51,7 @@ from knownstate.model.contract import LostRace, Won
 from knownstate.model.generic import Timing
 
 from .harness import EnvironmentFault, Worker, cut_socket
+from .interleave import ScheduledConnection
 
 OK, RETRY, PERMANENT = "ok", "retry", "permanent"
 """What an external call answered: done, failed for now, failed for good."""
@@ -304,9 +305,10 @@ class _Socket:
         self.pgconn.finish()
 
 
-class TxConnection(psycopg.Connection):
+class TxConnection(ScheduledConnection):
     """A psycopg connection whose every COMMIT (``commit()``, or the end of a
-    ``transaction()`` block) meets the fault armed on its worker."""
+    ``transaction()`` block) meets the fault armed on its worker; inside a concurrent block
+    every statement and COMMIT waits for the scheduler (:mod:`.interleave`)."""
 
     owner: "AdapterWorker | None" = None
     in_commit = False

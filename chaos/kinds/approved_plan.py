@@ -40,7 +40,7 @@ from knownstate.model import approved_plan as model
 from knownstate.model.approved_plan import Status
 from knownstate.model.contract import LostRace, Repeat, Won
 
-from ..check import QUANTUM, FaultPolicy, KindCheck, Offer, Worker, WorkerDied, needs
+from ..check import QUANTUM, FaultPolicy, KindCheck, Action, Worker, WorkerDied, needs
 
 # The demo domain's steps a plan is drawn from: credits always succeed; the debit only when the
 # account holds enough (not before a credit); "fail" never does. Credits first, so a plan shrinks
@@ -223,16 +223,22 @@ class ApprovedPlanCheck(KindCheck):
         still owns the run (executing under its token: lockExecuting's verdict), the database
         says whether it let the write in."""
 
-        def owner() -> tuple[int, int, bool]:
-            p = self.model.proposal(claim.pid)
-            return (
-                claim.pid,
-                claim.token,
-                model.fence("write", p.status, p.generation, claim.token) is None,
-            )
-
         return self.apply(
-            self.workers[w], label, model_op, impl_op, fenced=owner, guarantee=guarantee
+            self.workers[w],
+            label,
+            model_op,
+            impl_op,
+            fenced=lambda: self._owner(claim),
+            guarantee=guarantee,
+        )
+
+    def _owner(self, claim: Claim) -> tuple[int, int, bool]:
+        """A write by the claim's holder: whether the model says it still owns the run."""
+        p = self.model.proposal(claim.pid)
+        return (
+            claim.pid,
+            claim.token,
+            model.fence("write", p.status, p.generation, claim.token) is None,
         )
 
     def _record_of(self, pid: int) -> tuple:
@@ -441,13 +447,14 @@ class ApprovedPlanCheck(KindCheck):
         return sorted({w for w, _ in self._claims(executing_only=True)})
 
     # -- concurrent blocks ---------------------------------------------------------------------
-    def offers(self, w: int) -> list[Offer]:
+    def offers(self, w: int) -> list[Action]:
         """What worker ``w`` can start together with the other: claim an approved run; run the
         next step of a run it holds, or renew its heartbeat; run the step the other worker holds,
         with its token (the same step request delivered twice); read an executing run (which
         heals it when its heartbeat is stale)."""
         out = [
-            Offer(
+            Action(
+                "mark_executing",
                 f"mark_executing({pid})",
                 lambda m, p=pid: m.mark_executing(p),
                 lambda c, p=pid: self.stores[w].mark_executing(c, p),
@@ -462,30 +469,33 @@ class ApprovedPlanCheck(KindCheck):
             i, token = claim.next, claim.token
             twice = " (the same request again)" if holder != w else ""
             out.append(
-                Offer(
+                Action(
+                    "run_step",
                     f"run_step({pid}, step={i}, token={token}){twice}",
                     lambda m, p=pid, i=i, t=token: m.run_step(p, i, t),
                     lambda c, p=pid, i=i, t=token: self.stores[w].run_step(c, p, i, t),
                     after=self._stepped(holder, pid, i),
-                    fenced=True,
+                    fence=lambda claim=claim: self._owner(claim),
                     guarantee="stable-step-identity",
                     runs=frozenset({pid}),
                 )
             )
             if holder == w:
                 out.append(
-                    Offer(
+                    Action(
+                        "heartbeat",
                         f"heartbeat({pid}, token={token})",
                         lambda m, p=pid, t=token: m.heartbeat(p, t),
                         lambda c, p=pid, t=token: self.stores[w].heartbeat(c, p, t),
                         after=self._renewed(w, pid),
                         guarantee="lease-fence",
                         runs=frozenset({pid}),
-                        fenced=True,
+                        fence=lambda claim=claim: self._owner(claim),
                     )
                 )
         out += [
-            Offer(
+            Action(
+                "read",
                 f"read({pid})",
                 lambda m, p=pid: m.read(p),
                 lambda c, p=pid: self.stores[w].read(c, p),

@@ -49,7 +49,7 @@ from knownstate.model import branch_reset as model
 from knownstate.model.branch_reset import ExternalOp, ExternalState, ExternalStatus, Status
 from knownstate.model.contract import LostRace, Rejected, Repeat, Violation, Won, Write
 
-from ..check import QUANTUM, FaultPolicy, KindCheck, Offer, needs
+from ..check import QUANTUM, FaultPolicy, KindCheck, Action, needs
 from ..opsapi import OpsApi
 
 EPOCH = datetime(2030, 1, 1, tzinfo=timezone.utc)
@@ -556,7 +556,7 @@ class BranchResetCheck(KindCheck):
         return list(POLLERS) if self._runs(Status.RUNNING) else []
 
     # -- concurrent blocks ---------------------------------------------------------------------
-    def offers(self, w: int) -> list[Offer]:
+    def offers(self, w: int) -> list[Action]:
         """What a process can start together with the others: a poller requests a reset (with a
         key every poller would use now: two requests with one key at once), polls or cancels a
         running run; the reaper reaps. (A start calls the operations API: it stays sequential.)"""
@@ -564,7 +564,8 @@ class BranchResetCheck(KindCheck):
         if w == REAPER:
             return (
                 [
-                    Offer(
+                    Action(
+                        "reap",
                         "reap()",
                         lambda m: m.reap(self.workers[REAPER].name),
                         lambda c: self.stores[REAPER].reap(c),
@@ -583,7 +584,8 @@ class BranchResetCheck(KindCheck):
         busy = {r.branch for r in self.model.runs.values() if r.status in model.IN_FLIGHT}
         free = [b for b in BRANCHES if b not in busy] + [f"{b}{self.race_keys}" for b in "cd"]
         out = [
-            Offer(
+            Action(
+                "request",
                 f"request({branch}, key={key})",
                 lambda m, b=branch: m.request(b, key),
                 lambda c, b=branch: self.stores[w].request(c, b, key),
@@ -596,17 +598,19 @@ class BranchResetCheck(KindCheck):
         name = self.workers[w].name
         for run_id in running:
             out.append(
-                Offer(
+                Action(
+                    "poll",
                     f"poll({run_id})",
                     lambda m, r=run_id: m.poll(r, name),
                     lambda c, r=run_id: self.stores[w].poll(c, r),
                     guarantee="lease-fence",
                     runs=frozenset({run_id}),
-                    fenced=True,
+                    fence=lambda r=run_id: (r, 1, self.model.runs[r].status is Status.RUNNING),
                 )
             )
             out.append(
-                Offer(
+                Action(
+                    "cancel",
                     f"cancel({run_id})",
                     lambda m, r=run_id: m.cancel(r),
                     lambda c, r=run_id: self.stores[w].cancel(c, r),

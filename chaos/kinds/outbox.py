@@ -20,7 +20,7 @@ from knownstate.impl.errors import ExternalCallFailed
 from knownstate.model import outbox as model
 from knownstate.model.contract import LostRace, RetryView, Won, Write
 
-from ..check import QUANTUM, Candidate, FaultPolicy, KindCheck, Offer, fmt, needs
+from ..check import QUANTUM, Candidate, FaultPolicy, KindCheck, Action, fmt, needs
 from ..sink import NotificationSink
 
 
@@ -149,7 +149,7 @@ class OutboxCheck(KindCheck):
         self.forget(worker)
 
     # -- concurrent blocks ---------------------------------------------------------------------
-    def offers(self, w: int) -> list[Offer]:
+    def offers(self, w: int) -> list[Action]:
         """What worker ``w`` can start together with the others: an enqueue of the next event id
         (two producers with one id: the second waits on the first's insert, then is refused), a
         claim, the fenced write of a delivery it sent, a lease extension; the reaper process
@@ -157,7 +157,8 @@ class OutboxCheck(KindCheck):
         now, rows = self.model.now, self.model.deliveries.values()
         due = frozenset(d.id for d in rows if d.status == model.P and d.next_attempt_at <= now)
         lapsed = frozenset(d.id for d in rows if d.status == model.R and d.lease_until <= now)
-        reap = Offer(
+        reap = Action(
+            "reclaim_stale",
             "reclaim_stale()",
             lambda m: m.reclaim_stale(),
             lambda c: self.store.reclaim_stale(c),
@@ -170,7 +171,8 @@ class OutboxCheck(KindCheck):
         if self._waiting() < 3:  # a producer's retried event: two enqueue the one id at once
             new = self.model.next_id()
             out.append(
-                Offer(
+                Action(
+                    "enqueue",
                     f"enqueue(id={new})",
                     lambda m, new=new: m.enqueue(new),
                     lambda c, new=new: self.store.enqueue(c, new),
@@ -182,7 +184,8 @@ class OutboxCheck(KindCheck):
             return frozenset(sorted(due | lapsed)[:b]) & lapsed
 
         out += [
-            Offer(
+            Action(
+                "claim",
                 f"claim(batch={b})",
                 lambda m, b=b: m.claim(b),
                 lambda c, b=b: self.store.claim(c, b),
@@ -200,39 +203,42 @@ class OutboxCheck(KindCheck):
             c = h.claim
             if h.result == impl.OK:
                 out.append(
-                    Offer(
+                    Action(
+                        "complete",
                         f"complete({c.id}, attempt={c.attempt})",
                         lambda m, c=c: m.complete(c),
                         lambda conn, c=c: self.store.complete(conn, c),
                         after=self._let_go(w, c.id),
                         guarantee="lease-fence",
                         runs=frozenset({c.id}),
-                        fenced=True,
+                        fence=lambda c=c: self._fence(c),
                     )
                 )
             elif h.result is not None:
                 permanent = h.result == impl.PERMANENT
                 out.append(
-                    Offer(
+                    Action(
+                        "fail",
                         f"fail({c.id}, attempt={c.attempt}, permanent={permanent})",
                         lambda m, c=c, p=permanent: m.fail(c, p),
                         lambda conn, c=c, p=permanent, r=h.result: self.store.fail(conn, c, p, r),
                         after=self._let_go(w, c.id),
                         guarantee="lease-fence",
                         runs=frozenset({c.id}),
-                        fenced=True,
+                        fence=lambda c=c: self._fence(c),
                     )
                 )
             if h.result is not None:
                 continue  # sent: the loop records it next (a heartbeat only runs while sending)
             out.append(
-                Offer(
+                Action(
+                    "extend_lease",
                     f"extend_lease({c.id}, attempt={c.attempt})",
                     lambda m, c=c: m.extend_lease(c),
                     lambda conn, c=c: self.store.extend_lease(conn, c),
                     guarantee="lease-fence",
                     runs=frozenset({c.id}),
-                    fenced=True,
+                    fence=lambda c=c: self._fence(c),
                 )
             )
         return out
