@@ -9,9 +9,11 @@ fixture is used, so the plugin costs nothing to suites that do not use it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import itertools
 import secrets
+import types
 
 import pytest
 
@@ -29,8 +31,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--knownstate-profile",
         default="ci",
-        choices=("ci", "deep"),
-        help="how long check_run_kind runs: ci (default) or deep (nightly)",
+        choices=("quick", "ci", "deep"),
+        help="how long check_run_kind runs: quick (every requirement once, under a minute), "
+        "ci (default: 3 times each) or deep (nightly)",
     )
     group.addoption(
         "--knownstate-examples",
@@ -44,6 +47,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="an external PostgreSQL for knownstate_cluster (default: a throwaway "
         "cluster; never $DATABASE_URL implicitly)",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A ``--knownstate-dsn`` that does not parse is a usage error (pytest's exit 4), named in
+    one line without its password, before any test runs."""
+    value = config.getoption("knownstate_dsn", None)
+    if value:
+        from knownstate.chaos import dsn as dsns
+
+        try:
+            config.option.knownstate_dsn = dsns.resolve(value)
+        except ValueError as e:
+            raise pytest.UsageError(f"--knownstate-dsn: {e}") from None
 
 
 @pytest.fixture(scope="session")
@@ -80,17 +96,26 @@ def knownstate_env(knownstate_cluster, knownstate_toxiproxy):
 @pytest.fixture
 def knownstate_db(knownstate_cluster):
     """A factory of empty databases: ``knownstate_db(schema_sql=None) -> dsn``; each dropped
-    after the test."""
+    after the test. On the throwaway cluster each is a database of its own; on a server of
+    ``--knownstate-dsn`` — whose user need not create databases, as ``--dsn`` needs only
+    CONNECT and CREATE on the database it names — each is a schema of its own in that
+    database, which the DSN reaches through its search_path."""
     import psycopg
 
+    from knownstate.chaos import dsn as dsns
+
     created: list[str] = []
+    own_server = knownstate_cluster.owns_server
 
     def make(schema_sql: str | None = None) -> str:
         name = f"ks_test_{next(_databases)}_{secrets.token_hex(2)}"
         with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as admin:
-            admin.execute(f'create database "{name}"')
+            admin.execute(f'create {"database" if own_server else "schema"} "{name}"')
         created.append(name)
-        dsn = knownstate_cluster.dsn(name)
+        if own_server:
+            dsn = knownstate_cluster.dsn(name)
+        else:
+            dsn = dsns.with_options(knownstate_cluster.dsn(), f"search_path={name}")
         if schema_sql:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(schema_sql)
@@ -100,7 +125,10 @@ def knownstate_db(knownstate_cluster):
     if knownstate_cluster.running:
         with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as admin:
             for name in created:
-                admin.execute(f'drop database if exists "{name}" with (force)')
+                if own_server:
+                    admin.execute(f'drop database if exists "{name}" with (force)')
+                else:
+                    admin.execute(f'drop schema if exists "{name}" cascade')
 
 
 @pytest.fixture
@@ -153,7 +181,10 @@ def check_run_kind(request, knownstate_env):
     from knownstate.chaos.check import SHRINKS, run_check
     from knownstate.chaos.report import Replay, Unit, finished_record, run_lines
 
+    from knownstate.chaos.cli import Progress
+
     config = request.config
+    stream = _TerminalLines(config)
 
     def run(
         kind,
@@ -181,22 +212,36 @@ def check_run_kind(request, knownstate_env):
                 )
             machine = found[0].machine(check)
         profile = profile or config.getoption("knownstate_profile")
-        result = run_check(
-            machine,
-            knownstate_env,
-            seed=seed,
-            profile=profile,
+        if profile == "quick":
+            # A batch of the quick profile is a batch of ci with its longer examples: that is
+            # what the replay command runs (knownstate verify has no quick profile).
+            steps, replay_profile, profile = steps or QUICK_STEPS, "ci", quick_profile()
+        else:
+            replay_profile = profile
+        unit = Unit(0, check.kind, seed, found[0] if found else None)
+        progress = Progress(unit.label, types.SimpleNamespace(state=None), stream)
+        try:
+            result = run_check(
+                machine,
+                knownstate_env,
+                seed=seed,
+                profile=profile,
+                examples=examples,
+                steps=steps,
+                require_all=mutant is None,
+                shrinks=shrinks,
+                progress=progress,
+            )
+        finally:
+            progress.done()
+        replay = Replay(
+            profile=replay_profile,
             examples=examples,
             steps=steps,
-            require_all=mutant is None,
             shrinks=shrinks,
+            no_example_db=True,
         )
-        replay = Replay(
-            profile=profile, examples=examples, steps=steps, shrinks=shrinks, no_example_db=True
-        )
-        record = finished_record(
-            Unit(0, check.kind, seed, found[0] if found else None), result, replay
-        )
+        record = finished_record(unit, result, replay)
         report = "\n".join(run_lines(record))
         if mutant is None and not result.passed:
             pytest.fail(report, pytrace=False)
@@ -205,6 +250,56 @@ def check_run_kind(request, knownstate_env):
         return result
 
     return run
+
+
+QUICK_STEPS = 60
+"""Steps per example of the quick profile: a stale owner's write on a run claimed again takes a
+claim, a stall past the lease, a reclaim, a second claim and the write; longer examples reach it
+in far fewer examples than ci's 30 steps do."""
+
+
+def quick_profile():
+    """The plugin's ``quick`` profile: every required transition and event observed once, in
+    examples of :data:`QUICK_STEPS` steps — a test suite's inner loop (the scaffold's tests, under
+    a minute). The gate is ``knownstate verify`` (``ci``: three times each)."""
+    from knownstate.chaos.check import Profile
+
+    return Profile(
+        "quick",
+        10,
+        3000,
+        QUICK_STEPS,
+        1,
+        240.0,
+        "every required transition and event observed once (10 examples at least, of "
+        f"{QUICK_STEPS} steps)",
+    )
+
+
+class _TerminalLines:
+    """A stream for the gate's progress lines that reaches the terminal while pytest captures
+    a test's output: a line every few seconds, so a check of a minute is not a silent one."""
+
+    def __init__(self, config: pytest.Config):
+        self.config, self._buffer = config, ""
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> None:
+        self._buffer += text
+        *lines, self._buffer = self._buffer.split("\n")
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None:
+            return
+        hold = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+        with hold:
+            for line in lines:
+                reporter.write_line(line)
+
+    def flush(self) -> None:
+        pass
 
 
 def _resolve(kinds, kind):

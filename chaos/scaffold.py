@@ -10,6 +10,8 @@ without its fence. Replace the queue's calls in the adapter by your system's; ru
 from __future__ import annotations
 
 import re
+import shlex
+import sys
 from pathlib import Path
 from string import Template
 
@@ -178,7 +180,7 @@ DESCRIPTION = RunKind(
     lease=Lease(seconds="5m", heartbeat="1m", taken_back_by=("reclaim", "reclaim_dead")),
     fence=Fence(kind="attempt", how="every write by a worker matches its claimed attempt"),
     receipts="the job row itself",
-    retry=Retry(max_attempts=2, base="1m", cap="1h"),
+    retry=Retry(max_attempts=3, base="1m", cap="1h"),
     idempotency_key="key, unique: adding a job twice is one job",
 )
 
@@ -219,17 +221,23 @@ $title = kind(DESCRIPTION, ${base}Adapter)
 
 TEST = Template('''\
 """The $name kind against the contract, under real faults (knownstate's pytest plugin:
-``pytest --knownstate-seed N`` replays a seed)."""
+``pytest --knownstate-seed N`` replays a seed).
+
+The quick profile: every transition and required event observed once, with no invariant
+broken — under a minute, for the loop of changing the adapter and running the tests. The gate,
+for CI, is ``knownstate verify $name``: each observed three times, mutants caught.
+"""
 
 from $package.binding import $title
 
 
 def test_the_queue_meets_the_contract(check_run_kind):
-    check_run_kind($title)
+    check_run_kind($title, profile="quick")
 
 
 def test_the_gate_catches_a_terminal_write_without_the_fence(check_run_kind):
-    check_run_kind($title, mutant="no-fence-in-done")
+    # caught (the failure names lease-fence) is all this test asks: no shrinking
+    check_run_kind($title, mutant="no-fence-in-done", profile="quick", shrinks=0)
 ''')
 
 README = Template("""\
@@ -239,12 +247,14 @@ A run kind checked by knownstate from its description.
 
 - `$package/queue.py` — the system under check (a stand-in: replace it with yours);
 - `$package/binding.py` — the description and the adapter (what you keep);
-- `tests/test_$package.py` — the gate as a test: `pytest` (needs knownstate's real parts:
-  PostgreSQL 15 binaries, libfaketime, Toxiproxy; see knownstate's README).
+- `tests/test_$package.py` — the quick check as a test, under a minute: `python -m pytest`
+  with the Python knownstate is installed in (needs knownstate's real parts: PostgreSQL 15
+  binaries, libfaketime, Toxiproxy; see knownstate's README).
 
 ```sh
+python -m pytest                      # the quick check, and a mutant the gate must catch
 pip install -e .                      # registers the kind: `knownstate verify $name`
-pytest                                # the check, and a mutant the gate must catch
+knownstate verify $name               # the gate, as CI runs it
 knownstate mutants $name              # every mutant derived from the adapter's guards
 ```
 """)
@@ -308,5 +318,10 @@ def cmd_init_kind(args) -> int:
     print(f"knownstate init-kind: wrote {root}/")
     for f in files:
         print(f"  {f.relative_to(root.parent)}")
-    print(f"next: cd {root} && pytest    (the gate on the scaffolded queue; then bind yours)")
+    # The interpreter knownstate runs in has the plugin: a `pytest` first on PATH may not.
+    python = shlex.quote(sys.executable)
+    print(
+        f"next: cd {shlex.quote(str(root))} && {python} -m pytest    (the quick check of the "
+        "scaffolded queue, under a minute; then bind yours)"
+    )
     return 0

@@ -491,3 +491,16 @@ def test_a_soak_stopped_by_a_signal_writes_both_reports(tmp_path, sig, code):
     assert doc["runs"][0]["status"] == "interrupted" and doc["seconds"] > 0
     assert doc["soak"]["replay"] == "knownstate soak outbox --seconds 120 --seed 3"
     assert "<error" in (tmp_path / "r.xml").read_text()
+
+
+# ---------------------------------------------------------------------------------------
+# init-kind: the next step it prints runs the pytest that has the plugin.
+# ---------------------------------------------------------------------------------------
+
+
+def test_init_kind_names_the_pytest_of_the_python_knownstate_runs_in(tmp_path, capsys):
+    assert cli.main(["init-kind", "demo-queue", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{sys.executable} -m pytest" in out, out
+    test = (tmp_path / "demo-queue" / "tests" / "test_demo_queue_kind.py").read_text()
+    assert 'profile="quick"' in test

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import psycopg
 import pytest
 
 from knownstate.chaos.cli import main
@@ -71,6 +72,8 @@ def test_init_kind_scaffolds_a_package_whose_tests_pass_and_the_fixtures_work(tm
         timeout=1500,
     )
     assert run.returncode == 0 and "4 passed" in run.stdout, run.stdout[-4000:] + run.stderr
+    # progress reaches the terminal while pytest captures the test's output
+    assert "demo-queue seed 1: " in run.stdout and "still to observe" in run.stdout, run.stdout
 
 
 def test_init_kind_refuses_a_bad_name_or_an_existing_folder(tmp_path, capsys):
@@ -79,3 +82,60 @@ def test_init_kind_refuses_a_bad_name_or_an_existing_folder(tmp_path, capsys):
     (tmp_path / "taken").mkdir()
     assert main(["init-kind", "taken", "--dir", str(tmp_path)]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+NORMAL_USER_TEST = textwrap.dedent("""
+    import psycopg
+
+
+    def test_a_fresh_database_for_a_user_who_may_not_create_databases(knownstate_db):
+        dsn = knownstate_db("CREATE TABLE t (x int)")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("insert into t values (1)")
+            assert conn.execute("select count(*) from t").fetchone() == (1,)
+            assert conn.execute("select current_user").fetchone() == ("ks_plain",)
+""")
+
+
+def test_the_database_fixture_works_for_a_user_who_may_not_create_databases(pg, tmp_path):
+    """The README's recommended set-up: a normal user with CONNECT and CREATE on one database,
+    as --dsn needs. knownstate_db gives each test a schema of its own there, and drops it."""
+    with psycopg.connect(pg.dsn(), autocommit=True) as admin:
+        admin.execute("drop database if exists ks_plain_app with (force)")
+        admin.execute("drop role if exists ks_plain")
+        admin.execute("create role ks_plain login nocreatedb")
+        admin.execute("create database ks_plain_app")
+        admin.execute("grant create on database ks_plain_app to ks_plain")
+    try:
+        (tmp_path / "test_normal_user.py").write_text(NORMAL_USER_TEST)
+        dsn = f"host=127.0.0.1 port={pg.port} user=ks_plain dbname=ks_plain_app"
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+            + ["--knownstate-dsn", dsn, "test_normal_user.py"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout[-3000:] + run.stderr
+        with psycopg.connect(pg.dsn("ks_plain_app"), autocommit=True) as conn:
+            left = conn.execute("select nspname from pg_namespace where nspname like 'ks_%'")
+            assert left.fetchall() == []
+    finally:
+        with psycopg.connect(pg.dsn(), autocommit=True) as admin:
+            admin.execute("drop database if exists ks_plain_app with (force)")
+            admin.execute("drop role if exists ks_plain")
+
+
+def test_a_malformed_knownstate_dsn_is_a_usage_error_naming_it(tmp_path):
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        + ["--knownstate-dsn", "host=db password=Hidden-1 junk", "test_nothing.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 4, run.stdout + run.stderr
+    assert "--knownstate-dsn: not a DSN" in run.stderr and "Hidden-1" not in run.stderr
