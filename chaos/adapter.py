@@ -178,7 +178,9 @@ class Adapter:
     guards: ClassVar[dict[str, str]] = {}
     """The SQL text of each guard, for the mutants the gate derives: ``fence`` (the attempt
     match), ``status`` (the owned-status match), ``lease`` (the reaper's lapse test),
-    ``skip_locked`` (``SKIP LOCKED``). Each query containing one gets a mutant without it."""
+    ``skip_locked`` (``SKIP LOCKED``), ``lock`` (the claim's whole row lock, e.g. ``FOR UPDATE
+    SKIP LOCKED``: without it the claim reads, then writes). Each query containing one gets a
+    mutant without it."""
     lost_race: ClassVar[LostRaceSignals] = LostRaceSignals()
     no_answer: ClassVar[tuple[type[BaseException], ...]] = (OSError, ExternalCallFailed)
     """Exceptions of :meth:`send` that mean the external side never answered (it may still

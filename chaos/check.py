@@ -29,9 +29,52 @@ when the failure names the invariant the mutant declares.
 Concurrent blocks (:mod:`.blocks`) and runs directed by coverage (:mod:`.runner`) have modules
 of their own.
 
-A kind plugs in by subclassing :class:`KindCheck`: ``new_model()``, ``observe_model()``,
-``observe_impl()``, ``views()``, its operation rules (which call :meth:`KindCheck.apply`), the
-events it requires and its fault policy.
+The engine's hooks
+------------------
+
+A kind plugs in by subclassing :class:`KindCheck` (a described queue needs none of this:
+:func:`knownstate.chaos.generic.kind` builds the subclass). Everything a kind gives is listed
+here, with when the engine reads it and what it is when the kind leaves it out (Porcupine's
+``Model`` is the pattern: every hook a documented field).
+
+=========================  ========================================  ===========================
+hook                       read / called                             default
+=========================  ========================================  ===========================
+``kind``, ``schema``       once per run: the name, the SQL of a      required
+                           workspace
+``contract``               every step: the invariants judge views    None (no contract: only
+                           of the rows against it                    ``own_invariants``)
+``new_model()``            each example: a fresh                     required
+                           :class:`~knownstate.model.contract.RunModel`
+``observe_model(m)``,      after every step: the two must be equal   required
+``observe_impl()``
+``views(observation)``     after every step: the contract's          required with a contract
+                           kind-neutral views
+``operations``,            each step: one rule per operation name,   ``()``, ``[]``: the kind
+``actions(w)``             drawing among worker ``w``'s actions of   writes its own rules
+                           that name (:class:`~.steps.Action`)
+``offers(w)``              a concurrent block: what ``w`` may race   its actions that are one
+                                                                     transaction each
+``required_events``        between batches: coverage                 ``()`` (the table's
+                                                                     transitions always are)
+``policy``                 each step: when faults may fire           ``FaultPolicy()``
+``n_workers``,             each example: the workers and their       2, :class:`.harness.Worker`
+``worker_class``           connections
+``own_invariants``,        a failure: what else it may name          ``{}``, ``[]``
+``kind_violations(real)``
+``lock_wait_breaks``       a wait on another worker's lock           None (a failure naming
+                                                                     nothing)
+``reset_example()``        each example, after tables and links      nothing
+``observed(m)``            after a step the rows agreed with ``m``   nothing
+``forget(w)``, ``lost``    a worker died / failed on a fault         nothing
+``turns``, ``turn``,       the faults: who has work that commits,    none: COMMIT faults,
+``leases``, ``meanwhile``, who holds a live lease, what the others   stalls and lost replies
+``next_write``             do while it is frozen (:mod:`.faults`)    never fire
+``clock_matters()``,       before a clock jump / a crash             True
+``crash_matters()``
+``fingerprint(m)``         a block's search: equal for equal states  every attribute but its
+                                                                     transition log
+=========================  ========================================  ===========================
 """
 
 from __future__ import annotations
@@ -59,6 +102,7 @@ from knownstate.model.contract import (
     Contract,
     LostRace,
     Repeat,
+    RunModel,
     RunView,
     Violation,
     Won,
@@ -182,7 +226,7 @@ class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
         list gives the rules, the concurrent blocks and the faults' turns."""
         return []
 
-    def new_model(self) -> Any:
+    def new_model(self) -> RunModel:
         raise NotImplementedError
 
     def observe_model(self, model: Any) -> Any:
@@ -424,16 +468,18 @@ class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
         ``run``); what it remembers follows the answer (``after``)."""
         if action.run is not None:
             return action.run()
-        got = self.apply(
-            self.workers[w],
-            action.shown(self.workers[w].name),
-            action.model_op,
-            action.impl_op,
-            on_error=action.on_error,
-            external_maybe=action.external_maybe,
-            fenced=action.fence,
-            guarantee=action.guarantee,
-        )
+        worker = self.workers[w]
+        with self.external_call(worker) if action.calls_out else contextlib.nullcontext():
+            got = self.apply(
+                worker,
+                action.shown(worker.name),
+                action.model_op,
+                action.impl_op,
+                on_error=action.on_error,
+                external_maybe=action.external_maybe,
+                fenced=action.fence,
+                guarantee=action.guarantee,
+            )
         if got is not None and action.after is not None:
             action.after(got)
         return got

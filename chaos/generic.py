@@ -50,8 +50,16 @@ from .sink import JsonHandler, NotificationSink
 
 ANSWERS = {200: OK, 503: RETRY, 422: PERMANENT}
 
-GUARDS = {"fence": "lease-fence", "status": "lease-fence", "lease": "lease", "skip_locked": "claim"}
-"""A guard the adapter names -> the invariant a query without it must be caught breaking."""
+GUARDS = {
+    "fence": "lease-fence",
+    "status": "lease-fence",
+    "lease": "lease",
+    "skip_locked": "claim",
+    "lock": "claim",
+}
+"""A guard the adapter names -> the invariant a query without it must be caught breaking.
+Without its ``lock`` (``FOR UPDATE SKIP LOCKED``) a claim is a read and then a write, which two
+claims racing each other can both make: a race mutant, caught where claims overlap."""
 
 
 class KindError(ValueError):

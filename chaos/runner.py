@@ -3,13 +3,14 @@
 A check counts what it *observed* — transitions of the kind's table, lost races, fence
 rejections, reaps, indeterminate commits and how they resolved, duplicates — not only what it
 injected. A profile runs until every required transition and event was observed a few times
-and a minimum number of examples ran (:class:`Profile`); only when its budget runs out first is
-the run vacuous, naming what is missing. Requirements that need what this database cannot do
-(a crash of a server the harness does not own) are *not covered on this database*, never
-vacuous. (Hypothesis's ``target()`` was tried for steering and left out: its optimisation pass
-and pareto front took more than half of a run's time and reached nothing coverage did not.)
+and a minimum number of examples ran (:class:`Profile`); only when its count of examples runs
+out first is the run vacuous, naming what is missing. Time never decides a verdict: a run that
+outlasts the profile's safety net ends as the environment's failure (the machine was too slow).
+Requirements that need what this database cannot do (a crash of a server the harness does not
+own) are *not covered on this database*, never vacuous. (Hypothesis's ``target()`` was tried
+for steering and left out: its optimisation pass and pareto front took more than half of a
+run's time and reached nothing coverage did not.)
 Failing examples are kept in an example database and replayed first on later runs.
-
 """
 
 from __future__ import annotations
@@ -61,15 +62,17 @@ def needs(label: str, *capabilities: str) -> Requirement:
 @dataclass(frozen=True)
 class Profile:
     """A run goes on until every requirement was observed ``times_each`` times and at least
-    ``min_examples`` examples ran; it stops early (vacuous) when ``max_examples`` ran or
-    ``budget_s`` seconds passed first."""
+    ``min_examples`` examples ran; when ``max_examples`` ran first it stops, vacuous. Counts
+    only: the same seed gives the same verdict on a fast machine and on a loaded one. A run
+    still going after ``too_slow_s`` seconds ends as the environment's failure (exit 3: this
+    machine was too slow for the profile), never as a verdict."""
 
     name: str
     min_examples: int
     max_examples: int
     steps: int
     times_each: int
-    budget_s: float
+    too_slow_s: float
     description: str
 
 
@@ -77,12 +80,12 @@ PROFILES = {
     "ci": Profile(
         "ci",
         25,
-        3000,
+        1500,
         30,
         3,
-        240.0,
+        1800.0,
         "until every required transition and event was seen 3 times (25 examples at "
-        "least, 4 minutes at most per kind)",
+        "least, 1,500 at most per kind)",
     ),
     "deep": Profile(
         "deep",
@@ -90,9 +93,9 @@ PROFILES = {
         100000,
         80,
         20,
-        3600.0,
+        14400.0,
         "nightly depth: 1,000 examples at least and every requirement seen 20 "
-        "times (an hour at most per kind)",
+        "times (100,000 at most per kind)",
     ),
 }
 
@@ -144,9 +147,20 @@ class RunState:
             return f"every requirement observed {p.times_each}+ times after {examples} examples"
         if examples >= p.max_examples:
             return f"the profile's {p.max_examples} examples ran"
-        if time.monotonic() - self.started > p.budget_s:
-            return f"the profile's budget of {p.budget_s:.0f} s was spent after {examples} examples"
         return None
+
+    def too_slow(self) -> str | None:
+        """Between two batches: why this machine is too slow to go on (None: it is not). The
+        environment's failure, never a verdict: the verdict is the counts'."""
+        seconds, p = time.monotonic() - self.started, self.profile
+        if self.fixed_examples is not None or seconds <= p.too_slow_s:
+            return None
+        return (
+            f"this machine was too slow for the profile: {self.stats.examples} examples in "
+            f"{seconds:.0f} s, past profile {p.name}'s safety net of {p.too_slow_s:.0f} s, "
+            f"{len(self.missing(p.times_each))} requirement(s) still short of "
+            f"{p.times_each}: rerun on a less loaded machine, or with --examples N (a count)"
+        )
 
 
 class GateDatabase(ExampleDatabase):
@@ -360,6 +374,9 @@ def run_check(
             run.stopped = run.goal_met() or ""
             if run.stopped:
                 break
+            slow = run.too_slow()
+            if slow:
+                raise _interrupted(EnvironmentFault(slow), machine, env, seed, run, prof)
             run.batch += 1
     problem = env.health()
     if problem:

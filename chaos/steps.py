@@ -67,6 +67,9 @@ class Action:
     external_maybe: Callable[[Any], None] | None = None
     """For an operation that calls an external side whose answer may be lost: what the side's
     having acted does to a model (default None: no external side)."""
+    calls_out: bool = False
+    """It calls an external side through the worker's own link inside its transaction: a lost
+    reply armed for the worker's next call acts on that call (default: no such call)."""
     run: Callable[[], Any] | None = None
     """How the engine runs it when it is not one transaction on the worker's connection (an
     external call, driven by the kind): default None, through :meth:`.check.KindCheck.apply`.
