@@ -262,17 +262,18 @@ def quick_profile():
     """The plugin's ``quick`` profile: every required transition and event observed once, in
     examples of :data:`QUICK_STEPS` steps — a test suite's inner loop (the scaffold's tests, under
     a minute). The gate is ``knownstate verify`` (``ci``: three times each)."""
-    from knownstate.chaos.check import Profile
+    from knownstate.chaos.check import PROFILES, Profile
 
+    ci = PROFILES["ci"]
     return Profile(
-        "quick",
-        10,
-        3000,
-        QUICK_STEPS,
-        1,
-        240.0,
-        "every required transition and event observed once (10 examples at least, of "
-        f"{QUICK_STEPS} steps)",
+        name="quick",
+        min_examples=10,
+        max_examples=ci.max_examples,
+        steps=QUICK_STEPS,
+        times_each=1,
+        too_slow_s=ci.too_slow_s,
+        description="every required transition and event observed once (10 examples at least, "
+        f"of {QUICK_STEPS} steps)",
     )
 
 
