@@ -175,8 +175,10 @@ class FaultRules:
     def leases(self) -> list[int]:
         return []
 
-    def meanwhile(self, w: int, data) -> None:
-        """While worker ``w`` is frozen past its lease, the world goes on (default: nothing)."""
+    def meanwhile(self, w: int, data, retake: bool = False) -> None:
+        """While worker ``w`` is frozen past its lease, the world goes on (default: nothing).
+        ``retake``: on purpose the way a fence exists for: what ``w`` holds is taken back and
+        claimed again by another worker (or healed, where reads heal)."""
 
     def next_write(self, w: int, data) -> frozenset:
         """Worker ``w`` is about to freeze inside its next write: do what its loop does before
@@ -404,7 +406,14 @@ class FaultRules:
     @rule(
         data=st.data(),
         resume=st.sampled_from(
-            ["at once", "later", "racing the others", "inside its write", "inside its write"]
+            [
+                "at once",
+                "later",
+                "racing the others",
+                "inside its write",
+                "inside its write",
+                "after its runs were taken back",
+            ]
         ),
     )
     def stall(self: "KindCheck", data, resume: str) -> None:
@@ -415,7 +424,9 @@ class FaultRules:
         it); or it froze *inside* its next write, between two statements of its transaction,
         while the others did whole operations on its run (a block so scheduled; half the
         racing stalls are such too). A racing stall that finds no other worker able to touch its
-        runs resumes at once after the world went on. Its writes must be fenced either way."""
+        runs resumes at once after the world went on. One stall in six is aimed at what a fence
+        is for: meanwhile its runs are taken back and claimed again (the kind's ``meanwhile``
+        with ``retake``), and it resumes at once. Its writes must be fenced either way."""
         w = data.draw(st.sampled_from(self.leases()), label="worker")
         frozen = resume == "inside its write" or (
             resume == "racing the others" and data.draw(st.booleans(), label="or froze inside")
@@ -441,7 +452,7 @@ class FaultRules:
             self.fault(
                 "worker-stall", f"w{w} stalls {seconds}s, past its lease; meanwhile:", pace=False
             )
-        self.meanwhile(w, data)
+        self.meanwhile(w, data, retake=resume == "after its runs were taken back")
         if resume != "later" and self.turns(w):
             self.log(f"  (w{w} resumes)")
             self.turn(w, data)

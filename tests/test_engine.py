@@ -98,7 +98,7 @@ def test_an_outcome_that_differs_from_the_model_names_what_it_breaks():
 def _bare_outbox_check(m) -> OutboxCheck:
     """An outbox check with no real parts: only what judging observations needs."""
     chk = OutboxCheck.__new__(OutboxCheck)
-    chk.model, chk._reclaimed = m, set()
+    chk.model, chk.owing = m, frozenset()
     return chk
 
 
@@ -107,15 +107,15 @@ def test_a_block_is_judged_from_the_states_where_its_orders_stopped():
     state where an order stopped and then changed (terminal answers), a run nobody owns (a stale
     write with no status guard). A run that ended only after the block, or a changed run that
     had not ended, names nothing."""
-    from knownstate.model import outbox as model
+    from knownstate.model.generic import GenericModel
 
-    m = model.OutboxModel(OutboxCheck.config)
-    m.enqueue(1)
-    (claim,) = m.claim(1).value
+    m = GenericModel(OutboxCheck.description, OutboxCheck.timing)
+    m.enqueue("1")
+    (job,) = m.claim(1).value
     claimed = m.copy()
-    m.complete(claim)
+    m.complete(job)
     done, retried = m, claimed.copy()
-    retried.fail(claim, permanent=False)
+    retried.fail(job, permanent=False)
     chk = _bare_outbox_check(done)
     seen = chk.observe_model
     assert chk._ended_then_changed((done,), seen(retried)) == ("terminal-answers-from-receipts",)
@@ -125,5 +125,5 @@ def test_a_block_is_judged_from_the_states_where_its_orders_stopped():
     assert chk._ended_then_changed((done,), seen(done)) == ()
     assert chk._ended_then_changed((claimed,), seen(retried)) == ()  # not ended where it stopped
     assert chk._ended_then_changed((), seen(retried)) == ()
-    assert chk._unowned(retried, frozenset({1})) and chk._unowned(done, frozenset({1}))
-    assert not chk._unowned(claimed, frozenset({1}))
+    assert chk._unowned(retried, frozenset({"1"})) and chk._unowned(done, frozenset({"1"}))
+    assert not chk._unowned(claimed, frozenset({"1"}))

@@ -64,11 +64,8 @@ def knownstate(env, *args, cwd=None) -> subprocess.CompletedProcess:
 
 def test_the_installed_kind_is_found_through_its_entry_point_and_passes(site, tmp_path):
     report = tmp_path / "r.json"
-    # a fixed number of examples: what the run observes depends on the seed alone, never on
-    # how loaded the machine is (the CI profile's time budget would)
-    run = knownstate(
-        site, "verify", "webhook", "--seed", "1", "--examples", "300", "--json", str(report)
-    )
+    # the CI profile: until every requirement was observed (a count, whatever the load)
+    run = knownstate(site, "verify", "webhook", "--seed", "1", "--json", str(report))
     assert run.returncode == 0, run.stdout + run.stderr
     kind = json.loads(report.read_text())["runs"][0]
     assert kind["kind"] == "webhook" and kind["status"] == "passed" and kind["ok"]

@@ -1,7 +1,7 @@
 """A check built from a description and an adapter (``knownstate.chaos.generic``), on the real
 parts.
 
-The reference outbox, bound through an adapter of a few lines instead of a hand-written check,
+The reference outbox, bound through its adapter (the one the outbox's own check runs on),
 passes the gate — reaching the fence's own case (a stale owner writing on a run claimed again)
 and SKIP LOCKED — and the mutants derived from its SQL guards are each caught, naming the
 invariant the guard stands for. An adapter's own bugs are reported as the adapter's; a
@@ -11,73 +11,18 @@ brings its own connection is checked too, every lost connection kept as indeterm
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
-
 import psycopg
 import pytest
 
-from knownstate.chaos.adapter import OK, PERMANENT, RETRY, Adapter, Claimed
+from knownstate.chaos.adapter import Adapter
 from knownstate.chaos.check import Profile, run_check
 from knownstate.chaos.generic import KindError, kind
+from knownstate.chaos.kinds.outbox import OutboxAdapter
 from knownstate.impl import outbox as impl
-from knownstate.impl import queries
-from knownstate.model import outbox as model
 from knownstate.model.describe import Retry
 from knownstate.model.descriptions import OUTBOX
 
 pytestmark = pytest.mark.slow
-
-
-class OutboxAdapter(Adapter):
-    """The reference outbox (impl/outbox.py), bound to the gate."""
-
-    schema = impl.SCHEMA
-    queries = queries.load("outbox.sql")
-    read_query = (
-        "SELECT id::text AS key, status, attempts, next_attempt_at AS due, lease_until"
-        " FROM outbox_delivery"
-    )
-    guards = {
-        "fence": "AND attempts = %(attempt)s",
-        "skip_locked": "SKIP LOCKED",
-        "lease": "AND lease_until <= now()",
-    }
-
-    def store(self) -> impl.OutboxStore:
-        t = self.timing
-        config = model.Config(t.lease, t.backoff_base, t.backoff_cap, t.max_attempts)
-        return impl.OutboxStore(config, self.queries)
-
-    def enqueue(self, conn, key):
-        return self.store().enqueue(conn, int(key))
-
-    def claim(self, conn, batch):
-        return [Claimed(str(c.id), c.attempt, c) for c, _ in self.store().claim_batch(conn, batch)]
-
-    def extend_lease(self, conn, job):
-        return self.store().extend_lease(conn, job.handle)
-
-    def complete(self, conn, job):
-        return self.store().complete(conn, job.handle)
-
-    def fail(self, conn, job, permanent):
-        return self.store().fail(conn, job.handle, permanent, "failed")
-
-    def reclaim_stale(self, conn):
-        return [str(i) for i in self.store().reclaim_stale(conn).value]
-
-    def send(self, job, url):
-        request = urllib.request.Request(
-            url, data=b"{}", method="POST", headers={"Idempotency-Key": f"outbox-{job.key}"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=5) as r:
-                r.read()
-                return OK
-        except urllib.error.HTTPError as e:
-            e.read()
-            return PERMANENT if e.code < 500 else RETRY
 
 
 DESCRIBED = OUTBOX.model_copy(

@@ -613,9 +613,10 @@ class BranchResetCheck(KindCheck):
 
         return after
 
-    def meanwhile(self, w: int, data) -> None:
-        """While the poller is frozen the reaper job may run on its own clock."""
-        if data.draw(st.booleans(), label="reaper runs meanwhile"):
+    def meanwhile(self, w: int, data, retake: bool = False) -> None:
+        """While the poller is frozen the reaper job may run (with ``retake``: runs) on its own
+        clock."""
+        if retake or data.draw(st.booleans(), label="reaper runs meanwhile"):
             self.do(REAPER, self._reap())
 
     @precondition(lambda self: self.skews < 4)
