@@ -605,7 +605,12 @@ def resolve_dsn(value: str) -> str:
     return value
 
 
-def open_database(dsn: str | None = None, *, faketime: bool = True):
-    """The database a check runs on: the given DSN, else a throwaway cluster. An environment
-    variable is read only when ``dsn`` names it (``env:NAME``, :func:`resolve_dsn`)."""
-    return ExternalDatabase(resolve_dsn(dsn)) if dsn else PostgresCluster(faketime=faketime)
+def open_database(
+    dsn: str | None = None, *, faketime: bool = True, settings: dict[str, str] | None = None
+):
+    """The database a check runs on: the given DSN, else a throwaway cluster (``faketime`` and
+    server ``settings`` apply to it). An environment variable is read only when ``dsn`` names
+    it (``env:NAME``, :func:`resolve_dsn`)."""
+    if dsn:
+        return ExternalDatabase(resolve_dsn(dsn))
+    return PostgresCluster(faketime=faketime, settings=settings)
