@@ -35,7 +35,7 @@ def children() -> set[int]:
     out = set()
     for pid in os.listdir("/proc"):
         if pid.isdigit():
-            stat = bench._proc_stat(pid)
+            stat = bench.measure._proc_stat(pid)
             if stat and int(stat[1]) == os.getpid() and stat[0] != "Z":
                 out.add(int(pid))
     return out
