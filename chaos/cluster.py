@@ -33,6 +33,8 @@ from pathlib import Path
 
 import psycopg
 
+from knownstate.impl.ports import free_port
+
 from . import tools
 
 
@@ -244,7 +246,7 @@ class PostgresCluster:
                 if self._user:
                     os.chown(self.clock.path, pw.pw_uid, pw.pw_gid)
             self._ld = ld
-            self.port = tools.free_port()
+            self.port = free_port()
             self._launch()
             return self
         except BaseException:
