@@ -277,7 +277,7 @@ def make_store(spec: dict, log: OpLog):
         log.app_clock,
         lease_seconds=p["lease"],
         http_timeout=p["http_timeout"],
-        queries_=queries,
+        queries=queries,
     )
 
 

@@ -41,6 +41,7 @@ from knownstate.chaos.cluster import ExternalDatabase, PostgresCluster, open_dat
 from knownstate.chaos.harness import Env
 from knownstate.chaos.kinds.outbox import OutboxCheck
 from knownstate.chaos.timeshift import TimeShift
+from knownstate.impl.ports import free_port
 from polling import poll
 
 KNOWNSTATE = [sys.executable, "-m", "knownstate.chaos.cli"]
@@ -89,7 +90,7 @@ def server():
     if tools.running_as_root():
         pw = pwd.getpwnam("postgres")
         os.chown(base, pw.pw_uid, pw.pw_gid)
-    data, port = base / "data", tools.free_port()
+    data, port = base / "data", free_port()
     pg_ctl = tools.pg_binary("pg_ctl")
     subprocess.run(
         [

@@ -17,7 +17,8 @@ import time
 import httpx
 import pytest
 
-from knownstate.chaos import serve, tools
+from knownstate.chaos import serve
+from knownstate.impl.ports import free_port
 
 
 def _descendants(pid: int) -> set[int]:
@@ -38,7 +39,7 @@ def _descendants(pid: int) -> set[int]:
 
 @pytest.fixture
 def served():
-    port = tools.free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "knownstate.chaos.cli", "serve", "--port", str(port)],
         stdout=subprocess.PIPE,

@@ -61,9 +61,13 @@ class _CallsItLost(impl.OutboxStore):
 
 
 @pytest.mark.parametrize("store", [_MissingParameter, _CallsItLost])
-def test_a_client_side_driver_error_is_a_failure_naming_it_not_a_lost_connection(check_env, store):
+def test_a_client_side_driver_error_is_a_failure_naming_it_not_a_lost_connection(
+    knownstate_env, store
+):
     check = type("BuggyOutbox", (OutboxCheck,), {"store_class": store})
-    r = run_check(check, check_env, examples=10, steps=10, seed=5, require_all=False, shrinks=3)
+    r = run_check(
+        check, knownstate_env, examples=10, steps=10, seed=5, require_all=False, shrinks=3
+    )
     assert r.failure is not None, "the bug passed the gate"
     assert "query parameter missing: max_attempts" in r.failure, r.failure
     if store is _MissingParameter:

@@ -48,8 +48,8 @@ def profile(**kw) -> Profile:
     return Profile(**{**base, **kw})
 
 
-def test_the_reference_outbox_bound_through_its_description_passes(check_env):
-    r = run_check(OutboxKind, check_env, seed=3, profile=profile())
+def test_the_reference_outbox_bound_through_its_description_passes(knownstate_env):
+    r = run_check(OutboxKind, knownstate_env, seed=3, profile=profile())
     assert r.passed, r.failure or r.vacuous
     assert r.coverage["stale complete on a re-claimed run"] >= 1 and r.coverage["skip locked"] >= 1
     assert r.coverage["transition processing -reclaim_dead-> dead"] >= 1
@@ -58,9 +58,11 @@ def test_the_reference_outbox_bound_through_its_description_passes(check_env):
 @pytest.mark.parametrize(
     "name", ["no-fence-in-complete", "no-skip-locked-in-claim-due", "no-lease-in-reclaim-stale"]
 )
-def test_the_mutants_derived_from_the_adapters_guards_are_caught(check_env, name):
+def test_the_mutants_derived_from_the_adapters_guards_are_caught(knownstate_env, name):
     mutant = {m.name: m for m in OutboxKind.mutants}[name]
-    r = run_check(mutant.machine(OutboxKind), check_env, seed=3, require_all=False, shrinks=100)
+    r = run_check(
+        mutant.machine(OutboxKind), knownstate_env, seed=3, require_all=False, shrinks=100
+    )
     assert r.failure is not None and mutant.invariant in r.invariants, r.failure
 
 
@@ -86,9 +88,9 @@ class _Unfinished(OutboxAdapter):
         (_Unfinished, "the adapter returned with its transaction still open"),
     ],
 )
-def test_an_adapters_own_bug_is_reported_as_the_adapters(check_env, adapter, says):
+def test_an_adapters_own_bug_is_reported_as_the_adapters(knownstate_env, adapter, says):
     r = run_check(
-        kind(DESCRIBED, adapter), check_env, seed=1, examples=10, require_all=False, shrinks=30
+        kind(DESCRIBED, adapter), knownstate_env, seed=1, examples=10, require_all=False, shrinks=30
     )
     assert r.failure is not None and says in r.failure, r.failure
 
@@ -97,9 +99,9 @@ class _RefusedSchema(OutboxAdapter):
     schema = impl.SCHEMA.rstrip() + "\nCREATE TABLE extra (v txt);\n"
 
 
-def test_a_schema_the_server_refuses_is_the_kinds_failure_naming_its_line(check_env):
+def test_a_schema_the_server_refuses_is_the_kinds_failure_naming_its_line(knownstate_env):
     r = run_check(
-        kind(DESCRIBED, _RefusedSchema), check_env, seed=1, examples=10, require_all=False
+        kind(DESCRIBED, _RefusedSchema), knownstate_env, seed=1, examples=10, require_all=False
     )
     line = _RefusedSchema.schema.splitlines().index("CREATE TABLE extra (v txt);") + 1
     assert r.failure is not None and r.examples == 0, r.failure
@@ -144,13 +146,13 @@ class OwnDriver(OutboxAdapter):
         conn.close()
 
 
-def test_a_driver_that_brings_its_own_connection_is_checked(check_env):
+def test_a_driver_that_brings_its_own_connection_is_checked(knownstate_env):
     own = kind(DESCRIBED.model_copy(update={"name": "outbox-own-driver"}), OwnDriver)
     assert own.policy.commit_faults == () and "indeterminate commit" not in own.required_events
-    r = run_check(own, check_env, seed=2, profile=profile(max_examples=400))
+    r = run_check(own, knownstate_env, seed=2, profile=profile(max_examples=400))
     assert r.passed, r.failure or r.vacuous
     unfenced = {m.name: m for m in own.mutants}["no-fence-in-complete"]
     caught = run_check(
-        unfenced.machine(own), check_env, seed=2, examples=300, require_all=False, shrinks=60
+        unfenced.machine(own), knownstate_env, seed=2, examples=300, require_all=False, shrinks=60
     )
     assert "lease-fence" in caught.invariants, caught.failure

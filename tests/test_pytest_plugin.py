@@ -6,9 +6,11 @@ test with the gate's report — used from a user's test file.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +81,25 @@ def test_init_kind_refuses_a_bad_name_or_an_existing_folder(tmp_path, capsys):
     (tmp_path / "taken").mkdir()
     assert main(["init-kind", "taken", "--dir", str(tmp_path)]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_this_suite_loads_the_plugin_once(pytestconfig):
+    """tests/conftest.py names the plugin (``pytest_plugins``) that its entry point also loads:
+    it is registered once, under the entry point's name."""
+    from knownstate.chaos import pytest_plugin
+
+    plugins = pytestconfig.pluginmanager.list_name_plugin()
+    assert [name for name, p in plugins if p is pytest_plugin] == ["knownstate"]
+
+
+def test_this_suite_loads_the_plugin_with_plugin_autoloading_off():
+    here = "tests/test_pytest_plugin.py::test_this_suite_loads_the_plugin_once"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", here],
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout[-4000:] + run.stderr

@@ -682,8 +682,8 @@ def test_the_timeline_is_one_self_contained_file(tmp_path):
 # ---------------------------------------------------------------------------------------
 
 
-def test_each_committed_change_names_the_operation_and_token_that_made_it(fresh_db, tmp_path):
-    dsn = fresh_db(outbox_impl.SCHEMA + soak.audit_ddl(("outbox_delivery",)))
+def test_each_committed_change_names_the_operation_and_token_that_made_it(knownstate_db, tmp_path):
+    dsn = knownstate_db(outbox_impl.SCHEMA + soak.audit_ddl(("outbox_delivery",)))
     log = soakworker.OpLog(str(tmp_path / "w0.1.jsonl"), "w0", 1)
     store = soakworker.recording(outbox_impl.OutboxStore, log)(Config(lease=60))
     with soakworker.TaggedConnection.connect(dsn, autocommit=True, prepare_threshold=None) as conn:

@@ -156,7 +156,7 @@ class BranchResetCheck(KindCheck):
                     self._app_clock(w.name),
                     lease_seconds=self.lease,
                     http_timeout=self.http_timeout,
-                    queries_=self.queries,
+                    queries=self.queries,
                 )
             )
         self.last_key: dict[str, str] = {}

@@ -42,8 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from knownstate.chaos import tools
 from knownstate.impl.errors import KnownstateError
+from knownstate.impl.ports import free_port
 from knownstate.model.contract import Rejected, Won
 from knownstate.model.document import (
     ID_PATTERN,
@@ -594,7 +594,7 @@ class DocumentServer:
             self.app.router.redirect_slashes = reader.redirect_slashes
 
     def start(self) -> "DocumentServer":
-        self.port = self.port or tools.free_port()
+        self.port = self.port or free_port()
         config = uvicorn.Config(
             self.app,
             host=self.host,
