@@ -65,6 +65,8 @@ from knownstate.model import branch_reset as reset_model
 from knownstate.model import outbox as outbox_model
 from knownstate.model.contract import INVARIANTS, check_invariants
 
+from .faults import SOAK_GLOBAL_FAULTS
+
 # ---------------------------------------------------------------------------------------
 # The records.
 # ---------------------------------------------------------------------------------------
@@ -110,8 +112,9 @@ class Proc:
 
 @dataclass
 class Period:
-    """A nemesis fault, from start to end. ``target``: a process name, "*" (the database or its
-    clock: every process), or a stand-in ("sink", "ops")."""
+    """A nemesis fault (named as in :data:`~.faults.FAULTS`), from start to end. ``target``: a
+    process name, "*" (the database or its clock: every process), or a stand-in ("sink",
+    "ops")."""
 
     kind: str
     target: str
@@ -120,7 +123,7 @@ class Period:
     detail: str = ""
 
     def affects(self, proc: str) -> bool:
-        return self.target in (proc, "*", "sink", "ops")
+        return self.target == proc or self.kind in SOAK_GLOBAL_FAULTS
 
     def describe(self, t0: float) -> str:
         who = "" if self.target == "*" else f" {self.target}"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from knownstate.chaos import history as hist
-from knownstate.chaos import nemesis, soak, soakworker, timeline
+from knownstate.chaos import faults, nemesis, soak, soakworker, timeline
 from knownstate.chaos.history import Audit, History, Op, Period, Proc
 from knownstate.impl import outbox as outbox_impl
 from knownstate.model.contract import INVARIANTS
@@ -81,7 +81,7 @@ def history(kind: str, records, audit, periods=(), final=None, **external) -> Hi
 
 
 def stop(proc: str, start: float, end: float) -> Period:
-    return Period("stop", proc, T0 + start, T0 + end)
+    return Period("worker-stall", proc, T0 + start, T0 + end)
 
 
 # ---------------------------------------------------------------------------------------
@@ -194,7 +194,7 @@ def test_reference_outbox_history_passes_and_its_duplicate_is_attributed_to_the_
     (d,) = v.duplicates
     assert (d.run, d.owner, d.attempt, d.why) == ("1", "w0.1", 1, "lease lapsed, reclaimed")
     assert "r0.1 took it back at +5.0 s" in d.cause and "never recorded an outcome" not in d.cause
-    assert [p.kind for p in d.periods] == ["stop"] and d.periods[0].target == "w0"
+    assert [p.kind for p in d.periods] == ["worker-stall"] and d.periods[0].target == "w0"
     assert v.observed["lost race or fence refusal"] == 1
 
 
@@ -243,8 +243,8 @@ def test_each_outbox_rule_is_reported_under_the_invariant_it_breaks(variant, inv
 def test_a_stale_write_is_attributed_to_the_nemesis_period_that_lapsed_its_lease():
     (f,) = hist.judge(outbox_history("stale-complete-landed")).findings
     assert f.ref == "w0.1:3" and f.run == "1"
-    assert [(p.kind, p.target) for p in f.periods] == [("stop", "w0")]
-    assert "stop w0 +1.2..+6.0 s" in f.line(T0)
+    assert [(p.kind, p.target) for p in f.periods] == [("worker-stall", "w0")]
+    assert "worker-stall w0 +1.2..+6.0 s" in f.line(T0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -572,7 +572,7 @@ def reset_history(variant: str = "") -> History:
         "branch-reset",
         ops,
         audit,
-        [Period("kill", "w1", T0 + 0.97, T0 + 2.0)],
+        [Period("process-kill", "w1", T0 + 0.97, T0 + 2.0)],
         creates=creates,
         **{"ops": api_ops},
     )
@@ -601,7 +601,7 @@ def test_a_deduplicated_create_is_attributed_to_the_start_that_died_after_it():
     assert v.passed, [f.line(T0) for f in v.findings]
     (d,) = v.duplicates
     assert (d.owner, d.attempt, d.why) == ("w1.1", "w1.1:1", "start died before COMMIT")
-    assert [(p.kind, p.target) for p in d.periods] == [("kill", "w1")]
+    assert [(p.kind, p.target) for p in d.periods] == [("process-kill", "w1")]
 
 
 RESET_RULES = [
@@ -641,23 +641,41 @@ def test_the_schedule_is_a_function_of_the_seed():
     one = nemesis.schedule(7, 200, PROCS, 3.0, "sink", (503, 422))
     assert one == nemesis.schedule(7, 200, PROCS, 3.0, "sink", (503, 422))
     assert one != nemesis.schedule(8, 200, PROCS, 3.0, "sink", (503, 422))
-    assert {f.kind for f in one} == set(nemesis.FAULT_KINDS)
+    assert {f.kind for f in one} == set(faults.SOAK_FAULTS) <= set(faults.FAULTS)
     assert all(f.at < 199 for f in one)
-    holds = [f for f in one if f.kind == "hold"]
+    holds = [f for f in one if f.kind == "worker-hold"]
     assert all(f.target.startswith("w") for f in holds), "a hold aims at a worker's lease"
     assert {(f.param("runs"), f.param("resume")) for f in holds} == {
         (runs, resume) for runs in ("one", "any") for resume in ("reaped", "reclaimed")
     }, "every way a stale owner can meet its run is drawn"
-    assert all(f.duration > 3.0 for f in one if f.kind == "stop"), "a stall must outlast the lease"
+    stalls = [f for f in one if f.kind == "worker-stall"]
+    assert all(f.duration > 3.0 for f in stalls), "a stall must outlast the lease"
     process = [f for f in one if f.kind in nemesis.PROCESS_FAULTS]
     assert all(a.at + a.duration < b.at for a, b in zip(process, process[1:], strict=False)), (
         "one process fault at a time"
     )
 
 
+def test_one_fault_vocabulary_for_the_check_the_nemesis_and_the_timeline():
+    """Every fault name the code injects or counts is one of faults.FAULTS (a drift test: the
+    names are literals in the rules of the check and its kinds), and the timeline has a colour
+    for every fault of the soak's nemesis."""
+    import re
+
+    root = Path(faults.__file__).parent
+    used = set()
+    for path in [*root.glob("*.py"), *root.glob("kinds/*.py")]:
+        text = path.read_text()
+        used |= set(re.findall(r'\.fault\(\s*"([a-z0-9-]+)"', text))
+        used |= set(re.findall(r'faults\["([a-z0-9-]+)"\]', text))
+    assert used and used <= set(faults.FAULTS), sorted(used - set(faults.FAULTS))
+    assert set(timeline.FAULT_COLOURS) == set(faults.SOAK_FAULTS)
+    assert set(nemesis.PROCESS_FAULTS + nemesis.GLOBAL_FAULTS) == set(faults.SOAK_FAULTS)
+
+
 def test_without_a_stand_in_nothing_is_refused_or_slowed():
     kinds = {f.kind for f in nemesis.schedule(3, 300, PROCS, 3.0, "")}
-    assert not kinds & {"refuse", "slow"} and "db-crash" in kinds
+    assert not kinds & {"stand-in-refuses", "stand-in-slow"} and "db-crash" in kinds
 
 
 def test_the_timeline_is_one_self_contained_file(tmp_path):
@@ -669,7 +687,7 @@ def test_the_timeline_is_one_self_contained_file(tmp_path):
     assert page.count("<svg") == 1 and "FAILED" in page
     for lane in ("p0", "w0", "w1", "r0"):
         assert f">{lane}</text>" in page
-    assert "stop w0 +1.2..+6.0 s" in page and "carried attempt 1 and landed" in page
+    assert "worker-stall w0 +1.2..+6.0 s" in page and "carried attempt 1 and landed" in page
     assert "delivery 1 accepted more than once" in page
     lowered = page.lower()
     for outside in ("<script", "src=", "href=", "@import", "url(", "https:"):
