@@ -143,6 +143,8 @@ class Audit:
     new: dict | None
     at: float  # the database clock of its transaction (epoch seconds)
     xid: int = 0
+    seen: dict | None = None  # the new row as its kind reads it (a described kind: its read_query)
+    was: dict | None = None  # the old row, likewise
 
     @property
     def row(self) -> dict:
@@ -241,6 +243,7 @@ class Verdict:
     findings: list[Finding] = field(default_factory=list)
     duplicates: list[Duplicate] = field(default_factory=list)
     observed: Counter = field(default_factory=Counter)
+    transitions: Counter = field(default_factory=Counter)  # (from, operation, to): how often
     runs: int = 0
     terminal: int = 0
 
