@@ -384,8 +384,10 @@ def cmd_soak(args) -> int:
         raise cli.UsageError(f"--seconds must be between {MIN_SECONDS:g} and {MAX_SECONDS:g}")
     if (args.kind is None) == (args.kind_spec is None):
         raise cli.UsageError(
-            "name one kind: KIND (one of " + ", ".join(soak_kinds()) + ") or --kind "
-            "package.module:Thing"
+            ("name one kind, not both" if args.kind else "name the kind to soak")
+            + ": KIND (one of "
+            + ", ".join(soak_kinds())
+            + ") or --kind package.module:Thing"
         )
     try:
         kind = kinds.load(args.kind_spec) if args.kind_spec else args.kind

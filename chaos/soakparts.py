@@ -38,6 +38,7 @@ import psycopg
 
 from . import history as hist
 from . import soakworker, tools
+from .generic import Receiver
 from .harness import EnvironmentFault
 from .judge import RunRow
 from .opsapi import OpsApi
@@ -109,6 +110,39 @@ class RecordingSink(_Recording, NotificationSink):
     def record(self) -> dict:
         with self._lock:
             return {"deliveries": list(self.timed)}
+
+
+class RecordingReceiver(_Recording, Receiver):
+    """The receiver of a described kind, also keeping (time, run, the attempt its sender carried,
+    answer, sender's operation) per call, and the idempotency keys each run's calls carried."""
+
+    label = "receiver"
+
+    def reset(self) -> None:
+        super().reset()
+        self.timed: list[tuple[float, str, int | None, int, str | None]] = []
+
+    def _record(self, key: tuple[str, str]) -> int:
+        code = super()._record(key)
+        token = getattr(_request, "token", None)
+        with self._lock:
+            self.timed.append(
+                (
+                    time.time(),
+                    key[0],
+                    int(token) if token and token.isdigit() else None,
+                    code,
+                    getattr(_request, "op", None),
+                )
+            )
+        return code
+
+    refuse, calm = RecordingSink.refuse, RecordingSink.calm
+
+    def record(self) -> dict:
+        keys = {run: sorted(sent) for run, sent in self.keys().items()}
+        with self._lock:
+            return {"deliveries": list(self.timed), "keys": keys}
 
 
 class RecordingOpsApi(_Recording, OpsApi):

@@ -193,5 +193,6 @@ def soak(name: str):
     if entry is not None and entry.soak:
         module, _, cls = entry.soak.partition(":")
         return getattr(importlib.import_module(module), cls)()
-    check(name)
-    raise KindNotFound(f"kind {name!r} has no soak: choose a kind with a soak binding")
+    from ..soakgeneric import described
+
+    return described(check(name))
