@@ -44,7 +44,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from knownstate.model.contract import CREATED, Contract, RunView, Violation, Write
+from knownstate.model.contract import Contract, RunView, Violation, Write
 from knownstate.model.contract import check_invariants
 
 from .history import Audit, Finding, History, Op, Verdict, commit_order, near
@@ -409,9 +409,6 @@ class Replay:
                 self._reported.add((run, x.invariant, x))
                 self.finding(x.invariant, x.message, run)
 
-    def final_views(self) -> dict[str, RunView]:
-        return {run: self.view(row, self.steps[run]) for run, row in self.rows.items()}
-
 
 def judge(h: History, kind: "SoakKind") -> Verdict:
     """Every rule over the whole history; findings sorted by when their write took effect."""
@@ -457,6 +454,3 @@ def _at(op: Op | None) -> float | None:
 
 def _who(op: Op | None) -> str:
     return op.inc if op is not None else "an unlogged writer"
-
-
-__all__ = ["CREATED", "Change", "Judging", "Replay", "RunRow", "StepRow", "judge"]

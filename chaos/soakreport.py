@@ -152,18 +152,13 @@ def default_timeline(args, kind: str, seed: int) -> str:
     return f"knownstate-soak-{kind}-{seed}.html"
 
 
-def kinds_mutants(kind: str):
-    from . import kinds
-
-    return kinds.mutants(kind)
-
-
 def write_reports(args, r: "SoakResult", timeline: str | None) -> None:
     """The JSON and JUnit reports ``verify`` writes (one run, of profile ``soak``), the soak's
     own findings under ``soak``, the soak's replay command."""
+    from . import kinds
     from . import report as rp
 
-    mutant = next((m for m in kinds_mutants(r.kind) if m.name == r.mutant), None)
+    mutant = next((m for m in kinds.mutants(r.kind) if m.name == r.mutant), None)
     unit = rp.Unit(0, r.kind, r.seed, mutant)
     rep = rp.Report("soak", sys.argv[1:], "soak", [r.seed], [unit], 1)
     rec = rp.finished_record(unit, check_result(r), rp.Replay(profile="soak"))
@@ -172,12 +167,6 @@ def write_reports(args, r: "SoakResult", timeline: str | None) -> None:
     doc = rep.document()
     doc["soak"] = report_extra(r, timeline)["soak"]
     rp.write_reports(doc, args.json, args.junit)
-
-
-def _mutant_description(kind: str, mutant: str) -> str:
-    from . import kinds
-
-    return next((m.description for m in kinds.mutants(kind) if m.name == mutant), "")
 
 
 class _LiveLine:

@@ -642,6 +642,48 @@ def test_each_reset_rule_is_reported_under_the_invariant_it_breaks(variant, inva
 
 
 # ---------------------------------------------------------------------------------------
+# Recorded soaks: what the hand-written judge said of them, the contract's judge says.
+# ---------------------------------------------------------------------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures" / "soak"
+
+
+def recorded(path: Path) -> tuple[History, dict]:
+    """A 20 s soak recorded before the judge was rewritten (its connect operations left out),
+    and the hand-written judge's verdict of it."""
+    import gzip
+
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    h = doc["history"]
+    ext = {k: [tuple(x) if isinstance(x, list) else x for x in v] for k, v in h["external"].items()}
+    history = History(
+        h["kind"],
+        h["seed"],
+        h["t0"],
+        h["config"],
+        [Proc(**p) for p in h["procs"]],
+        [Op(**o) for o in h["ops"]],
+        [Period(**p) for p in h["periods"]],
+        [Audit(**a) for a in h["audit"]],
+        ext,
+        h["mutant"],
+        h["quiet_from"],
+    )
+    return history, doc["judged by the hand-written judge"]
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json.gz")), ids=lambda p: p.name[:-8])
+def test_recorded_soaks_get_the_verdicts_the_hand_written_judge_gave(path):
+    h, before = recorded(path)
+    v = judged(h)
+    assert v.passed == before["passed"], [f.line(h.t0) for f in v.findings[:5]]
+    assert sorted({f.invariant for f in v.findings}) == before["invariants"]
+    assert len(v.duplicates) == before["duplicates"]
+    for f in v.findings:  # each attributed: a worker's operation, the nemesis around it
+        assert f.run and (f.ref is None or f.ref.split(":")[0][0] in "pwr"), f.line(h.t0)
+
+
+# ---------------------------------------------------------------------------------------
 # The nemesis schedule and the timeline.
 # ---------------------------------------------------------------------------------------
 
