@@ -51,6 +51,7 @@ from knownstate.model.contract import LostRace, Won
 from knownstate.model.generic import Timing
 
 from .harness import EnvironmentFault, Worker, cut_socket
+from .interleave import ScheduledConnection
 
 OK, RETRY, PERMANENT = "ok", "retry", "permanent"
 """What an external call answered: done, failed for now, failed for good."""
@@ -177,7 +178,9 @@ class Adapter:
     guards: ClassVar[dict[str, str]] = {}
     """The SQL text of each guard, for the mutants the gate derives: ``fence`` (the attempt
     match), ``status`` (the owned-status match), ``lease`` (the reaper's lapse test),
-    ``skip_locked`` (``SKIP LOCKED``). Each query containing one gets a mutant without it."""
+    ``skip_locked`` (``SKIP LOCKED``), ``lock`` (the claim's whole row lock, e.g. ``FOR UPDATE
+    SKIP LOCKED``: without it the claim reads, then writes). Each query containing one gets a
+    mutant without it."""
     lost_race: ClassVar[LostRaceSignals] = LostRaceSignals()
     no_answer: ClassVar[tuple[type[BaseException], ...]] = (OSError, ExternalCallFailed)
     """Exceptions of :meth:`send` that mean the external side never answered (it may still
@@ -304,9 +307,10 @@ class _Socket:
         self.pgconn.finish()
 
 
-class TxConnection(psycopg.Connection):
+class TxConnection(ScheduledConnection):
     """A psycopg connection whose every COMMIT (``commit()``, or the end of a
-    ``transaction()`` block) meets the fault armed on its worker."""
+    ``transaction()`` block) meets the fault armed on its worker; inside a concurrent block
+    every statement and COMMIT waits for the scheduler (:mod:`.interleave`)."""
 
     owner: "AdapterWorker | None" = None
     in_commit = False

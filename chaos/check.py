@@ -18,19 +18,6 @@ decide. It never assumes lost and never assumes done.
 Faults are rules too (:mod:`.faults`): the base owns every one of them; a kind sets a
 :class:`~.faults.FaultPolicy` (data: when faults may fire) and answers a few hooks.
 
-Concurrent blocks
------------------
-
-Rules run one operation at a time, which reaches many races but never two transactions that
-overlap on a row. The base's ``concurrently`` rule starts two or three operations of different
-workers together (each kind says what its workers can do now: :meth:`KindCheck.offers`), each
-on its own thread and its own proxied connection, the implementation's code unchanged. Every
-statement and COMMIT waits at a gate, and a schedule drawn from the example decides who runs
-next (:mod:`.interleave`); a statement that waits on another worker's lock is seen by the
-server. A fault may strike inside the block (a link cut, the database crashing while a lock is
-held). The outcomes are judged by linearizability against the model (:mod:`.linearize`): some
-order of the operations must explain every outcome and the rows read afterwards.
-
 Judge first, through one door
 -----------------------------
 
@@ -39,39 +26,67 @@ contract's invariants (and the kind's own named properties): when one is broken,
 names it; otherwise it shows the difference from the model. A mutant counts as caught only
 when the failure names the invariant the mutant declares.
 
-Runs directed by coverage
--------------------------
+Concurrent blocks (:mod:`.blocks`) and runs directed by coverage (:mod:`.runner`) have modules
+of their own.
 
-A check counts what it *observed* — transitions of the kind's table, lost races, fence
-rejections, reaps, indeterminate commits and how they resolved, duplicates — not only what it
-injected. A profile runs until every required transition and event was observed a few times
-and a minimum number of examples ran (:class:`Profile`); only when its budget runs out first is
-the run vacuous, naming what is missing. Requirements that need what this database cannot do
-(a crash of a server the harness does not own) are *not covered on this database*, never
-vacuous. (Hypothesis's ``target()`` was tried for steering and left out: its optimisation pass
-and pareto front took more than half of a run's time and reached nothing coverage did not.)
-Failing examples are kept in an example database and replayed first on later runs.
+The engine's hooks
+------------------
 
-A kind plugs in by subclassing :class:`KindCheck`: ``new_model()``, ``observe_model()``,
-``observe_impl()``, ``views()``, its operation rules (which call :meth:`KindCheck.apply`), the
-events it requires and its fault policy.
+A kind plugs in by subclassing :class:`KindCheck` (a described queue needs none of this:
+:func:`knownstate.chaos.generic.kind` builds the subclass). Everything a kind gives is listed
+here, with when the engine reads it and what it is when the kind leaves it out (Porcupine's
+``Model`` is the pattern: every hook a documented field).
+
+=========================  ========================================  ===========================
+hook                       read / called                             default
+=========================  ========================================  ===========================
+``kind``, ``schema``       once per run: the name, the SQL of a      required
+                           workspace
+``contract``               every step: the invariants judge views    None (no contract: only
+                           of the rows against it                    ``own_invariants``)
+``new_model()``            each example: a fresh                     required
+                           :class:`~knownstate.model.contract.RunModel`
+``observe_model(m)``,      after every step: the two must be equal   required
+``observe_impl()``
+``views(observation)``     after every step: the contract's          required with a contract
+                           kind-neutral views
+``operations``,            each step: one rule per operation name,   ``()``, ``[]``: the kind
+``actions(w)``             drawing among worker ``w``'s actions of   writes its own rules
+                           that name (:class:`~.steps.Action`)
+``offers(w)``              a concurrent block: what ``w`` may race   its actions that are one
+                                                                     transaction each
+``required_events``        between batches: coverage                 ``()`` (the table's
+                                                                     transitions always are)
+``policy``                 each step: when faults may fire           ``FaultPolicy()``
+``n_workers``,             each example: the workers and their       2, :class:`.harness.Worker`
+``worker_class``           connections
+``own_invariants``,        a failure: what else it may name          ``{}``, ``[]``
+``kind_violations(real)``
+``lock_wait_breaks``       a wait on another worker's lock           None (a failure naming
+                                                                     nothing)
+``reset_example()``        each example, after tables and links      nothing
+``observed(m)``            after a step the rows agreed with ``m``   nothing
+``forget(w)``, ``lost``    a worker died / failed on a fault         nothing
+``turns``, ``turn``,       the faults: who has work that commits,    none: COMMIT faults,
+``leases``, ``meanwhile``, who holds a live lease, what the others   stalls and lost replies
+``next_write``             do while it is frozen (:mod:`.faults`)    never fire
+``clock_matters()``,       before a clock jump / a crash             True
+``crash_matters()``
+``fingerprint(m)``         a block's search: equal for equal states  every attribute but its
+                                                                     transition log
+=========================  ========================================  ===========================
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
 import time
-import traceback
-from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, NoReturn
 
 import psycopg
-from hypothesis import HealthCheck, Phase, Verbosity, settings
-from hypothesis import seed as hyp_seed
-from hypothesis.database import ExampleDatabase
-from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, invariant
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from knownstate.impl.errors import (
     ClientError,
@@ -87,6 +102,7 @@ from knownstate.model.contract import (
     Contract,
     LostRace,
     Repeat,
+    RunModel,
     RunView,
     Violation,
     Won,
@@ -94,26 +110,44 @@ from knownstate.model.contract import (
     check_invariants,
 )
 
-from hypothesis import strategies as st
-from hypothesis.stateful import precondition, rule
 
-from . import interleave, linearize, tools
+from . import tools
 from .faults import FaultPolicy, FaultRules, toxics
-from .interleave import Op, SchedulerEnvironmentError
-from .toxi import Link
-from .harness import (
-    QUANTUM,
-    Env,
-    EnvironmentFault,
-    SchemaRefused,
-    Stats,
-    Worker,
-    WorkerDied,
-    Workspace,
-    watch,
+from .harness import QUANTUM, Env, EnvironmentFault, Stats, Worker, WorkerDied, Workspace, watch
+
+from .blocks import Blocks
+from .runner import (
+    BATCH,
+    PROFILES,
+    SHRINKS,
+    CheckResult,
+    GateDatabase,
+    Profile,
+    Requirement,
+    RunState,
+    SaveOnly,
+    batch_seed,
+    build_machine,
+    needs,
+    run_check,
+    shrink_budget,
 )
+from .steps import Action, Candidate, Failure, broken_by, diff, fmt
 
 __all__ = [
+    "BATCH",
+    "SHRINKS",
+    "GateDatabase",
+    "Action",
+    "RunState",
+    "SaveOnly",
+    "batch_seed",
+    "broken_by",
+    "build_machine",
+    "diff",
+    "fmt",
+    "needs",
+    "shrink_budget",
     "QUANTUM",
     "Candidate",
     "CheckResult",
@@ -133,587 +167,7 @@ __all__ = [
 ]
 
 
-class Failure(AssertionError):
-    """The implementation broke the contract: the message says how, ``invariants`` names the
-    invariants it broke (empty when the failure is a difference from the model only)."""
-
-    def __init__(self, message: str, invariants: tuple[str, ...] = ()):
-        super().__init__(message)
-        self.invariants = invariants
-
-
-@dataclass
-class Candidate:
-    """One possible state of the world after an indeterminate step."""
-
-    model: Any
-    committed: bool | None = None  # for a COMMIT whose answer was lost: whether it landed here
-    external: bool | None = None  # for a call whose answer was lost: whether the stand-in acted
-
-
-@dataclass(frozen=True)
-class Offer:
-    """An operation a worker can start now, for a concurrent block: what it does to the model and
-    to the implementation, what the kind remembers of its outcome (``after``), and what its
-    outcome is of the contract (``guarantee``, as in :meth:`KindCheck.apply`)."""
-
-    label: str
-    model_op: Callable[[Any], Any]
-    impl_op: Callable[[psycopg.Connection], Any]
-    after: Callable[[Any], None] | None = None
-    guarantee: str | None = None
-    among_others: Callable[[Any, Any], Any] | None = None
-    """For an operation whose correct outcomes are several when others run at once (a SKIP
-    LOCKED claim may skip rows another transaction holds): the model operation given what the
-    implementation answered, which accepts it when it is one of them."""
-    runs: frozenset = frozenset()
-    """The runs it may write (a fenced write: its run; a claim: the due runs; the reaper: the
-    runs whose lease lapsed), so a block can aim at a run two workers contest."""
-    fenced: bool = False
-    """A write by an owner, which the contract refuses once the writer lost the run."""
-    once_freed: frozenset = frozenset()
-    """Of its ``runs``, those it can write only once another operation freed them (a claim of
-    a row whose lease lapsed: after the reaper took it back). A worker frozen inside its write
-    on such a run sees the others act in that order (:meth:`_Blocks._frozen`)."""
-
-
-def broken_by(expected: Any, got: Any, fenced: bool, guarantee: str | None) -> tuple[str, ...]:
-    """What an outcome that differs from the model's breaks, besides what the state shows: the
-    guarantee the operation's outcome is (which runs a claim or a reaper takes, which step a
-    step is, a payload approval froze), if it is one; and when a write the contract refuses
-    went through, or one it lets win was refused, also the fence (a write by an owner) or the
-    conditional transition (any other: exactly one caller wins, and it is this one)."""
-    own = (guarantee,) if guarantee else ()
-    if {type(expected), type(got)} == {LostRace, Won}:
-        return (("lease-fence",) if fenced else ("conditional-transition",)) + own
-    return own
-
-
-@dataclass(frozen=True)
-class Requirement:
-    """Something a run must observe: a transition of the table or an event, and what the
-    database must be able to do for it to be reachable at all (``Env.capabilities()``:
-    ``time-shift``, ``db-clock``, ``db-crash``)."""
-
-    label: str
-    what: str = "event"
-    needs: frozenset[str] = frozenset()
-
-    @property
-    def key(self) -> str:
-        return f"{self.what} {self.label}" if self.what == "transition" else self.label
-
-
-def needs(label: str, *capabilities: str) -> Requirement:
-    """A required event reachable only where the database can do ``capabilities``."""
-    return Requirement(label, "event", frozenset(capabilities))
-
-
-# ---------------------------------------------------------------------------------------
-# Profiles: how long a run goes on.
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Profile:
-    """A run goes on until every requirement was observed ``times_each`` times and at least
-    ``min_examples`` examples ran; it stops early (vacuous) when ``max_examples`` ran or
-    ``budget_s`` seconds passed first."""
-
-    name: str
-    min_examples: int
-    max_examples: int
-    steps: int
-    times_each: int
-    budget_s: float
-    description: str
-
-
-PROFILES = {
-    "ci": Profile(
-        "ci",
-        25,
-        3000,
-        30,
-        3,
-        240.0,
-        "until every required transition and event was seen 3 times (25 examples at "
-        "least, 4 minutes at most per kind)",
-    ),
-    "deep": Profile(
-        "deep",
-        1000,
-        100000,
-        80,
-        20,
-        3600.0,
-        "nightly depth: 1,000 examples at least and every requirement seen 20 "
-        "times (an hour at most per kind)",
-    ),
-}
-
-
-# ---------------------------------------------------------------------------------------
-# The state of one run of one kind (shared by its examples).
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class RunState:
-    profile: Profile
-    requirements: tuple[Requirement, ...]
-    capabilities: frozenset[str]
-    fixed_examples: int | None = None  # --examples: exactly this many, no coverage stop
-    progress: Callable[["RunState"], None] | None = None
-    stats: Stats = field(default_factory=Stats)
-    failures: list[tuple[str, tuple[str, ...], list[str]]] = field(default_factory=list)
-    last_trace: list[str] = field(default_factory=list)
-    all_traces: list[list[str]] | None = None
-    started: float = field(default_factory=time.monotonic)
-    stopped: str = ""
-    batch: int = 0
-    allow_save: bool = False
-
-    def count(self, r: Requirement) -> int:
-        if r.what == "transition":
-            return sum(
-                n for (s, e, t), n in self.stats.transitions.items() if f"{s} -{e}-> {t}" == r.label
-            )
-        return self.stats.events.get(r.label, 0)
-
-    def reachable(self) -> list[Requirement]:
-        return [r for r in self.requirements if r.needs <= self.capabilities]
-
-    def not_covered(self) -> list[Requirement]:
-        return [r for r in self.requirements if not r.needs <= self.capabilities]
-
-    def missing(self, times: int = 1) -> list[Requirement]:
-        return [r for r in self.reachable() if self.count(r) < times]
-
-    def goal_met(self) -> str | None:
-        """Between two batches: why the run stops now (None: it goes on)."""
-        examples = self.stats.examples
-        p = self.profile
-        if self.fixed_examples is not None:
-            return f"{examples} examples ran, as asked"
-        if examples >= p.min_examples and not self.missing(p.times_each):
-            return f"every requirement observed {p.times_each}+ times after {examples} examples"
-        if examples >= p.max_examples:
-            return f"the profile's {p.max_examples} examples ran"
-        if time.monotonic() - self.started > p.budget_s:
-            return f"the profile's budget of {p.budget_s:.0f} s was spent after {examples} examples"
-        return None
-
-
-class GateDatabase(ExampleDatabase):
-    """Hypothesis's example database, keeping only genuine failures: an example stopped by the
-    run (coverage reached, environment fault) is never saved as one. Replayed first next time."""
-
-    def __init__(self, inner: ExampleDatabase, run: RunState):
-        super().__init__()
-        self.inner, self.run = inner, run
-
-    def save(self, key: bytes, value: bytes) -> None:
-        if self.run.allow_save and not key.endswith(b".pareto"):
-            self.inner.save(key, value)
-
-    def fetch(self, key: bytes):
-        return self.inner.fetch(key)
-
-    def delete(self, key: bytes, value: bytes) -> None:
-        self.inner.delete(key, value)
-
-    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-        if self.run.allow_save or dest.startswith(src):
-            self.inner.move(src, dest, value)
-
-    def add_listener(self, f) -> None:  # pragma: no cover - no live listeners here
-        pass
-
-    def remove_listener(self, f) -> None:  # pragma: no cover
-        pass
-
-
-class SaveOnly(ExampleDatabase):
-    """An example database that keeps new failures but hands none out for replay: for the
-    batches after the first (the stored examples were replayed there) and for measurements."""
-
-    def __init__(self, inner: ExampleDatabase):
-        super().__init__()
-        self.inner = inner
-
-    def fetch(self, key: bytes):
-        return iter(())
-
-    def save(self, key: bytes, value: bytes) -> None:
-        self.inner.save(key, value)
-
-    def delete(self, key: bytes, value: bytes) -> None:
-        self.inner.delete(key, value)
-
-    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-        self.inner.move(src, dest, value)
-
-
-# ---------------------------------------------------------------------------------------
-# The generic state machine.
-# ---------------------------------------------------------------------------------------
-
-
-class _Blocks:
-    """The base's concurrent-block rule (mixed into KindCheck; see the module docstring)."""
-
-    def offers(self, w: int) -> list[Offer]:
-        """What worker ``w`` can start now in a concurrent block (default: nothing)."""
-        return []
-
-    def fingerprint(self, model: Any) -> Any:
-        """A hashable value equal for model states that act the same (the search's cache key)."""
-        return linearize.default_fingerprint(model)
-
-    def _able(self) -> list[Worker]:
-        return [w for w in self.workers if self.offers(w.index)]
-
-    def _may_block(self) -> bool:
-        return (
-            "concurrency" in self.run.capabilities
-            and len(self.candidates) == 1
-            and len(self._able()) >= 2
-            and all(w.clean() for w in self.workers)
-        )
-
-    def _contested(self) -> dict[Any, list[Worker]]:
-        """Runs that two workers or more can write now (each with an offer naming the run)."""
-        by_run: dict[Any, set[int]] = {}
-        for w in self.workers:
-            for o in self.offers(w.index):
-                for run in o.runs:
-                    by_run.setdefault(run, set()).add(w.index)
-        return {
-            run: [self.workers[i] for i in sorted(ws)]
-            for run, ws in sorted(by_run.items(), key=lambda kv: repr(kv[0]))
-            if len(ws) > 1
-        }
-
-    @precondition(lambda self: self._may_block())
-    @rule(data=st.data(), aim=st.booleans())
-    def concurrently(self, data, aim: bool) -> None:
-        """Two or three workers start an operation each, together. Half the blocks aim at one run
-        that several of them can write (where locks are waited on and fences meet)."""
-        contested = self._contested() if aim else {}
-        if contested:
-            # a fenced write meeting another worker's write of its run is where locks are waited
-            # on and fences meet: such runs twice as often as others (a key two requests race
-            # for, a row two claims race for), which are never left out
-            fenced = [
-                run
-                for run, able in contested.items()
-                if any(o.fenced and run in o.runs for w in able for o in self.offers(w.index))
-            ]
-            run = data.draw(st.sampled_from(fenced + list(contested)), label="the run they contest")
-            able = contested[run]
-        else:
-            run, able = None, self._able()
-        n = data.draw(st.integers(2, min(3, len(able))), label="workers in the block")
-        chosen = sorted(
-            data.draw(
-                st.lists(
-                    st.sampled_from(able), min_size=n, max_size=n, unique_by=lambda w: w.index
-                ),
-                label="who",
-            ),
-            key=lambda w: w.index,
-        )
-        self._block(data, chosen, run)
-
-    def race(self, data, w: int, frozen: bool = False, due: frozenset = frozenset()) -> bool:
-        """Worker ``w`` (resuming from a stall) races the others on a run it can write: a block
-        of its next write (a fenced one, on that run) and other workers' operations on the same
-        run (the reaper taking it back, a new owner claiming or writing it), scheduled as any
-        block's (:meth:`_schedule`). ``frozen``: it froze *inside* that write (:meth:`_frozen`:
-        a pause between two statements of its transaction while every other worker on the run
-        does a whole operation; the pause is the block's fault, no other strikes inside it).
-        ``due``: the runs of the write it was about to make (empty: any it holds). False when no
-        other worker can touch its runs."""
-        mine = {run for o in self.offers(w) if o.fenced for run in o.runs}  # the runs it holds
-        contested = {
-            run: ws
-            for run, ws in self._contested().items()
-            if run in mine and any(x.index == w for x in ws)
-        }
-        contested = {run: ws for run, ws in contested.items() if run in due} or contested
-        if (
-            not contested
-            or "concurrency" not in self.run.capabilities
-            or not all(x.clean() for x in self.workers)
-            or len(self.candidates) > 1
-        ):
-            return False
-        run = data.draw(st.sampled_from(list(contested)), label="the run they race on")
-        others = [x for x in contested[run] if x.index != w]
-        if frozen:
-            racers = others
-        else:
-            n = data.draw(st.integers(1, min(2, len(others))), label="how many race it")
-            racers = data.draw(
-                st.lists(
-                    st.sampled_from(others), min_size=n, max_size=n, unique_by=lambda x: x.index
-                ),
-                label="who races it",
-            )
-        stalled = self.workers[w]
-        writes = [o for o in self.offers(w) if o.fenced and run in o.runs]
-        schedule = None
-        if frozen:
-            schedule = lambda data, names, offers: self._frozen(  # noqa: E731
-                data,
-                stalled.name,
-                [n for n in names if n != stalled.name],
-                [n for n in names if run in offers[n].once_freed],
-            )
-        self._block(
-            data,
-            sorted([stalled, *racers], key=lambda x: x.index),
-            run,
-            only={stalled.name: writes},
-            schedule=schedule,
-            faults=not frozen,
-        )
-        return True
-
-    @staticmethod
-    def _schedule(data, names: list[str]) -> Callable[[list[str]], str]:
-        """The block's schedule, drawn as PCT draws it (Burckhardt et al., probabilistic
-        concurrency testing): a priority order of the workers and up to two change points, steps
-        after which the worker then on top drops to the bottom. The highest-priority worker that
-        can run takes each step. A race of depth d (one read, then others' commits, then the
-        write) needs d - 1 change points, so short draws reach it often, and the schedule shrinks
-        towards running the workers one after another."""
-        order = list(data.draw(st.permutations(names), label="priority"))
-        changes = set(
-            data.draw(
-                st.lists(st.integers(1, 2 * len(names)), max_size=2, unique=True),
-                label="priority changes after steps",
-            )
-        )
-        step = 0
-
-        def choose(options: list[str]) -> str:
-            nonlocal step
-            step += 1
-            if step - 1 in changes:
-                top = next(n for n in order if n in options)
-                order.remove(top)
-                order.append(top)
-            return next(n for n in order if n in options)
-
-        return choose
-
-    @staticmethod
-    def _frozen(
-        data, stalled: str, others: list[str], later: list[str] = ()
-    ) -> Callable[[list[str]], str]:
-        """The schedule of a worker frozen inside its operation (a GC pause, a suspended VM,
-        between two statements of its transaction, holding what it locked): it runs its first
-        statements (after each one, whether it freezes there is drawn: after the first, three
-        times in four), then the others run their whole operations one after another (one that
-        waits on a lock the frozen worker holds steps aside), then it finishes. The others' order is
-        drawn, except that those in ``later`` (which can write the run only once another
-        operation freed it: a claim of a row whose lease lapsed) come after the rest. Shrinks
-        towards never freezing: the stalled worker's whole write, then the others'."""
-        drawn = data.draw(st.permutations(others), label="the others' order")
-        order = sorted(drawn, key=lambda n: n in later)
-        frozen = False
-
-        def choose(options: list[str]) -> str:
-            nonlocal frozen
-            if not frozen and stalled in options:
-                frozen = (
-                    data.draw(
-                        st.integers(0, 3), label=f"{stalled} freezes after this step (unless 0)"
-                    )
-                    > 0
-                )
-                return stalled
-            return next((n for n in order if n in options), stalled)
-
-        return choose
-
-    def _unowned(self, model: Any, runs: frozenset) -> bool:
-        """Whether, in ``model``, one of ``runs`` is in a status nobody owns it in."""
-        views = self.views(self.observe_model(model)) if self.contract is not None else {}
-        return any(
-            str(r) in views and views[str(r)].status not in self.contract.owned for r in runs
-        )
-
-    def _ended_then_changed(self, states: tuple, real: Any) -> tuple[str, ...]:
-        """``terminal-answers-from-receipts`` when a run is terminal in one of ``states`` (where
-        an order of a block's operations stopped) and its record differs in the rows read after
-        the block: whatever ran after that point changed a run that had ended. (The other
-        transition invariants are not judged across a block: several legal moves in a row look
-        like one the table does not have.)"""
-        if self.contract is None or not states:
-            return ()
-        after = self.views(real)
-        for m in states:
-            ended = {
-                r: v
-                for r, v in self.views(self.observe_model(m)).items()
-                if self.contract.is_terminal(v.status) and r in after
-            }
-            if any(
-                v.invariant == "terminal-answers-from-receipts"
-                for v in check_invariants(self.contract, ended, {r: after[r] for r in ended})
-            ):
-                return ("terminal-answers-from-receipts",)
-        return ()
-
-    def _block(
-        self,
-        data,
-        chosen: list[Worker],
-        run: Any,
-        only: dict[str, list[Offer]] | None = None,
-        schedule: Callable[..., Callable[[list[str]], str]] | None = None,
-        faults: bool = True,
-    ) -> None:
-        """Run one block of ``chosen`` workers' operations (aimed at ``run`` when given; a worker
-        named in ``only`` does one of those offers), scheduled by ``schedule(data, names,
-        offers)`` (default: drawn as :meth:`_schedule` draws it); a fault may strike inside it
-        unless ``faults`` is False."""
-
-        def choices(w: Worker) -> list[Offer]:
-            if only and only.get(w.name):
-                return only[w.name]
-            mine = self.offers(w.index)
-            aimed = [o for o in mine if run in o.runs]
-            return aimed or mine
-
-        offers = {
-            w.name: data.draw(st.sampled_from(choices(w)), label=f"{w.name} does") for w in chosen
-        }
-        self.start_step(len(chosen))
-        for w in chosen:
-            w.ready()  # a connection the server dropped (a crash) is replaced before the block
-        ops = [Op(w.name, offers[w.name].label, w.conn, offers[w.name].impl_op) for w in chosen]
-        struck: list[Link] = []
-        # one block in three meets a fault, between two of its steps (most blocks must run to
-        # their end: a race needs every operation in it to reach its writes)
-        when = (
-            data.draw(st.sampled_from([None, None, 1, 2, 3, 4]), label="a fault before step")
-            if faults
-            else None
-        )
-        steps = 0
-
-        def between(block) -> None:
-            nonlocal steps
-            steps += 1
-            if struck or steps != when:
-                return
-            fate = data.draw(
-                st.sampled_from(
-                    [f"cut {w.name}" for w in chosen] + (["crash"] if self._may_crash() else [])
-                ),
-                label="fault in the block",
-            )
-            if fate == "crash":
-                self.crashes += 1
-                struck.append(None)
-                self.stats.faults["db-crash"] += 1
-                block.fault(
-                    "database crash (SIGKILL of the postmaster) and restart",
-                    self.env.crash_and_restart,
-                    lost=[w.name for w in chosen],
-                )
-            else:
-                worker = next(w for w in chosen if w.name == fate.split()[1])
-                struck.append(worker.link)
-                self.stats.faults["link-down"] += 1
-                block.fault(f"link down {worker.link.name}", worker.link.down, lost=[worker.name])
-
-        names = [w.name for w in chosen]
-        choose = (
-            schedule(data, names, offers) if schedule is not None else self._schedule(data, names)
-        )
-        try:
-            res = self.ws.scheduler().run(ops, choose, between=between)
-        except SchedulerEnvironmentError as e:
-            raise EnvironmentFault(f"a concurrent block could not run: {e}") from None
-        for link in struck:
-            if link is not None:
-                self._toxi(link.clear)
-        self.log("CONCURRENTLY " + " | ".join(f"{w.name} {offers[w.name].label}" for w in chosen))
-        self.trace.extend(f"  {line}" for line in res.trace[1:])
-        self.stats.events["concurrent block"] += 1
-        self.event("lock wait in a block", res.waits)
-        results = res.by_worker()
-        for w in chosen:
-            r = results[w.name]
-            if r.sqlstate == "40P01":
-                self.event("deadlock victim")
-            elif r.sqlstate == "40001":
-                self.event("serialization failure")
-            if r.error is not None:
-                self._lost_connection(w, None, r.error if not r.transient else None)
-
-        def model_op(w: Worker) -> Callable[[Any], Any]:
-            offer, r = offers[w.name], results[w.name]
-            if offer.among_others is not None and r.error is None:
-                return lambda m: offer.among_others(m, r.value)
-            return offer.model_op
-
-        # as in a sequential step, an operation that raised on a lost connection, a dead worker or
-        # a failed external call committed nothing (a COMMIT in flight is indeterminate)
-        history = interleave.history(
-            res,
-            {w.name: model_op(w) for w in chosen},
-            no_effect=(ConnectionLost, WorkerDied, ExternalCallFailed),
-        )
-        self._after_block = True  # a run may have moved twice: the linearization judges moves
-        real = self.observe_impl()
-        verdict = linearize.check(
-            history,
-            [c.model for c in self.candidates],
-            fingerprint=self.fingerprint,
-            final=linearize.FinalState(real, self.observe_model),
-        )
-        if not verdict.ok:
-            named: tuple[str, ...] = ()
-            refused = verdict.refused_anywhere or tuple(
-                (op, answers, ())
-                for (op, _), answers in zip(verdict.next_refused, verdict.next_answers)
-            )
-            for op, answers, states in refused:
-                offer = offers[op.client]
-                for answer in answers or (None,):
-                    named += broken_by(answer, op.output, offer.fenced, offer.guarantee)
-                if (
-                    offer.fenced
-                    and isinstance(op.output, Won)
-                    and any(self._unowned(m, offer.runs) for m in states)
-                ):
-                    # a stale owner's write landed on a run nobody holds: no status guard
-                    named += ("conditional-transition",)
-                named += self._ended_then_changed(states, real)
-            self.fail(
-                "\n".join(verdict.explain()),
-                real=real,
-                otherwise=named or ("conditional-transition",),
-            )
-        self.candidates = [Candidate(m) for m in verdict.final_states]
-        if any(op.ret is None for op in history):
-            self.event("indeterminate commit in a block")
-        for w in chosen:
-            r = results[w.name]
-            if r.error is None:
-                if isinstance(r.value, LostRace):
-                    self.event("lost race")
-                if offers[w.name].after is not None:
-                    offers[w.name].after(r.value)
-
-
-class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
+class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
     """Base of every kind's check. Subclasses set the class attributes and implement the hooks."""
 
     kind: ClassVar[str] = ""
@@ -730,6 +184,10 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
     lock_wait_breaks: ClassVar[str | None] = None
     """The invariant a worker's wait on another worker's lock breaks in this kind (None: such a
     wait is reported as a failure without naming one)."""
+
+    operations: ClassVar[tuple[str, ...]] = ()
+    """The kind's operations, by name: the engine makes one rule for each (:meth:`act`), drawing
+    among the :class:`~.steps.Action` of that name the workers have now (:meth:`actions`)."""
 
     # Set per run by build_machine():
     env: ClassVar[Env]
@@ -758,7 +216,17 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         )
         return rows + events
 
-    def new_model(self) -> Any:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for op in cls.__dict__.get("operations", ()):
+            setattr(cls, f"op_{op}", _rule_for(op))
+
+    def actions(self, w: int) -> list[Action]:
+        """Everything worker ``w`` can do now, each operation once (default: nothing). The same
+        list gives the rules, the concurrent blocks and the faults' turns."""
+        return []
+
+    def new_model(self) -> RunModel:
         raise NotImplementedError
 
     def observe_model(self, model: Any) -> Any:
@@ -981,6 +449,41 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         return out + self.kind_violations(real)
 
     # -- the step ----------------------------------------------------------------------------
+    def doable(self, op: str) -> list[tuple[int, Action]]:
+        """Every ``(worker, action)`` of operation ``op`` now."""
+        return [(w.index, a) for w in self.workers for a in self.actions(w.index) if a.op == op]
+
+    def act(self, data, op: str) -> Any:
+        """The rule of operation ``op``: one of its actions now, by one of the workers that have
+        it (an unlikely one, expected to lose, one time in three), done as a step."""
+        pairs = self.doable(op)
+        likely = [p for p in pairs if p[1].likely]
+        rest = [p for p in pairs if not p[1].likely]
+        options = [st.sampled_from(ps) for ps in (likely, likely, rest) if ps]
+        w, action = data.draw(st.one_of(options), label=op)
+        return self.do(w, action)
+
+    def do(self, w: int, action: Action) -> Any:
+        """Worker ``w`` does ``action`` as a step of its own (:meth:`apply`, or the action's own
+        ``run``); what it remembers follows the answer (``after``)."""
+        if action.run is not None:
+            return action.run()
+        worker = self.workers[w]
+        with self.external_call(worker) if action.calls_out else contextlib.nullcontext():
+            got = self.apply(
+                worker,
+                action.shown(worker.name),
+                action.model_op,
+                action.impl_op,
+                on_error=action.on_error,
+                external_maybe=action.external_maybe,
+                fenced=action.fence,
+                guarantee=action.guarantee,
+            )
+        if got is not None and action.after is not None:
+            action.after(got)
+        return got
+
     def apply(
         self,
         worker: Worker | None,
@@ -1213,261 +716,14 @@ class KindCheck(FaultRules, _Blocks, RuleBasedStateMachine):
         self._after_block = False
 
 
-def fmt(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) < 300 else text[:297] + "..."
+def _rule_for(op: str):
+    """The rule of operation ``op`` (see :meth:`KindCheck.act`)."""
 
+    @precondition(lambda self: bool(self.doable(op)))
+    @rule(data=st.data())
+    def do_op(self, data) -> None:
+        self.act(data, op)
 
-def diff(expected: Any, real: Any) -> str:
-    if isinstance(expected, tuple) and isinstance(real, tuple):
-        lines = []
-        for i in range(max(len(expected), len(real))):
-            e = expected[i] if i < len(expected) else "(absent)"
-            r = real[i] if i < len(real) else "(absent)"
-            if e != r:
-                lines.append(f"  model:    {fmt(e)}\n  database: {fmt(r)}")
-        if lines:
-            return "\n".join(lines)
-    return f"  model:    {fmt(expected)}\n  database: {fmt(real)}"
-
-
-# ---------------------------------------------------------------------------------------
-# Running a check.
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class CheckResult:
-    kind: str
-    seed: int
-    examples: int
-    steps: int
-    seconds: float
-    stats: Stats
-    profile: str = "ci"
-    failure: str | None = None
-    invariants: tuple[str, ...] = ()
-    counterexample: list[str] = field(default_factory=list)
-    vacuous: list[str] = field(default_factory=list)
-    not_covered: list[str] = field(default_factory=list)
-    unavailable: list[str] = field(default_factory=list)
-    coverage: dict[str, int] = field(default_factory=dict)
-    stopped: str = ""
-    batch: int = 0
-
-    @property
-    def passed(self) -> bool:
-        return self.failure is None and not self.vacuous
-
-    @property
-    def status(self) -> str:
-        return "passed" if self.passed else ("FAILED" if self.failure else "VACUOUS")
-
-    @property
-    def counterexample_steps(self) -> int:
-        return sum(1 for line in self.counterexample if not line.startswith("  "))
-
-
-def build_machine(
-    machine: type[KindCheck], env: Env, seed: int, run: RunState, ws: Workspace
-) -> type[KindCheck]:
-    cls = type(machine.__name__, (machine,), {"env": env, "ws": ws, "run": run})
-    return hyp_seed(seed)(cls)
-
-
-SHRINKS = 1000
-"""Replays at most to shrink a failure (``--shrinks``): a count, so the same seed gives the same
-counterexample on any machine, whatever its load. (At 500, 4 of the outbox catalogue's 70 runs
-at seeds 836747..836751 stopped above 15 steps; a larger budget only goes on from where a
-smaller one stopped.)"""
-
-BATCH = 20
-"""Examples per batch. Hypothesis runs a batch; between batches the run checks its goal. Batch
-``i`` of seed ``s`` always runs the same examples, so a failure replays from its batch alone."""
-
-
-def batch_seed(seed: int, batch: int) -> int:
-    if batch == 0:
-        return seed
-    digest = hashlib.sha256(f"knownstate:{seed}:{batch}".encode()).digest()
-    return int.from_bytes(digest[:4], "big")
-
-
-@contextlib.contextmanager
-def shrink_budget(replays: int):
-    """Bound shrinking by a count of replays (Hypothesis's own bounds are 500 successful shrinks
-    and five minutes): deterministic, whatever the machine's load. Time never stops a shrink
-    here. Past the budget the smallest failing example found so far is the counterexample."""
-    from hypothesis.internal.conjecture import engine
-
-    runner = engine.ConjectureRunner
-    original = runner.test_function
-
-    def counted(self, data):
-        try:
-            return original(self, data)
-        finally:
-            if self.finish_shrinking_deadline is not None:
-                self._knownstate_replays = getattr(self, "_knownstate_replays", 0) + 1
-                if self._knownstate_replays >= replays:
-                    self.exit_with(engine.ExitReason.max_shrinks)
-
-    old = engine.MAX_SHRINKING_SECONDS
-    runner.test_function, engine.MAX_SHRINKING_SECONDS = counted, 10**9
-    try:
-        yield
-    finally:
-        runner.test_function, engine.MAX_SHRINKING_SECONDS = original, old
-
-
-def run_check(
-    machine: type[KindCheck],
-    env: Env,
-    *,
-    seed: int,
-    profile: str | Profile = "ci",
-    examples: int | None = None,
-    steps: int | None = None,
-    require_all: bool = True,
-    progress: Callable[[RunState], None] | None = None,
-    shrinks: int = SHRINKS,
-    database: ExampleDatabase | None = None,
-    database_key: str | None = None,
-    traces: list[list[str]] | None = None,
-    start_batch: int = 0,
-) -> CheckResult:
-    """Run one kind's check against the real parts. ``examples`` fixes the number of examples
-    (one batch, no coverage stop); otherwise the profile directs the run, batch after batch from
-    ``start_batch``. Raises EnvironmentFault when a real part dies, carrying what the run had
-    done so far in its ``partial`` (a CheckResult; ``stopped`` says why)."""
-    prof = PROFILES[profile] if isinstance(profile, str) else profile
-    run = RunState(
-        prof,
-        machine.requirements(),
-        env.capabilities(),
-        fixed_examples=examples,
-        progress=progress,
-        all_traces=traces,
-    )
-    try:
-        ws = env.workspace(machine.kind, machine.schema)
-    except SchemaRefused as e:
-        return _result(machine, env, seed, run, prof, str(e), (), [])
-    failure: str | None = None
-    invariants: tuple[str, ...] = ()
-    trace: list[str] = []
-    run.batch = start_batch
-    with shrink_budget(shrinks), contextlib.closing(ws):
-        while True:
-            cls = build_machine(machine, env, batch_seed(seed, run.batch), run, ws)
-            db = None  # stored examples are replayed in the first batch; all batches save
-            if database is not None:
-                db = GateDatabase(database if run.batch == start_batch else SaveOnly(database), run)
-            conf = settings(
-                max_examples=examples or BATCH,
-                stateful_step_count=steps or prof.steps,
-                deadline=None,
-                database=db,
-                suppress_health_check=list(HealthCheck),
-                verbosity=Verbosity.quiet,
-                report_multiple_bugs=False,
-                phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
-            )
-            test = get_state_machine_test(cls, settings=conf)
-            key = database_key or f"knownstate:{machine.kind}"
-            test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()
-            try:
-                test()
-            except EnvironmentFault as e:
-                raise _interrupted(e, machine, env, seed, run, prof)
-            except Exception as e:  # the check failed: the last run is Hypothesis's shrunk replay
-                problem = env.health()
-                if problem:
-                    raise _interrupted(
-                        EnvironmentFault(problem), machine, env, seed, run, prof
-                    ) from None
-                failure, invariants, trace = _failure_of(e, run)
-                run.stopped = f"a failure in batch {run.batch}"
-                break
-            run.stopped = run.goal_met() or ""
-            if run.stopped:
-                break
-            run.batch += 1
-    problem = env.health()
-    if problem:
-        raise _interrupted(EnvironmentFault(problem), machine, env, seed, run, prof)
-    result = _result(machine, env, seed, run, prof, failure, invariants, trace)
-    if failure is None and require_all:
-        result.vacuous = [
-            f"{r.what} '{r.label}' (seen {run.count(r)} times)"
-            if run.count(r)
-            else f"{r.what} '{r.label}'"
-            for r in run.missing(1)
-        ]
-    return result
-
-
-def _interrupted(
-    e: EnvironmentFault, machine: type[KindCheck], env: Env, seed: int, run: RunState, prof: Profile
-) -> EnvironmentFault:
-    """``e``, carrying what the run had done when the environment failed (its ``partial``).
-    When a part died, the fault names it, whatever symptom raised ``e`` (a refused connection,
-    a Toxiproxy call unanswered)."""
-    problem = env.health()
-    if problem and str(e) != problem:
-        e = EnvironmentFault(problem)
-    run.stopped = f"the environment failed in batch {run.batch}: {e}"
-    if e.partial is None:
-        e.partial = _result(machine, env, seed, run, prof, None, (), [])
-    return e
-
-
-def _result(
-    machine: type[KindCheck],
-    env: Env,
-    seed: int,
-    run: RunState,
-    prof: Profile,
-    failure: str | None,
-    invariants: tuple[str, ...],
-    trace: list[str],
-) -> CheckResult:
-    return CheckResult(
-        kind=machine.kind,
-        seed=seed,
-        examples=run.stats.examples,
-        steps=run.stats.steps,
-        seconds=time.monotonic() - run.started,
-        stats=run.stats,
-        profile=prof.name,
-        failure=failure,
-        invariants=invariants,
-        counterexample=trace,
-        batch=run.batch,
-        unavailable=env.unavailable(),
-        not_covered=[r.key for r in run.not_covered()],
-        coverage={r.key: run.count(r) for r in run.reachable()},
-        stopped=run.stopped,
-    )
-
-
-def _shortest(run: RunState) -> tuple[str, tuple[str, ...], list[str]]:
-    message, names, trace = min(
-        run.failures, key=lambda f: (len([l for l in f[2] if not l.startswith("  ")]), len(f[2]))
-    )
-    return message, names, trace
-
-
-def _failure_of(e: BaseException, run: RunState) -> tuple[str, tuple[str, ...], list[str]]:
-    if isinstance(e, BaseExceptionGroup):
-        e = e.exceptions[0]
-    if isinstance(e, Failure) and run.failures and run.failures[-1][0] == str(e):
-        return run.failures[-1]
-    if run.failures:  # a replay that did not reproduce exactly (Flaky): the shortest seen
-        message, names, trace = _shortest(run)
-        if not isinstance(e, Failure):
-            message += "\n(shrinking stopped: a replay did not reproduce exactly)"
-        return message, names, trace
-    tb = traceback.extract_tb(e.__traceback__)
-    where = f" at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
-    return f"{type(e).__name__}{where}: {e}", (), list(run.last_trace)
+    do_op.__name__ = do_op.__qualname__ = f"op_{op}"
+    do_op.__doc__ = f"A worker does one of its {op} actions now."
+    return do_op

@@ -450,7 +450,8 @@ class FaultRules:
         its runs (a concurrent block: the reaper taking a run back as the stale owner writes
         it); or it froze *inside* its next write, between two statements of its transaction,
         while the others did whole operations on its run (a block so scheduled; half the
-        racing stalls are such too). Its writes must be fenced either way."""
+        racing stalls are such too). A racing stall that finds no other worker able to touch its
+        runs resumes at once after the world went on. Its writes must be fenced either way."""
         w = data.draw(st.sampled_from(self.leases()), label="worker")
         frozen = resume == "inside its write" or (
             resume == "racing the others" and data.draw(st.booleans(), label="or froze inside")
@@ -477,7 +478,7 @@ class FaultRules:
                 "worker-stall", f"w{w} stalls {seconds}s, past its lease; meanwhile:", pace=False
             )
         self.meanwhile(w, data)
-        if resume == "at once" and self.turns(w):
+        if resume != "later" and self.turns(w):
             self.log(f"  (w{w} resumes)")
             self.turn(w, data)
 

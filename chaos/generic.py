@@ -43,15 +43,23 @@ from knownstate.model.generic import Job, Observed, Timing
 
 from .adapter import OK, PERMANENT, RETRY, Adapter, Claimed, as_row, no_answer_errors, unwrap
 from .adapter import worker_class as adapter_worker
-from .check import QUANTUM, Candidate, Failure, FaultPolicy, KindCheck, fmt
+from .check import QUANTUM, Action, Candidate, Failure, FaultPolicy, KindCheck, fmt
 from .harness import EnvironmentFault, WorkerDied, watch
 from .mutants import Mutant, sql_edit, with_attrs
 from .sink import JsonHandler, NotificationSink
 
 ANSWERS = {200: OK, 503: RETRY, 422: PERMANENT}
 
-GUARDS = {"fence": "lease-fence", "status": "lease-fence", "lease": "lease", "skip_locked": "claim"}
-"""A guard the adapter names -> the invariant a query without it must be caught breaking."""
+GUARDS = {
+    "fence": "lease-fence",
+    "status": "lease-fence",
+    "lease": "lease",
+    "skip_locked": "claim",
+    "lock": "claim",
+}
+"""A guard the adapter names -> the invariant a query without it must be caught breaking.
+Without its ``lock`` (``FOR UPDATE SKIP LOCKED``) a claim is a read and then a write, which two
+claims racing each other can both make: a race mutant, caught where claims overlap."""
 
 
 class KindError(ValueError):
@@ -113,6 +121,22 @@ def _order(key: str) -> tuple:
     return (0, int(key), "") if key.isdigit() else (1, 0, key)
 
 
+@dataclass(frozen=True, eq=False)
+class Counted:
+    """A reaper's answer that says how many runs it took back (``n``), or nothing (None), not
+    which: equal to any model answer that took that many (or any). The rows read back decide."""
+
+    n: int | None
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, tuple):
+            return self.n is None or self.n == len(other)
+        return isinstance(other, Counted) and other.n == self.n
+
+    def __hash__(self) -> int:
+        return hash(self.n)
+
+
 class GenericCheck(KindCheck):
     """The check of a described queue. Built by :func:`kind`; not subclassed by hand."""
 
@@ -133,6 +157,7 @@ class GenericCheck(KindCheck):
         self.held: list[dict[str, Held]] = [{} for _ in self.workers]
         self.owing: frozenset[str] = frozenset()
         self._unsure: tuple[str, int] | None = None  # a stale owner's write, answer lost
+        self.handles: list[dict[str, Claimed]] = [{} for _ in self.workers]  # claimed, not held
         self._duplicates = 0
         for w in self.workers:
             w.binding = self.adapter
@@ -232,12 +257,18 @@ class GenericCheck(KindCheck):
 
     def observed(self, m: generic.GenericModel) -> None:
         self.owing, self._unsure = frozenset(), None
+        for _, _, event, _ in m.transitions:
+            if event == generic.RETRY:
+                self.event("backoff")
+            elif event in (generic.RECLAIM, generic.RECLAIM_DEAD):
+                self.event("reclaim")
         dups = sum(n - 1 for n in m.received.values())
         self.event("duplicate delivery", max(0, dups - self._duplicates))
         self._duplicates = dups
 
     def forget(self, worker) -> None:
         self.held[worker.index].clear()
+        self.handles[worker.index].clear()
 
     # -- the fault policy's questions ------------------------------------------------------------
     def clock_matters(self) -> bool:
@@ -251,15 +282,8 @@ class GenericCheck(KindCheck):
 
     def turns(self, w: int) -> list[str]:
         """What ``w`` can do next: record an outcome, make the external call, claim."""
-        held = self.held[w].values()
-        out = []
-        if any(h.result is not None for h in held) or (held and not self.receiver):
-            out.append("record")
-        if self.receiver and any(h.result is None for h in held):
-            out.append("send")
-        if self.model.due():
-            out.append("claim")
-        return out
+        ops = {a.op for a in self.actions(w)}
+        return [op for op in ("record", "send", "claim") if op in ops]
 
     def turn(self, w: int, data) -> None:
         """The step that meets the fault armed for it: a lost reply meets the external call,
@@ -271,19 +295,22 @@ class GenericCheck(KindCheck):
         elif self.workers[w].before_commit is not None:
             step = next((o for o in options if o != "send"), step)
         if step == "claim":
-            return self.claim(w, 3)
+            self.do(w, self._claim(w, 3))
+            return
         key = data.draw(
             st.sampled_from(self._mine(w, sent=step == "record" and self.receiver is not None)),
             label="run",
         )
         if step == "send":
             commit_armed = self.workers[w].before_commit is not None
-            self._send(w, key, data.draw(st.sampled_from(self._answers()), label="answer"))
+            self.do(
+                w, self._send(w, key, data.draw(st.sampled_from(self._answers()), label="answer"))
+            )
             if not commit_armed or key not in self.held[w]:
                 return
             # A COMMIT fault was armed and the worker's next step is its call: its loop goes on
             # to the write that commits, so the fault meets a COMMIT, not nothing.
-        self._record(w, key, data)
+        self.do(w, data.draw(st.sampled_from(self._records(w, key)), label="work"))
 
     def external_links(self, worker) -> list:
         """The worker's link to the external side, while it has a call to make."""
@@ -304,9 +331,9 @@ class GenericCheck(KindCheck):
     def meanwhile(self, w: int, data) -> None:
         other = 1 - w
         if self.description.lease and data.draw(st.booleans(), label="reaper runs"):
-            self.reclaim_stale(other)
+            self.do(other, self._reap(other))
             if data.draw(st.booleans(), label="the other worker claims"):
-                self.claim(other, 3)
+                self.do(other, self._claim(other, 3))
 
     # -- helpers --------------------------------------------------------------------------------
     def _answers(self) -> list[int]:
@@ -415,76 +442,123 @@ class GenericCheck(KindCheck):
         return sum(r.status == self.description.initial for r in self.model.runs.values())
 
     # -- operations ---------------------------------------------------------------------------
+    operations = ("enqueue", "repeat", "claim", "send", "record", "extend_lease", "reclaim_stale")
+
     @initialize(n=st.integers(1, 2))
     def enqueue_some(self, n: int) -> None:
         """Every example starts with a few runs waiting, so work flows from the first step."""
         for _ in range(n):
-            self.enqueue(0)
+            self.do(0, self._enqueue(0, self.model.next_key()))
 
-    @precondition(lambda self: self._waiting() < 3)
-    @rule(w=st.integers(0, 1))
-    def enqueue(self, w: int) -> None:
-        self._enqueue(w, self.model.next_key())
+    def actions(self, w: int) -> list[Action]:
+        """What worker ``w`` can do now: add a run (or, with an idempotency key, repeat a request
+        under a key already used: it gets the same run), claim, make the external call for a run
+        it holds, record that run's outcome (the owner's fenced write), renew its lease, reap."""
+        out = []
+        if self._waiting() < 3:
+            out.append(self._enqueue(w, self.model.next_key()))
+        if self.description.idempotency_key:
+            out += [self._enqueue(w, k, "repeat") for k in sorted(self.model.runs, key=_order)]
+        out += [self._claim(w, batch) for batch in (1, 2, 3)]
+        for key, h in sorted(self.held[w].items(), key=lambda kv: _order(kv[0])):
+            if self.receiver is not None and h.result is None:
+                out += [self._send(w, key, answer) for answer in self._answers()]
+            else:
+                out += self._records(w, key)
+            if generic.EXTEND in self.description.events():
+                out.append(self._extend(w, key))
+        if self.description.lease is not None:
+            out.append(self._reap(w))
+        return out
 
-    @precondition(lambda self: self.description.idempotency_key and self.model.runs)
-    @rule(w=st.integers(0, 1), data=st.data())
-    def repeat(self, w: int, data) -> None:
-        """A producer repeats a request under a key already used: it gets the same run."""
-        key = data.draw(st.sampled_from(sorted(self.model.runs, key=_order)), label="key")
-        if self._enqueue(w, key) is not None:
-            self.event("repeat answered")
-
-    def _enqueue(self, w: int, key: str):
+    def _enqueue(self, w: int, key: str, op: str = "enqueue") -> Action:
         worker = self.workers[w]
 
         def impl(conn):
             self._call(worker, "enqueue", conn, key)
             return Won(key)
 
-        return self.apply(worker, f"enqueue(w{w}, key={key})", lambda m: m.enqueue(key), impl)
+        def after(got) -> None:
+            if op == "repeat":
+                self.event("repeat answered")
 
-    @rule(w=st.integers(0, 1), batch=st.integers(1, 3))
-    def claim(self, w: int, batch: int) -> None:
-        worker = self.workers[w]
-        box: dict[str, Any] = {}
-        got = self.apply(
-            worker,
-            f"claim(w{w}, batch={batch})",
-            lambda m: self._expect_claim(m, batch, box),
-            lambda conn: self._claim(worker, conn, batch, box),
+        return Action(
+            op,
+            f"enqueue(key={key})",
+            lambda m: m.enqueue(key),
+            impl,
+            after=after,
+            runs=frozenset({("key", key)}),
+        )
+
+    def _claim(self, w: int, batch: int) -> Action:
+        """A claim of up to ``batch`` due runs. Among others (a block) SKIP LOCKED may skip runs
+        another claim holds: any due runs, in order, are then a right answer."""
+        worker, m = self.workers[w], self.model
+        due = [r.key for r in m.due()]
+        lapsed = frozenset(
+            r.key
+            for r in m.runs.values()
+            if r.status == m.owned and r.lease_until is not None and r.lease_until <= m.now
+        )
+        reach = frozenset(sorted({*due, *lapsed}, key=_order)[:batch]) & lapsed
+
+        def among_others(m, got):
+            taken = tuple(j.key for j in got.value) if isinstance(got, Won) else ()
+            return self._tokens(m.claim_skipping(batch, taken))
+
+        return Action(
+            "claim",
+            f"claim(batch={batch})",
+            lambda m: self._tokens(m.claim(batch)),
+            lambda conn: self._claimed(worker, conn, batch),
+            after=self._took(w),
             on_error=lambda: self.forget(worker),
             guarantee="claim",
+            among_others=among_others if self.description.claim.skip_locked else None,
+            runs=frozenset(due) | reach,
+            once_freed=reach,
         )
-        if isinstance(got, Won):
-            self._hold(w, box)
 
-    def _expect_claim(self, m, batch: int, box: dict) -> Won:
-        got = m.claim(batch)
-        box["jobs"] = {j.key: j for j in got.value}
-        return Won(tuple(self._token(j) for j in got.value))
+    def offers(self, w: int) -> list[Action]:
+        """A block schedules psycopg's synchronous connection only: an adapter on asyncio or on a
+        driver of its own runs sequential steps (and the claim race) alone."""
+        return super().offers(w) if self.workers[w].mode == "sync" else []
 
-    def _token(self, job: Job) -> Job:
-        return job if self.model.tracks_attempts() else Job(job.key, None)
+    def _tokens(self, got: Won) -> Won:
+        """A claim's outcome as the system can show it: no attempt when it keeps none."""
+        if self.model.tracks_attempts():
+            return got
+        return Won(tuple(Job(j.key, None) for j in got.value))
 
-    def _claim(self, worker, conn, batch: int, box: dict, closes: bool = True) -> Won:
+    def _claimed(self, worker, conn, batch: int, closes: bool = True) -> Won:
         result, _ = self._call(worker, "claim", conn, batch, closes=closes)
         claimed = [c if isinstance(c, Claimed) else Claimed(str(c)) for c in (result or ())]
-        box["claimed"] = {c.key: c for c in claimed}
+        self.handles[worker.index].update({c.key: c for c in claimed})
         jobs = sorted((Job(c.key, c.attempt) for c in claimed), key=lambda j: _order(j.key))
-        return Won(tuple(self._token(j) for j in jobs))
+        return Won(tuple(jobs))
 
-    def _hold(self, w: int, box: dict) -> None:
-        for key, job in box.get("jobs", {}).items():
-            self.held[w][key] = Held(job, box["claimed"].get(key, Claimed(key, job.attempt)))
+    def _took(self, w: int):
+        """After a claim: the worker holds what it took, under the attempt the model gave it."""
 
-    @precondition(lambda self: self.receiver is not None and self._holding(sent=False))
-    @rule(data=st.data())
-    def send(self, data) -> None:
-        """The external call for a claimed run, through the worker's own link. At-least-once."""
-        w, key = data.draw(st.sampled_from(self._holding(sent=False)), label="worker, run")
-        self._send(w, key, data.draw(st.sampled_from(self._answers()), label="answer"))
+        def after(got) -> None:
+            runs = self.candidates[0].model.runs
+            for job in got.value if isinstance(got, Won) else ():
+                claimed = self.handles[w].pop(job.key, None) or Claimed(job.key, job.attempt)
+                self.held[w][job.key] = Held(Job(job.key, runs[job.key].attempts), claimed)
 
-    def _send(self, w: int, key: str, answer: int) -> None:
+        return after
+
+    def _send(self, w: int, key: str, answer: int) -> Action:
+        """The external call for a claimed run, through the worker's own link (at-least-once),
+        the stand-in answering ``answer``. Driven by the check (not one transaction)."""
+        h = self.held[w][key]
+        label = f"send({key}, attempt={h.job.attempt}) answers {answer}"
+        return Action(
+            "send", label, lambda m: m.sent(key), None, run=lambda: self._call_out(w, key, answer)
+        )
+
+    def _call_out(self, w: int, key: str, answer: int) -> None:
         h, worker = self.held[w][key], self.workers[w]
         self.start_step()
         trial = self.model.copy()
@@ -515,24 +589,23 @@ class GenericCheck(KindCheck):
         finally:
             self.receiver.reset_plan()
 
-    @precondition(lambda self: self._holding(sent=True if self.receiver else None))
-    @rule(data=st.data())
-    def record(self, data) -> None:
-        """The owner's fenced write of the outcome: complete, or fail (retry / give up / end)."""
-        sent = True if self.receiver else None
-        w, key = data.draw(st.sampled_from(self._holding(sent)), label="worker, run")
-        self._record(w, key, data)
+    def _records(self, w: int, key: str) -> list[Action]:
+        """The owner's fenced write of a run's outcome: what its call answered, or (without an
+        external side) each outcome the work may have had."""
+        h = self.held[w][key]
+        results = [h.result] if h.result is not None else [ANSWERS[a] for a in self._answers()]
+        return [self._record(w, key, result) for result in results]
 
-    def _record(self, w: int, key: str, data) -> None:
-        worker, h = self.workers[w], self.held[w].pop(key)
-        result = h.result or ANSWERS[data.draw(st.sampled_from(self._answers()), label="work")]
+    def _record(self, w: int, key: str, result: str) -> Action:
+        """Complete, or fail (retry / give up / end), fenced by the description's fence."""
+        worker, h = self.workers[w], self.held[w][key]
         write = self._write("complete" if result == OK else "fail")
         if result == OK:
-            label = f"complete(w{w}, {key}, attempt={h.job.attempt})"
+            label = f"complete({key}, attempt={h.job.attempt})"
             model_op, impl = (lambda m: m.complete(h.job)), write(worker, h.claimed)
         else:
             permanent = result == PERMANENT
-            label = f"fail(w{w}, {key}, attempt={h.job.attempt}, permanent={permanent})"
+            label = f"fail({key}, attempt={h.job.attempt}, permanent={permanent})"
 
             def model_op(m):
                 self.owing = frozenset({key})  # judged after this step: it owes its backoff
@@ -540,67 +613,77 @@ class GenericCheck(KindCheck):
 
             impl = write(worker, h.claimed, permanent)
         stale = self._stale(h)
-        got = self.apply(
-            worker,
+
+        def after(got) -> None:
+            self.held[w].pop(key, None)
+            if stale:
+                self.event(f"stale {'complete' if result == OK else 'fail'} on a re-claimed run")
+            if isinstance(got, LostRace):
+                self.event("fence rejection")
+
+        return Action(
+            "record",
             label,
             model_op,
             impl,
+            after=after,
             on_error=self._unanswered(worker, h),
-            fenced=self._fence(h),
+            fence=self._fence(h),
+            runs=frozenset({key}),
         )
-        if stale and got is not None:
-            self.event(f"stale {'complete' if result == OK else 'fail'} on a re-claimed run")
-        if isinstance(got, LostRace):
-            self.event("fence rejection")
-        elif any(e == generic.RETRY for _, _, e, _ in self.model.transitions):
-            self.event("backoff")
 
-    @precondition(lambda self: generic.EXTEND in self.description.events() and self._holding())
-    @rule(data=st.data())
-    def extend_lease(self, data) -> None:
+    def _extend(self, w: int, key: str) -> Action:
         """The owner's heartbeat (on a timer: a stall freezes it with the worker)."""
-        w, key = data.draw(st.sampled_from(self._holding()), label="worker, run")
         worker, h = self.workers[w], self.held[w][key]
         stale = self._stale(h)
-        got = self.apply(
-            worker,
-            f"extend_lease(w{w}, {key}, attempt={h.job.attempt})",
+
+        def after(got) -> None:
+            if stale:
+                self.event("stale extend_lease on a re-claimed run")
+            if isinstance(got, LostRace):
+                self.event("fence rejection")
+                self.held[w].pop(key, None)
+
+        return Action(
+            "extend_lease",
+            f"extend_lease({key}, attempt={h.job.attempt})",
             lambda m: m.extend_lease(h.job),
             self._write("extend_lease")(worker, h.claimed),
+            after=after,
             on_error=self._unanswered(worker, h),
-            fenced=self._fence(h),
+            fence=self._fence(h),
+            runs=frozenset({key}),
         )
-        if stale and got is not None:
-            self.event("stale extend_lease on a re-claimed run")
-        if isinstance(got, LostRace):
-            self.event("fence rejection")
-            self.held[w].pop(key, None)
 
-    @precondition(lambda self: self.description.lease is not None)
-    @rule(w=st.integers(0, 1))
-    def reclaim_stale(self, w: int) -> None:
-        worker = self.workers[w]
-        box: dict[str, Any] = {}
-
-        def expect(m):
-            box["expected"] = m.reclaim_stale()
-            return box["expected"]
+    def _reap(self, w: int) -> Action:
+        """The reaper. An adapter that answers how many runs it took back, or nothing, is
+        judged by the rows read back (:class:`Counted`)."""
+        worker, m = self.workers[w], self.model
+        lapsed = frozenset(
+            r.key
+            for r in m.runs.values()
+            if r.status == m.owned and r.lease_until is not None and r.lease_until <= m.now
+        )
 
         def impl(conn):
             result, _ = self._call(worker, "reclaim_stale", conn)
-            expected = box["expected"]
             if result is None:
-                return expected  # the adapter cannot tell which: the state read back decides
+                return Won(Counted(None))
             if isinstance(result, int) and not isinstance(result, bool):
-                return expected if result == len(expected.value) else Won(f"{result} runs")
+                return Won(Counted(result))
             keys = [
                 getattr(r, "key", None) or (r["key"] if isinstance(r, dict) else r) for r in result
             ]
             return Won(tuple(sorted((str(k) for k in keys), key=_order)))
 
-        got = self.apply(worker, f"reclaim_stale(w{w})", expect, impl, guarantee="lease")
-        if isinstance(got, Won) and got.value:
-            self.event("reclaim", len(got.value))
+        return Action(
+            "reclaim_stale",
+            "reclaim_stale()",
+            lambda m: m.reclaim_stale(),
+            impl,
+            guarantee="lease",
+            runs=lapsed,
+        )
 
     def _may_race(self) -> bool:
         return (
@@ -619,13 +702,12 @@ class GenericCheck(KindCheck):
         wa, wb = self.workers
         self.begin_step(2)
         trial = self.model.copy()
-        box_a: dict[str, Any] = {}
-        expected = self._expect_claim(trial, ba, box_a)
+        expected = self._tokens(trial.claim(ba))
         race: dict[str, Any] = {}
         wa.arm(lambda conn: race.update(self._race(wb, bb)))
         label = f"claim_race: w0 claim(batch={ba})"
         try:
-            got = self._claim(wa, wa.connection(), ba, box_a)
+            got = self._claimed(wa, wa.connection(), ba)
         except ConnectionLost as e:  # its connection died with the server, before anything
             self.log(f"{label} -> {type(e).__name__}")
             wa.abandon()
@@ -650,21 +732,21 @@ class GenericCheck(KindCheck):
             )
         self.model = trial
         self.candidates = [Candidate(trial)]
-        self._hold(0, box_a)
+        self._took(0)(got)
         if not race:
             self.log("  (w0's claim sent no COMMIT: no race to see; w1 claims after it)")
-            return self.claim(1, bb)
+            self.do(1, self._claim(1, bb))
+            return
         self._raced(race, bb, got)
 
     def _race(self, wb, bb: int) -> dict[str, Any]:
         """w1's claim, run while w0's COMMIT waits (inside w0's COMMIT hook): never raises, so
         w0's own code cannot swallow a failure; the caller judges what it returns."""
-        box: dict[str, Any] = {}
         seen = None
         try:
             conn = wb.connection()
             with watch(self.env, wb, [self.workers[0]]) as seen:
-                return {"got": self._claim(wb, conn, bb, box), "box": box, "seen": seen}
+                return {"got": self._claimed(wb, conn, bb), "seen": seen}
         except Failure as e:
             return {"failure": e}
         except KnownstateError as e:
@@ -685,9 +767,8 @@ class GenericCheck(KindCheck):
             if isinstance(error, ConnectionLost):
                 return
             self.fail(f"{label}: {error}")
-        box = race["box"]
         trial = self.model.copy()
-        expected = self._expect_claim(trial, bb, box)
+        expected = self._tokens(trial.claim(bb))
         got = race["got"]
         self.log(f"{label} -> {fmt(got)}")
         self.log("  (w0 commits)")
@@ -698,7 +779,7 @@ class GenericCheck(KindCheck):
             )
         self.model = trial
         self.candidates = [Candidate(trial)]
-        self._hold(1, box)
+        self._took(1)(got)
         if got_a.value and got.value:
             self.event("skip locked")
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping, Protocol
 
 # ---------------------------------------------------------------------------
 # Outcomes: what an operation returns. A lost race is a value, not an exception.
@@ -166,6 +166,28 @@ class Contract:
 
     def is_terminal(self, status: str) -> bool:
         return status in self.terminal
+
+
+class RunModel(Protocol):
+    """What the engine asks of a kind's model. A model is a pure state machine: each of the
+    kind's operations is a method returning an :data:`Outcome`, never raising for a lost race.
+    Besides those, the engine uses exactly these:
+
+    ``copy()``
+        an independent copy: the engine applies an operation to a copy, and keeps several
+        copies after a step whose outcome nobody knows (the possible states).
+    ``advance(seconds)``
+        the clock its leases are judged by moves (the database's, or the application's).
+    ``transitions``
+        ``(run, source, event, target)`` for every transition taken since the engine last
+        drained it (it clears the list after each observed step): what coverage counts.
+    """
+
+    transitions: list[tuple[Any, str, str, str]]
+
+    def copy(self) -> "RunModel": ...
+
+    def advance(self, seconds: int) -> None: ...
 
 
 # ---------------------------------------------------------------------------

@@ -164,11 +164,17 @@ class RunKind(BaseModel):
     name: str = Field(
         pattern=r"^[a-z][a-z0-9-]*$", description="the kind's name (lower case, digits and dashes)"
     )
-    statuses: tuple[str, ...]
-    initial: str = Field(description="the status a new run starts in")
-    owned: tuple[str, ...] = Field(description="statuses in which a worker holds the claim")
-    terminal: tuple[str, ...] = Field(description="statuses a run never leaves")
     transitions: tuple[tuple[str, str, str], ...]
+    owned: tuple[str, ...] = Field(description="statuses in which a worker holds the claim")
+    statuses: tuple[str, ...] = Field(
+        (), description="every status (default: those the transitions name, in their order)"
+    )
+    initial: str = Field(
+        "", description="the status a new run starts in (default: where '(new)' leads)"
+    )
+    terminal: tuple[str, ...] = Field(
+        (), description="statuses a run never leaves (default: those no transition leaves)"
+    )
     claim: Claim
     lease: Lease | None = None
     fence: Fence
@@ -191,9 +197,19 @@ class RunKind(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _transitions_from_lines(cls, data):
-        if isinstance(data, dict) and "transitions" in data:
-            data = {**data, "transitions": tuple(_parse(t) for t in data["transitions"])}
-        return data
+        if not isinstance(data, dict) or "transitions" not in data:
+            return data
+        moves = tuple(_parse(t) for t in data["transitions"])
+        named = list(dict.fromkeys(s for src, _, dst in moves for s in (src, dst) if s != CREATED))
+        created = [dst for src, _, dst in moves if src == CREATED]
+        left = {src for src, _, dst in moves if src != dst}
+        return {
+            "statuses": tuple(named),
+            "initial": created[0] if created else "",
+            "terminal": tuple(s for s in named if s not in left),
+            **data,
+            "transitions": moves,
+        }
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunKind":

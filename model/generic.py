@@ -286,9 +286,24 @@ class GenericModel:
         return sorted(runs, key=lambda r: r.seq)
 
     def claim(self, batch: int) -> Outcome:
+        """Up to ``batch`` due runs, in the claim's order, each ``attempts + 1``, leased."""
+        return self._take(self.due()[:batch])
+
+    def claim_skipping(self, batch: int, taken: tuple[str, ...]) -> Outcome:
+        """A claim among others in flight: ``SKIP LOCKED`` may skip due runs another transaction
+        holds (and that transaction may still abort), so what it takes is *some* due runs, at
+        most ``batch``. Claims ``taken`` when that is such a choice; a lost race (nothing
+        changes) when one of them is not a due run."""
+        due = self.due()
+        keys = {r.key for r in due}
+        if len(taken) > batch or len(set(taken)) != len(taken) or not set(taken) <= keys:
+            return LostRace("not a claim SKIP LOCKED can make")
+        return self._take([r for r in due if r.key in taken])
+
+    def _take(self, runs: list[Run]) -> Outcome:
         jobs = []
         lease = self.timing.lease
-        for r in self.due()[:batch]:
+        for r in runs:
             self._move(
                 r,
                 CLAIM,

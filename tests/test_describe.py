@@ -94,6 +94,13 @@ def test_an_inconsistent_description_is_refused_with_a_hint(changes, hint):
     assert hint in refused(**changes)
 
 
+def test_statuses_initial_and_terminal_default_to_what_the_transitions_say():
+    said = {k: v for k, v in QUEUE.items() if k not in ("statuses", "initial", "terminal")}
+    assert RunKind(**said) == RunKind(**QUEUE)
+    # said anyway, they are checked as written: a terminal status with a way out is refused
+    assert "has a transition out of it" in refused(terminal=("done", "running"))
+
+
 def test_a_status_that_can_never_end_is_refused():
     stuck = QUEUE["transitions"] + ("pending -park-> parked",)
     assert "status 'parked' can never end" in refused(

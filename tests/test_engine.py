@@ -25,7 +25,7 @@ def profile(**kw) -> Profile:
         max_examples=400,
         steps=30,
         times_each=1,
-        budget_s=1e9,
+        too_slow_s=1e9,
         description="a test profile",
     )
     return Profile(**{**base, **kw})

@@ -123,24 +123,24 @@ def test_a_death_seen_first_as_a_failed_observation_ends_the_run_naming_it():
 
 def test_a_death_reported_first_as_a_hypothesis_flaky_error_ends_the_run_naming_it():
     class KilledAndFlaky(OutboxCheck):
-        def reclaim_stale(self, w):
-            if self.run.stats.examples >= 2:
+        def do(self, w, action):
+            if action.op == "reclaim_stale" and self.run.stats.examples >= 2:
                 os.kill(self.env.toxiproxy._proc.pid, signal.SIGKILL)
                 raise FlakyStrategyDefinition("what Hypothesis says when a replay differs")
-            super().reclaim_stale(w)
+            return super().do(w, action)
 
     _ended_by_the_environment(KilledAndFlaky, "toxiproxy-server")
 
 
 def test_a_death_seen_first_as_a_refused_connection_ends_the_run_naming_the_part():
     class KilledBeforeConnecting(OutboxCheck):
-        def reclaim_stale(self, w):
-            if self.run.stats.examples >= 2:
+        def do(self, w, action):
+            if action.op == "reclaim_stale" and self.run.stats.examples >= 2:
                 os.kill(self.env.toxiproxy._proc.pid, signal.SIGKILL)
                 worker = self.workers[w]
                 worker.abandon()
                 worker.ready()  # a new connection through its link: refused, not naming why
-            super().reclaim_stale(w)
+            return super().do(w, action)
 
     _ended_by_the_environment(KilledBeforeConnecting, "toxiproxy-server")
 

@@ -97,7 +97,7 @@ def profile(**kw) -> Profile:
         max_examples=400,
         steps=40,
         times_each=1,
-        budget_s=1e9,
+        too_slow_s=1e9,
         description="a test profile",
     )
     return Profile(**{**base, **kw})
@@ -205,5 +205,7 @@ def test_a_driver_that_brings_its_own_connection_is_checked(check_env):
     r = run_check(own, check_env, seed=2, profile=profile(max_examples=400))
     assert r.passed, r.failure or r.vacuous
     unfenced = {m.name: m for m in own.mutants}["no-fence-in-complete"]
-    caught = run_check(unfenced.machine(own), check_env, seed=2, require_all=False, shrinks=60)
+    caught = run_check(
+        unfenced.machine(own), check_env, seed=2, examples=300, require_all=False, shrinks=60
+    )
     assert "lease-fence" in caught.invariants, caught.failure

@@ -27,9 +27,9 @@ effect without its receipt).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
@@ -40,7 +40,7 @@ from knownstate.model import approved_plan as model
 from knownstate.model.approved_plan import Status
 from knownstate.model.contract import LostRace, Repeat, Won
 
-from ..check import QUANTUM, FaultPolicy, KindCheck, Offer, Worker, WorkerDied, needs
+from ..check import QUANTUM, FaultPolicy, KindCheck, Action, Worker, WorkerDied, needs
 
 # The demo domain's steps a plan is drawn from: credits always succeed; the debit only when the
 # account holds enough (not before a credit); "fail" never does. Credits first, so a plan shrinks
@@ -198,41 +198,109 @@ class ApprovedPlanCheck(KindCheck):
     read heals a run whose heartbeat is stale, and only such a run), the frozen payload whose
     positions are the steps' identities (a revision is refused once the plan is approved)."""
 
-    def _op(self, w: int, name: str, *args, shown: str | None = None) -> Any:
-        """One operation by worker ``w`` on the model and on its own store."""
-        worker = self.workers[w]
-        label = f"{name}(w{w}, {shown if shown is not None else ', '.join(map(str, args))})"
-        return self.apply(
-            worker,
-            label,
+    # -- the operations, each written once: the rules below and the blocks draw from these -------
+    def _simple(self, w: int, name: str, *args, shown: str | None = None) -> Action:
+        """A person's or a sweeper's operation on a plan (propose, approve, revise, reject,
+        expire, compensate): the model's and the store's method of that name."""
+        return Action(
+            name,
+            f"{name}({shown if shown is not None else ', '.join(map(str, args))})",
             lambda m: getattr(m, name)(*args),
             lambda c: getattr(self.stores[w], name)(c, *args),
             guarantee=self.GUARANTEE.get(name),
+            runs=frozenset(a for a in args[:1] if isinstance(a, int)),
         )
 
-    def _fenced(
-        self,
-        w: int,
-        claim: Claim,
-        label: str,
-        model_op: Callable,
-        impl_op: Callable,
-        guarantee: str | None = None,
-    ) -> Any:
-        """A write by the claim's holder, judged as a Write: the model says whether the holder
-        still owns the run (executing under its token: lockExecuting's verdict), the database
-        says whether it let the write in."""
+    def _op(self, w: int, name: str, *args, shown: str | None = None) -> Any:
+        """One such operation by worker ``w``, as a step."""
+        return self.do(w, self._simple(w, name, *args, shown=shown))
 
-        def owner() -> tuple[int, int, bool]:
-            p = self.model.proposal(claim.pid)
-            return (
-                claim.pid,
-                claim.token,
-                model.fence("write", p.status, p.generation, claim.token) is None,
-            )
+    def _mark_executing(self, w: int, pid: int) -> Action:
+        """The claim. The winner holds the token in memory; another worker loses the race."""
 
-        return self.apply(
-            self.workers[w], label, model_op, impl_op, fenced=owner, guarantee=guarantee
+        def after(got) -> None:
+            if isinstance(got, Won):
+                self.held[w][pid] = Claim(pid, got.value)
+
+        return Action(
+            "mark_executing",
+            f"mark_executing({pid})",
+            lambda m: m.mark_executing(pid),
+            lambda c: self.stores[w].mark_executing(c, pid),
+            after=after,
+            guarantee="claim",
+            runs=frozenset({pid}),
+        )
+
+    def _run_step(self, w: int, holder: int, pid: int, i: int) -> Action:
+        """Step ``i`` of run ``pid`` under the token ``holder`` holds, by worker ``w`` (another
+        worker than the holder: the same step request delivered twice). A step's outcome is the
+        receipt of the step asked for, by its position."""
+        claim = self.held[holder][pid]
+        token, done = claim.token, len(self.model.proposal(pid).receipts)
+        twice = " (the same request again)" if holder != w else ""
+
+        def after(got) -> None:
+            if self.held[holder].get(pid) is not claim:
+                return
+            if isinstance(got, Won):
+                if i < done:
+                    self.event("step answered from its receipt")
+                claim.next = max(claim.next, i + 1)
+                if self.candidates[0].model.proposal(pid).status is not Status.EXECUTING:
+                    self.held[holder].pop(pid, None)  # the run ended: nothing left to hold
+            self._wrote(holder, claim, got)
+
+        return Action(
+            "run_step",
+            f"run_step({pid}, step={i}, token={token}){twice}",
+            lambda m: m.run_step(pid, i, token),
+            lambda c: self.stores[w].run_step(c, pid, i, token),
+            after=after,
+            fence=lambda: self._owner(claim),
+            guarantee="stable-step-identity",
+            runs=frozenset({pid}),
+        )
+
+    def _heartbeat(self, w: int, pid: int) -> Action:
+        claim = self.held[w][pid]
+        return Action(
+            "heartbeat",
+            f"heartbeat({pid}, token={claim.token})",
+            lambda m: m.heartbeat(pid, claim.token),
+            lambda c: self.stores[w].heartbeat(c, pid, claim.token),
+            after=lambda got: self._wrote(w, claim, got),
+            fence=lambda: self._owner(claim),
+            guarantee="lease-fence",
+            runs=frozenset({pid}),
+        )
+
+    def _wrote(self, w: int, claim: Claim, got) -> None:
+        """After a fenced write by the holder of ``claim``: refused, it lets go of the run."""
+        if isinstance(got, LostRace):
+            self.event("fence refusal")
+            self.held[w].pop(claim.pid, None)
+        elif isinstance(got, Won) and claim.stalled:
+            self.event("stalled owner wrote before any read")
+            claim.stalled = False
+
+    def _read(self, w: int, pid: int) -> Action:
+        """A reader of an executing run: it heals the run first if its heartbeat is stale
+        (markInterruptedIfStale), then reports it."""
+
+        def after(got) -> None:
+            self.seen[pid] = self._seen_key(self.candidates[0].model.proposal(pid))
+
+        return replace(self._simple(w, "read", pid), after=after)
+
+    def _owner(self, claim: Claim) -> tuple[int, int, bool]:
+        """A write by the claim's holder: whether the model says it still owns the run
+        (executing under its token: lockExecuting's verdict)."""
+        p = self.model.proposal(claim.pid)
+        return (
+            claim.pid,
+            claim.token,
+            model.fence("write", p.status, p.generation, claim.token) is None,
         )
 
     def _record_of(self, pid: int) -> tuple:
@@ -264,7 +332,7 @@ class ApprovedPlanCheck(KindCheck):
             if op == "approve":
                 self._op(0, "approve", pid)
             else:
-                self.mark_executing_(0, pid)
+                self.do(0, self._mark_executing(0, pid))
         for steps in more:
             self._op(0, "propose", steps, shown=show(steps))
 
@@ -300,12 +368,7 @@ class ApprovedPlanCheck(KindCheck):
     @rule(w=st.integers(0, 1), data=st.data())
     def mark_executing(self, w: int, data) -> None:
         """The claim. The winner holds the token in memory; the other worker loses the race."""
-        self.mark_executing_(w, self._pick(data, {Status.APPROVED}))
-
-    def mark_executing_(self, w: int, pid: int) -> None:
-        got = self._op(w, "mark_executing", pid)
-        if isinstance(got, Won):
-            self.held[w][pid] = Claim(pid, got.value)
+        self.do(w, self._mark_executing(w, self._pick(data, {Status.APPROVED})))
 
     @precondition(lambda self: self._claims())
     @rule(data=st.data(), action=st.sampled_from(("next", "next", "again", "skip", "heartbeat")))
@@ -318,42 +381,11 @@ class ApprovedPlanCheck(KindCheck):
         self._execute(w, pid, action)
 
     def _execute(self, w: int, pid: int, action: str) -> None:
-        claim = self.held[w][pid]
         if action == "heartbeat":
-            got = self._fenced(
-                w,
-                claim,
-                f"heartbeat(w{w}, {pid}, token={claim.token})",
-                lambda m: m.heartbeat(pid, claim.token),
-                lambda c: self.stores[w].heartbeat(c, pid, claim.token),
-            )
+            self.do(w, self._heartbeat(w, pid))
         else:
-            i = claim.next + {"next": 0, "again": -1, "skip": 1}[action]
-            done = len(self.model.proposal(pid).receipts)
-            # A step's outcome is the receipt of the step asked for, by its position.
-            got = self._fenced(
-                w,
-                claim,
-                f"run_step(w{w}, {pid}, step={i}, token={claim.token})",
-                lambda m: m.run_step(pid, i, claim.token),
-                lambda c: self.stores[w].run_step(c, pid, i, claim.token),
-                guarantee="stable-step-identity",
-            )
-        if isinstance(got, LostRace):
-            self.event("fence refusal")
-            self.held[w].pop(pid, None)
-            return
-        if not isinstance(got, Won):
-            return
-        if action != "heartbeat":
-            if i < done:
-                self.event("step answered from its receipt")
-            claim.next = max(claim.next, i + 1)
-            if self.model.proposal(pid).status is not Status.EXECUTING:
-                self.held[w].pop(pid, None)  # the run ended: nothing left to hold
-        if claim.stalled:
-            self.event("stalled owner wrote before any read")
-            claim.stalled = False
+            i = self.held[w][pid].next + {"next": 0, "again": -1, "skip": 1}[action]
+            self.do(w, self._run_step(w, w, pid, i))
 
     # A read or a repeat is drawn only when it can see something new: a read of an executing run
     # whose heartbeat, receipts or clock moved since it was last read; a repeat of a terminal run
@@ -374,9 +406,7 @@ class ApprovedPlanCheck(KindCheck):
     def read(self, w: int, data) -> None:
         """A reader of an executing run: it heals the run first if its heartbeat is stale
         (markInterruptedIfStale), then reports it."""
-        pid = data.draw(st.sampled_from(self._unread()), label="proposal")
-        self.seen[pid] = self._seen_key(self.model.proposal(pid))
-        self._op(w, "read", pid)
+        self.do(w, self._read(w, data.draw(st.sampled_from(self._unread()), label="proposal")))
 
     def _unrepeated(self) -> list[int]:
         return [pid for pid in self._with_status(model.TERMINAL) if pid not in self.repeated]
@@ -441,86 +471,17 @@ class ApprovedPlanCheck(KindCheck):
         return sorted({w for w, _ in self._claims(executing_only=True)})
 
     # -- concurrent blocks ---------------------------------------------------------------------
-    def offers(self, w: int) -> list[Offer]:
+    def offers(self, w: int) -> list[Action]:
         """What worker ``w`` can start together with the other: claim an approved run; run the
         next step of a run it holds, or renew its heartbeat; run the step the other worker holds,
         with its token (the same step request delivered twice); read an executing run (which
         heals it when its heartbeat is stale)."""
-        out = [
-            Offer(
-                f"mark_executing({pid})",
-                lambda m, p=pid: m.mark_executing(p),
-                lambda c, p=pid: self.stores[w].mark_executing(c, p),
-                after=self._claimed(w, pid),
-                guarantee="claim",
-                runs=frozenset({pid}),
-            )
-            for pid in self._with_status({Status.APPROVED})
-        ]
+        out = [self._mark_executing(w, pid) for pid in self._with_status({Status.APPROVED})]
         for holder, pid in self._claims(executing_only=True):
-            claim = self.held[holder][pid]
-            i, token = claim.next, claim.token
-            twice = " (the same request again)" if holder != w else ""
-            out.append(
-                Offer(
-                    f"run_step({pid}, step={i}, token={token}){twice}",
-                    lambda m, p=pid, i=i, t=token: m.run_step(p, i, t),
-                    lambda c, p=pid, i=i, t=token: self.stores[w].run_step(c, p, i, t),
-                    after=self._stepped(holder, pid, i),
-                    fenced=True,
-                    guarantee="stable-step-identity",
-                    runs=frozenset({pid}),
-                )
-            )
+            out.append(self._run_step(w, holder, pid, self.held[holder][pid].next))
             if holder == w:
-                out.append(
-                    Offer(
-                        f"heartbeat({pid}, token={token})",
-                        lambda m, p=pid, t=token: m.heartbeat(p, t),
-                        lambda c, p=pid, t=token: self.stores[w].heartbeat(c, p, t),
-                        after=self._renewed(w, pid),
-                        guarantee="lease-fence",
-                        runs=frozenset({pid}),
-                        fenced=True,
-                    )
-                )
-        out += [
-            Offer(
-                f"read({pid})",
-                lambda m, p=pid: m.read(p),
-                lambda c, p=pid: self.stores[w].read(c, p),
-                guarantee="lease",
-                runs=frozenset({pid}),
-            )
-            for pid in self._with_status({Status.EXECUTING})
-        ]
-        return out
-
-    def _claimed(self, w: int, pid: int):
-        def after(got) -> None:
-            if isinstance(got, Won):
-                self.held[w][pid] = Claim(pid, got.value)
-
-        return after
-
-    def _stepped(self, holder: int, pid: int, i: int):
-        def after(got) -> None:
-            claim = self.held[holder].get(pid)
-            if claim is None:
-                return
-            if isinstance(got, LostRace):
-                self.held[holder].pop(pid, None)
-            elif isinstance(got, Won):
-                claim.next = max(claim.next, i + 1)
-
-        return after
-
-    def _renewed(self, w: int, pid: int):
-        def after(got) -> None:
-            if isinstance(got, LostRace):
-                self.held[w].pop(pid, None)
-
-        return after
+                out.append(self._heartbeat(w, pid))
+        return out + [self._read(w, pid) for pid in self._with_status({Status.EXECUTING})]
 
     def meanwhile(self, w: int, data) -> None:
         """The stalled worker's runs are marked stalled; the other worker may read one of them,
@@ -530,8 +491,7 @@ class ApprovedPlanCheck(KindCheck):
             self.held[w][pid].stalled = True
         if data.draw(st.booleans(), label="read meanwhile"):
             pid = data.draw(st.sampled_from(self.turns(w)), label="proposal read")
-            self.seen[pid] = self._seen_key(self.model.proposal(pid))
-            self._op(1 - w, "read", pid)
+            self.do(1 - w, self._read(1 - w, pid))
 
 
 # ---------------------------------------------------------------------------------------

@@ -38,7 +38,9 @@ spares a live run is counted too ("live run spared by a reaper ahead within boun
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
@@ -49,7 +51,7 @@ from knownstate.model import branch_reset as model
 from knownstate.model.branch_reset import ExternalOp, ExternalState, ExternalStatus, Status
 from knownstate.model.contract import LostRace, Rejected, Repeat, Violation, Won, Write
 
-from ..check import QUANTUM, FaultPolicy, KindCheck, Offer, needs
+from ..check import QUANTUM, FaultPolicy, KindCheck, Action, needs
 from ..opsapi import OpsApi
 
 EPOCH = datetime(2030, 1, 1, tzinfo=timezone.utc)
@@ -298,8 +300,41 @@ class BranchResetCheck(KindCheck):
         if k is None:
             k = f"{branch}-k{next(self.key_serial)}"
             self.last_key[branch] = k
+        self.do(w, self._request(w, branch, k))
+
+    # -- the operations, each written once: the rules and the blocks draw from these ------------
+    def _judged(self, w: int, name: str, run_id: str, model_op, write: bool = True) -> tuple:
+        """A guarded write on run ``run_id``: the model's and the store's operation, the store's
+        recording its Write (``write``: a write on a run past queued) and Repeat (on a terminal
+        run) for the invariants. In a block the linearization judges instead (the model has not
+        run)."""
+        run = self.model.runs[run_id]
+        expected: dict[str, Any] = {}
+
+        def judged_model_op(m):
+            expected["out"] = out = model_op(m)
+            return out
+
+        def impl(conn):
+            got = getattr(self.stores[w], name)(conn, run_id)
+            if "out" in expected:
+                token = model.GENERATION[run.status] if name == "start" else 1
+                writes = (
+                    []
+                    if not write or (run.status is Status.QUEUED and name != "start")
+                    else [
+                        Write(run_id, token, isinstance(got, Won), isinstance(expected["out"], Won))
+                    ]
+                )
+                repeats = [Repeat(run_id, isinstance(got, Won))] if run.status in TERMINAL else []
+                self._record(writes, repeats)
+            return got
+
+        return judged_model_op, impl
+
+    def _request(self, w: int, branch: str, k: str) -> Action:
+        """A reset requested under idempotency key ``k``."""
         existing = next((r for r in self.model.runs.values() if r.idempotency_key == k), None)
-        label = f"request(w{w}, {branch}, key={k})"
 
         def impl_op(conn):
             got = self.stores[w].request(conn, branch, k)
@@ -309,17 +344,118 @@ class BranchResetCheck(KindCheck):
                 )
             return got
 
-        got = self.apply(
-            self.workers[w], label, lambda m: m.request(branch, k), impl_op, guarantee="claim"
+        def after(got) -> None:
+            if existing is not None and got == Won(existing.run_id):
+                self.event("idempotent repeat answered")
+                if existing.status in TERMINAL:
+                    self.event("idempotent repeat answered from a terminal run")
+            elif got == Rejected(model.IN_FLIGHT_REASON):
+                self.event("one in flight refused")
+            elif got == Rejected(model.KEY_REUSED):
+                self.event("key reused refused")
+
+        return Action(
+            "request",
+            f"request({branch}, key={k})",
+            lambda m: m.request(branch, k),
+            impl_op,
+            after=after,
+            guarantee="claim",
+            runs=frozenset({("key", k)}),
         )
-        if existing is not None and got == Won(existing.run_id):
-            self.event("idempotent repeat answered")
-            if existing.status in TERMINAL:
-                self.event("idempotent repeat answered from a terminal run")
-        elif got == Rejected(model.IN_FLIGHT_REASON):
-            self.event("one in flight refused")
-        elif got == Rejected(model.KEY_REUSED):
-            self.event("key reused refused")
+
+    def _start(self, w: int, run_id: str) -> Action:
+        """A poller takes a run: claims it and creates its external operation, once. Whatever
+        failed, the API may have acted on the create before it (the POST precedes COMMIT)."""
+        run, name = self.model.runs[run_id], self.workers[w].name
+        model_op, impl_op = self._judged(w, "start", run_id, lambda m: m.start(run_id, name))
+        return Action(
+            "start",
+            f"start({run_id})",
+            model_op,
+            impl_op,
+            calls_out=True,
+            external_maybe=lambda m: m.external_create(run_id, run.branch),
+            runs=frozenset({run_id}),
+        )
+
+    def _poll(self, w: int, run_id: str) -> Action:
+        """A poller polls a run's operation: records what it saw, ends the run or extends the
+        lease."""
+        run, name = self.model.runs[run_id], self.workers[w].name
+        live = self._live(run_id)
+        model_op, impl_op = self._judged(w, "poll", run_id, lambda m: m.poll(run_id, name), False)
+
+        def after(got) -> None:
+            if got == Won(Status.RUNNING.value):
+                self.event("poll of an operation in flight")
+            elif isinstance(got, Won):
+                self.event("poll saw the operation end")
+            elif got == LostRace(model.LEASE_LAPSED):
+                self.event("lease refusal")
+                if live is not None:
+                    self._judge_skew(run_id, name, live, "poll refused")
+                    self.event("poll refused live run under skew past bound (known deviation)")
+            elif isinstance(got, LostRace) and run.status in TERMINAL:
+                self.event("fence refusal")
+
+        return Action(
+            "poll",
+            f"poll({run_id})",
+            model_op,
+            impl_op,
+            after=after,
+            calls_out=True,
+            guarantee="lease-fence",
+            fence=lambda: (run_id, 1, isinstance(self.model.copy().poll(run_id, name), Won)),
+            runs=frozenset({run_id}),
+        )
+
+    def _cancel(self, w: int, run_id: str) -> Action:
+        """Someone cancels a run (through a poller's connection). The operation is left alone."""
+        run = self.model.runs[run_id]
+        model_op, impl_op = self._judged(w, "cancel", run_id, lambda m: m.cancel(run_id))
+
+        def after(got) -> None:
+            if isinstance(got, LostRace) and run.status in TERMINAL:
+                self.event("fence refusal")
+
+        return Action(
+            "cancel",
+            f"cancel({run_id})",
+            model_op,
+            impl_op,
+            after=after,
+            guarantee="conditional-transition",
+            runs=frozenset({run_id}),
+        )
+
+    def _reap(self) -> Action:
+        """The dbops-reaper job: its application clock judges every running run's lease. Every
+        live run it ends or spares is judged against the skew bound."""
+        name = self.workers[REAPER].name
+        live = {r: lv for r in self._runs(Status.RUNNING) if (lv := self._live(r)) is not None}
+
+        def after(got) -> None:
+            if not isinstance(got, Won):
+                return
+            self.event("reap", len(got.value))
+            for run_id, lv in sorted(live.items()):
+                if run_id in got.value:
+                    self._judge_skew(run_id, name, lv, "reaped")
+                    self.event("reaped live run under skew past bound (known deviation)")
+                elif self._skew(name) > lv[1]:
+                    self.event("live run spared by a reaper ahead within bound")
+
+        return Action(
+            "reap",
+            "reap()",
+            lambda m: m.reap(name),
+            lambda c: self.stores[REAPER].reap(c),
+            after=after,
+            guarantee="lease",
+            runs=frozenset(self._runs(Status.RUNNING)),
+        )
 
     def _past_queued(self, running: int = 1) -> list[str]:
         """What a poll or a cancel acts on: running runs (``running`` times as often), then terminal
@@ -354,126 +490,30 @@ class BranchResetCheck(KindCheck):
         """One turn of a poller's loop: start a queued run or poll a running one. (The start and
         poll rules act on any run, lost races included; this rule keeps work flowing.)"""
         op, run_id = data.draw(st.sampled_from(self._next_work()), label="work")
-        (self._start if op == "start" else self._poll)(w, run_id)
+        self.do(w, (self._start if op == "start" else self._poll)(w, run_id))
 
     @precondition(lambda self: self.model.runs)
     @rule(w=st.sampled_from(POLLERS), data=st.data())
     def start(self, w: int, data) -> None:
         """A poller takes a run: claims it and creates its external operation, once."""
-        self._start(
-            w, data.draw(st.sampled_from(self._runs(Status.QUEUED) * 3 + self._runs()), label="run")
+        run_id = data.draw(
+            st.sampled_from(self._runs(Status.QUEUED) * 3 + self._runs()), label="run"
         )
-
-    def _start(self, w: int, run_id: str) -> None:
-        run = self.model.runs[run_id]
-        worker = self.workers[w]
-        label = f"start(w{w}, {run_id})"
-        expected = {}
-
-        def model_op(m):
-            expected["out"] = out = m.start(run_id, worker.name)
-            return out
-
-        def impl_op(conn):
-            got = self.stores[w].start(conn, run_id)
-            writes = [
-                Write(
-                    run_id,
-                    model.GENERATION[run.status],
-                    isinstance(got, Won),
-                    isinstance(expected["out"], Won),
-                )
-            ]
-            repeats = [Repeat(run_id, isinstance(got, Won))] if run.status in TERMINAL else []
-            self._record(writes, repeats)
-            return got
-
-        # Whatever failed, the API may have acted on the create before it
-        # (the POST precedes COMMIT).
-        with self.external_call(worker):
-            self.apply(
-                worker,
-                label,
-                model_op,
-                impl_op,
-                external_maybe=lambda m: m.external_create(run_id, run.branch),
-            )
+        self.do(w, self._start(w, run_id))
 
     @precondition(lambda self: self._past_queued())
     @rule(w=st.sampled_from(POLLERS), data=st.data())
     def poll(self, w: int, data) -> None:
         """A poller polls a run's operation: records what it saw, ends the run or extends the
         lease."""
-        self._poll(
-            w,
-            data.draw(
-                st.sampled_from(self._ended() * 4 + self._past_queued(running=4)), label="run"
-            ),
-        )
-
-    def _poll(self, w: int, run_id: str) -> None:
-        run = self.model.runs[run_id]
-        worker = self.workers[w]
-        live = self._live(run_id)
-        label = f"poll(w{w}, {run_id})"
-        expected = {}
-
-        def model_op(m):
-            expected["out"] = out = m.poll(run_id, worker.name)
-            return out
-
-        def impl_op(conn):
-            got = self.stores[w].poll(conn, run_id)
-            writes = (
-                []
-                if run.status is Status.QUEUED
-                else [Write(run_id, 1, isinstance(got, Won), isinstance(expected["out"], Won))]
-            )
-            repeats = [Repeat(run_id, isinstance(got, Won))] if run.status in TERMINAL else []
-            self._record(writes, repeats)
-            return got
-
-        with self.external_call(worker):
-            got = self.apply(worker, label, model_op, impl_op)
-        if got == Won(Status.RUNNING.value):
-            self.event("poll of an operation in flight")
-        elif isinstance(got, Won):
-            self.event("poll saw the operation end")
-        elif got == LostRace(model.LEASE_LAPSED):
-            self.event("lease refusal")
-            if live is not None:
-                self._judge_skew(run_id, worker.name, live, "poll refused")
-                self.event("poll refused live run under skew past bound (known deviation)")
-        elif isinstance(got, LostRace) and run.status in TERMINAL:
-            self.event("fence refusal")
+        runs = self._ended() * 4 + self._past_queued(running=4)
+        self.do(w, self._poll(w, data.draw(st.sampled_from(runs), label="run")))
 
     @precondition(lambda self: self._past_queued())
     @rule(w=st.sampled_from(POLLERS), data=st.data())
     def cancel(self, w: int, data) -> None:
         """Someone cancels a run (through a poller's connection). The operation is left alone."""
-        run_id = data.draw(st.sampled_from(self._past_queued()), label="run")
-        run = self.model.runs[run_id]
-        label = f"cancel(w{w}, {run_id})"
-        expected = {}
-
-        def model_op(m):
-            expected["out"] = out = m.cancel(run_id)
-            return out
-
-        def impl_op(conn):
-            got = self.stores[w].cancel(conn, run_id)
-            writes = (
-                []
-                if run.status is Status.QUEUED
-                else [Write(run_id, 1, isinstance(got, Won), isinstance(expected["out"], Won))]
-            )
-            repeats = [Repeat(run_id, isinstance(got, Won))] if run.status in TERMINAL else []
-            self._record(writes, repeats)
-            return got
-
-        got = self.apply(self.workers[w], label, model_op, impl_op)
-        if isinstance(got, LostRace) and run.status in TERMINAL:
-            self.event("fence refusal")
+        self.do(w, self._cancel(w, data.draw(st.sampled_from(self._past_queued()), label="run")))
 
     @precondition(lambda self: self._runs(Status.RUNNING))
     @rule(skew=st.sampled_from([s for s in SKEWS if s > 0]))
@@ -482,31 +522,14 @@ class BranchResetCheck(KindCheck):
         the case the skew bound is about, both sides of it. An operation with an app-clock skew,
         so swarm testing never switches it off."""
         self.fault_app_clock_skew(REAPER, skew)
-        self.reap()
+        self.do(REAPER, self._reap())
 
     @precondition(lambda self: self._runs(Status.RUNNING))
     @rule()
     def reap(self) -> None:
         """The dbops-reaper job: its application clock judges every running run's lease. Every
         live run it ends or spares is judged against the skew bound."""
-        worker = self.workers[REAPER]
-        live = {r: lv for r in self._runs(Status.RUNNING) if (lv := self._live(r)) is not None}
-        got = self.apply(
-            worker,
-            f"reap({worker.name}, the reaper)",
-            lambda m: m.reap(worker.name),
-            lambda c: self.stores[REAPER].reap(c),
-            guarantee="lease",
-        )
-        if not isinstance(got, Won):
-            return
-        self.event("reap", len(got.value))
-        for run_id, lv in sorted(live.items()):
-            if run_id in got.value:
-                self._judge_skew(run_id, worker.name, lv, "reaped")
-                self.event("reaped live run under skew past bound (known deviation)")
-            elif self._skew(worker.name) > lv[1]:
-                self.event("live run spared by a reaper ahead within bound")
+        self.do(REAPER, self._reap())
 
     def _in_progress(self) -> list[str]:
         ops = self.model.ops
@@ -549,32 +572,20 @@ class BranchResetCheck(KindCheck):
         work = self.turns(w)
         starts = [x for x in work if x[0] == "start"]  # a start's outcome is always observable
         op, run_id = data.draw(st.sampled_from(starts or work), label="work")
-        (self._start if op == "start" else self._poll)(w, run_id)
+        self.do(w, (self._start if op == "start" else self._poll)(w, run_id))
 
     def leases(self) -> list[int]:
         """Any poller may poll any running run: each of them can stall past its lease."""
         return list(POLLERS) if self._runs(Status.RUNNING) else []
 
     # -- concurrent blocks ---------------------------------------------------------------------
-    def offers(self, w: int) -> list[Offer]:
+    def offers(self, w: int) -> list[Action]:
         """What a process can start together with the others: a poller requests a reset (with a
         key every poller would use now: two requests with one key at once), polls or cancels a
         running run; the reaper reaps. (A start calls the operations API: it stays sequential.)"""
         running = self._runs(Status.RUNNING)
         if w == REAPER:
-            return (
-                [
-                    Offer(
-                        "reap()",
-                        lambda m: m.reap(self.workers[REAPER].name),
-                        lambda c: self.stores[REAPER].reap(c),
-                        guarantee="lease",
-                        runs=frozenset(running),
-                    )
-                ]
-                if running
-                else []
-            )
+            return [self._reap()] if running else []
         if len(self.model.runs) >= 8:
             return []
         key = f"k{self.race_keys}"
@@ -583,41 +594,19 @@ class BranchResetCheck(KindCheck):
         busy = {r.branch for r in self.model.runs.values() if r.status in model.IN_FLIGHT}
         free = [b for b in BRANCHES if b not in busy] + [f"{b}{self.race_keys}" for b in "cd"]
         out = [
-            Offer(
-                f"request({branch}, key={key})",
-                lambda m, b=branch: m.request(b, key),
-                lambda c, b=branch: self.stores[w].request(c, b, key),
-                after=self._requested(branch, key),
-                guarantee="claim",
-                runs=frozenset({("key", key)}),
-            )
+            replace(a, after=self._requested(a.after, branch, key))
             for branch in free[:2]
+            for a in [self._request(w, branch, key)]
         ]
-        name = self.workers[w].name
         for run_id in running:
-            out.append(
-                Offer(
-                    f"poll({run_id})",
-                    lambda m, r=run_id: m.poll(r, name),
-                    lambda c, r=run_id: self.stores[w].poll(c, r),
-                    guarantee="lease-fence",
-                    runs=frozenset({run_id}),
-                    fenced=True,
-                )
-            )
-            out.append(
-                Offer(
-                    f"cancel({run_id})",
-                    lambda m, r=run_id: m.cancel(r),
-                    lambda c, r=run_id: self.stores[w].cancel(c, r),
-                    guarantee="conditional-transition",
-                    runs=frozenset({run_id}),
-                )
-            )
+            out += [self._poll(w, run_id), self._cancel(w, run_id)]
         return out
 
-    def _requested(self, branch: str, key: str):
+    def _requested(self, then, branch: str, key: str):
+        """After a raced request: the next block races a new key."""
+
         def after(got) -> None:
+            then(got)
             if isinstance(got, Won):
                 self.last_key[branch] = key
                 self.race_keys += 1
@@ -627,7 +616,7 @@ class BranchResetCheck(KindCheck):
     def meanwhile(self, w: int, data) -> None:
         """While the poller is frozen the reaper job may run on its own clock."""
         if data.draw(st.booleans(), label="reaper runs meanwhile"):
-            self.reap()
+            self.do(REAPER, self._reap())
 
     @precondition(lambda self: self.skews < 4)
     @rule(w=st.sampled_from([REAPER, *POLLERS]), skew=st.sampled_from(SKEWS))

@@ -20,7 +20,7 @@ from knownstate.impl.errors import ExternalCallFailed
 from knownstate.model import outbox as model
 from knownstate.model.contract import LostRace, RetryView, Won, Write
 
-from ..check import QUANTUM, Candidate, FaultPolicy, KindCheck, Offer, fmt, needs
+from ..check import QUANTUM, Candidate, FaultPolicy, KindCheck, Action, fmt, needs
 from ..sink import NotificationSink
 
 
@@ -149,104 +149,127 @@ class OutboxCheck(KindCheck):
         self.forget(worker)
 
     # -- concurrent blocks ---------------------------------------------------------------------
-    def offers(self, w: int) -> list[Offer]:
+    def offers(self, w: int) -> list[Action]:
         """What worker ``w`` can start together with the others: an enqueue of the next event id
         (two producers with one id: the second waits on the first's insert, then is refused), a
-        claim, the fenced write of a delivery it sent, a lease extension; the reaper process
-        reaps (so a stale owner's write can meet both a reclaim and a new claim of its row)."""
+        claim, the fenced write of a delivery it sent, a lease extension while it sends; the
+        reaper process reaps (so a stale owner's write can meet both a reclaim and a new claim
+        of its row)."""
+        if w == self.REAPER:
+            return [self._reap()]
+        out = [self._enqueue(self.model.next_id())] if self._waiting() < 3 else []
+        out += [self._claim(w, b) for b in (1, 2, 3)]
+        for i, h in sorted(self.held[w].items()):
+            # sent: the loop records it next (a heartbeat only runs while sending)
+            out.append(self._record(w, i) if h.result is not None else self._extend(w, i))
+        return out
+
+    # -- the operations, each written once: the rules and the blocks draw from these ------------
+    def _enqueue(self, i: int) -> Action:
+        """A producer's event ``i`` (a retried one: the id taken is refused)."""
+        return Action(
+            "enqueue",
+            f"enqueue(id={i})",
+            lambda m: m.enqueue(i),
+            lambda c: self.store.enqueue(c, i),
+            runs=frozenset({("new", i)}),
+        )
+
+    def _claim(self, w: int, batch: int) -> Action:
+        """A claim of up to ``batch`` due deliveries; among others SKIP LOCKED may skip rows
+        another claim holds. Its runs: the due rows, and the lapsed ones it takes once reclaimed."""
         now, rows = self.model.now, self.model.deliveries.values()
         due = frozenset(d.id for d in rows if d.status == model.P and d.next_attempt_at <= now)
         lapsed = frozenset(d.id for d in rows if d.status == model.R and d.lease_until <= now)
-        reap = Offer(
+        reach = frozenset(sorted(due | lapsed)[:batch]) & lapsed
+
+        def after(got) -> None:
+            for c in got.value if isinstance(got, Won) else ():
+                self.held[w][c.id] = Held(c)
+
+        return Action(
+            "claim",
+            f"claim(batch={batch})",
+            lambda m: m.claim(batch),
+            lambda c: self.store.claim(c, batch),
+            after=after,
+            on_error=lambda: self.forget(self.workers[w]),
+            guarantee="claim",
+            among_others=lambda m, got: m.claim_skipping(
+                batch, tuple(c.id for c in got.value) if isinstance(got, Won) else ()
+            ),
+            runs=due | reach,
+            once_freed=reach,
+        )
+
+    def _record(self, w: int, i: int) -> Action:
+        """The fenced write after the send: complete, or fail (retry with backoff / dead /
+        failed)."""
+        h = self.held[w][i]
+        c, result = h.claim, h.result
+
+        def after(got) -> None:
+            self.held[w].pop(i, None)
+            if isinstance(got, LostRace):
+                self.event("fence rejection")
+            elif got == Won(model.P):
+                self.event("backoff")
+
+        if result == impl.OK:
+            label, model_op = f"complete({i}, attempt={c.attempt})", (lambda m: m.complete(c))
+            impl_op = lambda conn: self.store.complete(conn, c)  # noqa: E731
+        else:
+            permanent = result == impl.PERMANENT
+            label = f"fail({i}, attempt={c.attempt}, permanent={permanent})"
+            model_op = lambda m: m.fail(c, permanent)  # noqa: E731
+            impl_op = lambda conn: self.store.fail(conn, c, permanent, result)  # noqa: E731
+        return Action(
+            "record",
+            label,
+            model_op,
+            impl_op,
+            after=after,
+            on_error=lambda: self.forget(self.workers[w]),
+            fence=lambda: self._fence(c),
+            runs=frozenset({i}),
+        )
+
+    def _extend(self, w: int, i: int) -> Action:
+        c = self.held[w][i].claim
+
+        def after(got) -> None:
+            if isinstance(got, LostRace):
+                self.event("fence rejection")
+                self.held[w].pop(i, None)
+
+        return Action(
+            "extend_lease",
+            f"extend_lease({i}, attempt={c.attempt})",
+            lambda m: m.extend_lease(c),
+            lambda conn: self.store.extend_lease(conn, c),
+            after=after,
+            on_error=lambda: self.forget(self.workers[w]),
+            fence=lambda: self._fence(c),
+            runs=frozenset({i}),
+        )
+
+    def _reap(self) -> Action:
+        now, rows = self.model.now, self.model.deliveries.values()
+        lapsed = frozenset(d.id for d in rows if d.status == model.R and d.lease_until <= now)
+
+        def after(got) -> None:
+            if isinstance(got, Won) and got.value:
+                self.event("reclaim", len(got.value))
+
+        return Action(
+            "reclaim_stale",
             "reclaim_stale()",
             lambda m: m.reclaim_stale(),
             lambda c: self.store.reclaim_stale(c),
+            after=after,
             guarantee="lease",
             runs=lapsed,
         )
-        if w == self.REAPER:
-            return [reap]
-        out = []
-        if self._waiting() < 3:  # a producer's retried event: two enqueue the one id at once
-            new = self.model.next_id()
-            out.append(
-                Offer(
-                    f"enqueue(id={new})",
-                    lambda m, new=new: m.enqueue(new),
-                    lambda c, new=new: self.store.enqueue(c, new),
-                    runs=frozenset({("new", new)}),
-                )
-            )
-
-        def reach(b: int) -> frozenset:  # lapsed rows a claim of b takes once reclaimed
-            return frozenset(sorted(due | lapsed)[:b]) & lapsed
-
-        out += [
-            Offer(
-                f"claim(batch={b})",
-                lambda m, b=b: m.claim(b),
-                lambda c, b=b: self.store.claim(c, b),
-                after=self._took(w),
-                guarantee="claim",
-                among_others=lambda m, got, b=b: m.claim_skipping(
-                    b, tuple(c.id for c in got.value) if isinstance(got, Won) else ()
-                ),
-                runs=due | reach(b),
-                once_freed=reach(b),
-            )  # reclaimed, then claimed
-            for b in (1, 2, 3)
-        ]
-        for i, h in sorted(self.held[w].items()):
-            c = h.claim
-            if h.result == impl.OK:
-                out.append(
-                    Offer(
-                        f"complete({c.id}, attempt={c.attempt})",
-                        lambda m, c=c: m.complete(c),
-                        lambda conn, c=c: self.store.complete(conn, c),
-                        after=self._let_go(w, c.id),
-                        guarantee="lease-fence",
-                        runs=frozenset({c.id}),
-                        fenced=True,
-                    )
-                )
-            elif h.result is not None:
-                permanent = h.result == impl.PERMANENT
-                out.append(
-                    Offer(
-                        f"fail({c.id}, attempt={c.attempt}, permanent={permanent})",
-                        lambda m, c=c, p=permanent: m.fail(c, p),
-                        lambda conn, c=c, p=permanent, r=h.result: self.store.fail(conn, c, p, r),
-                        after=self._let_go(w, c.id),
-                        guarantee="lease-fence",
-                        runs=frozenset({c.id}),
-                        fenced=True,
-                    )
-                )
-            if h.result is not None:
-                continue  # sent: the loop records it next (a heartbeat only runs while sending)
-            out.append(
-                Offer(
-                    f"extend_lease({c.id}, attempt={c.attempt})",
-                    lambda m, c=c: m.extend_lease(c),
-                    lambda conn, c=c: self.store.extend_lease(conn, c),
-                    guarantee="lease-fence",
-                    runs=frozenset({c.id}),
-                    fenced=True,
-                )
-            )
-        return out
-
-    def _took(self, w: int):
-        def after(got) -> None:
-            if isinstance(got, Won):
-                for c in got.value:
-                    self.held[w][c.id] = Held(c)
-
-        return after
-
-    def _let_go(self, w: int, delivery: int):
-        return lambda got: self.held[w].pop(delivery, None)
 
     # -- the fault policy's questions -------------------------------------------------------------
     def turns(self, w: int) -> list[str]:
@@ -265,12 +288,13 @@ class OutboxCheck(KindCheck):
     def turn(self, w: int, data) -> None:
         step = self.turns(w)[0]
         if step == "record":
-            self._record(w, data.draw(st.sampled_from(self._mine(w, sent=True)), label="delivery"))
+            i = data.draw(st.sampled_from(self._mine(w, sent=True)), label="delivery")
+            self.do(w, self._record(w, i))
         elif step == "send":
             d = data.draw(st.sampled_from(self._mine(w, sent=False)), label="delivery")
             self._send(w, d, data.draw(st.sampled_from([200, 503, 422]), label="sink answers"))
         else:
-            self.claim(w, 3)
+            self.do(w, self._claim(w, 3))
 
     def leases(self) -> list[int]:
         """Workers holding a live lease; those that sent a delivery and have not recorded it yet
@@ -297,9 +321,9 @@ class OutboxCheck(KindCheck):
         not: a stale owner resumes on a row still pending, re-claimed, or never reclaimed."""
         other = 1 - w
         if data.draw(st.booleans(), label="reaper runs"):
-            self.reclaim_stale(other)
+            self.do(other, self._reap())
             if data.draw(st.booleans(), label="the other worker claims"):
-                self.claim(other, 3)
+                self.do(other, self._claim(other, 3))
 
     # -- helpers ----------------------------------------------------------------------------
     def _holding(self, sent: bool | None = None) -> list[tuple[int, int]]:
@@ -326,7 +350,7 @@ class OutboxCheck(KindCheck):
     def enqueue_some(self, n: int) -> None:
         """Every example starts with a few deliveries waiting, so work flows from the first step."""
         for _ in range(n):
-            self.enqueue(0)
+            self.do(0, self._enqueue(self.model.next_id()))
 
     def _waiting(self) -> int:
         return sum(d.status == model.P for d in self.model.deliveries.values())
@@ -334,28 +358,11 @@ class OutboxCheck(KindCheck):
     @precondition(lambda self: self._waiting() < 3)
     @rule(w=st.integers(0, 1))
     def enqueue(self, w: int) -> None:
-        i = self.model.next_id()
-        self.apply(
-            self.workers[w],
-            f"enqueue(w{w}, id={i})",
-            lambda m: m.enqueue(i),
-            lambda c: self.store.enqueue(c, i),
-        )
+        self.do(w, self._enqueue(self.model.next_id()))
 
     @rule(w=st.integers(0, 1), batch=st.integers(1, 3))
     def claim(self, w: int, batch: int) -> None:
-        worker = self.workers[w]
-        got = self.apply(
-            worker,
-            f"claim(w{w}, batch={batch})",
-            lambda m: m.claim(batch),
-            lambda c: self.store.claim(c, batch),
-            on_error=lambda: self.forget(worker),
-            guarantee="claim",
-        )
-        if isinstance(got, Won):
-            for c in got.value:
-                self.held[w][c.id] = Held(c)
+        self.do(w, self._claim(w, batch))
 
     @precondition(lambda self: self._holding(sent=False))
     @rule(data=st.data(), answer=st.sampled_from([200, 503, 422]))
@@ -397,35 +404,8 @@ class OutboxCheck(KindCheck):
     def record(self, data) -> None:
         """The fenced write after the send: complete, or fail (retry with backoff / dead /
         failed)."""
-        self._record(*self._pick(data, sent=True))
-
-    def _record(self, w: int, delivery: int) -> None:
-        worker = self.workers[w]
-        h = self.held[w].pop(delivery)
-        c = h.claim
-        if h.result == impl.OK:
-            got = self.apply(
-                worker,
-                f"complete(w{w}, {c.id}, attempt={c.attempt})",
-                lambda m: m.complete(c),
-                lambda conn: self.store.complete(conn, c),
-                on_error=lambda: self.forget(worker),
-                fenced=lambda: self._fence(c),
-            )
-        else:
-            permanent = h.result == impl.PERMANENT
-            got = self.apply(
-                worker,
-                f"fail(w{w}, {c.id}, attempt={c.attempt}, permanent={permanent})",
-                lambda m: m.fail(c, permanent),
-                lambda conn: self.store.fail(conn, c, permanent, h.result),
-                on_error=lambda: self.forget(worker),
-                fenced=lambda: self._fence(c),
-            )
-        if isinstance(got, LostRace):
-            self.event("fence rejection")
-        elif got == Won(model.P):
-            self.event("backoff")
+        w, i = self._pick(data, sent=True)
+        self.do(w, self._record(w, i))
 
     def _batch_holders(self) -> list[int]:
         """Workers holding two sent deliveries or more: a batch to record."""
@@ -458,7 +438,7 @@ class OutboxCheck(KindCheck):
         send each, record them in one statement. Each row must be fenced on its own attempt;
         reached on purpose, since it takes a retry due beside a first try."""
         w = data.draw(st.sampled_from(self._mixed_due()), label="worker")
-        self.claim(w, 3)
+        self.do(w, self._claim(w, 3))
         for d in self._mine(w, sent=False):
             self._send(w, d, data.draw(st.sampled_from([200, 503, 422]), label="sink answers"))
         if len(self._mine(w, sent=True)) > 1:
@@ -503,30 +483,11 @@ class OutboxCheck(KindCheck):
     @rule(data=st.data())
     def extend_lease(self, data) -> None:
         w, i = self._pick(data)
-        worker, h = self.workers[w], self.held[w][i]
-        got = self.apply(
-            worker,
-            f"extend_lease(w{w}, {h.claim.id}, attempt={h.claim.attempt})",
-            lambda m: m.extend_lease(h.claim),
-            lambda c: self.store.extend_lease(c, h.claim),
-            on_error=lambda: self.forget(worker),
-            fenced=lambda: self._fence(h.claim),
-        )
-        if isinstance(got, LostRace):
-            self.event("fence rejection")
-            self.held[w].pop(h.claim.id, None)
+        self.do(w, self._extend(w, i))
 
     @rule(w=st.integers(0, 1))
     def reclaim_stale(self, w: int) -> None:
-        got = self.apply(
-            self.workers[w],
-            f"reclaim_stale(w{w})",
-            lambda m: m.reclaim_stale(),
-            lambda c: self.store.reclaim_stale(c),
-            guarantee="lease",
-        )
-        if isinstance(got, Won) and got.value:
-            self.event("reclaim", len(got.value))
+        self.do(w, self._reap())
 
     @precondition(lambda self: all(w.clean() for w in self.workers))
     @rule(ba=st.integers(1, 2), bb=st.integers(1, 2))

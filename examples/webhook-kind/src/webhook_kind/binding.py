@@ -1,8 +1,4 @@
-"""The webhook queue under knownstate's gate: a description and an adapter. Nothing else.
-
-``knownstate verify webhook`` checks it (the package registers the entry point); so does
-``check_run_kind(WebhookKind)`` in a test, with knownstate's pytest plugin.
-"""
+"""The webhook queue under knownstate's gate: a description and an adapter, nothing else."""
 
 from knownstate.chaos.adapter import OK, PERMANENT, RETRY, Adapter, Claimed
 from knownstate.chaos.generic import kind
@@ -12,10 +8,7 @@ from . import deliveries as lib
 
 WEBHOOK = RunKind(
     name="webhook",
-    statuses=("pending", "delivering", "delivered", "rejected", "dead"),
-    initial="pending",
     owned=("delivering",),
-    terminal=("delivered", "rejected", "dead"),
     transitions=(
         "(new) -enqueue-> pending",
         "pending -claim-> delivering",
@@ -37,8 +30,6 @@ WEBHOOK = RunKind(
     idempotency_key="event_key, unique: publishing an event twice is one delivery",
 )
 
-ANSWER = {lib.DELIVERED: OK, lib.RETRY: RETRY, lib.REJECTED: PERMANENT}
-
 
 class WebhookAdapter(Adapter):
     schema = lib.SCHEMA
@@ -48,14 +39,15 @@ class WebhookAdapter(Adapter):
         "status": "AND status = 'delivering'",
         "lease": "AND lease_until <= now()",
         "skip_locked": "SKIP LOCKED",
+        "lock": "FOR UPDATE SKIP LOCKED",
     }
     read_query = (
         "SELECT event_key AS key, status, attempts, next_attempt_at AS due, "
         "lease_until FROM webhook_delivery"
     )
 
-    def queue(self, conn) -> lib.Deliveries:
-        t = self.timing  # the description's durations, as the gate runs them
+    def queue(self, conn) -> lib.Deliveries:  # the description's durations, as the gate runs them
+        t = self.timing
         config = lib.Config(t.lease, t.heartbeat, t.max_attempts, t.backoff_base, t.backoff_cap)
         return lib.Deliveries(conn, config, self.queries)
 
@@ -78,7 +70,8 @@ class WebhookAdapter(Adapter):
         return await self.queue(conn).reap()
 
     async def send(self, job, url):
-        return ANSWER[await lib.deliver(job.handle, url)]
+        answer = await lib.deliver(job.handle, url)
+        return {lib.DELIVERED: OK, lib.RETRY: RETRY, lib.REJECTED: PERMANENT}[answer]
 
 
 WebhookKind = kind(WEBHOOK, WebhookAdapter)

@@ -1,0 +1,382 @@
+"""Concurrent blocks: two or three workers' operations at once, judged by linearizability.
+
+Rules run one operation at a time, which reaches many races but never two transactions that
+overlap on a row. The base's ``concurrently`` rule starts two or three operations of different
+workers together (each kind says what its workers can do now: :meth:`KindCheck.offers`), each
+on its own thread and its own proxied connection, the implementation's code unchanged. Every
+statement and COMMIT waits at a gate, and a schedule drawn from the example decides who runs
+next (:mod:`.interleave`); a statement that waits on another worker's lock is seen by the
+server. A fault may strike inside the block (a link cut, the database crashing while a lock is
+held). The outcomes are judged by linearizability against the model (:mod:`.linearize`): some
+order of the operations must explain every outcome and the rows read afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from knownstate.impl.errors import ConnectionLost, ExternalCallFailed
+from knownstate.model.contract import LostRace, Won, check_invariants
+
+from . import interleave, linearize
+from .harness import EnvironmentFault, Worker, WorkerDied
+from .interleave import Op, SchedulerEnvironmentError
+from .steps import Candidate, Action, broken_by
+from .toxi import Link
+
+
+class Blocks:
+    """The base's concurrent-block rule, mixed into :class:`~.check.KindCheck`."""
+
+    def offers(self, w: int) -> list[Action]:
+        """What worker ``w`` can start now in a concurrent block: each of its actions that is one
+        transaction on its connection (``Action.run`` unset)."""
+        return [a for a in self.actions(w) if a.run is None]
+
+    def fingerprint(self, model: Any) -> Any:
+        """A hashable value equal for model states that act the same (the search's cache key)."""
+        return linearize.default_fingerprint(model)
+
+    def _able(self) -> list[Worker]:
+        return [w for w in self.workers if self.offers(w.index)]
+
+    def _may_block(self) -> bool:
+        return (
+            "concurrency" in self.run.capabilities
+            and len(self.candidates) == 1
+            and len(self._able()) >= 2
+            and all(w.clean() for w in self.workers)
+        )
+
+    def _contested(self) -> dict[Any, list[Worker]]:
+        """Runs that two workers or more can write now (each with an offer naming the run)."""
+        by_run: dict[Any, set[int]] = {}
+        for w in self.workers:
+            for o in self.offers(w.index):
+                for run in o.runs:
+                    by_run.setdefault(run, set()).add(w.index)
+        return {
+            run: [self.workers[i] for i in sorted(ws)]
+            for run, ws in sorted(by_run.items(), key=lambda kv: repr(kv[0]))
+            if len(ws) > 1
+        }
+
+    @precondition(lambda self: self._may_block())
+    @rule(data=st.data(), aim=st.booleans())
+    def concurrently(self, data, aim: bool) -> None:
+        """Two or three workers start an operation each, together. Half the blocks aim at one run
+        that several of them can write (where locks are waited on and fences meet)."""
+        contested = self._contested() if aim else {}
+        if contested:
+            # a fenced write meeting another worker's write of its run is where locks are waited
+            # on and fences meet: such runs twice as often as others (a key two requests race
+            # for, a row two claims race for), which are never left out
+            fenced = [
+                run
+                for run, able in contested.items()
+                if any(o.fenced and run in o.runs for w in able for o in self.offers(w.index))
+            ]
+            run = data.draw(st.sampled_from(fenced + list(contested)), label="the run they contest")
+            able = contested[run]
+        else:
+            run, able = None, self._able()
+        n = data.draw(st.integers(2, min(3, len(able))), label="workers in the block")
+        chosen = sorted(
+            data.draw(
+                st.lists(
+                    st.sampled_from(able), min_size=n, max_size=n, unique_by=lambda w: w.index
+                ),
+                label="who",
+            ),
+            key=lambda w: w.index,
+        )
+        self._block(data, chosen, run)
+
+    def race(self, data, w: int, frozen: bool = False, due: frozenset = frozenset()) -> bool:
+        """Worker ``w`` (resuming from a stall) races the others on a run it can write: a block
+        of its next write (a fenced one, on that run) and other workers' operations on the same
+        run (the reaper taking it back, a new owner claiming or writing it), scheduled as any
+        block's (:meth:`_schedule`). ``frozen``: it froze *inside* that write (:meth:`_frozen`:
+        a pause between two statements of its transaction while every other worker on the run
+        does a whole operation; the pause is the block's fault, no other strikes inside it).
+        ``due``: the runs of the write it was about to make (empty: any it holds). False when no
+        other worker can touch its runs."""
+        mine = {run for o in self.offers(w) if o.fenced for run in o.runs}  # the runs it holds
+        contested = {
+            run: ws
+            for run, ws in self._contested().items()
+            if run in mine and any(x.index == w for x in ws)
+        }
+        contested = {run: ws for run, ws in contested.items() if run in due} or contested
+        if (
+            not contested
+            or "concurrency" not in self.run.capabilities
+            or not all(x.clean() for x in self.workers)
+            or len(self.candidates) > 1
+        ):
+            return False
+        run = data.draw(st.sampled_from(list(contested)), label="the run they race on")
+        others = [x for x in contested[run] if x.index != w]
+        if frozen:
+            racers = others
+        else:
+            n = data.draw(st.integers(1, min(2, len(others))), label="how many race it")
+            racers = data.draw(
+                st.lists(
+                    st.sampled_from(others), min_size=n, max_size=n, unique_by=lambda x: x.index
+                ),
+                label="who races it",
+            )
+        stalled = self.workers[w]
+        writes = [o for o in self.offers(w) if o.fenced and run in o.runs]
+        schedule = None
+        if frozen:
+            schedule = lambda data, names, offers: self._frozen(  # noqa: E731
+                data,
+                stalled.name,
+                [n for n in names if n != stalled.name],
+                [n for n in names if run in offers[n].once_freed],
+            )
+        self._block(
+            data,
+            sorted([stalled, *racers], key=lambda x: x.index),
+            run,
+            only={stalled.name: writes},
+            schedule=schedule,
+            faults=not frozen,
+        )
+        return True
+
+    @staticmethod
+    def _schedule(data, names: list[str]) -> Callable[[list[str]], str]:
+        """The block's schedule, drawn as PCT draws it (Burckhardt et al., probabilistic
+        concurrency testing): a priority order of the workers and up to two change points, steps
+        after which the worker then on top drops to the bottom. The highest-priority worker that
+        can run takes each step. A race of depth d (one read, then others' commits, then the
+        write) needs d - 1 change points, so short draws reach it often, and the schedule shrinks
+        towards running the workers one after another."""
+        order = list(data.draw(st.permutations(names), label="priority"))
+        changes = set(
+            data.draw(
+                st.lists(st.integers(1, 2 * len(names)), max_size=2, unique=True),
+                label="priority changes after steps",
+            )
+        )
+        step = 0
+
+        def choose(options: list[str]) -> str:
+            nonlocal step
+            step += 1
+            if step - 1 in changes:
+                top = next(n for n in order if n in options)
+                order.remove(top)
+                order.append(top)
+            return next(n for n in order if n in options)
+
+        return choose
+
+    @staticmethod
+    def _frozen(
+        data, stalled: str, others: list[str], later: list[str] = ()
+    ) -> Callable[[list[str]], str]:
+        """The schedule of a worker frozen inside its operation (a GC pause, a suspended VM,
+        between two statements of its transaction, holding what it locked): it runs its first
+        statements (after each one, whether it freezes there is drawn: after the first, three
+        times in four), then the others run their whole operations one after another (one that
+        waits on a lock the frozen worker holds steps aside), then it finishes. The others' order is
+        drawn, except that those in ``later`` (which can write the run only once another
+        operation freed it: a claim of a row whose lease lapsed) come after the rest. Shrinks
+        towards never freezing: the stalled worker's whole write, then the others'."""
+        drawn = data.draw(st.permutations(others), label="the others' order")
+        order = sorted(drawn, key=lambda n: n in later)
+        frozen = False
+
+        def choose(options: list[str]) -> str:
+            nonlocal frozen
+            if not frozen and stalled in options:
+                frozen = (
+                    data.draw(
+                        st.integers(0, 3), label=f"{stalled} freezes after this step (unless 0)"
+                    )
+                    > 0
+                )
+                return stalled
+            return next((n for n in order if n in options), stalled)
+
+        return choose
+
+    def _unowned(self, model: Any, runs: frozenset) -> bool:
+        """Whether, in ``model``, one of ``runs`` is in a status nobody owns it in."""
+        views = self.views(self.observe_model(model)) if self.contract is not None else {}
+        return any(
+            str(r) in views and views[str(r)].status not in self.contract.owned for r in runs
+        )
+
+    def _ended_then_changed(self, states: tuple, real: Any) -> tuple[str, ...]:
+        """``terminal-answers-from-receipts`` when a run is terminal in one of ``states`` (where
+        an order of a block's operations stopped) and its record differs in the rows read after
+        the block: whatever ran after that point changed a run that had ended. (The other
+        transition invariants are not judged across a block: several legal moves in a row look
+        like one the table does not have.)"""
+        if self.contract is None or not states:
+            return ()
+        after = self.views(real)
+        for m in states:
+            ended = {
+                r: v
+                for r, v in self.views(self.observe_model(m)).items()
+                if self.contract.is_terminal(v.status) and r in after
+            }
+            if any(
+                v.invariant == "terminal-answers-from-receipts"
+                for v in check_invariants(self.contract, ended, {r: after[r] for r in ended})
+            ):
+                return ("terminal-answers-from-receipts",)
+        return ()
+
+    def _block(
+        self,
+        data,
+        chosen: list[Worker],
+        run: Any,
+        only: dict[str, list[Action]] | None = None,
+        schedule: Callable[..., Callable[[list[str]], str]] | None = None,
+        faults: bool = True,
+    ) -> None:
+        """Run one block of ``chosen`` workers' operations (aimed at ``run`` when given; a worker
+        named in ``only`` does one of those offers), scheduled by ``schedule(data, names,
+        offers)`` (default: drawn as :meth:`_schedule` draws it); a fault may strike inside it
+        unless ``faults`` is False."""
+
+        def choices(w: Worker) -> list[Action]:
+            if only and only.get(w.name):
+                return only[w.name]
+            mine = self.offers(w.index)
+            aimed = [o for o in mine if run in o.runs]
+            return aimed or mine
+
+        offers = {
+            w.name: data.draw(st.sampled_from(choices(w)), label=f"{w.name} does") for w in chosen
+        }
+        self.start_step(len(chosen))
+        for w in chosen:
+            w.ready()  # a connection the server dropped (a crash) is replaced before the block
+        ops = [Op(w.name, offers[w.name].label, w.conn, offers[w.name].impl_op) for w in chosen]
+        struck: list[Link] = []
+        # one block in three meets a fault, between two of its steps (most blocks must run to
+        # their end: a race needs every operation in it to reach its writes)
+        when = (
+            data.draw(st.sampled_from([None, None, 1, 2, 3, 4]), label="a fault before step")
+            if faults
+            else None
+        )
+        steps = 0
+
+        def between(block) -> None:
+            nonlocal steps
+            steps += 1
+            if struck or steps != when:
+                return
+            fate = data.draw(
+                st.sampled_from(
+                    [f"cut {w.name}" for w in chosen] + (["crash"] if self._may_crash() else [])
+                ),
+                label="fault in the block",
+            )
+            if fate == "crash":
+                self.crashes += 1
+                struck.append(None)
+                self.stats.faults["db-crash"] += 1
+                block.fault(
+                    "database crash (SIGKILL of the postmaster) and restart",
+                    self.env.crash_and_restart,
+                    lost=[w.name for w in chosen],
+                )
+            else:
+                worker = next(w for w in chosen if w.name == fate.split()[1])
+                struck.append(worker.link)
+                self.stats.faults["link-down"] += 1
+                block.fault(f"link down {worker.link.name}", worker.link.down, lost=[worker.name])
+
+        names = [w.name for w in chosen]
+        choose = (
+            schedule(data, names, offers) if schedule is not None else self._schedule(data, names)
+        )
+        try:
+            res = self.ws.scheduler().run(ops, choose, between=between)
+        except SchedulerEnvironmentError as e:
+            raise EnvironmentFault(f"a concurrent block could not run: {e}") from None
+        for link in struck:
+            if link is not None:
+                self._toxi(link.clear)
+        self.log("CONCURRENTLY " + " | ".join(f"{w.name} {offers[w.name].label}" for w in chosen))
+        self.trace.extend(f"  {line}" for line in res.trace[1:])
+        self.stats.events["concurrent block"] += 1
+        self.event("lock wait in a block", res.waits)
+        results = res.by_worker()
+        for w in chosen:
+            r = results[w.name]
+            if r.sqlstate == "40P01":
+                self.event("deadlock victim")
+            elif r.sqlstate == "40001":
+                self.event("serialization failure")
+            if r.error is not None:
+                self._lost_connection(w, None, r.error if not r.transient else None)
+
+        def model_op(w: Worker) -> Callable[[Any], Any]:
+            offer, r = offers[w.name], results[w.name]
+            if offer.among_others is not None and r.error is None:
+                return lambda m: offer.among_others(m, r.value)
+            return offer.model_op
+
+        # as in a sequential step, an operation that raised on a lost connection, a dead worker or
+        # a failed external call committed nothing (a COMMIT in flight is indeterminate)
+        history = interleave.history(
+            res,
+            {w.name: model_op(w) for w in chosen},
+            no_effect=(ConnectionLost, WorkerDied, ExternalCallFailed),
+        )
+        self._after_block = True  # a run may have moved twice: the linearization judges moves
+        real = self.observe_impl()
+        verdict = linearize.check(
+            history,
+            [c.model for c in self.candidates],
+            fingerprint=self.fingerprint,
+            final=linearize.FinalState(real, self.observe_model),
+        )
+        if not verdict.ok:
+            named: tuple[str, ...] = ()
+            refused = verdict.refused_anywhere or tuple(
+                (op, answers, ())
+                for (op, _), answers in zip(verdict.next_refused, verdict.next_answers)
+            )
+            for op, answers, states in refused:
+                offer = offers[op.client]
+                for answer in answers or (None,):
+                    named += broken_by(answer, op.output, offer.fenced, offer.guarantee)
+                if (
+                    offer.fenced
+                    and isinstance(op.output, Won)
+                    and any(self._unowned(m, offer.runs) for m in states)
+                ):
+                    # a stale owner's write landed on a run nobody holds: no status guard
+                    named += ("conditional-transition",)
+                named += self._ended_then_changed(states, real)
+            self.fail(
+                "\n".join(verdict.explain()),
+                real=real,
+                otherwise=named or ("conditional-transition",),
+            )
+        self.candidates = [Candidate(m) for m in verdict.final_states]
+        if any(op.ret is None for op in history):
+            self.event("indeterminate commit in a block")
+        for w in chosen:
+            r = results[w.name]
+            if r.error is None:
+                if isinstance(r.value, LostRace):
+                    self.event("lost race")
+                if offers[w.name].after is not None:
+                    offers[w.name].after(r.value)

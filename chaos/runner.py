@@ -1,0 +1,458 @@
+"""Running a check: profiles, requirements, batches of examples, shrinking by a count.
+
+A check counts what it *observed* — transitions of the kind's table, lost races, fence
+rejections, reaps, indeterminate commits and how they resolved, duplicates — not only what it
+injected. A profile runs until every required transition and event was observed a few times
+and a minimum number of examples ran (:class:`Profile`); only when its count of examples runs
+out first is the run vacuous, naming what is missing. Time never decides a verdict: a run that
+outlasts the profile's safety net ends as the environment's failure (the machine was too slow).
+Requirements that need what this database cannot do (a crash of a server the harness does not
+own) are *not covered on this database*, never vacuous. (Hypothesis's ``target()`` was tried
+for steering and left out: its optimisation pass and pareto front took more than half of a
+run's time and reached nothing coverage did not.)
+Failing examples are kept in an example database and replayed first on later runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from hypothesis import HealthCheck, Phase, Verbosity, settings
+from hypothesis import seed as hyp_seed
+from hypothesis.database import ExampleDatabase
+from hypothesis.stateful import get_state_machine_test
+
+from .harness import Env, EnvironmentFault, SchemaRefused, Stats, Workspace
+from .steps import Failure
+
+if TYPE_CHECKING:
+    from .check import KindCheck
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """Something a run must observe: a transition of the table or an event, and what the
+    database must be able to do for it to be reachable at all (``Env.capabilities()``:
+    ``time-shift``, ``db-clock``, ``db-crash``)."""
+
+    label: str
+    what: str = "event"
+    needs: frozenset[str] = frozenset()
+
+    @property
+    def key(self) -> str:
+        return f"{self.what} {self.label}" if self.what == "transition" else self.label
+
+
+def needs(label: str, *capabilities: str) -> Requirement:
+    """A required event reachable only where the database can do ``capabilities``."""
+    return Requirement(label, "event", frozenset(capabilities))
+
+
+# ---------------------------------------------------------------------------------------
+# Profiles: how long a run goes on.
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A run goes on until every requirement was observed ``times_each`` times and at least
+    ``min_examples`` examples ran; when ``max_examples`` ran first it stops, vacuous. Counts
+    only: the same seed gives the same verdict on a fast machine and on a loaded one. A run
+    still going after ``too_slow_s`` seconds ends as the environment's failure (exit 3: this
+    machine was too slow for the profile), never as a verdict."""
+
+    name: str
+    min_examples: int
+    max_examples: int
+    steps: int
+    times_each: int
+    too_slow_s: float
+    description: str
+
+
+PROFILES = {
+    "ci": Profile(
+        "ci",
+        25,
+        1500,
+        30,
+        3,
+        1800.0,
+        "until every required transition and event was seen 3 times (25 examples at "
+        "least, 1,500 at most per kind)",
+    ),
+    "deep": Profile(
+        "deep",
+        1000,
+        100000,
+        80,
+        20,
+        14400.0,
+        "nightly depth: 1,000 examples at least and every requirement seen 20 "
+        "times (100,000 at most per kind)",
+    ),
+}
+
+
+# ---------------------------------------------------------------------------------------
+# The state of one run of one kind (shared by its examples).
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunState:
+    profile: Profile
+    requirements: tuple[Requirement, ...]
+    capabilities: frozenset[str]
+    fixed_examples: int | None = None  # --examples: exactly this many, no coverage stop
+    progress: Callable[["RunState"], None] | None = None
+    stats: Stats = field(default_factory=Stats)
+    failures: list[tuple[str, tuple[str, ...], list[str]]] = field(default_factory=list)
+    last_trace: list[str] = field(default_factory=list)
+    all_traces: list[list[str]] | None = None
+    started: float = field(default_factory=time.monotonic)
+    stopped: str = ""
+    batch: int = 0
+    allow_save: bool = False
+
+    def count(self, r: Requirement) -> int:
+        if r.what == "transition":
+            return sum(
+                n for (s, e, t), n in self.stats.transitions.items() if f"{s} -{e}-> {t}" == r.label
+            )
+        return self.stats.events.get(r.label, 0)
+
+    def reachable(self) -> list[Requirement]:
+        return [r for r in self.requirements if r.needs <= self.capabilities]
+
+    def not_covered(self) -> list[Requirement]:
+        return [r for r in self.requirements if not r.needs <= self.capabilities]
+
+    def missing(self, times: int = 1) -> list[Requirement]:
+        return [r for r in self.reachable() if self.count(r) < times]
+
+    def goal_met(self) -> str | None:
+        """Between two batches: why the run stops now (None: it goes on)."""
+        examples = self.stats.examples
+        p = self.profile
+        if self.fixed_examples is not None:
+            return f"{examples} examples ran, as asked"
+        if examples >= p.min_examples and not self.missing(p.times_each):
+            return f"every requirement observed {p.times_each}+ times after {examples} examples"
+        if examples >= p.max_examples:
+            return f"the profile's {p.max_examples} examples ran"
+        return None
+
+    def too_slow(self) -> str | None:
+        """Between two batches: why this machine is too slow to go on (None: it is not). The
+        environment's failure, never a verdict: the verdict is the counts'."""
+        seconds, p = time.monotonic() - self.started, self.profile
+        if self.fixed_examples is not None or seconds <= p.too_slow_s:
+            return None
+        return (
+            f"this machine was too slow for the profile: {self.stats.examples} examples in "
+            f"{seconds:.0f} s, past profile {p.name}'s safety net of {p.too_slow_s:.0f} s, "
+            f"{len(self.missing(p.times_each))} requirement(s) still short of "
+            f"{p.times_each}: rerun on a less loaded machine, or with --examples N (a count)"
+        )
+
+
+class GateDatabase(ExampleDatabase):
+    """Hypothesis's example database, keeping only genuine failures: an example stopped by the
+    run (coverage reached, environment fault) is never saved as one. Replayed first next time."""
+
+    def __init__(self, inner: ExampleDatabase, run: RunState):
+        super().__init__()
+        self.inner, self.run = inner, run
+
+    def save(self, key: bytes, value: bytes) -> None:
+        if self.run.allow_save and not key.endswith(b".pareto"):
+            self.inner.save(key, value)
+
+    def fetch(self, key: bytes):
+        return self.inner.fetch(key)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.inner.delete(key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        if self.run.allow_save or dest.startswith(src):
+            self.inner.move(src, dest, value)
+
+    def add_listener(self, f) -> None:  # pragma: no cover - no live listeners here
+        pass
+
+    def remove_listener(self, f) -> None:  # pragma: no cover
+        pass
+
+
+class SaveOnly(ExampleDatabase):
+    """An example database that keeps new failures but hands none out for replay: for the
+    batches after the first (the stored examples were replayed there) and for measurements."""
+
+    def __init__(self, inner: ExampleDatabase):
+        super().__init__()
+        self.inner = inner
+
+    def fetch(self, key: bytes):
+        return iter(())
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.inner.save(key, value)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.inner.delete(key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.inner.move(src, dest, value)
+
+
+# ---------------------------------------------------------------------------------------
+# Running a check.
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class CheckResult:
+    kind: str
+    seed: int
+    examples: int
+    steps: int
+    seconds: float
+    stats: Stats
+    profile: str = "ci"
+    failure: str | None = None
+    invariants: tuple[str, ...] = ()
+    counterexample: list[str] = field(default_factory=list)
+    vacuous: list[str] = field(default_factory=list)
+    not_covered: list[str] = field(default_factory=list)
+    unavailable: list[str] = field(default_factory=list)
+    coverage: dict[str, int] = field(default_factory=dict)
+    stopped: str = ""
+    batch: int = 0
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None and not self.vacuous
+
+    @property
+    def status(self) -> str:
+        return "passed" if self.passed else ("FAILED" if self.failure else "VACUOUS")
+
+    @property
+    def counterexample_steps(self) -> int:
+        return sum(1 for line in self.counterexample if not line.startswith("  "))
+
+
+def build_machine(
+    machine: type[KindCheck], env: Env, seed: int, run: RunState, ws: Workspace
+) -> type[KindCheck]:
+    cls = type(machine.__name__, (machine,), {"env": env, "ws": ws, "run": run})
+    return hyp_seed(seed)(cls)
+
+
+SHRINKS = 1000
+"""Replays at most to shrink a failure (``--shrinks``): a count, so the same seed gives the same
+counterexample on any machine, whatever its load. (At 500, 4 of the outbox catalogue's 70 runs
+at seeds 836747..836751 stopped above 15 steps; a larger budget only goes on from where a
+smaller one stopped.)"""
+
+BATCH = 20
+"""Examples per batch. Hypothesis runs a batch; between batches the run checks its goal. Batch
+``i`` of seed ``s`` always runs the same examples, so a failure replays from its batch alone."""
+
+
+def batch_seed(seed: int, batch: int) -> int:
+    if batch == 0:
+        return seed
+    digest = hashlib.sha256(f"knownstate:{seed}:{batch}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+@contextlib.contextmanager
+def shrink_budget(replays: int):
+    """Bound shrinking by a count of replays (Hypothesis's own bounds are 500 successful shrinks
+    and five minutes): deterministic, whatever the machine's load. Time never stops a shrink
+    here. Past the budget the smallest failing example found so far is the counterexample."""
+    from hypothesis.internal.conjecture import engine
+
+    runner = engine.ConjectureRunner
+    original = runner.test_function
+
+    def counted(self, data):
+        try:
+            return original(self, data)
+        finally:
+            if self.finish_shrinking_deadline is not None:
+                self._knownstate_replays = getattr(self, "_knownstate_replays", 0) + 1
+                if self._knownstate_replays >= replays:
+                    self.exit_with(engine.ExitReason.max_shrinks)
+
+    old = engine.MAX_SHRINKING_SECONDS
+    runner.test_function, engine.MAX_SHRINKING_SECONDS = counted, 10**9
+    try:
+        yield
+    finally:
+        runner.test_function, engine.MAX_SHRINKING_SECONDS = original, old
+
+
+def run_check(
+    machine: type[KindCheck],
+    env: Env,
+    *,
+    seed: int,
+    profile: str | Profile = "ci",
+    examples: int | None = None,
+    steps: int | None = None,
+    require_all: bool = True,
+    progress: Callable[[RunState], None] | None = None,
+    shrinks: int = SHRINKS,
+    database: ExampleDatabase | None = None,
+    database_key: str | None = None,
+    traces: list[list[str]] | None = None,
+    start_batch: int = 0,
+) -> CheckResult:
+    """Run one kind's check against the real parts. ``examples`` fixes the number of examples
+    (one batch, no coverage stop); otherwise the profile directs the run, batch after batch from
+    ``start_batch``. Raises EnvironmentFault when a real part dies, carrying what the run had
+    done so far in its ``partial`` (a CheckResult; ``stopped`` says why)."""
+    prof = PROFILES[profile] if isinstance(profile, str) else profile
+    run = RunState(
+        prof,
+        machine.requirements(),
+        env.capabilities(),
+        fixed_examples=examples,
+        progress=progress,
+        all_traces=traces,
+    )
+    try:
+        ws = env.workspace(machine.kind, machine.schema)
+    except SchemaRefused as e:
+        return _result(machine, env, seed, run, prof, str(e), (), [])
+    failure: str | None = None
+    invariants: tuple[str, ...] = ()
+    trace: list[str] = []
+    run.batch = start_batch
+    with shrink_budget(shrinks), contextlib.closing(ws):
+        while True:
+            cls = build_machine(machine, env, batch_seed(seed, run.batch), run, ws)
+            db = None  # stored examples are replayed in the first batch; all batches save
+            if database is not None:
+                db = GateDatabase(database if run.batch == start_batch else SaveOnly(database), run)
+            conf = settings(
+                max_examples=examples or BATCH,
+                stateful_step_count=steps or prof.steps,
+                deadline=None,
+                database=db,
+                suppress_health_check=list(HealthCheck),
+                verbosity=Verbosity.quiet,
+                report_multiple_bugs=False,
+                phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
+            )
+            test = get_state_machine_test(cls, settings=conf)
+            key = database_key or f"knownstate:{machine.kind}"
+            test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()
+            try:
+                test()
+            except EnvironmentFault as e:
+                raise _interrupted(e, machine, env, seed, run, prof)
+            except Exception as e:  # the check failed: the last run is Hypothesis's shrunk replay
+                problem = env.health()
+                if problem:
+                    raise _interrupted(
+                        EnvironmentFault(problem), machine, env, seed, run, prof
+                    ) from None
+                failure, invariants, trace = _failure_of(e, run)
+                run.stopped = f"a failure in batch {run.batch}"
+                break
+            run.stopped = run.goal_met() or ""
+            if run.stopped:
+                break
+            slow = run.too_slow()
+            if slow:
+                raise _interrupted(EnvironmentFault(slow), machine, env, seed, run, prof)
+            run.batch += 1
+    problem = env.health()
+    if problem:
+        raise _interrupted(EnvironmentFault(problem), machine, env, seed, run, prof)
+    result = _result(machine, env, seed, run, prof, failure, invariants, trace)
+    if failure is None and require_all:
+        result.vacuous = [
+            f"{r.what} '{r.label}' (seen {run.count(r)} times)"
+            if run.count(r)
+            else f"{r.what} '{r.label}'"
+            for r in run.missing(1)
+        ]
+    return result
+
+
+def _interrupted(
+    e: EnvironmentFault, machine: type[KindCheck], env: Env, seed: int, run: RunState, prof: Profile
+) -> EnvironmentFault:
+    """``e``, carrying what the run had done when the environment failed (its ``partial``).
+    When a part died, the fault names it, whatever symptom raised ``e`` (a refused connection,
+    a Toxiproxy call unanswered)."""
+    problem = env.health()
+    if problem and str(e) != problem:
+        e = EnvironmentFault(problem)
+    run.stopped = f"the environment failed in batch {run.batch}: {e}"
+    if e.partial is None:
+        e.partial = _result(machine, env, seed, run, prof, None, (), [])
+    return e
+
+
+def _result(
+    machine: type[KindCheck],
+    env: Env,
+    seed: int,
+    run: RunState,
+    prof: Profile,
+    failure: str | None,
+    invariants: tuple[str, ...],
+    trace: list[str],
+) -> CheckResult:
+    return CheckResult(
+        kind=machine.kind,
+        seed=seed,
+        examples=run.stats.examples,
+        steps=run.stats.steps,
+        seconds=time.monotonic() - run.started,
+        stats=run.stats,
+        profile=prof.name,
+        failure=failure,
+        invariants=invariants,
+        counterexample=trace,
+        batch=run.batch,
+        unavailable=env.unavailable(),
+        not_covered=[r.key for r in run.not_covered()],
+        coverage={r.key: run.count(r) for r in run.reachable()},
+        stopped=run.stopped,
+    )
+
+
+def _shortest(run: RunState) -> tuple[str, tuple[str, ...], list[str]]:
+    message, names, trace = min(
+        run.failures, key=lambda f: (len([l for l in f[2] if not l.startswith("  ")]), len(f[2]))
+    )
+    return message, names, trace
+
+
+def _failure_of(e: BaseException, run: RunState) -> tuple[str, tuple[str, ...], list[str]]:
+    if isinstance(e, BaseExceptionGroup):
+        e = e.exceptions[0]
+    if isinstance(e, Failure) and run.failures and run.failures[-1][0] == str(e):
+        return run.failures[-1]
+    if run.failures:  # a replay that did not reproduce exactly (Flaky): the shortest seen
+        message, names, trace = _shortest(run)
+        if not isinstance(e, Failure):
+            message += "\n(shrinking stopped: a replay did not reproduce exactly)"
+        return message, names, trace
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
+    return f"{type(e).__name__}{where}: {e}", (), list(run.last_trace)
