@@ -650,7 +650,7 @@ class BranchResetCheck(KindCheck):
         n = 2 if twice else 1
         self.ops.fail_next(n)
         self.fault(
-            "stand-in-503", f"operations API answers the next {n} request(s) 503", pace=False
+            "stand-in-refuses", f"operations API answers the next {n} request(s) 503", pace=False
         )
         self.turn(data.draw(st.sampled_from(POLLERS), label="poller"), data)
 

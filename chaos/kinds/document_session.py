@@ -291,7 +291,7 @@ class DocumentSessionCheck(ReplayCheck):
             toxic = Toxic("limit_data", "downstream", {"bytes": 0})
             self._toxi(lambda: link.add(toxic))
             undo = lambda: link.remove(toxic)  # noqa: E731
-        self.stats.faults[net] += 1
+        self.stats.faults["link-down" if net == "offline" else "reply-lost"] += 1
         try:
             yield f" [{net}]"
         finally:
