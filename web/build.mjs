@@ -1,6 +1,6 @@
 // Builds the bundles into dist/ (and, with --tests, the unit tests into dist-test/) with esbuild.
 import { build } from "esbuild";
-import { readdirSync } from "node:fs";
+import { copyFileSync, readdirSync } from "node:fs";
 
 const common = { bundle: true, target: "es2022", logLevel: "warning", legalComments: "none" };
 
@@ -22,4 +22,5 @@ if (process.argv.includes("--tests")) {
   ]) {
     await build({ ...common, entryPoints: [entry], outfile: out, format: "iife", platform: "browser" });
   }
+  copyFileSync("index.html", "dist/index.html"); // the page, beside its script
 }

@@ -34,9 +34,11 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "approved-plan": ("approved_plan", "ApprovedPlanCheck"),
     "branch-reset": ("branch_reset", "BranchResetCheck"),
     "document-session": ("document_session", "DocumentSessionCheck"),
+    "document-session-browser": ("document_session_browser", "BrowserDocumentSessionCheck"),
 }
 
 _named: dict[str, tuple[type, str]] = {}  # kinds loaded from --kind: name -> (check, spec)
+_arguments: dict[str, str] = {}  # how a replay command names a kind run with options of its own
 
 
 class KindNotFound(LookupError):
@@ -134,8 +136,16 @@ def register(check_class: type) -> str:
 
 def argument(name: str) -> str:
     """How a command line names the kind (a replay command must find it again)."""
+    if name in _arguments:
+        return _arguments[name]
     spec = _named[name][1] if name in _named else ""
     return f"--kind {spec}" if spec else name
+
+
+def set_argument(name: str, words: str) -> None:
+    """Name the kind so in replay commands (its run has options of its own, e.g. a client
+    bundle)."""
+    _arguments[name] = words
 
 
 def check(name: str):

@@ -1,0 +1,160 @@
+"""The document session in a real browser: the TypeScript client of web/ in headless Chromium,
+checked against the same model (``knownstate verify document-session --client browser``).
+
+- the client's own unit tests (node's test runner) pass, and its table is the model's;
+- the page served by ``knownstate serve`` works in Chromium (a record created and edited), and
+  its screenshot is the README's (``KNOWNSTATE_SCREENSHOTS=1`` writes it anew);
+- where Chromium cannot be had, the browser check says so and exits 3;
+- the command line's ``--client`` / ``--client-bundle`` are checked before anything starts;
+- slow: the reference client passes a small run; client mutants are caught naming their
+  invariant with a short counterexample; a seed replays the same trace.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from knownstate.chaos import browser
+from knownstate.chaos.check import run_check
+from knownstate.chaos.cli import main
+from knownstate.chaos.kinds.document_session_browser import MUTANTS, BrowserDocumentSessionCheck
+from knownstate.model.document_session import TABLE
+
+ROOT = Path(__file__).resolve().parent.parent
+WEB = ROOT / "web"
+KNOWNSTATE = [sys.executable, "-m", "knownstate.chaos.cli"]
+slow = pytest.mark.slow
+
+
+def test_the_clients_unit_tests_pass():
+    npm = shutil.which("npm")
+    assert npm, "npm is missing: make setup installs the web client's toolchain"
+    out = subprocess.run(
+        [npm, "test", "--silent"], cwd=WEB, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert re.search(r"^# fail 0$", out.stdout, re.M), out.stdout[-2000:]
+
+
+def test_the_clients_table_is_the_models():
+    """Drift: web/src/session.ts spells out the model's table, row for row."""
+    source = (WEB / "src" / "session.ts").read_text()
+    rows = re.findall(r'^\s*\[(CREATED|"\w+"), "(\w+)", "(\w+)"\],$', source, re.M)
+    ts = [(s.strip('"') if s != "CREATED" else "(new)", e, t) for s, e, t in rows]
+    model = [(t.source, t.event, t.target) for t in TABLE.transitions]
+    assert ts == model
+
+
+def test_the_page_works_in_chromium_and_is_the_readmes_screenshot(check_env, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    from knownstate.impl.documents import DocumentServer, DocumentStore
+
+    ws = check_env.workspace("document-session-page", "")
+    dsn = ws.conninfo()
+    with DocumentStore(dsn, pool_size=None) as store:
+        store.install()
+    server = DocumentServer(dsn, pool_size=None)
+    assert browser.mount_page(server.app) == "/app/", "web/dist is not built: run make setup"
+    with server, sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=browser.chromium_path(), args=browser.CHROMIUM_ARGS)
+        page = b.new_page(viewport={"width": 1100, "height": 520})
+        page.goto(f"{server.url}/app/?user=alice")
+        page.click("#new-record")
+        page.wait_for_selector("#record-state:text('clean')")
+        page.fill("[data-id=title]", "Quarterly plan")
+        page.press("[data-id=title]", "Tab")
+        page.wait_for_selector("#record-state:text('clean')")  # saved (debounced, 1 s)
+        page.click("#new-sheet")
+        page.wait_for_selector("#sheet-state:text('clean')")
+        page.fill("[data-id=A2]", "apples")
+        page.press("[data-id=A2]", "Tab")
+        page.fill("[data-id=B2]", "12")
+        page.press("[data-id=B2]", "Tab")
+        page.wait_for_selector("#sheet-state:text('clean')")
+        shot = tmp_path / "page.png"
+        page.screenshot(path=str(shot))
+        b.close()
+    docs = {d.kind: d for d in DocumentStore(dsn, pool_size=None).documents().values()}
+    assert docs["record"].content["title"] == "Quarterly plan"
+    assert docs["sheet"].content == {"A1": "item", "B1": "qty", "A2": "apples", "B2": 12}
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if os.environ.get("KNOWNSTATE_SCREENSHOTS"):
+        shutil.copy(shot, ROOT / "docs" / "images" / "page.png")
+    assert (ROOT / "docs" / "images" / "page.png").is_file()
+
+
+def test_without_chromium_the_browser_check_says_so_and_exits_3(tmp_path):
+    env = {**os.environ, "KNOWNSTATE_CHROMIUM": str(tmp_path / "no-chromium")}
+    out = subprocess.run(
+        [*KNOWNSTATE, "verify", "document-session", "--client", "browser", "--examples", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "not an executable Chromium" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["verify", "outbox", "--client", "browser"], "checks the document session only"),
+        (["verify", "--client-bundle", "/no/such/bundle.js"], "no readable file"),
+        (["mutants", "--client-bundle", __file__], "mutant catalogue is the reference"),
+        (["verify", "--client", "python", "--client-bundle", __file__], "drop --client python"),
+    ],
+)
+def test_client_options_are_checked_before_anything_starts(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@slow
+def test_the_reference_client_passes_a_small_run(check_env):
+    r = run_check(
+        BrowserDocumentSessionCheck, check_env, examples=12, steps=30, seed=3, require_all=False
+    )
+    assert r.failure is None, f"{r.failure}\n" + "\n".join(r.counterexample)
+    assert r.steps > 100 and r.stats.transitions
+    assert r.stats.faults["browser offline"] > 0
+
+
+@slow
+@pytest.mark.parametrize(
+    "name",
+    [
+        "success-wipes-pending-edit",
+        "conflict-resolved-by-overwrite",
+        "sibling-draft-applied-silently",
+        "reload-clears-before-fetch",
+    ],
+)
+def test_a_client_mutant_is_caught_with_a_short_counterexample(check_env, name):
+    mutant = next(m for m in MUTANTS if m.name == name)
+    r = run_check(
+        mutant.machine(BrowserDocumentSessionCheck),
+        check_env,
+        seed=1,
+        require_all=False,
+        shrinks=300,
+    )
+    assert r.failure is not None, f"mutant {name} was not caught"
+    assert mutant.invariant in r.invariants, r.failure
+    assert 0 < r.counterexample_steps <= 15, "\n".join(r.counterexample)
+
+
+@slow
+def test_a_seed_replays_the_same_trace(check_env):
+    a, b = [], []
+    run_check(BrowserDocumentSessionCheck, check_env, examples=3, seed=7, traces=a)
+    run_check(BrowserDocumentSessionCheck, check_env, examples=3, seed=7, traces=b)
+    assert a == b and sum(len(t) for t in a) > 10
