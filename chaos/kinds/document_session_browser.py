@@ -335,10 +335,22 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
             if slot in model.tabs and model.tabs[slot].next_seq > 1
         ]
 
-    # A conflict is left by the user's choice, or by closing the tab: drawn more often here, as
-    # the browser's own faults (reload, restart) take a share of the steps.
-    resolve_in_browser = DocumentSessionCheck.resolve
-    close_in_browser = DocumentSessionCheck.close
+    @precondition(lambda self: self._slots(State.CONFLICT))
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(["discard", "discard and reload", "close"]),
+        net=st.sampled_from(("ok", "ok", "offline", "answer lost")),
+    )
+    def leave_conflict(self, data, how: str, net: str) -> None:
+        """The user gives up on a conflict: takes the stored copy (discard, or discard and reload:
+        offline, nothing changes) or closes the tab (its work is parked in its draft). Drawn
+        besides the resolutions of the Python check, as the browser's own faults (reload,
+        restart) take a share of the steps."""
+        slot = self._pick(data, self._slots(State.CONFLICT))
+        if how == "close":
+            self._run(f"close {slot}", lambda side: side.tab(slot).close(), (slot, net))
+        else:
+            self._discard(slot, how.endswith("reload"), net)
 
     @precondition(lambda self: self._slots(*self.EDITABLE) and self.budget["reload"])
     @rule(data=st.data())

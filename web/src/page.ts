@@ -65,8 +65,8 @@ async function openDocument(docId: string): Promise<void> {
     drafts,
     transport,
     autosave: true,
-    onChange: () => render(s, panel),
   });
+  s.onChange = () => render(s, panel);
   sessions[kind] = s;
   attachLifecycle(s);
   history.replaceState(null, "", `?user=${encodeURIComponent(user())}&doc=${encodeURIComponent(docId)}`);
