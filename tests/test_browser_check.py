@@ -158,3 +158,26 @@ def test_a_seed_replays_the_same_trace(check_env):
     run_check(BrowserDocumentSessionCheck, check_env, examples=3, seed=7, traces=a)
     run_check(BrowserDocumentSessionCheck, check_env, examples=3, seed=7, traces=b)
     assert a == b and sum(len(t) for t in a) > 10
+
+
+def test_a_failing_run_is_drawn_one_lane_per_tab(tmp_path):
+    from knownstate.chaos import browser_timeline as tl
+
+    trace = [
+        "FAULT link down document-session-browser-a2",
+        "open a1 (alice, writer a1-1): GET (load) -> v1 => clean",
+        "  (observed: the lost request left nothing stored)",
+        "a client sends a save with two X-User headers -> 400 bad_request",
+        "tab b1 killed mid-save, after the request: PUT b1-1#1 base v1 -> saved v2 => not due",
+    ]
+    assert [tl.lane_of(line) for line in trace if not line.startswith(" ")] == [
+        "faults",
+        "a1",
+        "others",
+        "b1",
+    ]
+    page = tl.render("a run", "invariant violated: no-edit-lost-silently: ...", trace)
+    assert page.count("class='step") == 4 and "observed: the lost request" in page
+    out = tmp_path / "run.png"
+    tl.picture(page, out)
+    assert out.read_bytes()[:4] == b"\x89PNG"
