@@ -181,3 +181,17 @@ def test_a_failing_run_is_drawn_one_lane_per_tab(tmp_path):
     out = tmp_path / "run.png"
     tl.picture(page, out)
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+@slow
+def test_a_client_written_apart_passes_through_its_adapter(check_env, tmp_path):
+    """examples/browser-client: quill, wrapped in the driver contract, as --client-bundle."""
+    example = ROOT / "examples" / "browser-client"
+    bundle = tmp_path / "quill.js"
+    bundle.write_text(
+        (example / "quill.js").read_text() + (example / "knownstate-adapter.js").read_text()
+    )
+    check = type("QuillCheck", (BrowserDocumentSessionCheck,), {"client_bundle": str(bundle)})
+    r = run_check(check, check_env, examples=10, steps=30, seed=5, require_all=False)
+    assert r.failure is None, f"{r.failure}\n" + "\n".join(r.counterexample)
+    assert r.steps > 100

@@ -260,7 +260,7 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
         return BrowserModelSide(self, model, deliver)
 
     def observe_drafts(self) -> dict[str, dict]:
-        return self.drafts.records()
+        return {k: projected_draft(r) for k, r in self.drafts.records().items()}
 
     # What is compared: the seed's observable session, not the client's bookkeeping. A draft is
     # compared by the slot it is in, whose work it holds and on which base (and whether it holds
