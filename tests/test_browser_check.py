@@ -195,3 +195,54 @@ def test_a_client_written_apart_passes_through_its_adapter(check_env, tmp_path):
     r = run_check(check, check_env, examples=10, steps=30, seed=5, require_all=False)
     assert r.failure is None, f"{r.failure}\n" + "\n".join(r.counterexample)
     assert r.steps > 100
+
+
+def test_the_page_flushes_when_hidden_and_a_closed_tabs_work_is_offered(check_env):
+    """The session's lifetime is the document's: hidden, the page saves at once (no debounce);
+    closed offline with an edit unsaved, the edit waits in its writer's draft, and a new tab of
+    the same user offers it (never applies it)."""
+    from playwright.sync_api import sync_playwright
+
+    from knownstate.impl.documents import DocumentServer, DocumentStore
+
+    ws = check_env.workspace("document-session-page-life", "")
+    dsn = ws.conninfo()
+    with DocumentStore(dsn, pool_size=None) as store:
+        store.install()
+    server = DocumentServer(dsn, pool_size=None)
+    browser.mount_page(server.app)
+    hide = (
+        "() => { Object.defineProperty(document, 'visibilityState', {value: 'hidden'});"
+        " document.dispatchEvent(new Event('visibilitychange')); }"
+    )
+    with server, sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=browser.chromium_path(), args=browser.CHROMIUM_ARGS)
+        ctx = b.new_context()
+        page = ctx.new_page()
+        page.goto(f"{server.url}/app/?user=alice")
+        page.click("#new-record")
+        page.wait_for_selector("#record-state:text('clean')")
+        doc = page.url.split("doc=")[1]
+        page.fill("[data-id=title]", "saved when hidden")
+        page.press("[data-id=title]", "Tab")
+        page.evaluate(hide)
+        page.wait_for_selector("#record-state:text('clean')")
+        page.close()
+        page = ctx.new_page()
+        page.goto(f"{server.url}/app/?user=alice&doc={doc}")
+        page.wait_for_selector("#record-state:text('clean')")
+        page.evaluate(
+            "() => { const i = document.querySelector('[data-id=title]'); i.value = 'unsaved';"
+            " i.dispatchEvent(new Event('change')); }"
+        )
+        page.wait_for_selector("#record-state:text('dirty')")
+        ctx.set_offline(True)  # the flush on hiding the closing page gets no answer
+        page.close()  # before the debounce: the edit is in the writer's draft only
+        ctx.set_offline(False)
+        other = ctx.new_page()
+        other.goto(f"{server.url}/app/?user=alice&doc={doc}")
+        other.wait_for_selector(".banner.siblings")
+        assert other.input_value("[data-id=title]") == "saved when hidden"  # offered, not applied
+        b.close()
+    [stored] = DocumentStore(dsn, pool_size=None).documents().values()
+    assert stored.content["title"] == "saved when hidden"
