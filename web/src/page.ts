@@ -111,8 +111,10 @@ function edit(s: Session, id: string, value: Value | null): void {
 }
 
 function render(s: Session, panel: HTMLElement): void {
-  const focused = document.activeElement as HTMLElement | null;
-  const focusKey = focused?.dataset?.id;
+  // what the user is typing survives a re-render (a save that lands while they type)
+  const focused = document.activeElement as HTMLInputElement | null;
+  const focusKey = panel.contains(focused) ? focused?.dataset?.id : undefined;
+  const typing = focusKey !== undefined && focused?.type !== "checkbox" ? focused?.value : undefined;
   const v = s.view();
   panel.replaceChildren();
   panel.append(
@@ -190,7 +192,11 @@ function render(s: Session, panel: HTMLElement): void {
       button("Discard and reload", () => s.discardAndReload()),
     ),
   );
-  if (focusKey) (panel.querySelector(`[data-id="${focusKey}"]`) as HTMLElement | null)?.focus();
+  const again = focusKey ? (panel.querySelector(`[data-id="${focusKey}"]`) as HTMLInputElement | null) : null;
+  if (again) {
+    if (typing !== undefined) again.value = typing;
+    again.focus();
+  }
 }
 
 $("new-record").addEventListener("click", () => void create("record"));
