@@ -18,6 +18,7 @@ import ipaddress
 
 import psycopg
 
+from .browser import mount_page
 from .cluster import ClusterError, PostgresCluster, Unavailable
 
 EXIT_OK, EXIT_USAGE, EXIT_ENVIRONMENT = 0, 2, 3
@@ -97,9 +98,9 @@ def run(args) -> int:
                 dsn, where = pg.dsn(), f"{pg.describe()}, removed when this stops"
             with DocumentStore(dsn, pool_size=None) as store:
                 store.install()
-            server = stack.enter_context(
-                DocumentServer(dsn, host=args.host, port=args.port or None)
-            )
+            server = DocumentServer(dsn, host=args.host, port=args.port or None)
+            page = mount_page(server.app)
+            stack.enter_context(server)
         except (ClusterError, Unavailable, KnownstateError, psycopg.Error) as e:
             print(f"knownstate serve: cannot start: {first_line(e)}")
             return EXIT_ENVIRONMENT
@@ -112,6 +113,10 @@ def run(args) -> int:
             flush=True,
         )
         print(f"  database: {where}")
+        if page:
+            print(f"  the page (a record and a sheet editor): {server.url}{page}?user=alice")
+        else:
+            print("  the page is not built (web/dist): run `make setup` to build it")
         print(
             "  X-User names the user and is trusted as sent: a stand-in for authentication, "
             "not authentication."

@@ -29,7 +29,6 @@ from typing import NamedTuple
 
 GROUP = "knownstate.kinds"
 
-
 class Entry(NamedTuple):
     """One built-in kind: its module here, its check class, and its soak binding
     (``module:Class`` of a :class:`~knownstate.chaos.soakkinds.SoakKind`; "": no soak)."""
@@ -49,9 +48,12 @@ REGISTRY: dict[str, Entry] = {
         "branch_reset", "BranchResetCheck", "knownstate.chaos.soakkinds:ResetSoak"
     ),
     "document-session": Entry("document_session", "DocumentSessionCheck"),
+    "document-session-browser": Entry("document_session_browser", "BrowserDocumentSessionCheck"),
+
 }
 
 _named: dict[str, tuple[type, str]] = {}  # kinds loaded from --kind: name -> (check, spec)
+_arguments: dict[str, str] = {}  # how a replay command names a kind run with options of its own
 
 
 class KindNotFound(LookupError):
@@ -149,8 +151,16 @@ def register(check_class: type) -> str:
 
 def argument(name: str) -> str:
     """How a command line names the kind (a replay command must find it again)."""
+    if name in _arguments:
+        return _arguments[name]
     spec = _named[name][1] if name in _named else ""
     return f"--kind {spec}" if spec else name
+
+
+def set_argument(name: str, words: str) -> None:
+    """Name the kind so in replay commands (its run has options of its own, e.g. a client
+    bundle)."""
+    _arguments[name] = words
 
 
 def check(name: str):
