@@ -43,7 +43,8 @@ from knownstate.model.generic import Job, Observed, Timing
 
 from .adapter import OK, PERMANENT, RETRY, Adapter, Claimed, as_row, no_answer_errors, unwrap
 from .adapter import worker_class as adapter_worker
-from .check import QUANTUM, Action, Candidate, Failure, FaultPolicy, KindCheck, fmt
+from .runner import Requirement
+from .check import QUANTUM, Action, Candidate, Failure, FaultPolicy, KindCheck, fmt, needs
 from .harness import EnvironmentFault, WorkerDied, watch
 from .mutants import Mutant, sql_edit, with_attrs
 from .sink import JsonHandler, NotificationSink
@@ -883,8 +884,8 @@ def derived_mutants(d: RunKind, adapter: type[Adapter]) -> list[Mutant]:
     return out
 
 
-def required_events(d: RunKind, mode: str) -> tuple[str, ...]:
-    out = ["connection lost"]
+def required_events(d: RunKind, mode: str) -> tuple[str | Requirement, ...]:
+    out: list[str | Requirement] = ["connection lost"]
     if d.fence.kind != "none":
         out += ["lost race", "fence rejection"]
     if d.lease is not None:
@@ -912,6 +913,10 @@ def required_events(d: RunKind, mode: str) -> tuple[str, ...]:
         ]
         if d.claim.skip_locked:
             out.append("skip locked")
+    if mode == "sync":  # only psycopg's synchronous connection runs in a block
+        out.append(needs("concurrent block", "concurrency"))
+        if d.lease is not None:  # the reaper's take-back and a holder's write meet on one row
+            out.append(needs("lock wait in a block", "concurrency"))
     if d.external != "none":
         out.append("external reply lost")
     if d.external == "at-least-once":
