@@ -18,7 +18,7 @@ from typing import Any, Callable
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from knownstate.impl.errors import ConnectionLost, ExternalCallFailed
+from knownstate.impl.errors import ClientError, ConnectionLost, ExternalCallFailed
 from knownstate.model.contract import LostRace, Won, check_invariants
 
 from . import interleave, linearize
@@ -149,6 +149,24 @@ class Blocks:
             faults=not frozen,
         )
         return True
+
+    def _client_side(self, w: Worker, action: Action, error, healthy: bool) -> None:
+        """A driver error that no schedule explains is the implementation's, as in a step of its
+        own: a call the driver refused, or a lost connection reported on a link nothing cut
+        with the connection still open."""
+        label = action.shown(w.name)
+        if isinstance(error, ClientError):
+            self._lost_connection(w, None)
+            self.fail(f"{label}: the driver refused the implementation's call: {error.detail}")
+        conn = w.conn
+        open_ = conn is not None and not conn.closed and not conn.broken
+        if isinstance(error, ConnectionLost) and healthy and open_:
+            self._lost_connection(w, None)
+            self.fail(
+                f"{label}: the implementation reported a lost connection ({error}) on a healthy "
+                "link, with its connection still open: a client-side error reported as a "
+                "network failure"
+            )
 
     @staticmethod
     def _schedule(data, names: list[str]) -> Callable[[list[str]], str]:
@@ -323,6 +341,7 @@ class Blocks:
                 self.event("deadlock victim")
             elif r.sqlstate == "40001":
                 self.event("serialization failure")
+            self._client_side(w, offers[w.name], r.error, healthy=not struck)
             if r.error is not None:
                 self._lost_connection(w, None, r.error if not r.transient else None)
 

@@ -17,8 +17,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from . import browser_cli, kinds, memory, outpath
 from . import dsn as dsns
-from . import kinds, memory, outpath
 from .check import PROFILES, EnvironmentFault, Env, run_check
 from .cluster import Unavailable
 from .mutants import catalogue_problems
@@ -560,6 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="run each check at N seeds (--seed, --seed + 1, ...) and print per "
             "kind or mutant how many passed / were caught, and at which seeds",
         )
+        browser_cli.add_options(sp)
         sp.add_argument(
             "--shard",
             metavar="I/N",
@@ -685,7 +686,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for spec in getattr(args, "own_kinds", None) or []:
                 args.kinds.append(kinds.load(spec))
-        except kinds.KindNotFound as e:
+            browser_cli.apply(args)
+        except (kinds.KindNotFound, browser_cli.ClientOptionError) as e:
             raise UsageError(str(e)) from None
         return args.func(args)
     except UsageError as e:

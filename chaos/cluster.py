@@ -31,6 +31,8 @@ from pathlib import Path
 
 import psycopg
 
+from knownstate.impl.ports import free_port
+
 from . import dsn as dsns
 from . import leftovers, tools
 
@@ -244,7 +246,7 @@ class PostgresCluster:
                 if self._user:
                     os.chown(self.clock.path, pw.pw_uid, pw.pw_gid)
             self._ld = ld
-            self.port = tools.free_port()
+            self.port = free_port()
             self._launch()
             return self
         except BaseException:
@@ -559,7 +561,12 @@ class ContainerDatabase(ExternalDatabase):
 resolve_dsn = dsns.resolve  # where it lived first (tests and callers import it from here)
 
 
-def open_database(dsn: str | None = None, *, faketime: bool = True):
-    """The database a check runs on: the given DSN, else a throwaway cluster. An environment
-    variable is read only when ``dsn`` names it (``env:NAME``, :func:`.dsn.resolve`)."""
-    return ExternalDatabase(resolve_dsn(dsn)) if dsn else PostgresCluster(faketime=faketime)
+def open_database(
+    dsn: str | None = None, *, faketime: bool = True, settings: dict[str, str] | None = None
+):
+    """The database a check runs on: the given DSN, else a throwaway cluster (``faketime`` and
+    server ``settings`` apply to it). An environment variable is read only when ``dsn`` names
+    it (``env:NAME``, :func:`.dsn.resolve`)."""
+    if dsn:
+        return ExternalDatabase(resolve_dsn(dsn))
+    return PostgresCluster(faketime=faketime, settings=settings)

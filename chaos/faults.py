@@ -36,6 +36,16 @@ worker-stall
 
 One-shot faults that meet a worker's turn at once (the COMMIT faults, a lost reply) leave
 nothing behind, so they neither wait for ``policy.gap`` nor hold back the next fault.
+
+One vocabulary
+--------------
+
+:data:`FAULTS` names every fault, the check's and the soak's nemesis's
+(:mod:`knownstate.chaos.nemesis`), once: a fault both inject has one name (the soak's
+SIGSTOP past the lease is a ``worker-stall``, its links cut a ``link-down``, its clock bump a
+``db-clock-jump``), and what only real processes can suffer has a name of its own
+(``process-kill``, ``worker-hold``, ``db-clock-strobe``, ``stand-in-slow``). The check's
+policy, the nemesis, the reports and the timeline read these names and no others.
 """
 
 from __future__ import annotations
@@ -52,18 +62,41 @@ from .toxi import Link, Toxic, ToxiproxyError
 if TYPE_CHECKING:
     from .check import KindCheck
 
+FAULTS: dict[str, str] = {
+    "toxic": "a toxic on one worker's own link, decided by the bytes, not by timing",
+    "link-down": "one worker's own links disabled (in a soak: to the database, the stand-in)",
+    "db-clock-jump": "the database's now() moves (libfaketime), forward or back",
+    "db-crash": "SIGKILL of the postmaster and every backend, then a restart on the same data",
+    "commit-reply-lost": "at a worker's next COMMIT: the server commits, the answer is lost",
+    "commit-request-lost": "at a worker's next COMMIT: the request is lost, nothing commits",
+    "worker-death": "a worker dies just before sending its COMMIT",
+    "worker-stall": "a worker freezes past its lease (the soak: SIGSTOP), then resumes",
+    "reply-lost": "a stand-in acts on a worker's next request and its answer never arrives",
+    "stand-in-refuses": "the stand-in answers the next calls with an error (503, 422), not acting",
+    # What only real processes suffer (the soak's nemesis):
+    "process-kill": "SIGKILL of one process, a new incarnation after the fault's duration",
+    "worker-hold": "a worker-stall aimed at a stale owner, from the server's view: stopped while "
+    "it holds a lease between transactions, resumed once its run was taken back",
+    "db-clock-strobe": "the database clock flips between two offsets, then settles back",
+    "stand-in-slow": "latency on every worker's link to the stand-in, a part of the lease per call",
+    # Faults of one kind's check:
+    "app-clock-skew": "branch reset: one worker's application clock set apart from real time",
+    "draft-store": "document session: the browser's draft store starts failing",
+}
+"""Every fault, by the one name the check, the nemesis, the reports and the timeline use."""
+FAULT_KINDS = tuple(FAULTS)
 COMMIT_FAULTS = ("commit-reply-lost", "commit-request-lost", "worker-death", "db-crash")
-FAULT_KINDS = (
-    "toxic",
-    "link-down",
+SOAK_PROCESS_FAULTS = ("process-kill", "worker-stall", "link-down", "worker-hold")
+"""What the soak's nemesis does to one process at a time (in the order its schedule draws)."""
+SOAK_GLOBAL_FAULTS = (
     "db-clock-jump",
+    "db-clock-strobe",
     "db-crash",
-    "commit-reply-lost",
-    "commit-request-lost",
-    "worker-death",
-    "worker-stall",
-    "reply-lost",
+    "stand-in-refuses",
+    "stand-in-slow",
 )
+"""What the soak's nemesis does to every process at once (the database, its clock, the stand-in)."""
+SOAK_FAULTS = SOAK_PROCESS_FAULTS + SOAK_GLOBAL_FAULTS
 
 
 @dataclass(frozen=True)
@@ -107,6 +140,9 @@ class FaultPolicy:
     and every operation, stay on, so no required event depends on the luck of the switch)."""
 
     def __post_init__(self) -> None:
+        names = set(self.swarm) - set(FAULTS)
+        if names:
+            raise ValueError(f"unknown fault {sorted(names)} in swarm: choose from {FAULT_KINDS}")
         unknown = set(self.commit_faults) - set(COMMIT_FAULTS)
         if unknown:
             raise ValueError(f"unknown COMMIT fault {sorted(unknown)}: choose from {COMMIT_FAULTS}")
@@ -175,8 +211,10 @@ class FaultRules:
     def leases(self) -> list[int]:
         return []
 
-    def meanwhile(self, w: int, data) -> None:
-        """While worker ``w`` is frozen past its lease, the world goes on (default: nothing)."""
+    def meanwhile(self, w: int, data, retake: bool = False) -> None:
+        """While worker ``w`` is frozen past its lease, the world goes on (default: nothing).
+        ``retake``: on purpose the way a fence exists for: what ``w`` holds is taken back and
+        claimed again by another worker (or healed, where reads heal)."""
 
     def next_write(self, w: int, data) -> frozenset:
         """Worker ``w`` is about to freeze inside its next write: do what its loop does before
@@ -404,7 +442,14 @@ class FaultRules:
     @rule(
         data=st.data(),
         resume=st.sampled_from(
-            ["at once", "later", "racing the others", "inside its write", "inside its write"]
+            [
+                "at once",
+                "later",
+                "racing the others",
+                "inside its write",
+                "inside its write",
+                "after its runs were taken back",
+            ]
         ),
     )
     def stall(self: "KindCheck", data, resume: str) -> None:
@@ -415,7 +460,9 @@ class FaultRules:
         it); or it froze *inside* its next write, between two statements of its transaction,
         while the others did whole operations on its run (a block so scheduled; half the
         racing stalls are such too). A racing stall that finds no other worker able to touch its
-        runs resumes at once after the world went on. Its writes must be fenced either way."""
+        runs resumes at once after the world went on. One stall in six is aimed at what a fence
+        is for: meanwhile its runs are taken back and claimed again (the kind's ``meanwhile``
+        with ``retake``), and it resumes at once. Its writes must be fenced either way."""
         w = data.draw(st.sampled_from(self.leases()), label="worker")
         frozen = resume == "inside its write" or (
             resume == "racing the others" and data.draw(st.booleans(), label="or froze inside")
@@ -441,7 +488,7 @@ class FaultRules:
             self.fault(
                 "worker-stall", f"w{w} stalls {seconds}s, past its lease; meanwhile:", pace=False
             )
-        self.meanwhile(w, data)
+        self.meanwhile(w, data, retake=resume == "after its runs were taken back")
         if resume != "later" and self.turns(w):
             self.log(f"  (w{w} resumes)")
             self.turn(w, data)

@@ -43,7 +43,8 @@ from knownstate.model.generic import Job, Observed, Timing
 
 from .adapter import OK, PERMANENT, RETRY, Adapter, Claimed, as_row, no_answer_errors, unwrap
 from .adapter import worker_class as adapter_worker
-from .check import QUANTUM, Action, Candidate, Failure, FaultPolicy, KindCheck, fmt
+from .runner import Requirement
+from .check import QUANTUM, Action, Candidate, Failure, FaultPolicy, KindCheck, fmt, needs
 from .harness import EnvironmentFault, WorkerDied, watch
 from .mutants import Mutant, sql_edit, with_attrs
 from .sink import JsonHandler, NotificationSink
@@ -143,17 +144,18 @@ class GenericCheck(KindCheck):
     description: ClassVar[RunKind]
     adapter_class: ClassVar[type[Adapter]]
     timing: ClassVar[Timing]
-    adapter_queries: ClassVar[dict[str, str] | None] = None  # a mutant's edited SQL
+    queries: ClassVar[dict[str, str] | None] = None  # a mutant's edited SQL
     mutants: ClassVar[list[Mutant]] = []
-    n_workers = 2
+    n_workers = 2  # the loop's workers, w0 and w1; with a lease, w2 is the reaper process
+    REAPER = 2
     lock_wait_breaks = "claim"
     own_invariants: ClassVar[dict[str, str]] = {}
 
     # -- set-up -------------------------------------------------------------------------------
     def reset_example(self) -> None:
         self.adapter = self.adapter_class(self.timing)
-        if self.adapter_queries is not None:
-            self.adapter.queries = dict(self.adapter_queries)
+        if self.queries is not None:
+            self.adapter.queries = dict(self.queries)
         self.held: list[dict[str, Held]] = [{} for _ in self.workers]
         self.owing: frozenset[str] = frozenset()
         self._unsure: tuple[str, int] | None = None  # a stale owner's write, answer lost
@@ -163,7 +165,7 @@ class GenericCheck(KindCheck):
             w.binding = self.adapter
         self.receiver = None
         if self.description.external != "none":
-            self.receiver = self.env.stand_in("receiver", lambda: Receiver())  # in process
+            self.receiver = self.env.stand_in("receiver", Receiver)
             self.receiver.reset()
             for w in self.workers:
                 w.ext_link = self.env.api.link(
@@ -281,21 +283,29 @@ class GenericCheck(KindCheck):
         )
 
     def turns(self, w: int) -> list[str]:
-        """What ``w`` can do next: record an outcome, make the external call, claim."""
+        """What ``w`` can do next: record an outcome, make the external call, claim; and, while
+        it holds runs, its heartbeat, whose timer may fire first (after a stall it is overdue)."""
         ops = {a.op for a in self.actions(w)}
-        return [op for op in ("record", "send", "claim") if op in ops]
+        return [op for op in ("record", "send", "claim", "extend_lease") if op in ops]
 
     def turn(self, w: int, data) -> None:
         """The step that meets the fault armed for it: a lost reply meets the external call,
-        a COMMIT fault a step that commits."""
+        a COMMIT fault a step that commits; or the heartbeat, when its timer fires first."""
         options = self.turns(w)
         step = options[0]
         if self.reply_lost_armed == w and "send" in options:
             step = "send"
         elif self.workers[w].before_commit is not None:
             step = next((o for o in options if o != "send"), step)
+        if "extend_lease" in options and step != "extend_lease" and self.reply_lost_armed != w:
+            if data.draw(st.booleans(), label="its heartbeat fires first"):
+                step = "extend_lease"
         if step == "claim":
             self.do(w, self._claim(w, 3))
+            return
+        if step == "extend_lease":
+            key = data.draw(st.sampled_from(self._mine(w, sent=None)), label="run")
+            self.do(w, self._extend(w, key))
             return
         key = data.draw(
             st.sampled_from(self._mine(w, sent=step == "record" and self.receiver is not None)),
@@ -303,9 +313,8 @@ class GenericCheck(KindCheck):
         )
         if step == "send":
             commit_armed = self.workers[w].before_commit is not None
-            self.do(
-                w, self._send(w, key, data.draw(st.sampled_from(self._answers()), label="answer"))
-            )
+            answer = data.draw(st.sampled_from(self._answers()), label="answer")
+            self.do(w, self._send(w, key, answer))
             if not commit_armed or key not in self.held[w]:
                 return
             # A COMMIT fault was armed and the worker's next step is its call: its loop goes on
@@ -318,22 +327,42 @@ class GenericCheck(KindCheck):
         return [worker.ext_link] if self.receiver and unsent else []
 
     def leases(self) -> list[int]:
+        """Workers holding a live lease; those that called out and have not recorded it yet when
+        there are any: a stall between the call and the record is where a stale owner's write
+        meets the reaper and a new owner."""
         m = self.model
         live = {
             r.key
             for r in m.runs.values()
             if r.status == m.owned and r.lease_until is not None and r.lease_until > m.now
         }
-        return sorted(
-            {w for w, key in self._holding() if key in live and m.owns(self.held[w][key].job)}
-        )
+        holding = [(w, k) for w, k in self._holding() if k in live and m.owns(self.held[w][k].job)]
+        sent = {w for w, k in holding if self.held[w][k].result is not None}
+        return sorted(sent or {w for w, _ in holding})
 
-    def meanwhile(self, w: int, data) -> None:
-        other = 1 - w
-        if self.description.lease and data.draw(st.booleans(), label="reaper runs"):
-            self.do(other, self._reap(other))
-            if data.draw(st.booleans(), label="the other worker claims"):
-                self.do(other, self._claim(other, 3))
+    def next_write(self, w: int, data) -> frozenset:
+        """The write a worker's loop makes next is the record of a run it called out for: one
+        that called for none yet makes its call first. The runs: those it called for."""
+        if self.receiver is not None and not self._mine(w, sent=True) and self._mine(w, False):
+            key = data.draw(st.sampled_from(self._mine(w, sent=False)), label="run")
+            self.do(
+                w, self._send(w, key, data.draw(st.sampled_from(self._answers()), label="answer"))
+            )
+        return frozenset(self._mine(w, sent=True if self.receiver is not None else None))
+
+    def meanwhile(self, w: int, data, retake: bool = False) -> None:
+        """While ``w`` is frozen the reaper runs, or not, and the other worker claims again, or
+        not: a stale owner resumes on a run still waiting, re-claimed, or never taken back. With
+        ``retake`` both happen, the claim taking as many due runs as reaches ``w``'s."""
+        if not self.description.lease:
+            return
+        if retake or data.draw(st.booleans(), label="reaper runs"):
+            self.do(self.REAPER, self._reap(self.REAPER))
+            if retake or data.draw(st.booleans(), label="the other worker claims"):
+                due = [r.key for r in self.model.due()]
+                mine = [due.index(k) + 1 for k in self.held[w] if k in due]
+                batch = min(3, max(mine)) if retake and mine else 3
+                self.do(1 - w, self._claim(1 - w, batch))
 
     # -- helpers --------------------------------------------------------------------------------
     def _answers(self) -> list[int]:
@@ -454,6 +483,8 @@ class GenericCheck(KindCheck):
         """What worker ``w`` can do now: add a run (or, with an idempotency key, repeat a request
         under a key already used: it gets the same run), claim, make the external call for a run
         it holds, record that run's outcome (the owner's fenced write), renew its lease, reap."""
+        if w == self.REAPER:
+            return [self._reap(w)]
         out = []
         if self._waiting() < 3:
             out.append(self._enqueue(w, self.model.next_key()))
@@ -475,7 +506,9 @@ class GenericCheck(KindCheck):
         worker = self.workers[w]
 
         def impl(conn):
-            self._call(worker, "enqueue", conn, key)
+            _, lost = self._call(worker, "enqueue", conn, key)
+            if lost and not self.description.idempotency_key:
+                return LostRace(generic.KEY_TAKEN)
             return Won(key)
 
         def after(got) -> None:
@@ -699,7 +732,7 @@ class GenericCheck(KindCheck):
         """w1 claims at the instant w0's claim sends its COMMIT — w0's transaction still open,
         its rows still locked. The claim must skip them, at once, and never take the same runs;
         a claim that waits on them is seen waiting by the server (pg_blocking_pids)."""
-        wa, wb = self.workers
+        wa, wb = self.workers[:2]
         self.begin_step(2)
         trial = self.model.copy()
         expected = self._tokens(trial.claim(ba))
@@ -845,14 +878,14 @@ def derived_mutants(d: RunKind, adapter: type[Adapter]) -> list[Mutant]:
                         d.name,
                         GUARDS[guard],
                         f"query {query!r} without its {guard} guard ({text.strip()!r})",
-                        with_attrs(adapter_queries=edited),
+                        with_attrs(queries=edited),
                     )
                 )
     return out
 
 
-def required_events(d: RunKind, mode: str) -> tuple[str, ...]:
-    out = ["connection lost"]
+def required_events(d: RunKind, mode: str) -> tuple[str | Requirement, ...]:
+    out: list[str | Requirement] = ["connection lost"]
     if d.fence.kind != "none":
         out += ["lost race", "fence rejection"]
     if d.lease is not None:
@@ -862,6 +895,13 @@ def required_events(d: RunKind, mode: str) -> tuple[str, ...]:
                 ["extend_lease"] if generic.EXTEND in d.events() else []
             )
             out += [f"stale {w} on a re-claimed run" for w in writes]
+    if d.lease is not None and d.fence.kind in ("attempt", "row-lock"):
+        # each fenced write refused both on a run nobody holds now and on one another holds
+        events = d.events()
+        writes = ["complete"] + (["fail"] if d.retry is not None or generic.FAIL in events else [])
+        writes += ["extend_lease"] if generic.EXTEND in events else []
+        whys = ["no longer claimed"] + (["re-claimed"] if d.retry is not None else [])
+        out += [f"fence refusal: {w} ({why})" for w in writes for why in whys]
     if d.retry is not None:
         out.append("backoff")
     if mode != "own":
@@ -873,6 +913,10 @@ def required_events(d: RunKind, mode: str) -> tuple[str, ...]:
         ]
         if d.claim.skip_locked:
             out.append("skip locked")
+    if mode == "sync":  # only psycopg's synchronous connection runs in a block
+        out.append(needs("concurrent block", "concurrency"))
+        if d.lease is not None:  # the reaper's take-back and a holder's write meet on one row
+            out.append(needs("lock wait in a block", "concurrency"))
     if d.external != "none":
         out.append("external reply lost")
     if d.external == "at-least-once":
@@ -907,6 +951,7 @@ def kind(
             "__module__": adapter.__module__,
             "__doc__": f"The {description.name} kind, checked from its description.",
             "kind": description.name,
+            "n_workers": 3 if description.lease is not None else 2,
             "description": description,
             "adapter_class": adapter,
             "timing": timing,

@@ -540,21 +540,38 @@ class Env:
             raise EnvironmentFault(problem)
 
     def crash_and_restart(self) -> None:
+        self.crash()
+        self.restart()
+
+    def crash(self) -> None:
+        """SIGKILL the database server, an injected crash (:meth:`health` does not count it as
+        the environment's failure until :meth:`restart` ends it), and drop the check's own
+        connections, which died with it."""
         self.crashing = True
         try:
             self.db.crash()
-            for key in list(self._admin):
-                self._admin.pop(key).close()
-            for ws in self.workspaces:
-                if ws._scheduler is not None:
-                    ws._scheduler.close()  # its observer connection died with the server
+        except ClusterError as e:
+            self.crashing = False
+            raise self._around_crash(e) from None
+        for key in list(self._admin):
+            self._admin.pop(key).close()
+        for ws in self.workspaces:
+            if ws._scheduler is not None:
+                ws._scheduler.close()  # its observer connection died with the server
+
+    def restart(self) -> None:
+        """Start the server again on the same data after :meth:`crash` (crash recovery)."""
+        try:
             self.db.restart()
         except ClusterError as e:
-            raise EnvironmentFault(
-                f"PostgreSQL ({self.db.describe()}) failed around an injected crash: {e}"
-            ) from None
+            raise self._around_crash(e) from None
         finally:
             self.crashing = False
+
+    def _around_crash(self, e: ClusterError) -> EnvironmentFault:
+        return EnvironmentFault(
+            f"PostgreSQL ({self.db.describe()}) failed around an injected crash: {e}"
+        )
 
     def backends(self, application_name: str) -> list[int]:
         return [

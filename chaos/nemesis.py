@@ -6,21 +6,25 @@ Theory of operation
 What a fault does is apart from when it happens (Jepsen's nemesis vs its generator).
 :func:`schedule` is the generator: a pure function of the seed, the duration, the processes and
 the lease, so a seed names one schedule, which is printed before the soak starts and replayed by
-the same command. It draws two independent tracks, so faults of the two can overlap:
+the same command. Its faults are named as the check names them (:data:`~.faults.FAULTS`: one
+vocabulary for the check, the nemesis, the reports and the timeline). It draws two independent
+tracks, so faults of the two can overlap:
 
 process track
-    one process at a time: ``kill`` (SIGKILL, and a new incarnation after the fault's
-    duration), ``stop`` (SIGSTOP for longer than the lease, then SIGCONT: the owner comes back
-    after somebody may have taken its work), ``partition`` (its own Toxiproxy links down: to
-    the database, to the stand-in, or both), ``hold`` (a stop *aimed* at a stale owner, below);
+    one process at a time: ``process-kill`` (SIGKILL, and a new incarnation after the fault's
+    duration), ``worker-stall`` (SIGSTOP for longer than the lease, then SIGCONT: the owner
+    comes back after somebody may have taken its work), ``link-down`` (its own Toxiproxy links
+    down: to the database, to the stand-in, or both), ``worker-hold`` (a stall *aimed* at a
+    stale owner, below);
 global track
-    ``clock-bump`` (the database clock jumps, through libfaketime; past the lease or a little,
-    forward or back), ``clock-strobe`` (the database clock flips between two offsets for a
-    while, then settles back), ``db-crash`` (SIGKILL of PostgreSQL, a restart on the same data
-    after the fault's duration), ``refuse`` (the stand-in answers the next few calls with an
-    error: 503 or 422 at the sink, 503 at the operations API), ``slow`` (every worker's link
-    to the stand-in gets a latency for a while, a quarter to a half of the lease per call: a
-    batch of calls outlasts the lease, or a call its timeout, while its worker is alive).
+    ``db-clock-jump`` (the database clock jumps, through libfaketime; past the lease or a
+    little, forward or back), ``db-clock-strobe`` (the database clock flips between two offsets
+    for a while, then settles back), ``db-crash`` (SIGKILL of PostgreSQL, a restart on the same
+    data after the fault's duration), ``stand-in-refuses`` (the stand-in answers the next few
+    calls with an error: 503 or 422 at the sink, 503 at the operations API), ``stand-in-slow``
+    (every worker's link to the stand-in gets a latency for a while, a quarter to a half of the
+    lease per call: a batch of calls outlasts the lease, or a call its timeout, while its worker
+    is alive).
 
 :class:`Nemesis` is the executor: a thread that starts and ends each fault at its time through
 a :class:`Parts` object (the soak's real parts), and records each as a
@@ -31,7 +35,8 @@ progress (SIGCONT, restart, links up, database up), for the quiet period or an a
 part that fails to obey (Toxiproxy gone, PostgreSQL will not restart) ends the nemesis and is
 kept in :attr:`Nemesis.error` for the soak to report as an environment failure.
 
-A ``hold`` reaches the stale owner on purpose instead of by luck. A timed ``stop`` lands
+A ``worker-hold`` reaches the stale owner on purpose instead of by luck. A timed
+``worker-stall`` lands
 wherever its worker happens to be, mostly between leases, and by the time it resumes its work
 was taken back and finished by others: its stale write, if any, meets a terminal row. A hold
 waits (polling, within :data:`AIM_WITHIN`) until its worker holds a lease and has no statement
@@ -59,6 +64,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .faults import SOAK_GLOBAL_FAULTS, SOAK_PROCESS_FAULTS
 from .history import Period
 
 POLL = 0.02
@@ -69,9 +75,7 @@ HOLD_BOUND = 2.5
 """A hold lasts at most this many leases from its planned time, aiming included: then its worker
 resumes, whatever happened."""
 
-PROCESS_FAULTS = ("kill", "stop", "partition", "hold")
-GLOBAL_FAULTS = ("clock-bump", "clock-strobe", "db-crash", "refuse", "slow")
-FAULT_KINDS = PROCESS_FAULTS + GLOBAL_FAULTS
+PROCESS_FAULTS, GLOBAL_FAULTS = SOAK_PROCESS_FAULTS, SOAK_GLOBAL_FAULTS
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,8 @@ def schedule(
 
     ``procs``: the processes the process track may hit (workers more often than the producer
     and the reaper, which come last in the list); ``lease``: the seconds a stall must outlast;
-    ``stand_in``: "sink" or "ops", the target of ``refuse`` ("": no stand-in, no refusals)."""
+    ``stand_in``: "sink" or "ops", the target of ``stand-in-refuses`` ("": no stand-in, no
+    refusals)."""
     rng = random.Random(f"knownstate-soak:{seed}")
     workers = [p for p in procs if p.startswith("w")] or procs
     faults: list[Fault] = []
@@ -114,7 +119,7 @@ def schedule(
     while t < seconds - 1:
         kind = rng.choices(PROCESS_FAULTS, (3, 2, 3, 6))[0]
         target = rng.choice(workers) if rng.random() < 0.8 else rng.choice(procs)
-        if kind == "hold":  # aimed at a worker: only a worker holds leases
+        if kind == "worker-hold":  # aimed at a worker: only a worker holds leases
             resume = rng.choice(("reaped", "reclaimed"))
             runs = rng.choice(("one", "any"))
             ms = int(lease * 150) if stand_in else 0
@@ -125,9 +130,9 @@ def schedule(
                 round(HOLD_BOUND * lease, 1),
                 (("resume", resume), ("runs", runs), ("after", rng.randint(1, 3)), ("ms", ms)),
             )
-        elif kind == "kill":
+        elif kind == "process-kill":
             f = Fault(t, kind, target, round(rng.uniform(0.3, 2.0), 1))
-        elif kind == "stop":
+        elif kind == "worker-stall":
             f = Fault(t, kind, target, round(lease * rng.uniform(1.3, 2.2), 1))
         else:
             links = rng.choice(("db", "db", "ext", "both")) if not target.startswith("p") else "db"
@@ -137,10 +142,10 @@ def schedule(
     t = rng.uniform(2.0, 5.0)
     while t < seconds - 1:
         kind = rng.choices(GLOBAL_FAULTS, (3, 2, 2, 2, 2) if stand_in else (3, 2, 2, 0, 0))[0]
-        if kind == "clock-bump":
+        if kind == "db-clock-jump":
             jump = rng.choice((lease + 1, lease + 1, 2 * lease, 1, -1, -lease))
             f = Fault(t, kind, "*", 0.0, (("seconds", int(round(jump))),))
-        elif kind == "clock-strobe":
+        elif kind == "db-clock-strobe":
             f = Fault(
                 t,
                 kind,
@@ -153,7 +158,7 @@ def schedule(
             )
         elif kind == "db-crash":
             f = Fault(t, kind, "*", round(rng.uniform(0.3, 2.0), 1))
-        elif kind == "refuse":
+        elif kind == "stand-in-refuses":
             f = Fault(
                 t,
                 kind,
@@ -270,24 +275,24 @@ class Nemesis:
     def _start(self, f: Fault) -> None:
         p = self.parts
         began = time.time()
-        if f.kind == "kill":
+        if f.kind == "process-kill":
             p.kill(f.target)
-        elif f.kind == "stop":
+        elif f.kind == "worker-stall":
             p.stop(f.target)
-        elif f.kind == "partition":
+        elif f.kind == "link-down":
             p.partition(f.target, f.param("links"))
-        elif f.kind == "clock-bump":
+        elif f.kind == "db-clock-jump":
             p.clock_jump(f.param("seconds"))
-        elif f.kind == "clock-strobe":
+        elif f.kind == "db-clock-strobe":
             self._strobe_offset[f] = 0.0
             self._tick(f)
         elif f.kind == "db-crash":
             p.db_crash()
-        elif f.kind == "refuse":
+        elif f.kind == "stand-in-refuses":
             p.refuse(f.target, f.param("calls"), f.param("code"))
-        elif f.kind == "slow":
+        elif f.kind == "stand-in-slow":
             p.slow(f.target, f.param("ms"))
-        elif f.kind == "hold":
+        elif f.kind == "worker-hold":
             self._aim_until[f] = began + AIM_WITHIN
             self._aim(f)
             return
@@ -377,7 +382,7 @@ class Nemesis:
         began = self.active.pop(f, None)
         if began is None:
             return
-        if f.kind == "hold":
+        if f.kind == "worker-hold":
             p.cont(f.target)
             if f.param("ms"):
                 p.slow_others(f.target, None)
@@ -393,19 +398,19 @@ class Nemesis:
                 )
             )
             return
-        if f.kind == "kill":
+        if f.kind == "process-kill":
             p.restart(f.target)
-        elif f.kind == "stop":
+        elif f.kind == "worker-stall":
             p.cont(f.target)
-        elif f.kind == "partition":
+        elif f.kind == "link-down":
             p.reconnect(f.target, f.param("links"))
-        elif f.kind == "clock-strobe":
+        elif f.kind == "db-clock-strobe":
             offset = self._strobe_offset.pop(f, 0.0)
             if offset:
                 p.clock_jump(-offset)
         elif f.kind == "db-crash":
             p.db_restart()
-        elif f.kind == "slow":
+        elif f.kind == "stand-in-slow":
             p.slow(f.target, None)
         self.periods.append(Period(f.kind, f.target, began, time.time(), _detail(f)))
 
@@ -435,21 +440,21 @@ class Nemesis:
 
 
 def _detail(f: Fault, what: str = "", after: int = 1) -> str:
-    if f.kind == "hold":
+    if f.kind == "worker-hold":
         slow = f", others +{f.param('ms')} ms per call" if f.param("ms") else ""
         runs = "one run" if f.param("runs") == "one" else "runs"
         return (
             f"aimed at a holder of {runs} after write {after} under its lease, resume once "
             f"{f.param('resume')}{slow}; {what}"
         )
-    if f.kind == "partition":
+    if f.kind == "link-down":
         return f"links: {f.param('links')}"
-    if f.kind == "clock-bump":
+    if f.kind == "db-clock-jump":
         return f"{f.param('seconds'):+d} s"
-    if f.kind == "clock-strobe":
+    if f.kind == "db-clock-strobe":
         return f"{f.param('seconds'):+d} s every {f.param('every')} s"
-    if f.kind == "refuse":
+    if f.kind == "stand-in-refuses":
         return f"next {f.param('calls')} call(s) answered {f.param('code')}"
-    if f.kind == "slow":
+    if f.kind == "stand-in-slow":
         return f"+{f.param('ms')} ms per call"
     return ""

@@ -28,6 +28,7 @@ from knownstate.impl.errors import first_line
 
 from . import dsn as dsns
 from . import tools
+from .browser import mount_page
 from .cluster import ClusterError, ExternalDatabase, PostgresCluster, Unavailable
 
 EXIT_OK, EXIT_USAGE, EXIT_ENVIRONMENT = 0, 2, 3
@@ -123,9 +124,9 @@ def run(args) -> int:
                 where += f", schema {args.schema}"
             with DocumentStore(dsn, pool_size=None) as store:
                 _install(store, args)
-            server = stack.enter_context(
-                DocumentServer(dsn, host=args.host, port=args.port or None)
-            )
+            server = DocumentServer(dsn, host=args.host, port=args.port or None)
+            page = mount_page(server.app)
+            stack.enter_context(server)
         except (ClusterError, Unavailable, ListenError, _CannotServe) as e:
             print(f"knownstate serve: cannot start: {e}", file=sys.stderr)
             return EXIT_ENVIRONMENT
@@ -138,6 +139,10 @@ def run(args) -> int:
             flush=True,
         )
         print(f"  database: {where}")
+        if page:
+            print(f"  the page (a record and a sheet editor): {server.url}{page}?user=alice")
+        else:
+            print("  the page is not built (web/dist): run `make setup` to build it")
         print(
             "  X-User names the user and is trusted as sent: a stand-in for authentication, "
             "not authentication."

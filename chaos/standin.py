@@ -3,10 +3,12 @@
 A stand-in (the notification sink, the operations API) is a class with ``start()``, ``stop()``,
 ``host`` and ``port``: an HTTP server on loopback, and methods the check calls to plan answers
 and read what it recorded. :class:`StandInProcess` runs one in a child process
-(``python -m knownstate.chaos.standin module:Class``) and forwards every attribute it does not
-have itself to the child over the child's stdin and stdout, one pickled frame each way: a
-method call returns what the method returned in the child, or raises what it raised there; any
-other attribute is read in the child. Only the two processes see the frames.
+(``python -m knownstate.chaos.standin module:Class [ARG ...]``, built as ``Class(*ARGS)``) and
+forwards every attribute it does not have itself to the child over the child's stdin and
+stdout, one pickled frame each way: a method call returns what the method returned in the
+child, or raises what it raised there; any other attribute is read in the child. Only the two
+processes see the frames. The benchmarks run the servers they measure (the sink, the document
+server) the same way.
 
 Health like PostgreSQL's and Toxiproxy's: :attr:`StandInProcess.running` is whether the child
 lives, and a call to a child that died raises :class:`StandInDied`, an
@@ -67,13 +69,14 @@ def _receive(stream: BinaryIO) -> Any:
 
 
 class StandInProcess:
-    """``cls`` (a stand-in class, importable by module and name) running in a child process."""
+    """``cls(*args)`` (a stand-in class, importable by module and name; its arguments strings)
+    running in a child process."""
 
     START_S = 60.0
     """How long the child may take to import and start its server (a loaded CI machine)."""
 
-    def __init__(self, name: str, cls: type):
-        self.name, self.cls = name, cls
+    def __init__(self, name: str, cls: type, *args: str):
+        self.name, self.cls, self.args = name, cls, args
         self.host: str | None = None
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
@@ -101,7 +104,7 @@ class StandInProcess:
         self._log = tempfile.TemporaryFile()
         target = f"{self.cls.__module__}:{self.cls.__qualname__}"
         self.proc = tools.spawn(
-            [sys.executable, "-m", __name__, target],
+            [sys.executable, "-m", __name__, target, *self.args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -179,7 +182,7 @@ class StandInProcess:
         )
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("name", "cls", "proc"):
+        if name.startswith("_") or name in ("name", "cls", "args", "proc"):
             raise AttributeError(name)
         if name not in self._methods:
             kind, value = self._ask("get", name)
@@ -199,14 +202,15 @@ class StandInProcess:
 # ---------------------------------------------------------------------------------------
 
 
-def serve(target: str) -> None:
-    """Run ``module:Class`` and answer the parent's frames until its stdin closes."""
+def serve(target: str, *args: str) -> None:
+    """Run ``module:Class`` (built with ``args``) and answer the parent's frames until its stdin
+    closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it; a Ctrl-C is the parent's
     frames_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever the stand-in prints goes to the log, never into a frame
     frames_in = os.fdopen(0, "rb")
     module, _, qualname = target.partition(":")
-    part = getattr(importlib.import_module(module), qualname)().start()
+    part = getattr(importlib.import_module(module), qualname)(*args).start()
     try:
         _send(frames_out, ("ready", part.host, part.port))
         while True:
@@ -237,4 +241,4 @@ def _answer(part: Any, op: str, name: str, args: tuple, kwargs: dict) -> tuple[s
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(*sys.argv[1:])

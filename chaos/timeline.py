@@ -43,18 +43,17 @@ OUTCOMES = (  # strip, colour, outcomes
     ("indeterminate", "#8e44ad", ("indeterminate",)),
     ("cut by a kill", "#111111", (None,)),
 )
-FAULT_COLOURS = {
-    "kill": "#e74c3c",
-    "stop": "#f1c40f",
-    "hold": "#d4ac0d",
-    "partition": "#3498db",
+FAULT_COLOURS = {  # one per fault the soak's nemesis injects (faults.SOAK_FAULTS)
+    "process-kill": "#e74c3c",
+    "worker-stall": "#f1c40f",
+    "worker-hold": "#d4ac0d",
+    "link-down": "#3498db",
     "db-crash": "#c0392b",
-    "clock-bump": "#16a085",
-    "clock-strobe": "#1abc9c",
-    "refuse": "#e67e22",
-    "slow": "#9b59b6",
+    "db-clock-jump": "#16a085",
+    "db-clock-strobe": "#1abc9c",
+    "stand-in-refuses": "#e67e22",
+    "stand-in-slow": "#9b59b6",
 }
-GLOBAL = ("db-crash", "clock-bump", "clock-strobe")
 
 
 def _lanes(h: History) -> list[str]:
@@ -111,7 +110,7 @@ def render(h: History, v: Verdict, title: str = "knownstate soak") -> str:
         colour = FAULT_COLOURS.get(p.kind, "#999")
         x0, x1 = x(p.start), max(x(p.end), x(p.start) + 2)
         tip = escape(p.describe(h.t0))
-        if p.kind in GLOBAL or p.target in ("*", "sink", "ops"):
+        if p.target not in lane_of:  # the database, its clock, the stand-in: every process
             y0, hh, opacity = TOP, LANE * len(lanes) - 4, 0.14
         else:
             lane = lane_of.get(p.target, len(lanes) - 1)
@@ -120,7 +119,7 @@ def render(h: History, v: Verdict, title: str = "knownstate soak") -> str:
             f'<rect x="{x0:.1f}" y="{y0}" width="{x1 - x0:.1f}" height="{hh}" fill="{colour}" '
             f'fill-opacity="{opacity}"><title>{tip}</title></rect>'
         )
-        if p.kind in GLOBAL or p.target in ("sink", "ops"):
+        if p.target not in lane_of:
             yb = TOP + (len(lanes) - 1) * LANE
             svg.append(
                 f'<rect x="{x0:.1f}" y="{yb + 4}" width="{x1 - x0:.1f}" height="{LANE - 12}" '

@@ -7,7 +7,6 @@ import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -103,12 +102,6 @@ def toxiproxy_server() -> str:
         "toxiproxy-server not found: run `make setup` (builds Toxiproxy v2.12.0 "
         "with Go into tools/bin) or set KNOWNSTATE_TOXIPROXY"
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _PR_SET_PDEATHSIG = 1

@@ -24,6 +24,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from knownstate.impl.ports import free_port
+
 from . import tools
 
 
@@ -71,7 +73,7 @@ class ToxiproxyServer:
 
     def start(self) -> "ToxiproxyServer":
         binary = tools.toxiproxy_server()
-        self.port = tools.free_port()
+        self.port = free_port()
         self._proc = tools.spawn(
             [binary, "-host", self.host, "-port", str(self.port)],
             stdout=subprocess.DEVNULL,
@@ -210,7 +212,7 @@ class Toxiproxy:
         """Create (or return) the proxy ``name`` in front of ``upstream``."""
         if name in self.links:
             return self.links[name]
-        port = tools.free_port()
+        port = free_port()
         upstream = f"{upstream_host}:{upstream_port}"
         self._http(
             "POST",

@@ -65,6 +65,7 @@ from .errors import ExternalCallFailed, boundary, commit
 
 QUERIES_FILE = "branch_reset.sql"
 SCHEMA = queries.schema("branch_reset_schema.sql")
+QUERIES = queries.load(QUERIES_FILE)
 TABLES = ("branch_reset",)
 """Every table this kind writes, for TRUNCATE between examples."""
 
@@ -145,7 +146,7 @@ def _abort(conn: psycopg.Connection) -> None:
 class BranchResetStore:
     """One worker's side of branch reset. ``app_clock`` returns this worker's application time
     (an aware datetime); ``ops_url`` is this worker's base URL of the operations API.
-    ``queries_`` defaults to the reference SQL; the mutant catalogue replaces some."""
+    ``queries`` defaults to the reference SQL; the mutant catalogue replaces some."""
 
     def __init__(
         self,
@@ -155,13 +156,13 @@ class BranchResetStore:
         *,
         lease_seconds: int = LEASE_SECONDS,
         http_timeout: float = 2.0,
-        queries_: dict[str, str] | None = None,
+        queries: dict[str, str] | None = None,
     ):
         self.worker = worker
         self.app_clock = app_clock
         self.lease = timedelta(seconds=lease_seconds)
         self.api = OpsApiClient(ops_url, timeout=http_timeout)
-        self.q = dict(queries_ or queries.load(QUERIES_FILE))
+        self.q = dict(queries or QUERIES)
 
     def _miss(self, conn: psycopg.Connection, run_id: str) -> Outcome:
         """A guarded write matched no row: name what the guard found instead."""

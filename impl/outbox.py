@@ -56,6 +56,7 @@ from .errors import (
 )
 
 SCHEMA = queries.schema("outbox_schema.sql")
+QUERIES = queries.load("outbox.sql")
 TABLES = ("outbox_delivery",)
 EXTERNAL_EFFECT = "at-least-once"
 
@@ -64,9 +65,9 @@ class OutboxStore:
     """The outbox's operations. ``queries`` defaults to the reference SQL; the mutant catalogue
     passes a changed copy."""
 
-    def __init__(self, config: Config = Config(), queries_: dict[str, str] | None = None):
+    def __init__(self, config: Config = Config(), queries: dict[str, str] | None = None):
         self.config = config
-        self.q = dict(queries_ or queries.load("outbox.sql"))
+        self.q = dict(queries or QUERIES)
 
     def _one_tx(self, conn: psycopg.Connection, op: str, sql: str, params: dict) -> list[tuple]:
         with _statement_commits(conn), boundary(f"outbox.{op}"):

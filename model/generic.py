@@ -55,6 +55,7 @@ RECLAIM, RECLAIM_DEAD = "reclaim", "reclaim_dead"
 VOCABULARY = (ENQUEUE, CLAIM, EXTEND, COMPLETE, FAIL, RETRY, GIVE_UP, RECLAIM, RECLAIM_DEAD)
 OWNER_WRITES = frozenset({EXTEND, COMPLETE, FAIL, RETRY, GIVE_UP})
 STEP = "run"  # a queued run's single step; its identity is the run's key
+KEY_TAKEN = "a run with this key exists"
 
 
 def fit_problems(d: RunKind) -> list[str]:
@@ -271,9 +272,10 @@ class GenericModel:
 
     # -- operations -------------------------------------------------------------------------
     def enqueue(self, key: str) -> Outcome:
-        """A new run under ``key``; a repeated key (with an idempotency key) is the same run."""
-        if key in self.runs and self.d.idempotency_key:
-            return Won(key)
+        """A new run under ``key``; a repeated key is the same run with an idempotency key, and
+        without one a lost race (another producer created it first)."""
+        if key in self.runs:
+            return Won(key) if self.d.idempotency_key else LostRace(KEY_TAKEN)
         r = Run(key, self._next, CREATED, 0, self.now)
         self._next = max(self._next, int(key) + 1) if key.isdigit() else self._next + 1
         self._move(r, ENQUEUE)
@@ -374,6 +376,7 @@ def views(
     out = {}
     for r in rows:
         finished = 1 if r.status == done else 0
+        owned = r.status in d.owned and r.lease_left is not None
         token = r.attempts if r.attempts is not None else int(r.status in d.owned)
         retry = None
         if d.retry is not None and r.attempts is not None:
@@ -392,5 +395,7 @@ def views(
                 )
             },
             retry=retry,
+            lease_left=r.lease_left if owned else None,
+            lease_granted=timing.lease if owned else None,
         )
     return out

@@ -1,74 +1,29 @@
-"""Shared fixtures, in the manner of psycopg's test suite: real servers, started once per
-session, reset between tests, nothing left running afterwards.
+"""Fixtures, in the manner of psycopg's test suite: real servers, started once per session, reset
+between tests, nothing left running afterwards; each fixture defined once.
 
-- ``pg``: a throwaway PostgreSQL cluster (under libfaketime) for the whole session.
-- ``toxiproxy``: the real Toxiproxy server and its wrapped client; reset after each test.
-- ``fresh_db``: a factory ``fresh_db(schema_sql) -> dsn`` giving an empty database of its own.
-- ``check_env``: the real parts of a verify run (``knownstate.chaos.check.Env``), started once for
-  every stateful check in the session.
+The real parts are knownstate's own pytest plugin's (``chaos/pytest_plugin.py``, documented in
+``docs/pytest.md``), the fixtures a user's suite gets: ``knownstate_cluster`` (a throwaway
+PostgreSQL under libfaketime), ``knownstate_toxiproxy`` (the Toxiproxy server),
+``knownstate_env`` (the real parts of a verify run, on those two), ``knownstate_db`` (a factory
+``knownstate_db(schema_sql) -> dsn`` of empty databases), ``knownstate_db_clock`` (the
+database's clock, back to true time after the test). Here only what this suite alone needs:
+
+- ``toxiproxy``: the Toxiproxy client; every proxy healed after each test.
 """
 
 from __future__ import annotations
 
-import itertools
-
-import psycopg
 import pytest
 
-from knownstate.chaos.cluster import PostgresCluster
-from knownstate.chaos.toxi import ToxiproxyServer
-
-_db_names = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def pg():
-    with PostgresCluster() as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="session")
-def check_env():
-    from knownstate.chaos.check import Env
-
-    with Env.open() as env:
-        yield env
-
-
-@pytest.fixture(scope="session")
-def toxiproxy_server():
-    with ToxiproxyServer() as server:
-        yield server
+# The plugin by its entry point's name (pyproject.toml, ``pytest11``): when pytest has already
+# loaded it from the entry point this is a no-op, and with plugin autoloading off pytest loads
+# it from the entry point here. Either way it is registered once.
+pytest_plugins = ("knownstate",)
 
 
 @pytest.fixture
-def toxiproxy(toxiproxy_server):
-    api = toxiproxy_server.client()
+def toxiproxy(knownstate_toxiproxy):
+    api = knownstate_toxiproxy.client()
     yield api
-    if toxiproxy_server.running:
+    if knownstate_toxiproxy.running:
         api.reset()
-
-
-@pytest.fixture
-def fresh_db(pg):
-    """Create an empty database, optionally with a schema applied; returns its DSN."""
-    created = []
-
-    def make(schema_sql: str | None = None) -> str:
-        name = f"t{next(_db_names)}"
-        with psycopg.connect(pg.dsn(), autocommit=True) as admin:
-            admin.execute(f"create database {name}")
-        created.append(name)
-        dsn = pg.dsn(name)
-        if schema_sql:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute(schema_sql)
-        return dsn
-
-    yield make
-    if pg.running:
-        with psycopg.connect(pg.dsn(), autocommit=True) as admin:
-            for name in created:
-                admin.execute(f"drop database if exists {name} with (force)")
-    if pg.clock:
-        pg.clock.reset()

@@ -50,11 +50,11 @@ def test_lost_race_signals_as_libraries_give_them():
     assert not strict.returned(None) and not strict.returned(0) and strict.returned("UPDATE 0")
 
 
-def test_a_plpgsql_raise_wrapped_by_a_library_is_a_lost_race(pg):
+def test_a_plpgsql_raise_wrapped_by_a_library_is_a_lost_race(knownstate_cluster):
     """A function that RAISEs (SQLSTATE P0001) when the caller lost the run, the driver's error
     wrapped in the library's own: unwrapped, recognised by its SQLSTATE."""
     signals = LostRaceSignals(sqlstates=("P0001",))
-    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+    with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as conn:
         try:
             try:
                 conn.execute("DO $$ BEGIN RAISE EXCEPTION 'fenced'; END $$")
@@ -88,8 +88,8 @@ class _Owner:
         self.before_commit = lambda conn: self.seen.append(what)
 
 
-def test_every_commit_of_a_sync_connection_meets_the_armed_fault(pg):
-    with TxConnection.connect(pg.dsn()) as conn:
+def test_every_commit_of_a_sync_connection_meets_the_armed_fault(knownstate_cluster):
+    with TxConnection.connect(knownstate_cluster.dsn()) as conn:
         owner = conn.owner = _Owner()
         owner.arm("transaction block")
         with conn.transaction():
@@ -100,9 +100,9 @@ def test_every_commit_of_a_sync_connection_meets_the_armed_fault(pg):
         assert owner.seen == ["transaction block", "commit()"] and not conn.in_commit
 
 
-def test_every_commit_of_an_async_connection_meets_the_armed_fault(pg):
+def test_every_commit_of_an_async_connection_meets_the_armed_fault(knownstate_cluster):
     async def run() -> list[str]:
-        conn = await AsyncTxConnection.connect(pg.dsn())
+        conn = await AsyncTxConnection.connect(knownstate_cluster.dsn())
         try:
             owner = conn.owner = _Owner()
             owner.arm("async transaction block")
@@ -118,9 +118,9 @@ def test_every_commit_of_an_async_connection_meets_the_armed_fault(pg):
     assert asyncio.run(run()) == ["async transaction block", "await commit()"]
 
 
-def test_a_commit_whose_answer_never_comes_stays_in_commit(pg):
+def test_a_commit_whose_answer_never_comes_stays_in_commit(knownstate_cluster):
     """The gate reads ``in_commit`` to call a lost connection indeterminate, not lost."""
-    with TxConnection.connect(pg.dsn()) as conn:
+    with TxConnection.connect(knownstate_cluster.dsn()) as conn:
         owner = conn.owner = _Owner()
 
         def die(c):

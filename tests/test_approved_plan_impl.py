@@ -38,8 +38,8 @@ FAIL = {"op": "fail"}
 
 
 @pytest.fixture
-def dsn(fresh_db):
-    return fresh_db(impl.schema())
+def dsn(knownstate_db):
+    return knownstate_db(impl.schema())
 
 
 @pytest.fixture
@@ -54,13 +54,6 @@ def connect(dsn):
     yield make
     for c in conns:
         c.close()
-
-
-@pytest.fixture
-def clock(pg):
-    if pg.clock is None:
-        pytest.skip("the database clock cannot be moved on this server")
-    return pg.clock
 
 
 class Pair:
@@ -102,8 +95,8 @@ class Pair:
 
 
 @pytest.fixture
-def pair(connect, clock):
-    return Pair(connect(), clock)
+def pair(connect, knownstate_db_clock):
+    return Pair(connect(), knownstate_db_clock)
 
 
 def ledger_rows(conn: psycopg.Connection, pid: int, step_index: int) -> int:
@@ -242,25 +235,25 @@ def test_model_and_database_agree_exactly_at_the_heal_boundary(pair):
     assert pair("read", 1).value.status is Status.FAILED
 
 
-def test_the_heal_reads_the_database_clock_not_the_applications(connect, clock):
+def test_the_heal_reads_the_database_clock_not_the_applications(connect, knownstate_db_clock):
     store, worker, reader = ApprovedPlanStore(), connect(), connect()
     pid = store.propose(worker, [CREDIT_A5, CREDIT_B3]).value
     store.approve(worker, pid)
     assert store.mark_executing(worker, pid) == Won(1)
-    clock.jump(110)  # only the database's clock moves; this process's clock did not
+    knownstate_db_clock.jump(110)  # only the database's clock moves; this process's clock did not
     assert store.read(reader, pid).value.status is Status.EXECUTING
-    clock.jump(20)
+    knownstate_db_clock.jump(20)
     seen = store.read(reader, pid).value
     assert (seen.status, seen.failure) == (Status.FAILED, INTERRUPTED)
 
 
-def test_the_fence_refuses_a_stale_executor_after_a_lazy_heal(connect, clock):
+def test_the_fence_refuses_a_stale_executor_after_a_lazy_heal(connect, knownstate_db_clock):
     store, worker, reader = ApprovedPlanStore(), connect(), connect()
     pid = store.propose(worker, [CREDIT_A5, CREDIT_B3]).value
     store.approve(worker, pid)
     token = store.mark_executing(worker, pid).value
     assert store.run_step(worker, pid, 0, token) == Won(Receipt(0, True, "credited 5 to a"))
-    clock.jump(130)  # the worker stalls past its heartbeat
+    knownstate_db_clock.jump(130)  # the worker stalls past its heartbeat
     assert store.read(reader, pid).value.status is Status.FAILED  # somebody looks: healed
     # the worker resumes, with its old token
     assert store.run_step(worker, pid, 1, token) == LostRace("run_step: not executing")
@@ -269,12 +262,12 @@ def test_the_fence_refuses_a_stale_executor_after_a_lazy_heal(connect, clock):
     assert store.repeat(reader, pid).value.receipts == (Receipt(0, True, "credited 5 to a"),)
 
 
-def test_a_late_owner_nobody_read_keeps_its_run(connect, clock):
+def test_a_late_owner_nobody_read_keeps_its_run(connect, knownstate_db_clock):
     store, worker = ApprovedPlanStore(), connect()
     pid = store.propose(worker, [CREDIT_A5, CREDIT_B3]).value
     store.approve(worker, pid)
     store.mark_executing(worker, pid)
-    clock.jump(600)
+    knownstate_db_clock.jump(600)
     assert store.run_step(worker, pid, 0, 1) == Won(Receipt(0, True, "credited 5 to a"))
     assert store.read(worker, pid).value.status is Status.EXECUTING  # the step renewed the lease
 

@@ -35,7 +35,7 @@ def children() -> set[int]:
     out = set()
     for pid in os.listdir("/proc"):
         if pid.isdigit():
-            stat = bench._proc_stat(pid)
+            stat = bench.measure._proc_stat(pid)
             if stat and int(stat[1]) == os.getpid() and stat[0] != "Z":
                 out.add(int(pid))
     return out
@@ -247,10 +247,10 @@ class Counting(psycopg.Connection):
 
 
 @pytest.mark.parametrize("per_row, statements", [(False, 2), (True, 5)], ids=["batched", "per-row"])
-def test_worker_loop_runs_in_autocommit_and_keeps_the_fence(fresh_db, per_row, statements):
+def test_worker_loop_runs_in_autocommit_and_keeps_the_fence(knownstate_db, per_row, statements):
     """Batched: one claim and one record for the whole batch. Per row: one claim, then a record
     per row (4 rows). Either way a row taken over meanwhile is fenced, the others recorded."""
-    dsn = fresh_db(impl.SCHEMA)
+    dsn = knownstate_db(impl.SCHEMA)
     store = impl.OutboxStore()
     with psycopg.connect(dsn, autocommit=True) as admin:
         for i in (1, 2, 3, 4):
@@ -289,10 +289,12 @@ def test_worker_loop_runs_in_autocommit_and_keeps_the_fence(fresh_db, per_row, s
 @pytest.mark.parametrize(
     "autocommit, error", [(True, CommitIndeterminate), (False, ConnectionLost)]
 )
-def test_a_lost_connection_in_autocommit_is_an_indeterminate_commit(fresh_db, autocommit, error):
+def test_a_lost_connection_in_autocommit_is_an_indeterminate_commit(
+    knownstate_db, autocommit, error
+):
     """In autocommit the statement carries its own COMMIT: losing the connection then cannot mean
     "nothing committed". In a transaction it still does (the COMMIT was never sent)."""
-    dsn = fresh_db(impl.SCHEMA)
+    dsn = knownstate_db(impl.SCHEMA)
     store = impl.OutboxStore()
     with psycopg.connect(dsn, autocommit=True) as admin:
         store.enqueue(admin, 1)

@@ -170,8 +170,8 @@ class Pair:
 
 
 @pytest.fixture
-def pair(fresh_db, api):
-    p = Pair(fresh_db(impl.SCHEMA), api)
+def pair(knownstate_db, api):
+    p = Pair(knownstate_db(impl.SCHEMA), api)
     yield p
     p.close()
 
@@ -179,8 +179,8 @@ def pair(fresh_db, api):
 # -- drift: one fact in SQL and in Python --------------------------------------------------------
 
 
-def test_schema_statuses_are_the_models(fresh_db):
-    with psycopg.connect(fresh_db(impl.SCHEMA)) as conn:
+def test_schema_statuses_are_the_models(knownstate_db):
+    with psycopg.connect(knownstate_db(impl.SCHEMA)) as conn:
         (definition,) = conn.execute(
             "select pg_get_constraintdef(oid) from pg_constraint "
             "where conrelid = 'branch_reset'::regclass and contype = 'c' "
@@ -274,11 +274,11 @@ def links_for(toxiproxy, api, workers):
 
 
 def test_through_toxiproxy_a_lost_create_answer_is_retried_without_a_second_creation(
-    fresh_db, api, toxiproxy
+    knownstate_db, api, toxiproxy
 ):
     links = links_for(toxiproxy, api, ("w1", "w2"))
     p = Pair(
-        fresh_db(impl.SCHEMA),
+        knownstate_db(impl.SCHEMA),
         api,
         urls={w: f"http://127.0.0.1:{lk.port}" for w, lk in links.items()},
         http_timeout=0.5,
@@ -303,11 +303,11 @@ def test_through_toxiproxy_a_lost_create_answer_is_retried_without_a_second_crea
 
 
 def test_through_toxiproxy_an_unreachable_api_fails_the_poll_and_changes_nothing(
-    fresh_db, api, toxiproxy
+    knownstate_db, api, toxiproxy
 ):
     links = links_for(toxiproxy, api, ("w1", "w2"))
     p = Pair(
-        fresh_db(impl.SCHEMA),
+        knownstate_db(impl.SCHEMA),
         api,
         urls={w: f"http://127.0.0.1:{lk.port}" for w, lk in links.items()},
         http_timeout=0.5,
@@ -331,9 +331,9 @@ def test_through_toxiproxy_an_unreachable_api_fails_the_poll_and_changes_nothing
         p.close()
 
 
-def test_worker_dies_between_the_create_and_its_commit(fresh_db, api, toxiproxy):
+def test_worker_dies_between_the_create_and_its_commit(knownstate_db, api, toxiproxy):
     links = links_for(toxiproxy, api, ("w1",))
-    p = Pair(fresh_db(impl.SCHEMA), api, urls={"w1": f"http://127.0.0.1:{links['w1'].port}"})
+    p = Pair(knownstate_db(impl.SCHEMA), api, urls={"w1": f"http://127.0.0.1:{links['w1'].port}"})
     try:
         p.request("main", "k")
         links["w1"].add(Toxic("latency", "downstream", {"latency": 1000, "jitter": 0}))

@@ -154,8 +154,11 @@ def test_cluster_crash_restart_and_stop_leave_a_known_state():
     assert [p for p in [second, *second_children] if alive(p)] == []
 
 
-def test_cluster_stop_is_idempotent_and_reports_describe(pg):
-    assert "throwaway PostgreSQL" in pg.describe() and "libfaketime" in pg.describe()
+def test_cluster_stop_is_idempotent_and_reports_describe(knownstate_cluster):
+    assert (
+        "throwaway PostgreSQL" in knownstate_cluster.describe()
+        and "libfaketime" in knownstate_cluster.describe()
+    )
     c = PostgresCluster(faketime=False)
     c.stop()  # never started: nothing to do, no error
     c.stop()
@@ -172,11 +175,11 @@ def db_ahead(conn: psycopg.Connection) -> float:
     return (now - datetime.now(timezone.utc)).total_seconds()
 
 
-def test_db_clock_jumps_move_now_of_an_open_connection(pg):
-    clock = pg.clock
+def test_db_clock_jumps_move_now_of_an_open_connection(knownstate_cluster):
+    clock = knownstate_cluster.clock
     assert clock is not None
     try:
-        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as conn:
             clock.reset()
             assert abs(db_ahead(conn)) < 2
             clock.jump(3600)
@@ -197,10 +200,10 @@ def test_db_clock_jumps_move_now_of_an_open_connection(pg):
 # ---------------------------------------------------------------------------
 
 
-def test_external_database_works_and_refuses_server_faults_with_a_message(pg):
-    with ExternalDatabase(pg.dsn()) as ext:
+def test_external_database_works_and_refuses_server_faults_with_a_message(knownstate_cluster):
+    with ExternalDatabase(knownstate_cluster.dsn()) as ext:
         assert not ext.owns_server and ext.clock is None and ext.running
-        assert (ext.host, ext.port) == (pg.host, pg.port)
+        assert (ext.host, ext.port) == (knownstate_cluster.host, knownstate_cluster.port)
         with psycopg.connect(ext.dsn(), autocommit=True) as conn:
             assert conn.execute("select 1").fetchone() == (1,)
         with psycopg.connect(ext.dsn("template1"), autocommit=True) as conn:
@@ -211,18 +214,20 @@ def test_external_database_works_and_refuses_server_faults_with_a_message(pg):
                 fault()
         assert "clock and crash faults unavailable" in ext.describe()
         # the server it does not own still runs
-        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as conn:
             assert conn.execute("select 1").fetchone() == (1,)
 
 
-def test_open_database_picks_the_dsn_else_a_cluster_never_database_url(pg, monkeypatch):
+def test_open_database_picks_the_dsn_else_a_cluster_never_database_url(
+    knownstate_cluster, monkeypatch
+):
     monkeypatch.delenv("DATABASE_URL", raising=False)
-    assert isinstance(cluster_mod.open_database(pg.dsn()), ExternalDatabase)
+    assert isinstance(cluster_mod.open_database(knownstate_cluster.dsn()), ExternalDatabase)
     assert type(cluster_mod.open_database()) is PostgresCluster
-    monkeypatch.setenv("DATABASE_URL", pg.dsn())
+    monkeypatch.setenv("DATABASE_URL", knownstate_cluster.dsn())
     assert type(cluster_mod.open_database()) is PostgresCluster  # only when named: env:NAME
     db = cluster_mod.open_database("env:DATABASE_URL")
-    assert isinstance(db, ExternalDatabase) and db.port == pg.port
+    assert isinstance(db, ExternalDatabase) and db.port == knownstate_cluster.port
 
 
 def test_container_database_needs_a_docker_engine():
@@ -266,8 +271,10 @@ def echo():
 
 
 @pytest.fixture
-def pg_link(pg, toxiproxy, request):
-    return toxiproxy.link(f"parts-pg-{request.node.name[:40]}", pg.host, pg.port)
+def pg_link(knownstate_cluster, toxiproxy, request):
+    return toxiproxy.link(
+        f"parts-pg-{request.node.name[:40]}", knownstate_cluster.host, knownstate_cluster.port
+    )
 
 
 @pytest.fixture
@@ -275,8 +282,10 @@ def echo_link(echo, toxiproxy, request):
     return toxiproxy.link(f"parts-echo-{request.node.name[:40]}", *echo)
 
 
-def via(link, pg, **kw) -> psycopg.Connection:
-    return psycopg.connect(pg.dsn(host=link.host, port=link.port), autocommit=True, **kw)
+def via(link, knownstate_cluster, **kw) -> psycopg.Connection:
+    return psycopg.connect(
+        knownstate_cluster.dsn(host=link.host, port=link.port), autocommit=True, **kw
+    )
 
 
 def roundtrip(conn: psycopg.Connection) -> float:
@@ -303,21 +312,23 @@ def echo_roundtrip(link, payload: bytes, timeout: float = 10.0) -> tuple[bytes, 
 
 
 def test_the_real_server_answers_and_a_link_forwards(
-    toxiproxy, toxiproxy_server, pg, pg_link, echo_link
+    toxiproxy, knownstate_toxiproxy, knownstate_cluster, pg_link, echo_link
 ):
     assert toxiproxy.version()  # the real server's /version
-    with urllib.request.urlopen(f"{toxiproxy_server.url}/proxies/{pg_link.name}") as r:
+    with urllib.request.urlopen(f"{knownstate_toxiproxy.url}/proxies/{pg_link.name}") as r:
         proxy = json.load(r)
     assert proxy["listen"] == f"127.0.0.1:{pg_link.port}" and proxy["enabled"] is True
-    assert toxiproxy.link(pg_link.name, pg.host, pg.port) is pg_link  # one proxy per link name
-    with via(pg_link, pg) as conn:
-        assert conn.execute("select inet_server_port()").fetchone() == (pg.port,)
+    assert (
+        toxiproxy.link(pg_link.name, knownstate_cluster.host, knownstate_cluster.port) is pg_link
+    )  # one proxy per link name
+    with via(pg_link, knownstate_cluster) as conn:
+        assert conn.execute("select inet_server_port()").fetchone() == (knownstate_cluster.port,)
     payload = os.urandom(4000)
     assert echo_roundtrip(echo_link, payload)[0] == payload
 
 
-def test_latency_delays_every_answer(pg, pg_link):
-    with via(pg_link, pg) as conn:
+def test_latency_delays_every_answer(knownstate_cluster, pg_link):
+    with via(pg_link, knownstate_cluster) as conn:
         assert roundtrip(conn) < 0.3
         toxic = Toxic("latency", "downstream", {"latency": 400, "jitter": 0})
         pg_link.add(toxic)
@@ -326,8 +337,8 @@ def test_latency_delays_every_answer(pg, pg_link):
         assert roundtrip(conn) < 0.3 and pg_link.toxics == []
 
 
-def test_timeout_swallows_the_answer_then_closes(pg, pg_link):
-    with via(pg_link, pg) as conn:
+def test_timeout_swallows_the_answer_then_closes(knownstate_cluster, pg_link):
+    with via(pg_link, knownstate_cluster) as conn:
         pg_link.add(Toxic("timeout", "downstream", {"timeout": 500}))
         started = time.monotonic()
         with pytest.raises(psycopg.OperationalError):
@@ -335,8 +346,8 @@ def test_timeout_swallows_the_answer_then_closes(pg, pg_link):
         assert time.monotonic() - started >= 0.45
 
 
-def test_reset_peer_resets_the_connection(pg, pg_link, echo_link):
-    with via(pg_link, pg) as conn:
+def test_reset_peer_resets_the_connection(knownstate_cluster, pg_link, echo_link):
+    with via(pg_link, knownstate_cluster) as conn:
         pg_link.add(Toxic("reset_peer", "upstream", {"timeout": 0}))
         with pytest.raises(psycopg.OperationalError):
             conn.execute("select 1")
@@ -369,47 +380,49 @@ def test_bandwidth_limits_the_rate(echo_link):
     assert got == payload and slow >= 0.35 and fast < 0.35
 
 
-def test_down_cuts_open_and_new_connections_and_up_restores(pg, pg_link):
-    conn = via(pg_link, pg)
+def test_down_cuts_open_and_new_connections_and_up_restores(knownstate_cluster, pg_link):
+    conn = via(pg_link, knownstate_cluster)
     try:
         pg_link.down()
         assert not pg_link.enabled
         with pytest.raises(psycopg.OperationalError):
             conn.execute("select 1")
         with pytest.raises(psycopg.OperationalError):
-            via(pg_link, pg, connect_timeout=2)
+            via(pg_link, knownstate_cluster, connect_timeout=2)
         pg_link.up()
-        with via(pg_link, pg) as again:
+        with via(pg_link, knownstate_cluster) as again:
             assert roundtrip(again) < 1
     finally:
         conn.close()
 
 
-def test_reset_clears_every_toxic_and_reenables(toxiproxy, toxiproxy_server, pg, pg_link):
+def test_reset_clears_every_toxic_and_reenables(
+    toxiproxy, knownstate_toxiproxy, knownstate_cluster, pg_link
+):
     pg_link.add(Toxic("latency", "downstream", {"latency": 1000}))
     pg_link.add(Toxic("bandwidth", "upstream", {"rate": 1}))
     pg_link.down()
     toxiproxy.reset()
     assert pg_link.toxics == [] and pg_link.enabled
-    with urllib.request.urlopen(f"{toxiproxy_server.url}/proxies/{pg_link.name}/toxics") as r:
+    with urllib.request.urlopen(f"{knownstate_toxiproxy.url}/proxies/{pg_link.name}/toxics") as r:
         assert json.load(r) == []
-    with via(pg_link, pg) as conn:
+    with via(pg_link, knownstate_cluster) as conn:
         assert roundtrip(conn) < 0.5
     pg_link.clear()  # nothing left to clear: no error
 
 
-def test_a_killed_toxiproxy_server_is_reported_as_such(pg):
+def test_a_killed_toxiproxy_server_is_reported_as_such(knownstate_cluster):
     server = ToxiproxyServer().start()
     try:
         port = server.port
         (pid,) = pgrep("-f", f"toxiproxy-server -host 127.0.0.1 -port {port}$")
         api = server.client()
-        link = api.link("doomed", pg.host, pg.port)
+        link = api.link("doomed", knownstate_cluster.host, knownstate_cluster.port)
         os.kill(pid, signal.SIGKILL)
         poll("the server is dead", lambda: not alive(pid))
         calls = {
             "version": api.version,
-            "link": lambda: api.link("new", pg.host, pg.port),
+            "link": lambda: api.link("new", knownstate_cluster.host, knownstate_cluster.port),
             "add": lambda: link.add(Toxic("latency", "downstream", {"latency": 10})),
             "down": link.down,
             "reset": api.reset,

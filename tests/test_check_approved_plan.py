@@ -30,8 +30,10 @@ def test_the_catalogue_covers_the_issue_and_names_real_invariants():
 
 
 @pytest.mark.slow
-def test_reference_passes_and_observes_faults(check_env):
-    r = run_check(ApprovedPlanCheck, check_env, examples=15, steps=30, seed=1, require_all=False)
+def test_reference_passes_and_observes_faults(knownstate_env):
+    r = run_check(
+        ApprovedPlanCheck, knownstate_env, examples=15, steps=30, seed=1, require_all=False
+    )
     assert r.failure is None, "\n".join([r.failure or "", *r.counterexample])
     assert r.stats.invariants_checked > 0
     assert r.stats.faults and r.stats.events["indeterminate commit"] > 0
@@ -40,9 +42,13 @@ def test_reference_passes_and_observes_faults(check_env):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["failed-step-continues", "step-index-call-counter"])
-def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
+def test_mutant_is_caught_with_a_short_counterexample(knownstate_env, name):
     r = run_check(
-        MUTANT[name].machine(ApprovedPlanCheck), check_env, seed=1, require_all=False, shrinks=300
+        MUTANT[name].machine(ApprovedPlanCheck),
+        knownstate_env,
+        seed=1,
+        require_all=False,
+        shrinks=300,
     )
     assert r.failure is not None, f"mutant {name} was not caught"
     assert MUTANT_INVARIANT[name] in r.invariants, r.failure
@@ -50,12 +56,12 @@ def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
 
 
 @pytest.mark.slow
-def test_a_seed_replays_the_same_run(check_env):
+def test_a_seed_replays_the_same_run(knownstate_env):
     traces: list[list[list[str]]] = [[], []]
     for kept in traces:
         run_check(
             ApprovedPlanCheck,
-            check_env,
+            knownstate_env,
             examples=6,
             steps=30,
             seed=21,

@@ -19,10 +19,12 @@ DEVIATION = "reaped live run under skew past bound (known deviation)"
 
 
 @pytest.fixture(scope="session")
-def reference_run(check_env):
+def reference_run(knownstate_env):
     """One small run of the reference, every example's trace kept."""
     traces: list[list[str]] = []
-    result = run_check(BranchResetCheck, check_env, seed=3, traces=traces)  # the gate's CI profile
+    result = run_check(
+        BranchResetCheck, knownstate_env, seed=3, traces=traces
+    )  # the gate's CI profile
     return result, traces
 
 
@@ -55,21 +57,25 @@ def test_skew_past_the_bound_is_observed_and_labelled(reference_run):
 @pytest.mark.parametrize(
     "name", ["one-in-flight-missing", "reaper-ignores-lease", "start-retry-fresh-key"]
 )
-def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
+def test_mutant_is_caught_with_a_short_counterexample(knownstate_env, name):
     r = run_check(
-        MUTANT[name].machine(BranchResetCheck), check_env, seed=2, require_all=False, shrinks=300
+        MUTANT[name].machine(BranchResetCheck),
+        knownstate_env,
+        seed=2,
+        require_all=False,
+        shrinks=300,
     )
     assert r.failure is not None, f"mutant {name} was not caught"
     assert MUTANT_INVARIANT[name] in r.invariants, r.failure
     assert r.counterexample_steps <= 15, "\n".join(r.counterexample)
 
 
-def test_a_seed_replays_the_same_run(check_env):
+def test_a_seed_replays_the_same_run(knownstate_env):
     traces: list[list[list[str]]] = [[], []]
     for kept in traces:
         run_check(
             BranchResetCheck,
-            check_env,
+            knownstate_env,
             examples=6,
             steps=30,
             seed=11,

@@ -20,8 +20,10 @@ slow = pytest.mark.slow
 
 
 @slow
-def test_reference_passes_a_small_run(check_env):
-    r = run_check(DocumentSessionCheck, check_env, examples=15, steps=30, seed=1, require_all=False)
+def test_reference_passes_a_small_run(knownstate_env):
+    r = run_check(
+        DocumentSessionCheck, knownstate_env, examples=15, steps=30, seed=1, require_all=False
+    )
     assert r.failure is None, f"{r.failure}\n" + "\n".join(r.counterexample)
     assert r.steps > 100 and r.stats.invariants_checked > 0
     assert sum(r.stats.faults.values()) > 0 and r.stats.transitions
@@ -38,10 +40,10 @@ def test_reference_passes_a_small_run(check_env):
         "draft-key-without-writer",
     ],
 )
-def test_mutant_is_caught_with_a_short_counterexample(check_env, name):
+def test_mutant_is_caught_with_a_short_counterexample(knownstate_env, name):
     mutant = next(m for m in MUTANTS if m.name == name)
     r = run_check(
-        mutant.machine(DocumentSessionCheck), check_env, seed=1, require_all=False, shrinks=300
+        mutant.machine(DocumentSessionCheck), knownstate_env, seed=1, require_all=False, shrinks=300
     )
     assert r.failure is not None, f"mutant {name} was not caught"
     assert mutant.invariant in r.invariants, r.failure
@@ -83,12 +85,12 @@ def test_every_mutant_names_an_invariant_the_check_reports():
 
 
 @slow
-def test_a_seed_replays_the_same_run(check_env):
+def test_a_seed_replays_the_same_run(knownstate_env):
     traces: list[list[list[str]]] = [[], []]
     for kept in traces:
         run_check(
             DocumentSessionCheck,
-            check_env,
+            knownstate_env,
             examples=4,
             steps=25,
             seed=7,

@@ -583,14 +583,14 @@ for version in (1, 7, _ABSENT):
 
 
 @pytest.fixture(scope="module")
-def hostile(pg):
+def hostile(knownstate_cluster):
     import psycopg
 
     name = "documents_bad_input"
-    with psycopg.connect(pg.dsn(), autocommit=True) as admin:
+    with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as admin:
         admin.execute(f"drop database if exists {name} with (force)")
         admin.execute(f"create database {name}")
-    dsn = pg.dsn(name)
+    dsn = knownstate_cluster.dsn(name)
     with DocumentStore(dsn, pool_size=None) as store:
         store.install()
         store.seed(
@@ -604,8 +604,8 @@ def hostile(pg):
         store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1}, "alice")
     with DocumentServer(dsn) as server, httpx.Client(base_url=server.url, timeout=10) as http:
         yield server, http, server.store.documents()
-    if pg.running:
-        with psycopg.connect(pg.dsn(), autocommit=True) as admin:
+    if knownstate_cluster.running:
+        with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as admin:
             admin.execute(f"drop database if exists {name} with (force)")
 
 

@@ -19,7 +19,8 @@ import psycopg
 import pytest
 from polling import poll
 
-from knownstate.chaos import serve, tools
+from knownstate.chaos import serve
+from knownstate.impl.ports import free_port
 
 
 def _descendants(pid: int) -> set[int]:
@@ -40,7 +41,7 @@ def _descendants(pid: int) -> set[int]:
 
 @pytest.fixture
 def served():
-    port = tools.free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "knownstate.chaos.cli", "serve", "--port", str(port)],
         stdout=subprocess.PIPE,
@@ -140,18 +141,18 @@ def test_serve_says_what_to_do_when_nothing_answers():
 
 
 @pytest.fixture
-def password_user(pg):
+def password_user(knownstate_cluster):
     """A role that must give its password (scram): a line of its own first in pg_hba.conf."""
-    hba = pg.data / "pg_hba.conf"
+    hba = knownstate_cluster.data / "pg_hba.conf"
     kept = hba.read_text()
-    with psycopg.connect(pg.dsn(), autocommit=True) as admin:
+    with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as admin:
         admin.execute("drop role if exists knownstate_pw")
         admin.execute("create role knownstate_pw login password 'the-right-one'")
         hba.write_text("host all knownstate_pw 127.0.0.1/32 scram-sha-256\n" + kept)
         admin.execute("select pg_reload_conf()")
-    yield f"host=127.0.0.1 port={pg.port} user=knownstate_pw dbname=postgres"
+    yield f"host=127.0.0.1 port={knownstate_cluster.port} user=knownstate_pw dbname=postgres"
     hba.write_text(kept)
-    with psycopg.connect(pg.dsn(), autocommit=True) as admin:
+    with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as admin:
         admin.execute("select pg_reload_conf()")
         admin.execute("drop role if exists knownstate_pw")
 
@@ -162,7 +163,7 @@ def test_a_wrong_password_is_named_as_such_and_never_printed(password_user):
     assert "password authentication failed" in out.stderr and "Wrong-Secret" not in out.stderr
 
 
-def test_a_dsn_host_that_does_not_resolve_is_named(pg):
+def test_a_dsn_host_that_does_not_resolve_is_named(knownstate_cluster):
     out = run_serve("--dsn", "host=nosuch.invalid user=postgres dbname=postgres connect_timeout=2")
     cannot_start(out, 3, "cannot resolve host nosuch.invalid")
 
@@ -171,9 +172,9 @@ def test_a_malformed_dsn_is_exit_2():
     cannot_start(run_serve("--dsn", "host=db password=Wrong-Secret junk"), 2, "not a DSN")
 
 
-def test_a_listen_host_that_does_not_resolve_or_a_port_taken_is_named(pg):
+def test_a_listen_host_that_does_not_resolve_or_a_port_taken_is_named(knownstate_cluster):
     cannot_start(
-        run_serve("--dsn", pg.dsn(), "--host", "nosuch.invalid"),
+        run_serve("--dsn", knownstate_cluster.dsn(), "--host", "nosuch.invalid"),
         3,
         "cannot listen on host 'nosuch.invalid': it does not resolve",
     )
@@ -182,7 +183,14 @@ def test_a_listen_host_that_does_not_resolve_or_a_port_taken_is_named(pg):
         taken.listen()
         port = taken.getsockname()[1]
         out = subprocess.run(
-            [sys.executable, "-m", "knownstate.chaos.cli", "serve", "--dsn", pg.dsn()]
+            [
+                sys.executable,
+                "-m",
+                "knownstate.chaos.cli",
+                "serve",
+                "--dsn",
+                knownstate_cluster.dsn(),
+            ]
             + ["--port", str(port)],
             capture_output=True,
             text=True,
@@ -191,13 +199,13 @@ def test_a_listen_host_that_does_not_resolve_or_a_port_taken_is_named(pg):
     cannot_start(out, 3, f"port {port} is taken")
 
 
-def test_tables_of_the_same_names_are_refused_and_a_schema_of_ones_own_is_served(fresh_db):
-    dsn = fresh_db("create table documents (id int primary key, note text)")
+def test_tables_of_the_same_names_are_refused_and_a_schema_of_ones_own_is_served(knownstate_db):
+    dsn = knownstate_db("create table documents (id int primary key, note text)")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("insert into documents values (1, 'the application''s own row')")
     cannot_start(run_serve("--dsn", dsn), 3, "not knownstate's")
     assert "--schema" in run_serve("--dsn", dsn).stderr
-    port = tools.free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "knownstate.chaos.cli", "serve", "--dsn", dsn]
         + ["--schema", "docs", "--port", str(port)],

@@ -23,8 +23,8 @@ PATH = "/api/desk/files/{}"
 
 
 @pytest.fixture
-def dsn(fresh_db):
-    dsn = fresh_db(schema_sql())
+def dsn(knownstate_db):
+    dsn = knownstate_db(schema_sql())
     with DocumentStore(dsn, pool_size=None) as store:
         seed(store)
     return dsn
@@ -43,23 +43,23 @@ def seed(store):
 
 
 @pytest.fixture(scope="module")
-def shared(pg):
+def shared(knownstate_cluster):
     """One database and server for the tests that change nothing (rejections, reads)."""
     import psycopg
 
     name = "documents_shared"
-    with psycopg.connect(pg.dsn(), autocommit=True) as admin:
+    with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as admin:
         admin.execute(f"drop database if exists {name} with (force)")
         admin.execute(f"create database {name}")
-    dsn = pg.dsn(name)
+    dsn = knownstate_cluster.dsn(name)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(schema_sql())
     with DocumentStore(dsn, pool_size=None) as store:
         seed(store)
     with DocumentServer(dsn) as s:
         yield s
-    if pg.running:
-        with psycopg.connect(pg.dsn(), autocommit=True) as admin:
+    if knownstate_cluster.running:
+        with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as admin:
             admin.execute(f"drop database if exists {name} with (force)")
 
 
@@ -604,11 +604,11 @@ def test_bad_create_is_refused(shared_http, shared):
     assert stored(shared) == before
 
 
-def test_unreachable_database_is_503_and_recovers(pg, dsn, toxiproxy):
+def test_unreachable_database_is_503_and_recovers(knownstate_cluster, dsn, toxiproxy):
     """While the database is unreachable every request is a 503 (a session retries it); once it
     is back the pool reconnects on its own, within its reconnection backoff (polled)."""
-    link = toxiproxy.link("documents-db-503", pg.host, pg.port)
-    via_link = dsn.replace(f"port={pg.port}", f"port={link.port}")
+    link = toxiproxy.link("documents-db-503", knownstate_cluster.host, knownstate_cluster.port)
+    via_link = dsn.replace(f"port={knownstate_cluster.port}", f"port={link.port}")
     with (
         DocumentServer(via_link, connect_timeout=1) as s,
         httpx.Client(base_url=s.url, timeout=10) as c,
@@ -669,9 +669,11 @@ def test_the_store_prepares_its_statements(dsn):
     assert any("a.can_write" in q for q in prepared), prepared
 
 
-def test_a_dropped_database_link_costs_at_most_one_failed_request(pg, dsn, toxiproxy):
-    link = toxiproxy.link("documents-db-pool", pg.host, pg.port)
-    via_link = dsn.replace(f"port={pg.port}", f"port={link.port}")
+def test_a_dropped_database_link_costs_at_most_one_failed_request(
+    knownstate_cluster, dsn, toxiproxy
+):
+    link = toxiproxy.link("documents-db-pool", knownstate_cluster.host, knownstate_cluster.port)
+    via_link = dsn.replace(f"port={knownstate_cluster.port}", f"port={link.port}")
     with (
         DocumentServer(via_link, pool_size=4, connect_timeout=2) as s,
         httpx.Client(base_url=s.url, timeout=10) as c,

@@ -85,8 +85,8 @@ class Env:
 
 
 @pytest.fixture
-def env(fresh_db, toxiproxy, tmp_path):
-    dsn = fresh_db(schema_sql())
+def env(knownstate_db, toxiproxy, tmp_path):
+    dsn = knownstate_db(schema_sql())
     store = DocumentStore(dsn, pool_size=None)
     store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice", {"bob": True})
     store.seed("sheet1", "sheet", SHEET_SCHEMA, {"A1": 1}, "alice", {"bob": True})

@@ -31,16 +31,18 @@ def profile(**kw) -> Profile:
     return Profile(**{**base, **kw})
 
 
-def test_a_run_stops_once_every_requirement_was_observed(check_env):
-    r = run_check(OutboxCheck, check_env, seed=5, profile=profile())
+def test_a_run_stops_once_every_requirement_was_observed(knownstate_env):
+    r = run_check(OutboxCheck, knownstate_env, seed=5, profile=profile())
     assert r.passed, r.failure or r.vacuous
     assert r.stopped.startswith("every requirement observed 1+ times")
     assert all(n >= 1 for n in r.coverage.values()) and r.coverage
     assert r.examples < 400
 
 
-def test_a_run_whose_budget_ends_first_is_vacuous_and_names_what_is_missing(check_env):
-    r = run_check(OutboxCheck, check_env, seed=5, profile=profile(max_examples=1, times_each=10**6))
+def test_a_run_whose_budget_ends_first_is_vacuous_and_names_what_is_missing(knownstate_env):
+    r = run_check(
+        OutboxCheck, knownstate_env, seed=5, profile=profile(max_examples=1, times_each=10**6)
+    )
     assert not r.passed and r.failure is None
     assert r.stopped.startswith("the profile's 1 examples ran")
     # which requirements a one-batch run misses depends on the seed: each is named as such
@@ -56,19 +58,21 @@ class _MissingParameter(impl.OutboxStore):
         raise AssertionError("unreachable: the driver refuses the call")
 
 
-def test_a_client_side_driver_error_is_a_failure_naming_it_not_a_lost_connection(check_env):
+def test_a_client_side_driver_error_is_a_failure_naming_it_not_a_lost_connection(knownstate_env):
     check = type("MissingParameterCheck", (OutboxCheck,), {"store_class": _MissingParameter})
-    r = run_check(check, check_env, seed=5, examples=5, require_all=False, shrinks=50)
+    r = run_check(check, knownstate_env, seed=5, examples=5, require_all=False, shrinks=50)
     assert r.failure is not None
     assert "reclaim_stale" in r.failure and "the driver refused" in r.failure, r.failure
     assert "placeholder" in r.failure or "parameter" in r.failure, r.failure
     assert "connection" not in r.failure.lower() and r.counterexample_steps <= 3, r.counterexample
 
 
-def test_a_caught_mutant_names_its_invariant_and_replays_to_the_same_counterexample(check_env):
+def test_a_caught_mutant_names_its_invariant_and_replays_to_the_same_counterexample(knownstate_env):
     mutant = MUTANT["unfenced-complete"]
     runs = [
-        run_check(mutant.machine(OutboxCheck), check_env, seed=4, require_all=False, shrinks=150)
+        run_check(
+            mutant.machine(OutboxCheck), knownstate_env, seed=4, require_all=False, shrinks=150
+        )
         for _ in range(2)
     ]
     assert all(r.failure is not None and mutant.invariant in r.invariants for r in runs)
@@ -98,7 +102,7 @@ def test_an_outcome_that_differs_from_the_model_names_what_it_breaks():
 def _bare_outbox_check(m) -> OutboxCheck:
     """An outbox check with no real parts: only what judging observations needs."""
     chk = OutboxCheck.__new__(OutboxCheck)
-    chk.model, chk._reclaimed = m, set()
+    chk.model, chk.owing = m, frozenset()
     return chk
 
 
@@ -107,15 +111,15 @@ def test_a_block_is_judged_from_the_states_where_its_orders_stopped():
     state where an order stopped and then changed (terminal answers), a run nobody owns (a stale
     write with no status guard). A run that ended only after the block, or a changed run that
     had not ended, names nothing."""
-    from knownstate.model import outbox as model
+    from knownstate.model.generic import GenericModel
 
-    m = model.OutboxModel(OutboxCheck.config)
-    m.enqueue(1)
-    (claim,) = m.claim(1).value
+    m = GenericModel(OutboxCheck.description, OutboxCheck.timing)
+    m.enqueue("1")
+    (job,) = m.claim(1).value
     claimed = m.copy()
-    m.complete(claim)
+    m.complete(job)
     done, retried = m, claimed.copy()
-    retried.fail(claim, permanent=False)
+    retried.fail(job, permanent=False)
     chk = _bare_outbox_check(done)
     seen = chk.observe_model
     assert chk._ended_then_changed((done,), seen(retried)) == ("terminal-answers-from-receipts",)
@@ -125,5 +129,5 @@ def test_a_block_is_judged_from_the_states_where_its_orders_stopped():
     assert chk._ended_then_changed((done,), seen(done)) == ()
     assert chk._ended_then_changed((claimed,), seen(retried)) == ()  # not ended where it stopped
     assert chk._ended_then_changed((), seen(retried)) == ()
-    assert chk._unowned(retried, frozenset({1})) and chk._unowned(done, frozenset({1}))
-    assert not chk._unowned(claimed, frozenset({1}))
+    assert chk._unowned(retried, frozenset({"1"})) and chk._unowned(done, frozenset({"1"}))
+    assert not chk._unowned(claimed, frozenset({"1"}))

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -60,9 +61,13 @@ class _CallsItLost(impl.OutboxStore):
 
 
 @pytest.mark.parametrize("store", [_MissingParameter, _CallsItLost])
-def test_a_client_side_driver_error_is_a_failure_naming_it_not_a_lost_connection(check_env, store):
+def test_a_client_side_driver_error_is_a_failure_naming_it_not_a_lost_connection(
+    knownstate_env, store
+):
     check = type("BuggyOutbox", (OutboxCheck,), {"store_class": store})
-    r = run_check(check, check_env, examples=10, steps=10, seed=5, require_all=False, shrinks=3)
+    r = run_check(
+        check, knownstate_env, examples=10, steps=10, seed=5, require_all=False, shrinks=3
+    )
     assert r.failure is not None, "the bug passed the gate"
     assert "query parameter missing: max_attempts" in r.failure, r.failure
     if store is _MissingParameter:
@@ -92,33 +97,35 @@ def _ended_by_the_environment(check: type[OutboxCheck], names: str) -> Environme
     return e
 
 
-class _WrongEnqueue(impl.OutboxStore):
-    """An answer the model never gives: a failure at the first step, which Hypothesis shrinks."""
+class _WrongClaim(impl.OutboxStore):
+    """An answer the model never gives: a failure at the first claim, which Hypothesis shrinks."""
 
-    def enqueue(self, conn, id=None, payload=None):
-        return Won(super().enqueue(conn, id, payload).value + 1000)
+    def claim_batch(self, conn, batch):
+        return [
+            (replace(c, attempt=c.attempt + 1000), p) for c, p in super().claim_batch(conn, batch)
+        ]
 
 
 def test_a_part_killed_while_hypothesis_shrinks_or_replays_ends_the_run_naming_it():
     class KilledWhileShrinking(OutboxCheck):
-        store_class = _WrongEnqueue
+        store_class = _WrongClaim
 
         def __init__(self):
-            if self.run.failures and "sink" in self.env.stand_ins:
-                _kill(self.env.stand_ins["sink"].pid)  # the next run after a failure: a replay
+            if self.run.failures and "receiver" in self.env.stand_ins:
+                _kill(self.env.stand_ins["receiver"].pid)  # the next run after a failure: a replay
             super().__init__()
 
-    _ended_by_the_environment(KilledWhileShrinking, "sink stand-in")
+    _ended_by_the_environment(KilledWhileShrinking, "receiver stand-in")
 
 
 def test_a_death_seen_first_as_a_failed_observation_ends_the_run_naming_it():
     class KilledWhileGenerating(OutboxCheck):
-        def _send(self, w, delivery, answer):
-            super()._send(w, delivery, answer)
+        def _call_out(self, w, key, answer):
+            super()._call_out(w, key, answer)
             if self.run.stats.examples >= 2:
-                _kill(self.env.stand_ins["sink"].pid)  # the next observation reads the sink
+                _kill(self.env.stand_ins["receiver"].pid)  # the next observation reads it
 
-    _ended_by_the_environment(KilledWhileGenerating, "sink stand-in")
+    _ended_by_the_environment(KilledWhileGenerating, "receiver stand-in")
 
 
 def test_a_death_reported_first_as_a_hypothesis_flaky_error_ends_the_run_naming_it():

@@ -1,7 +1,7 @@
 """A check built from a description and an adapter (``knownstate.chaos.generic``), on the real
 parts.
 
-The reference outbox, bound through an adapter of a few lines instead of a hand-written check,
+The reference outbox, bound through its adapter (the one the outbox's own check runs on),
 passes the gate — reaching the fence's own case (a stale owner writing on a run claimed again)
 and SKIP LOCKED — and the mutants derived from its SQL guards are each caught, naming the
 invariant the guard stands for. An adapter's own bugs are reported as the adapter's; a
@@ -11,73 +11,18 @@ brings its own connection is checked too, every lost connection kept as indeterm
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
-
 import psycopg
 import pytest
 
-from knownstate.chaos.adapter import OK, PERMANENT, RETRY, Adapter, Claimed
+from knownstate.chaos.adapter import Adapter
 from knownstate.chaos.check import Profile, run_check
 from knownstate.chaos.generic import KindError, kind
+from knownstate.chaos.kinds.outbox import OutboxAdapter
 from knownstate.impl import outbox as impl
-from knownstate.impl import queries
-from knownstate.model import outbox as model
 from knownstate.model.describe import Retry
 from knownstate.model.descriptions import OUTBOX
 
 pytestmark = pytest.mark.slow
-
-
-class OutboxAdapter(Adapter):
-    """The reference outbox (impl/outbox.py), bound to the gate."""
-
-    schema = impl.SCHEMA
-    queries = queries.load("outbox.sql")
-    read_query = (
-        "SELECT id::text AS key, status, attempts, next_attempt_at AS due, lease_until"
-        " FROM outbox_delivery"
-    )
-    guards = {
-        "fence": "AND attempts = %(attempt)s",
-        "skip_locked": "SKIP LOCKED",
-        "lease": "AND lease_until <= now()",
-    }
-
-    def store(self) -> impl.OutboxStore:
-        t = self.timing
-        config = model.Config(t.lease, t.backoff_base, t.backoff_cap, t.max_attempts)
-        return impl.OutboxStore(config, self.queries)
-
-    def enqueue(self, conn, key):
-        return self.store().enqueue(conn, int(key))
-
-    def claim(self, conn, batch):
-        return [Claimed(str(c.id), c.attempt, c) for c, _ in self.store().claim_batch(conn, batch)]
-
-    def extend_lease(self, conn, job):
-        return self.store().extend_lease(conn, job.handle)
-
-    def complete(self, conn, job):
-        return self.store().complete(conn, job.handle)
-
-    def fail(self, conn, job, permanent):
-        return self.store().fail(conn, job.handle, permanent, "failed")
-
-    def reclaim_stale(self, conn):
-        return [str(i) for i in self.store().reclaim_stale(conn).value]
-
-    def send(self, job, url):
-        request = urllib.request.Request(
-            url, data=b"{}", method="POST", headers={"Idempotency-Key": f"outbox-{job.key}"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=5) as r:
-                r.read()
-                return OK
-        except urllib.error.HTTPError as e:
-            e.read()
-            return PERMANENT if e.code < 500 else RETRY
 
 
 DESCRIBED = OUTBOX.model_copy(
@@ -103,8 +48,8 @@ def profile(**kw) -> Profile:
     return Profile(**{**base, **kw})
 
 
-def test_the_reference_outbox_bound_through_its_description_passes(check_env):
-    r = run_check(OutboxKind, check_env, seed=3, profile=profile())
+def test_the_reference_outbox_bound_through_its_description_passes(knownstate_env):
+    r = run_check(OutboxKind, knownstate_env, seed=3, profile=profile())
     assert r.passed, r.failure or r.vacuous
     assert r.coverage["stale complete on a re-claimed run"] >= 1 and r.coverage["skip locked"] >= 1
     assert r.coverage["transition processing -reclaim_dead-> dead"] >= 1
@@ -113,9 +58,11 @@ def test_the_reference_outbox_bound_through_its_description_passes(check_env):
 @pytest.mark.parametrize(
     "name", ["no-fence-in-complete", "no-skip-locked-in-claim-due", "no-lease-in-reclaim-stale"]
 )
-def test_the_mutants_derived_from_the_adapters_guards_are_caught(check_env, name):
+def test_the_mutants_derived_from_the_adapters_guards_are_caught(knownstate_env, name):
     mutant = {m.name: m for m in OutboxKind.mutants}[name]
-    r = run_check(mutant.machine(OutboxKind), check_env, seed=3, require_all=False, shrinks=100)
+    r = run_check(
+        mutant.machine(OutboxKind), knownstate_env, seed=3, require_all=False, shrinks=100
+    )
     assert r.failure is not None and mutant.invariant in r.invariants, r.failure
 
 
@@ -141,9 +88,9 @@ class _Unfinished(OutboxAdapter):
         (_Unfinished, "the adapter returned with its transaction still open"),
     ],
 )
-def test_an_adapters_own_bug_is_reported_as_the_adapters(check_env, adapter, says):
+def test_an_adapters_own_bug_is_reported_as_the_adapters(knownstate_env, adapter, says):
     r = run_check(
-        kind(DESCRIBED, adapter), check_env, seed=1, examples=10, require_all=False, shrinks=30
+        kind(DESCRIBED, adapter), knownstate_env, seed=1, examples=10, require_all=False, shrinks=30
     )
     assert r.failure is not None and says in r.failure, r.failure
 
@@ -152,9 +99,9 @@ class _RefusedSchema(OutboxAdapter):
     schema = impl.SCHEMA.rstrip() + "\nCREATE TABLE extra (v txt);\n"
 
 
-def test_a_schema_the_server_refuses_is_the_kinds_failure_naming_its_line(check_env):
+def test_a_schema_the_server_refuses_is_the_kinds_failure_naming_its_line(knownstate_env):
     r = run_check(
-        kind(DESCRIBED, _RefusedSchema), check_env, seed=1, examples=10, require_all=False
+        kind(DESCRIBED, _RefusedSchema), knownstate_env, seed=1, examples=10, require_all=False
     )
     line = _RefusedSchema.schema.splitlines().index("CREATE TABLE extra (v txt);") + 1
     assert r.failure is not None and r.examples == 0, r.failure
@@ -199,13 +146,13 @@ class OwnDriver(OutboxAdapter):
         conn.close()
 
 
-def test_a_driver_that_brings_its_own_connection_is_checked(check_env):
+def test_a_driver_that_brings_its_own_connection_is_checked(knownstate_env):
     own = kind(DESCRIBED.model_copy(update={"name": "outbox-own-driver"}), OwnDriver)
     assert own.policy.commit_faults == () and "indeterminate commit" not in own.required_events
-    r = run_check(own, check_env, seed=2, profile=profile(max_examples=400))
+    r = run_check(own, knownstate_env, seed=2, profile=profile(max_examples=400))
     assert r.passed, r.failure or r.vacuous
     unfenced = {m.name: m for m in own.mutants}["no-fence-in-complete"]
     caught = run_check(
-        unfenced.machine(own), check_env, seed=2, examples=300, require_all=False, shrinks=60
+        unfenced.machine(own), knownstate_env, seed=2, examples=300, require_all=False, shrinks=60
     )
     assert "lease-fence" in caught.invariants, caught.failure

@@ -216,10 +216,10 @@ HOSTILE_ENV = {
 }
 
 
-def test_the_throwaway_clusters_connections_read_no_pg_variable(pg, monkeypatch):
+def test_the_throwaway_clusters_connections_read_no_pg_variable(knownstate_cluster, monkeypatch):
     for name, value in HOSTILE_ENV.items():
         monkeypatch.setenv(name, value)
-    with psycopg.connect(pg.dsn(), connect_timeout=10) as conn:
+    with psycopg.connect(knownstate_cluster.dsn(), connect_timeout=10) as conn:
         settings = conn.execute(
             "select current_setting('statement_timeout'), current_setting('client_encoding'), "
             "current_setting('application_name'), inet_server_addr()::text"
@@ -227,9 +227,9 @@ def test_the_throwaway_clusters_connections_read_no_pg_variable(pg, monkeypatch)
     assert settings == ("0", "UTF8", "", "127.0.0.1/32")
 
 
-def test_a_dsn_refused_because_of_a_pg_variable_names_it_at_once(pg, monkeypatch):
+def test_a_dsn_refused_because_of_a_pg_variable_names_it_at_once(knownstate_cluster, monkeypatch):
     monkeypatch.setenv("PGSSLMODE", "require")
-    plain = f"host=127.0.0.1 port={pg.port} user=postgres dbname=postgres"
+    plain = f"host=127.0.0.1 port={knownstate_cluster.port} user=postgres dbname=postgres"
     with pytest.raises(Refused, match="PGSSLMODE=require") as refused:
         ExternalDatabase(plain).preflight(deadline_s=60)
     assert "SSL" in str(refused.value) and len(str(refused.value).splitlines()) == 1

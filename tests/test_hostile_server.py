@@ -136,20 +136,20 @@ def save(version: int | None = None) -> dict:
 
 
 @pytest.fixture(scope="module")
-def served(pg):
+def served(knownstate_cluster):
     name = "documents_hostile_http"
-    with psycopg.connect(pg.dsn(), autocommit=True) as admin:
+    with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as admin:
         admin.execute(f"drop database if exists {name} with (force)")
         admin.execute(f"create database {name}")
-    dsn = pg.dsn(name)
+    dsn = knownstate_cluster.dsn(name)
     with DocumentStore(dsn, pool_size=None) as store:
         store.install()
         store.seed("rec1", "record", REC_SCHEMA, {"title": "a", "qty": 1}, "alice", {"bob": True})
         store.seed("sheet1", "sheet", {"rows": 20, "cols": 4}, {"A1": 1}, "alice")
     with DocumentServer(dsn, limits=LIMITS) as server:
         yield server
-    if pg.running:
-        with psycopg.connect(pg.dsn(), autocommit=True) as admin:
+    if knownstate_cluster.running:
+        with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as admin:
             admin.execute(f"drop database if exists {name} with (force)")
 
 

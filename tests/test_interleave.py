@@ -38,20 +38,20 @@ INSERT INTO account VALUES (1, 100), (2, 100), (3, 100);
 
 
 @pytest.fixture
-def db(fresh_db, pg):
-    dsn = fresh_db(SCHEMA)
+def db(knownstate_db, knownstate_cluster):
+    dsn = knownstate_db(SCHEMA)
     return psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
 
 
 @pytest.fixture
-def admin(pg, db):
-    with psycopg.connect(pg.dsn(db), autocommit=True) as conn:
+def admin(knownstate_cluster, db):
+    with psycopg.connect(knownstate_cluster.dsn(db), autocommit=True) as conn:
         yield conn
 
 
 @pytest.fixture
-def scheduler(pg, db):
-    s = Scheduler(pg.dsn(db), pause=True)
+def scheduler(knownstate_cluster, db):
+    s = Scheduler(knownstate_cluster.dsn(db), pause=True)
     yield s
     s.close()
 
@@ -60,21 +60,26 @@ _serial = itertools.count()
 
 
 @pytest.fixture
-def links(toxiproxy, pg):
+def links(toxiproxy, knownstate_cluster):
     """One Toxiproxy link per worker (new names per test: the server keeps its proxies)."""
     n = next(_serial)
-    return {w: toxiproxy.link(f"interleave-{n}-{w}", pg.host, pg.port) for w in ("w0", "w1", "w2")}
+    return {
+        w: toxiproxy.link(f"interleave-{n}-{w}", knownstate_cluster.host, knownstate_cluster.port)
+        for w in ("w0", "w1", "w2")
+    }
 
 
 @pytest.fixture
-def connect(pg, db, links):
+def connect(knownstate_cluster, db, links):
     """``connect(worker, **kw)``: a ScheduledConnection through the worker's own link."""
     made: list[psycopg.Connection] = []
 
     def make(worker: str, **kwargs) -> ScheduledConnection:
         link = links[worker]
         conn = ScheduledConnection.connect(
-            pg.dsn(db, host=link.host, port=link.port), application_name=f"t-{worker}", **kwargs
+            knownstate_cluster.dsn(db, host=link.host, port=link.port),
+            application_name=f"t-{worker}",
+            **kwargs,
         )
         made.append(conn)
         return conn
@@ -457,13 +462,13 @@ def test_a_waiters_link_cut_leaves_its_backend_waiting_until_the_holder_commits(
     assert "w1's backend is gone" in "\n".join(result.trace)
 
 
-def test_a_database_crash_while_a_lock_is_held(scheduler, connect, admin, pg, db):
+def test_a_database_crash_while_a_lock_is_held(scheduler, connect, admin, knownstate_cluster, db):
     c0, c1 = connect("w0"), connect("w1")
     ops = [Op("w0", "add(1, +1)", c0, add(1, 1)), Op("w1", "add(1, +2)", c1, add(1, 2))]
 
     def crash():
-        pg.crash()
-        pg.restart()
+        knownstate_cluster.crash()
+        knownstate_cluster.restart()
 
     with scheduler.block(ops) as block:
         block.step("w0")
@@ -475,7 +480,7 @@ def test_a_database_crash_while_a_lock_is_held(scheduler, connect, admin, pg, db
         result = block.result()
     assert isinstance(result.ops[0].error, errors.CommitIndeterminate)
     assert isinstance(result.ops[1].error, errors.ConnectionLost)
-    with psycopg.connect(pg.dsn(db)) as conn:
+    with psycopg.connect(knownstate_cluster.dsn(db)) as conn:
         assert conn.execute("SELECT balance FROM account WHERE id = 1").fetchone() == (100,)
 
 
@@ -489,7 +494,7 @@ class Interrupted(BaseException):
 
 
 def test_an_interrupted_block_leaves_no_thread_no_backend_and_no_lock(
-    scheduler, connect, admin, pg, db
+    scheduler, connect, admin, knownstate_cluster, db
 ):
     c0, c1 = connect("w0"), connect("w1")
     pids = [c0.info.backend_pid, c1.info.backend_pid]
@@ -519,8 +524,10 @@ def test_a_parked_worker_unwinds_with_block_aborted():
     assert issubclass(BlockAborted, BaseException) and not issubclass(BlockAborted, Exception)
 
 
-def test_a_worker_stuck_outside_any_lock_is_an_environment_error_naming_it(pg, db, connect):
-    scheduler = Scheduler(pg.dsn(db), deadline_s=0.5, pause=True)
+def test_a_worker_stuck_outside_any_lock_is_an_environment_error_naming_it(
+    knownstate_cluster, db, connect
+):
+    scheduler = Scheduler(knownstate_cluster.dsn(db), deadline_s=0.5, pause=True)
     try:
         op = Op("w0", "sleep", connect("w0"), lambda conn: conn.execute("SELECT pg_sleep(30)"))
         with pytest.raises(WorkerStuck) as e:
@@ -534,18 +541,14 @@ def test_a_worker_stuck_outside_any_lock_is_an_environment_error_naming_it(pg, d
         scheduler.close()
 
 
-def test_a_database_clock_ahead_of_real_time_is_refused_with_the_reason(scheduler, connect, pg):
-    pg.clock.jump(300)
-    try:
-        with pytest.raises(ClockAhead, match="300 s ahead of real time.*a day back"):
-            scheduler.run([Op("w0", "add", connect("w0"), add(1, 1))], script())
-    finally:
-        pg.clock.reset()
-    pg.clock.jump(-86_400)  # behind real time: fine
-    try:
-        assert scheduler.run([Op("w0", "add", connect("w0"), add(1, 1))], script()).ops[0].value
-    finally:
-        pg.clock.reset()
+def test_a_database_clock_ahead_of_real_time_is_refused_with_the_reason(
+    scheduler, connect, knownstate_db_clock
+):
+    knownstate_db_clock.reset(300)  # from true time: a check before may have left it elsewhere
+    with pytest.raises(ClockAhead, match="300 s ahead of real time.*a day back"):
+        scheduler.run([Op("w0", "add", connect("w0"), add(1, 1))], script())
+    knownstate_db_clock.reset(-86_400)  # behind real time: fine
+    assert scheduler.run([Op("w0", "add", connect("w0"), add(1, 1))], script()).ops[0].value
     assert knownstate_threads() == []
 
 
@@ -563,8 +566,8 @@ def test_a_block_restores_the_connections_own_settings(scheduler, connect):
     assert conn.execute("SHOW statement_timeout").fetchone() == ("10s",)
 
 
-def test_a_block_needs_idle_scheduled_connections(scheduler, connect, pg, db):
-    plain = psycopg.connect(pg.dsn(db))
+def test_a_block_needs_idle_scheduled_connections(scheduler, connect, knownstate_cluster, db):
+    plain = psycopg.connect(knownstate_cluster.dsn(db))
     try:
         with pytest.raises(TypeError, match="ScheduledConnection"):
             scheduler.run([Op("w0", "x", plain, lambda c: None)], script())

@@ -3,7 +3,7 @@
 The same operation sequences go to the model and to :class:`OutboxStore`; after every operation
 the outcomes must be equal, the rows projected through ``impl.outbox.project`` must equal the
 model's state, and the contract's invariants must hold. Time is the database clock: the test
-moves it with libfaketime (``pg.clock.jump``) and advances the model by the same amount.
+moves it with libfaketime (``knownstate_db_clock.jump``) and advances the model by the same amount.
 
 Then what only a real database shows: the fence after a real reclaim, ``SKIP LOCKED`` under an
 open claim, the lease stamped with the database clock, the reaper leaving terminal rows alone, a
@@ -68,15 +68,8 @@ CONFIG = Config(lease=300, backoff_base=60, backoff_cap=240, max_attempts=3)
 
 
 @pytest.fixture
-def dsn(fresh_db):
-    return fresh_db(impl.SCHEMA)
-
-
-@pytest.fixture
-def clock(pg):
-    if pg.clock is None:  # pragma: no cover - the session cluster always runs under libfaketime
-        pytest.fail("the session cluster has no libfaketime clock")
-    return pg.clock
+def dsn(knownstate_db):
+    return knownstate_db(impl.SCHEMA)
 
 
 @pytest.fixture
@@ -167,8 +160,8 @@ class Pair:
 
 
 @pytest.fixture
-def pair(connect, clock):
-    return Pair([connect(), connect()], connect(autocommit=True), clock)
+def pair(connect, knownstate_db_clock):
+    return Pair([connect(), connect()], connect(autocommit=True), knownstate_db_clock)
 
 
 # ---------------------------------------------------------------------------
@@ -225,9 +218,9 @@ def test_every_transition_of_the_table_agrees_with_the_model(pair):
     assert pair.taken == {(t.source, t.event, t.target) for t in TABLE.transitions}
 
 
-def test_backoff_is_capped_in_sql_as_in_the_model(connect, clock):
+def test_backoff_is_capped_in_sql_as_in_the_model(connect, knownstate_db_clock):
     cfg = Config(lease=300, backoff_base=60, backoff_cap=120, max_attempts=5)
-    pair = Pair([connect()], connect(autocommit=True), clock, cfg)
+    pair = Pair([connect()], connect(autocommit=True), knownstate_db_clock, cfg)
     pair("enqueue", 1)
     for waited in (60, 120, 120):  # 60, 120, then 240 capped at 120
         c = pair("claim", 1).value[0]
@@ -238,7 +231,7 @@ def test_backoff_is_capped_in_sql_as_in_the_model(connect, clock):
     assert pair("claim", 1).value == (Claim(1, 4),)
 
 
-def test_random_sequences_agree_with_the_model(dsn, connect, clock):
+def test_random_sequences_agree_with_the_model(dsn, connect, knownstate_db_clock):
     """A Hypothesis state machine over two worker connections, stale tokens and clock jumps."""
     admin = connect(autocommit=True)
     conns = [connect(), connect()]
@@ -247,7 +240,7 @@ def test_random_sequences_agree_with_the_model(dsn, connect, clock):
         @initialize(max_attempts=st.integers(1, 3))
         def start(self, max_attempts):
             admin.execute("truncate outbox_delivery")
-            self.pair = Pair(conns, admin, clock, Config(300, 60, 240, max_attempts))
+            self.pair = Pair(conns, admin, knownstate_db_clock, Config(300, 60, 240, max_attempts))
             self.tokens: list[Claim] = []
 
         @precondition(
@@ -385,11 +378,11 @@ def test_concurrent_claims_partition_the_rows(dsn, connect):
     assert sorted(flat) == list(range(1, 41)) and len(flat) == len(set(flat))
 
 
-def test_the_lease_is_stamped_and_compared_with_the_database_clock(connect, clock):
+def test_the_lease_is_stamped_and_compared_with_the_database_clock(connect, knownstate_db_clock):
     store = OutboxStore(CONFIG)
     conn, observer = connect(), connect(autocommit=True)
     store.enqueue(conn, 1)
-    clock.jump(3600)  # the database is an hour ahead of this process
+    knownstate_db_clock.jump(3600)  # the database is an hour ahead of this process
     ((c, _),) = store.claim_batch(conn, 1)
     lease_until, db_now = observer.execute(
         "select lease_until, now() from outbox_delivery"
@@ -399,15 +392,15 @@ def test_the_lease_is_stamped_and_compared_with_the_database_clock(connect, cloc
     # an app-clock lease would say 300
     assert abs((lease_until - app_now).total_seconds() - 3900) < 10
     assert store.reclaim_stale(conn) == Won(())
-    clock.jump(240)
+    knownstate_db_clock.jump(240)
     assert store.reclaim_stale(conn) == Won(())  # 4 of 5 minutes on the database clock
-    clock.jump(61)
+    knownstate_db_clock.jump(61)
     assert store.reclaim_stale(conn) == Won((1,))
     assert rows(observer)[1][1:3] == (P, 1)
     assert isinstance(store.complete(conn, c), LostRace)
 
 
-def test_the_reaper_never_touches_a_terminal_row(connect, clock):
+def test_the_reaper_never_touches_a_terminal_row(connect, knownstate_db_clock):
     store = OutboxStore(Config(lease=300, max_attempts=1))
     conn, observer = connect(), connect(autocommit=True)
     for i in (1, 2, 3, 4):
@@ -417,7 +410,7 @@ def test_the_reaper_never_touches_a_terminal_row(connect, clock):
     assert store.fail(conn, c2, permanent=True, error="422") == Won(F)
     assert store.fail(conn, c3, permanent=False, error="503") == Won(D)
     terminal = {i: r for i, r in rows(observer).items() if i != 4}
-    clock.jump(10**6)
+    knownstate_db_clock.jump(10**6)
     assert store.reclaim_stale(conn) == Won((4,))
     after = rows(observer)
     assert {i: r for i, r in after.items() if i != 4} == terminal
@@ -458,8 +451,13 @@ def test_a_mixed_batch_agrees_with_the_model_in_one_commit(pair):
     assert pair("claim", 4).value == (Claim(2, 2), Claim(3, 2))
 
 
-def test_a_batch_reaches_dead_at_the_attempt_limit(connect, clock):
-    pair = Pair([connect()], connect(autocommit=True), clock, Config(300, 60, 240, max_attempts=1))
+def test_a_batch_reaches_dead_at_the_attempt_limit(connect, knownstate_db_clock):
+    pair = Pair(
+        [connect()],
+        connect(autocommit=True),
+        knownstate_db_clock,
+        Config(300, 60, 240, max_attempts=1),
+    )
     pair("enqueue", 1)
     pair("enqueue", 2)
     c1, c2 = pair("claim", 2).value
@@ -518,8 +516,10 @@ _links = itertools.count()
 
 
 @pytest.fixture
-def db_link(pg, toxiproxy):
-    return toxiproxy.link(f"outbox-impl-{next(_links)}", pg.host, pg.port)
+def db_link(knownstate_cluster, toxiproxy):
+    return toxiproxy.link(
+        f"outbox-impl-{next(_links)}", knownstate_cluster.host, knownstate_cluster.port
+    )
 
 
 def wait_backend_gone(observer: psycopg.Connection, pid: int, deadline_s: float = 10.0) -> None:
@@ -581,10 +581,10 @@ class ToxicCommit(psycopg.Connection):
     ids=["reply-lost", "request-lost"],
 )
 def test_a_batch_whose_commit_is_lost_keeps_both_states_until_observed(
-    dsn, connect, clock, db_link, toxic, landed
+    dsn, connect, knownstate_db_clock, db_link, toxic, landed
 ):
     observer = connect(autocommit=True)
-    pair = Pair([connect()], observer, clock)
+    pair = Pair([connect()], observer, knownstate_db_clock)
     for i in (1, 2, 3, 4):
         pair("enqueue", i)
     stale = pair("claim", 1).value[0]

@@ -154,8 +154,10 @@ def statuses(observer: psycopg.Connection) -> dict[int, tuple[str, int]]:
 
 
 @pytest.mark.slow
-def test_a_killed_worker_loses_nothing_and_its_sends_may_repeat(pg, fresh_db, toxiproxy):
-    dsn = fresh_db(impl.SCHEMA)
+def test_a_killed_worker_loses_nothing_and_its_sends_may_repeat(
+    knownstate_db, knownstate_db_clock, toxiproxy
+):
+    dsn = knownstate_db(impl.SCHEMA)
     store = OutboxStore(Config(lease=LEASE))
     workers: list[WorkerProcess] = []
     with (
@@ -204,7 +206,7 @@ def test_a_killed_worker_loses_nothing_and_its_sends_may_repeat(pg, fresh_db, to
                 procs=workers,
             )
             assert store.reclaim_stale(conn) == Won(())  # their leases are still live
-            pg.clock.jump(LEASE + 60)
+            knownstate_db_clock.jump(LEASE + 60)
             assert store.reclaim_stale(conn) == Won(tuple(sorted(orphans)))
             poll(
                 "every delivery is sent",

@@ -6,9 +6,11 @@ test with the gate's report — used from a user's test file.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -97,10 +99,12 @@ NORMAL_USER_TEST = textwrap.dedent("""
 """)
 
 
-def test_the_database_fixture_works_for_a_user_who_may_not_create_databases(pg, tmp_path):
+def test_the_database_fixture_works_for_a_user_who_may_not_create_databases(
+    knownstate_cluster, tmp_path
+):
     """The README's recommended set-up: a normal user with CONNECT and CREATE on one database,
     as --dsn needs. knownstate_db gives each test a schema of its own there, and drops it."""
-    with psycopg.connect(pg.dsn(), autocommit=True) as admin:
+    with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as admin:
         admin.execute("drop database if exists ks_plain_app with (force)")
         admin.execute("drop role if exists ks_plain")
         admin.execute("create role ks_plain login nocreatedb")
@@ -108,7 +112,7 @@ def test_the_database_fixture_works_for_a_user_who_may_not_create_databases(pg, 
         admin.execute("grant create on database ks_plain_app to ks_plain")
     try:
         (tmp_path / "test_normal_user.py").write_text(NORMAL_USER_TEST)
-        dsn = f"host=127.0.0.1 port={pg.port} user=ks_plain dbname=ks_plain_app"
+        dsn = f"host=127.0.0.1 port={knownstate_cluster.port} user=ks_plain dbname=ks_plain_app"
         run = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
             + ["--knownstate-dsn", dsn, "test_normal_user.py"],
@@ -118,11 +122,11 @@ def test_the_database_fixture_works_for_a_user_who_may_not_create_databases(pg, 
             timeout=600,
         )
         assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout[-3000:] + run.stderr
-        with psycopg.connect(pg.dsn("ks_plain_app"), autocommit=True) as conn:
+        with psycopg.connect(knownstate_cluster.dsn("ks_plain_app"), autocommit=True) as conn:
             left = conn.execute("select nspname from pg_namespace where nspname like 'ks_%'")
             assert left.fetchall() == []
     finally:
-        with psycopg.connect(pg.dsn(), autocommit=True) as admin:
+        with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as admin:
             admin.execute("drop database if exists ks_plain_app with (force)")
             admin.execute("drop role if exists ks_plain")
 
@@ -139,3 +143,25 @@ def test_a_malformed_knownstate_dsn_is_a_usage_error_naming_it(tmp_path):
     )
     assert run.returncode == 4, run.stdout + run.stderr
     assert "--knownstate-dsn: not a DSN" in run.stderr and "Hidden-1" not in run.stderr
+
+
+def test_this_suite_loads_the_plugin_once(pytestconfig):
+    """tests/conftest.py names the plugin (``pytest_plugins``) that its entry point also loads:
+    it is registered once, under the entry point's name."""
+    from knownstate.chaos import pytest_plugin
+
+    plugins = pytestconfig.pluginmanager.list_name_plugin()
+    assert [name for name, p in plugins if p is pytest_plugin] == ["knownstate"]
+
+
+def test_this_suite_loads_the_plugin_with_plugin_autoloading_off():
+    here = "tests/test_pytest_plugin.py::test_this_suite_loads_the_plugin_once"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", here],
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout[-4000:] + run.stderr

@@ -22,12 +22,12 @@ MUTANTS = {m.name: m for m in rm.RACE_MUTANTS}
 
 
 @pytest.fixture(scope="module")
-def rig(pg, toxiproxy_server):
-    r = rm.Rig(pg, toxiproxy_server.client(), prefix="ksrace_t")
+def rig(knownstate_cluster, knownstate_toxiproxy):
+    r = rm.Rig(knownstate_cluster, knownstate_toxiproxy.client(), prefix="ksrace_t")
     yield r
     r.close()
-    if pg.clock is not None:
-        pg.clock.reset()
+    if knownstate_cluster.clock is not None:
+        knownstate_cluster.clock.reset()
 
 
 @pytest.mark.parametrize("name", MUTANTS)

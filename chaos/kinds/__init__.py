@@ -25,18 +25,35 @@ import importlib
 import os
 import sys
 from importlib import metadata
+from typing import NamedTuple
 
 GROUP = "knownstate.kinds"
 
-# name -> (module, check class name). The order is the order `knownstate verify` runs them in.
-REGISTRY: dict[str, tuple[str, str]] = {
-    "outbox": ("outbox", "OutboxCheck"),
-    "approved-plan": ("approved_plan", "ApprovedPlanCheck"),
-    "branch-reset": ("branch_reset", "BranchResetCheck"),
-    "document-session": ("document_session", "DocumentSessionCheck"),
+
+class Entry(NamedTuple):
+    """One built-in kind: its module here, its check class, and its soak binding
+    (``module:Class`` of a :class:`~knownstate.chaos.soakkinds.SoakKind`; "": no soak)."""
+
+    module: str
+    check: str
+    soak: str = ""
+
+
+# The order is the order `knownstate verify` runs them in.
+REGISTRY: dict[str, Entry] = {
+    "outbox": Entry("outbox", "OutboxCheck", "knownstate.chaos.soakkinds:OutboxSoak"),
+    "approved-plan": Entry(
+        "approved_plan", "ApprovedPlanCheck", "knownstate.chaos.soakkinds:PlanSoak"
+    ),
+    "branch-reset": Entry(
+        "branch_reset", "BranchResetCheck", "knownstate.chaos.soakkinds:ResetSoak"
+    ),
+    "document-session": Entry("document_session", "DocumentSessionCheck"),
+    "document-session-browser": Entry("document_session_browser", "BrowserDocumentSessionCheck"),
 }
 
 _named: dict[str, tuple[type, str]] = {}  # kinds loaded from --kind: name -> (check, spec)
+_arguments: dict[str, str] = {}  # how a replay command names a kind run with options of its own
 
 
 class KindNotFound(LookupError):
@@ -134,14 +151,22 @@ def register(check_class: type) -> str:
 
 def argument(name: str) -> str:
     """How a command line names the kind (a replay command must find it again)."""
+    if name in _arguments:
+        return _arguments[name]
     spec = _named[name][1] if name in _named else ""
     return f"--kind {spec}" if spec else name
 
 
+def set_argument(name: str, words: str) -> None:
+    """Name the kind so in replay commands (its run has options of its own, e.g. a client
+    bundle)."""
+    _arguments[name] = words
+
+
 def check(name: str):
     if name in REGISTRY:
-        module, cls = REGISTRY[name]
-        return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+        entry = REGISTRY[name]
+        return getattr(importlib.import_module(f"{__name__}.{entry.module}"), entry.check)
     if name in _named:
         return _named[name][0]
     ep = _entry_points().get(name)
@@ -169,3 +194,15 @@ def mutants_of(check_class: type) -> list:
     if isinstance(own, (list, tuple)):
         return list(own)
     return list(getattr(sys.modules.get(check_class.__module__), "MUTANTS", []))
+
+
+def soak(name: str):
+    """The soak binding of kind ``name``: its registry entry's, else (a described kind) built
+    from its description and adapter. KindNotFound when it has none."""
+    entry = REGISTRY.get(name)
+    if entry is not None and entry.soak:
+        module, _, cls = entry.soak.partition(":")
+        return getattr(importlib.import_module(module), cls)()
+    from ..soakgeneric import described
+
+    return described(check(name))

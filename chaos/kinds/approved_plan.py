@@ -483,13 +483,13 @@ class ApprovedPlanCheck(KindCheck):
                 out.append(self._heartbeat(w, pid))
         return out + [self._read(w, pid) for pid in self._with_status({Status.EXECUTING})]
 
-    def meanwhile(self, w: int, data) -> None:
-        """The stalled worker's runs are marked stalled; the other worker may read one of them,
-        which heals it (its heartbeat is stale): the stalled worker's next write must then be
-        refused by the fence. Without a read, its next write simply lands."""
+    def meanwhile(self, w: int, data, retake: bool = False) -> None:
+        """The stalled worker's runs are marked stalled; the other worker may read one of them
+        (with ``retake``: does), which heals it (its heartbeat is stale): the stalled worker's
+        next write must then be refused by the fence. Without a read, its next write lands."""
         for pid in self.turns(w):
             self.held[w][pid].stalled = True
-        if data.draw(st.booleans(), label="read meanwhile"):
+        if retake or data.draw(st.booleans(), label="read meanwhile"):
             pid = data.draw(st.sampled_from(self.turns(w)), label="proposal read")
             self.do(1 - w, self._read(1 - w, pid))
 

@@ -156,7 +156,7 @@ class BranchResetCheck(KindCheck):
                     self._app_clock(w.name),
                     lease_seconds=self.lease,
                     http_timeout=self.http_timeout,
-                    queries_=self.queries,
+                    queries=self.queries,
                 )
             )
         self.last_key: dict[str, str] = {}
@@ -613,9 +613,10 @@ class BranchResetCheck(KindCheck):
 
         return after
 
-    def meanwhile(self, w: int, data) -> None:
-        """While the poller is frozen the reaper job may run on its own clock."""
-        if data.draw(st.booleans(), label="reaper runs meanwhile"):
+    def meanwhile(self, w: int, data, retake: bool = False) -> None:
+        """While the poller is frozen the reaper job may run (with ``retake``: runs) on its own
+        clock."""
+        if retake or data.draw(st.booleans(), label="reaper runs meanwhile"):
             self.do(REAPER, self._reap())
 
     @precondition(lambda self: self.skews < 4)
@@ -649,7 +650,7 @@ class BranchResetCheck(KindCheck):
         n = 2 if twice else 1
         self.ops.fail_next(n)
         self.fault(
-            "stand-in-503", f"operations API answers the next {n} request(s) 503", pace=False
+            "stand-in-refuses", f"operations API answers the next {n} request(s) 503", pace=False
         )
         self.turn(data.draw(st.sampled_from(POLLERS), label="poller"), data)
 

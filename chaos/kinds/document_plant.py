@@ -70,6 +70,8 @@ class Wire:
 
 
 class Plant:
+    link_prefix = "document-session"  # Toxiproxy links are named after it (one set per kind)
+
     def __init__(self, env, ws):
         self.env, self.ws = env, ws
         self.server_app = f"ks-{env.run_id}-document-server"  # the run's cleanup finds it
@@ -77,13 +79,13 @@ class Plant:
 
     def start(self) -> "Plant":
         env = self.env
-        self.db_link = env.api.link("document-session-server-pg", env.db.host, env.db.port)
+        self.db_link = env.api.link(f"{self.link_prefix}-server-pg", env.db.host, env.db.port)
         dsn = self.ws.conninfo(host=self.db_link.host, port=self.db_link.port)
         self.server_dsn = psycopg.conninfo.make_conninfo(dsn, application_name=self.server_app)
         # a connection per request: a fault meets each request the same way on every replay
         self.server = DocumentServer(self.server_dsn, connect_timeout=2, pool_size=None).start()
         self.links = {
-            slot: env.api.link(f"document-session-{slot}", "127.0.0.1", self.server.port)
+            slot: env.api.link(f"{self.link_prefix}-{slot}", "127.0.0.1", self.server.port)
             for slot in SLOTS
         }
         self.http = {

@@ -124,6 +124,9 @@ class DocumentSessionCheck(ReplayCheck):
     reader_class: type[RequestReader] = RequestReader
     drafts_class: type[DraftStore] = DraftStore
     queries: dict[str, str] | None = None
+    # The real parts (a client shell of another kind, the browser, brings its own plant).
+    plant_name = "document-session"
+    plant_class: type[Plant] = Plant
     required_events = (
         "conflict",
         "rebase",
@@ -160,7 +163,7 @@ class DocumentSessionCheck(ReplayCheck):
 
     # -- hooks of KindCheck ------------------------------------------------------------------
     def reset_example(self) -> None:
-        plant = self.env.stand_in("document-session", lambda: Plant(self.env, self.ws))
+        plant = self.env.stand_in(self.plant_name, lambda: self.plant_class(self.env, self.ws))
         self.plant, self.recorder, self.links = plant, plant.recorder, plant.links
         store = self.store_class(
             plant.server_dsn, connect_timeout=2, pool_size=None, queries=self.queries
@@ -196,11 +199,15 @@ class DocumentSessionCheck(ReplayCheck):
             # a statement the server sent before its connection was cut may still be running
             self.env.settle(self.plant.server_app)
         docs = self.observer.documents()
-        drafts = {k: self.drafts.read(k) for k in self.drafts.keys()}
-        drafts = {k: r for k, r in drafts.items() if r is not None}
+        drafts = self.observe_drafts()
         views = {k: DraftView.from_record(k, r) for k, r in drafts.items()}
         tabs = {slot: s.view(slot) for slot, s in self.sessions.items()}
         return Seen(World(docs, views, tabs), drafts)
+
+    def observe_drafts(self) -> dict[str, dict]:
+        """Every draft record as stored, by the slot it is in."""
+        drafts = {k: self.drafts.read(k) for k in self.drafts.keys()}
+        return {k: r for k, r in drafts.items() if r is not None}
 
     def clock_matters(self) -> bool:
         return False  # session time is a number the check passes; the database clock plays no role
@@ -291,7 +298,7 @@ class DocumentSessionCheck(ReplayCheck):
             toxic = Toxic("limit_data", "downstream", {"bytes": 0})
             self._toxi(lambda: link.add(toxic))
             undo = lambda: link.remove(toxic)  # noqa: E731
-        self.stats.faults[net] += 1
+        self.stats.faults["link-down" if net == "offline" else "reply-lost"] += 1
         try:
             yield f" [{net}]"
         finally:

@@ -90,33 +90,28 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
-import socket
 import threading
 import time
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import psycopg
 from psycopg import pq
 
 from knownstate.impl.errors import first_line
 
-SESSION_SETTINGS = {
-    "deadlock_timeout": "1ms",
-    "log_lock_waits": "on",
-    "client_min_messages": "log",
-    "lc_messages": "C",
-    "lock_timeout": "0",
-    "statement_timeout": "0",
-    "idle_in_transaction_session_timeout": "0",
-    "max_parallel_workers_per_gather": "0",
-}
-"""Set on every worker session for the duration of a block. ``deadlock_timeout`` and
-``log_lock_waits`` (and ``lc_messages``, so the notice is parsed in English) need a superuser."""
+from .connection import ScheduledConnection, shutdown_socket
+from .history import BlockResult, Op, OpResult
+from .server import (
+    POLL,
+    Activity,
+    Observer,
+    WorkerStuck,
+    apply_settings,
+    check_backend,
+    reset_settings,
+)
 
 DEADLINE_SECONDS = 60.0
 """How long a worker may stay in flight (neither parked, done nor blocked on a lock) before the
@@ -125,30 +120,7 @@ block is an environment error. Generous: it only bounds a broken environment."""
 MAX_STEPS = 400
 """More steps than this in one block is a runaway operation (:class:`Runaway`)."""
 
-_POLL = 0.002  # seconds between two looks at the server while a worker is in flight
-
 PARKED, RUNNING, DONE = "parked", "running", "done"
-
-
-class SchedulerEnvironmentError(BaseException):
-    """The environment failed a concurrent block, not the code under test. A BaseException so
-    that Hypothesis does not shrink it as a counterexample."""
-
-
-class WorkerStuck(SchedulerEnvironmentError):
-    """A worker of a concurrent block neither reached its next statement, nor finished, nor
-    waited on a lock the server shows, within the deadline."""
-
-
-class SettingsRefused(SchedulerEnvironmentError):
-    """The server refused the session settings a concurrent block needs (deadlock_timeout and
-    log_lock_waits need a superuser): connect the workers as one."""
-
-
-class ClockAhead(SchedulerEnvironmentError):
-    """The database server's clock is ahead of real time: under libfaketime its lock-wait
-    timers (deadlock_timeout) then fire that much late. Keep the fake clock's base in the past
-    (e.g. a day back) and jump from there."""
 
 
 class BlockAborted(BaseException):
@@ -157,308 +129,6 @@ class BlockAborted(BaseException):
 
 class Runaway(AssertionError):
     """An operation of a concurrent block kept issuing statements past the block's step limit."""
-
-
-# ---------------------------------------------------------------------------------------
-# Labels: which statement a step is.
-# ---------------------------------------------------------------------------------------
-
-
-@cache
-def _known_queries() -> dict[str, str]:
-    """Normalized SQL text -> ``file.name`` for every named query of the implementation."""
-    from knownstate.impl import queries
-
-    out: dict[str, str] = {}
-    for entry in resources.files("knownstate.impl").joinpath("sql").iterdir():
-        name = entry.name
-        if name.endswith(".sql") and not name.endswith("_schema.sql"):
-            for qname, body in queries.load(name).items():
-                out[_normalize(body)] = f"{name[:-4]}.{qname}"
-    return out
-
-
-def _normalize(sql: str) -> str:
-    lines = [ln for ln in sql.splitlines() if not ln.strip().startswith("--")]
-    return " ".join(" ".join(lines).split())
-
-
-def statement_label(query: Any, width: int = 60) -> str:
-    """A short name for a statement: ``outbox.claim_due`` for a named query of the
-    implementation, else its first words (an edited query of a mutant shows its text)."""
-    if isinstance(query, bytes):
-        query = query.decode(errors="replace")
-    if not isinstance(query, str):
-        query = getattr(query, "_obj", None) or type(query).__name__
-        if not isinstance(query, str):
-            return str(query)[:width]
-    text = _normalize(query)
-    known = _known_queries().get(text)
-    if known:
-        return known
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-_NO_SEND = frozenset(
-    {
-        "_set_autocommit_gen",
-        "_set_isolation_level_gen",
-        "_set_read_only_gen",
-        "_set_deferrable_gen",
-        "_check_intrans_gen",
-    }
-)
-
-
-def _round_trip_label(gen: Any, conn: psycopg.Connection) -> str | None:
-    """What a round trip through ``Connection.wait`` sends, or None when it sends nothing."""
-    name = getattr(gen, "__name__", "") or type(gen).__name__
-    status = conn.pgconn.transaction_status
-    if name in _NO_SEND:
-        return None
-    if name in ("_commit_gen", "_rollback_gen"):
-        if status in (pq.TransactionStatus.IDLE, pq.TransactionStatus.UNKNOWN):
-            return None
-        return "COMMIT" if name == "_commit_gen" else "ROLLBACK"
-    frame = getattr(gen, "gi_frame", None)
-    local = frame.f_locals if frame is not None else {}
-    tx = local.get("self")
-    if isinstance(tx, psycopg.Transaction):
-        if name == "_enter_gen":
-            if status == pq.TransactionStatus.IDLE:
-                return "BEGIN (transaction block)"
-            return f"SAVEPOINT {tx.savepoint_name or '(nested transaction block)'}"
-        if name == "_exit_gen":
-            failed = local.get("exc_val") is not None or tx.force_rollback
-            if not tx._outer_transaction:
-                verb = "ROLLBACK TO SAVEPOINT" if failed else "RELEASE SAVEPOINT"
-                return f"{verb} {tx.savepoint_name}"
-            return f"{'ROLLBACK' if failed else 'COMMIT'} (end of transaction block)"
-    return f"round trip {name.strip('_')}"
-
-
-# ---------------------------------------------------------------------------------------
-# The intercepted connection.
-# ---------------------------------------------------------------------------------------
-
-
-_NOTICE = re.compile(
-    r"^process \d+ (?P<kind>still waiting|acquired|avoided deadlock|"
-    r"detected deadlock while waiting|failed to acquire) "
-    r"for (?P<mode>\S+) on (?P<lock>.+?)"
-    r"(?: by rearranging queue order)? after [\d.]+ ms$"
-)
-
-
-class ScheduledConnection(psycopg.Connection):
-    """A psycopg connection whose server round trips wait at a gate while a block runs.
-
-    Outside a block (no scheduler attached, or a call from another thread) it is a plain
-    psycopg connection. A subclass that must act at the instant a statement or COMMIT is
-    scheduled (a fault armed on COMMIT) wraps its action in :meth:`step`::
-
-        def commit(self):
-            with self.step("COMMIT"):
-                hook(self)
-                super().commit()
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.cursor_factory = ScheduledCursor
-        self.server_cursor_factory = ScheduledServerCursor
-        self._seat: _Worker | None = None
-        self._in_step = False
-        self.add_notice_handler(self._lock_notice)
-
-    @contextlib.contextmanager
-    def step(self, label: str) -> Iterator[None]:
-        """One scheduled step: wait for the grant, then run the body. Nested steps, calls from
-        another thread and calls outside a block pass straight through."""
-        seat = self._seat
-        if seat is None or self._in_step or threading.current_thread() is not seat.thread:
-            yield
-            return
-        seat.block._gate(seat, label)
-        self._in_step = True
-        try:
-            yield
-        except psycopg.Error as e:
-            seat.block._step_failed(seat, e)
-            raise
-        finally:
-            self._in_step = False
-
-    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
-        seat = self._seat
-        if seat is None or self._in_step or threading.current_thread() is not seat.thread:
-            return super().wait(gen, *args, **kwargs)
-        label = _round_trip_label(gen, self)
-        if label is None:
-            return super().wait(gen, *args, **kwargs)
-        with self.step(label):
-            return super().wait(gen, *args, **kwargs)
-
-    def _lock_notice(self, diag: psycopg.errors.Diagnostic) -> None:
-        seat = self._seat
-        if seat is None:
-            return
-        m = _NOTICE.match(diag.message_primary or "")
-        if m:
-            seat.block._lock_notice(seat, m["kind"], m["mode"], m["lock"])
-
-
-@contextlib.contextmanager
-def _cursor_step(cursor: psycopg.Cursor | psycopg.ServerCursor, query: Any) -> Iterator[None]:
-    conn = cursor.connection
-    if isinstance(conn, ScheduledConnection) and conn._seat is not None:
-        with conn.step(statement_label(query)):
-            yield
-    else:
-        yield
-
-
-class ScheduledCursor(psycopg.Cursor):
-    """The cursor of a :class:`ScheduledConnection`: each execute is one step, labelled."""
-
-    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> "ScheduledCursor":
-        with _cursor_step(self, query):
-            return super().execute(query, params, **kwargs)
-
-    def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
-        """One step for the whole batch (psycopg pipelines it)."""
-        with _cursor_step(self, query):
-            return super().executemany(query, params_seq, **kwargs)
-
-    def stream(self, query: Any, params: Any = None, **kwargs: Any) -> Iterator[Any]:
-        """One step for the whole stream."""
-        with _cursor_step(self, query):
-            yield from super().stream(query, params, **kwargs)
-
-    @contextlib.contextmanager
-    def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> Iterator[Any]:
-        """One step for the whole COPY."""
-        with _cursor_step(self, statement), super().copy(statement, params, **kwargs) as cp:
-            yield cp
-
-
-class ScheduledServerCursor(psycopg.ServerCursor):
-    """A named cursor: DECLARE is a labelled step, each FETCH a step of its own (through
-    ``Connection.wait``)."""
-
-    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> "ScheduledServerCursor":
-        with _cursor_step(self, query):
-            return super().execute(query, params, **kwargs)
-
-
-def shutdown_socket(conn: psycopg.Connection) -> None:
-    """Cut a connection's socket from another thread, as a dying process would: a statement in
-    flight on it fails at once. Never closes the psycopg object (its owner thread may be in it)."""
-    with contextlib.suppress(Exception):
-        s = socket.socket(fileno=os.dup(conn.pgconn.socket))
-        with contextlib.suppress(OSError):
-            s.shutdown(socket.SHUT_RDWR)
-        s.close()
-
-
-# ---------------------------------------------------------------------------------------
-# Operations and what became of them.
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Op:
-    """One operation of a block: ``run(conn)`` on ``worker``'s own connection, on a thread."""
-
-    worker: str
-    label: str
-    conn: ScheduledConnection
-    run: Callable[[ScheduledConnection], Any]
-
-
-@dataclass(frozen=True)
-class OpResult:
-    """What an operation of a block did: returned ``value`` or raised ``error``."""
-
-    worker: str
-    label: str
-    value: Any = None
-    error: BaseException | None = None
-    statements: int = 0
-    returned_at: int = 0
-    """The step after which the operation had ended (0: before the first step)."""
-    left_open: bool = False
-    """The operation ended with its transaction still open on its connection."""
-
-    @property
-    def server_error(self) -> psycopg.Error | None:
-        """The server's error behind ``error`` (its cause chain), if any."""
-        seen: set[int] = set()
-        e = self.error
-        while e is not None and id(e) not in seen:
-            seen.add(id(e))
-            if isinstance(e, psycopg.Error):
-                return e
-            e = e.__cause__ or e.__context__
-        return None
-
-    @property
-    def sqlstate(self) -> str | None:
-        """The SQLSTATE of the server's error behind ``error``, if any."""
-        e = self.server_error
-        return e.sqlstate if e is not None else None
-
-    @property
-    def transient(self) -> bool:
-        """Aborted by the server as a deadlock victim (40P01) or a serialization failure
-        (40001): nothing of it committed, and a caller may retry it."""
-        return self.sqlstate in ("40P01", "40001")
-
-    def describe(self) -> str:
-        if self.error is None:
-            return f"{self.worker} {self.label} -> {_short(repr(self.value))}"
-        name = type(self.error).__name__
-        if self.lost_connection:
-            # How a lost connection is worded (the socket closed, or the server said it was
-            # exiting first) depends on timing: the trace says what happened, not the words.
-            return f"{self.worker} {self.label} raised {name} (the connection was lost)"
-        server = self.server_error
-        cause = server if server is not None else self.error
-        text = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-        state = f"{server.sqlstate} " if server is not None and server.sqlstate else ""
-        return f"{self.worker} {self.label} raised {name} ({state}{_short(text)})"
-
-    @property
-    def lost_connection(self) -> bool:
-        from knownstate.impl.errors import CommitIndeterminate, ConnectionLost, is_connection_error
-
-        if isinstance(self.error, (ConnectionLost, CommitIndeterminate)):
-            return True
-        server = self.server_error
-        return server is not None and is_connection_error(server)
-
-
-@dataclass(frozen=True)
-class BlockResult:
-    """The outcome of every operation, the schedule taken and the readable trace."""
-
-    ops: tuple[OpResult, ...]
-    schedule: tuple[str, ...]
-    """Which worker each step granted, in order: the same choices give the same schedule."""
-    trace: tuple[str, ...]
-    waits: int = 0
-    """How many times a worker's statement waited on another's lock (seen by the server)."""
-
-    @property
-    def steps(self) -> int:
-        return len(self.schedule)
-
-    def by_worker(self) -> dict[str, OpResult]:
-        return {r.worker: r for r in self.ops}
-
-
-def _short(text: str, width: int = 100) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 # ---------------------------------------------------------------------------------------
@@ -496,58 +166,10 @@ class _Ghost:
     blocked: bool = False
 
 
-@dataclass
-class _Activity:
-    blocking: tuple[int, ...]
-    state: str
-    wait: str
-    mode: str | None
-    lock: str | None
-    """The awaited lock as the server's wait notice words it (None: any notice matches)."""
-    what: str
-    """The awaited lock for the trace, without ids that change from run to run."""
-
-
-_OBSERVE = """
-SELECT a.pid, pg_blocking_pids(a.pid), coalesce(a.state, ''),
-       coalesce(a.wait_event_type || ':' || a.wait_event, ''),
-       l.locktype, l.database, l.relation, l.page, l.tuple, l.virtualxid, l.transactionid, l.mode,
-       CASE WHEN l.relation IS NOT NULL THEN l.relation::regclass::text END
-FROM pg_stat_activity a LEFT JOIN pg_locks l ON l.pid = a.pid AND NOT l.granted
-WHERE a.pid = ANY(%(pids)s)
-"""
-
-
-def _lock_text(locktype: str | None, database, relation, page, tuple_, vxid, xid) -> str | None:
-    """The lock as PostgreSQL's DescribeLockTag words it in the wait notice (None: a kind this
-    does not spell out, which then matches any notice)."""
-    return {
-        "transactionid": f"transaction {xid}",
-        "tuple": f"tuple ({page},{tuple_}) of relation {relation} of database {database}",
-        "relation": f"relation {relation} of database {database}",
-        "extend": f"extension of relation {relation} of database {database}",
-        "page": f"page {page} of relation {relation} of database {database}",
-        "virtualxid": f"virtual transaction {vxid}",
-    }.get(locktype or "")
-
-
-def _lock_what(locktype: str | None, mode: str | None, relname: str | None) -> str:
-    """A stable, readable name of the awaited lock (row and transaction ids vary by run)."""
-    what = {
-        "transactionid": "its transaction",
-        "tuple": f"a row of {relname}",
-        "relation": f"table {relname}",
-        "extend": f"extending {relname}",
-        "page": f"a page of {relname}",
-        "virtualxid": "its virtual transaction",
-    }
-    return f"{mode} on {what.get(locktype or '', locktype or 'a lock')}"
-
-
 class Scheduler:
     """Runs blocks of concurrent operations. ``observer_dsn`` is a direct connection to the
     same server (never through a proxy): the scheduler reads lock waits on it, and reconnects
-    after a database crash."""
+    after a database crash (:class:`~.server.Observer`, which also holds ``clock_guard``)."""
 
     def __init__(
         self,
@@ -558,18 +180,13 @@ class Scheduler:
         clock_guard: bool = True,
         pause: bool = False,
     ):
-        self.observer_dsn = observer_dsn
+        self.observer = Observer(observer_dsn, deadline_s=deadline_s, clock_guard=clock_guard)
         self.pause = pause
         """Stop and continue backends (SIGSTOP, SIGCONT) so that at most one runs at a time:
         needs the server on this machine, run by this user or one it may signal (the harness's
         own cluster). Without it, waiters that one step releases together run together."""
         self.deadline_s = deadline_s
         self.max_steps = max_steps
-        self.clock_guard = clock_guard
-        """Refuse a block while the server's clock is ahead of this machine's (see
-        :class:`ClockAhead`). Switch off for a server on another host whose clock runs ahead
-        without libfaketime."""
-        self._observer: psycopg.Connection | None = None
 
     def block(self, ops: Sequence[Op]) -> "Block":
         """Start ``ops`` together; use as a context manager (it always cleans up)."""
@@ -588,73 +205,7 @@ class Scheduler:
             return block.run(choose, between=between)
 
     def close(self) -> None:
-        if self._observer is not None:
-            with contextlib.suppress(Exception):
-                self._observer.close()
-            self._observer = None
-
-    def observe(self, pids: Iterable[int]) -> dict[int, _Activity]:
-        """What the server says about these backends: whom each waits for, on which lock."""
-        pids = sorted(set(pids))
-        deadline = time.monotonic() + self.deadline_s
-        while True:
-            try:
-                if self._observer is None or self._observer.closed or self._observer.broken:
-                    self._observer = psycopg.connect(
-                        self.observer_dsn,
-                        autocommit=True,
-                        connect_timeout=5,
-                        application_name="knownstate-scheduler",
-                    )
-                if not pids:
-                    return {}
-                rows = self._observer.execute(_OBSERVE, {"pids": pids}).fetchall()
-                break
-            except psycopg.OperationalError as e:
-                self.close()
-                if time.monotonic() > deadline:
-                    first = first_line(e)
-                    raise WorkerStuck(
-                        f"the scheduler's observer connection to PostgreSQL failed "
-                        f"for {self.deadline_s:.0f} s ({first}): is the server up?"
-                    ) from None
-                time.sleep(_POLL * 5)  # the server is restarting: poll again, within the deadline
-        out: dict[int, _Activity] = {}
-        for pid, blocking, state, wait, locktype, db, rel, page, tup, vxid, xid, mode, rn in rows:
-            text = _lock_text(locktype, db, rel, page, tup, vxid, xid)
-            if pid not in out or (text and not out[pid].lock):
-                out[pid] = _Activity(
-                    tuple(blocking or ()), state, wait, mode, text, _lock_what(locktype, mode, rn)
-                )
-        return out
-
-    def check_clock(self, tolerance_s: float = 1.0) -> None:
-        """Raise :class:`ClockAhead` when the server's clock is ahead of this machine's."""
-        if not self.clock_guard:
-            return
-        self.observe([])
-        before = time.time()
-        (server,) = self._observer.execute(
-            "SELECT extract(epoch FROM clock_timestamp())::float8"
-        ).fetchone()
-        ahead = server - (before + time.time()) / 2
-        if ahead > tolerance_s:
-            raise ClockAhead(
-                f"the database clock is {ahead:.0f} s ahead of real time: under "
-                f"libfaketime its lock-wait timers would fire {ahead:.0f} s late, "
-                "so a concurrent block cannot run; keep the fake clock's base in "
-                "the past (e.g. jump it a day back first) and jump from there"
-            )
-
-    def terminate(self, pids: Iterable[int]) -> None:
-        """End these backends (the workers of an aborted block); errors are ignored."""
-        with contextlib.suppress(psycopg.Error):
-            self.observe([])
-            if self._observer is not None:
-                self._observer.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY(%s)",
-                    (sorted(set(pids)),),
-                )
+        self.observer.close()
 
 
 class Block:
@@ -679,7 +230,7 @@ class Block:
         self._seen: dict[str, tuple] = {}
         self._waits = 0
         try:
-            scheduler.check_clock()
+            scheduler.observer.check_clock()
             for op in ops:
                 self._prepare(op)
             for w in self._workers:
@@ -712,7 +263,7 @@ class Block:
                 f"{op.worker}: its connection has a transaction open; a block starts "
                 "whole operations on idle connections"
             )
-        _apply_settings(conn, op.worker)
+        apply_settings(conn, op.worker)
         self._workers.append(_Worker(self, op, conn.info.backend_pid))
 
     def __enter__(self) -> "Block":
@@ -761,7 +312,7 @@ class Block:
             if not conn.closed and conn.pgconn.transaction_status == pq.TransactionStatus.INERROR:
                 with contextlib.suppress(psycopg.Error):
                     conn.rollback()  # the server already aborted it: nothing to lose
-            _reset_settings(conn)
+            reset_settings(conn)
 
     @staticmethod
     def _open(w: _Worker) -> bool:
@@ -773,15 +324,15 @@ class Block:
         )
 
     def _await_gone(self, pids: list[int]) -> None:
-        self.scheduler.terminate(pids)
+        self.scheduler.observer.terminate(pids)
         deadline = time.monotonic() + self.scheduler.deadline_s
-        while left := self.scheduler.observe(pids):
+        while left := self.scheduler.observer.observe(pids):
             if time.monotonic() > deadline:
                 raise WorkerStuck(
                     f"backends {sorted(left)} of an aborted block did not go away "
                     f"within {self.scheduler.deadline_s:.0f} s"
                 )
-            time.sleep(_POLL)  # polling the server with a deadline
+            time.sleep(POLL)  # polling the server with a deadline
 
     # -- the worker side -------------------------------------------------------------------------
     def _main(self, w: _Worker) -> None:
@@ -948,13 +499,13 @@ class Block:
                             for w in self._workers
                         )
                     ),
-                    _POLL,
+                    POLL,
                 )
                 flying = [w for w in self._workers if w.state == RUNNING]
                 ghosts = [g.pid for g in self._ghosts]
             if not flying and not ghosts:
                 return
-            seen = self.scheduler.observe([w.pid for w in flying] + ghosts)
+            seen = self.scheduler.observer.observe([w.pid for w in flying] + ghosts)
             active = self._active(flying, seen)
             if active is None:
                 continue  # a worker parked or ended meanwhile: what the server said is stale
@@ -974,7 +525,7 @@ class Block:
                 raise WorkerStuck(self._stuck_message(seen))
 
     def _active(
-        self, flying: list[_Worker], seen: dict[int, _Activity]
+        self, flying: list[_Worker], seen: dict[int, Activity]
     ) -> list[tuple[str, int]] | None:
         """The backends not at rest, workers in order then ghosts: (name, pid). None when a
         worker parked or ended since ``flying`` was taken: its statement may have released
@@ -1023,7 +574,7 @@ class Block:
             pids += [g.pid for g in self._ghosts if g.blocked]
         for pid in pids:
             if pid not in self._paused:
-                _check_backend(pid)
+                check_backend(pid)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGSTOP)
                     self._paused.add(pid)
@@ -1073,7 +624,7 @@ class Block:
                 parts.append(f"{w.name} running statement {w.statements}")
         return "; ".join(parts)
 
-    def _stuck_message(self, seen: dict[int, _Activity]) -> str:
+    def _stuck_message(self, seen: dict[int, Activity]) -> str:
         parts = []
         for w in self._workers:
             if w.state == RUNNING and not w.blocked_by:
@@ -1102,129 +653,3 @@ class Block:
             f"({self._states()}): a holder ended with its transaction open, or a lock is held "
             f"outside the block"
         )
-
-
-def _check_backend(pid: int) -> None:
-    """Refuse to signal a process that is not a PostgreSQL backend on this machine."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read()
-        with open(f"/proc/{pid}/stat") as f:
-            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        with open(f"/proc/{ppid}/cmdline", "rb") as f:
-            parent = f.read()
-    except (OSError, ValueError, IndexError):
-        cmdline = parent = b""
-    if b"postgres" not in cmdline or b"postgres" not in parent:
-        raise SchedulerEnvironmentError(
-            f"backend pid {pid} is not a PostgreSQL process on this "
-            "machine: pausing backends needs the server here; use "
-            "Scheduler(pause=False) for a remote server"
-        )
-
-
-def _apply_settings(conn: psycopg.Connection, worker: str) -> None:
-    sql = "SELECT " + ", ".join(
-        f"set_config('{k}', '{v}', false)" for k, v in SESSION_SETTINGS.items()
-    )
-    try:
-        conn.execute(sql)
-        if not conn.autocommit:
-            conn.commit()
-    except psycopg.errors.InsufficientPrivilege as e:
-        with contextlib.suppress(psycopg.Error):
-            conn.rollback()
-        raise SettingsRefused(
-            f"{worker}: {first_line(e)}: concurrent blocks set "
-            "deadlock_timeout and log_lock_waits per session, which needs a "
-            "superuser; connect the workers as one"
-        ) from None
-
-
-def _reset_settings(conn: psycopg.Connection) -> None:
-    """Back to the connection's own values (what RESET restores: its connect-time options),
-    when it is alive and has no transaction open."""
-    if conn.closed or conn.broken or conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
-        return
-    with contextlib.suppress(psycopg.Error):
-        conn.execute(
-            "SELECT set_config(name, reset_val, false) FROM pg_settings WHERE name = ANY(%s)",
-            (list(SESSION_SETTINGS),),
-        )
-        if not conn.autocommit:
-            conn.commit()
-
-
-# ---------------------------------------------------------------------------------------
-# A block as a history for the linearizability checker.
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Raised:
-    """An operation ended with an error the model has no outcome for (a refused statement,
-    a crash of the implementation): no model outcome equals it, so the check names it."""
-
-    error: str
-    sqlstate: str | None
-    message: str
-
-
-def history(
-    result: BlockResult,
-    model_ops: Any,
-    *,
-    start: float = 0,
-    keys: Any = None,
-    no_effect: tuple[type[BaseException], ...] | None = None,
-    maybe: tuple[type[BaseException], ...] | None = None,
-) -> list:
-    """The block's operations as a :mod:`knownstate.chaos.linearize` history.
-
-    ``model_ops[worker]`` applies the worker's operation to a model and returns its outcome;
-    ``keys[worker]`` is its part for a partitioned check. All operations are called together
-    at ``start``; each returns after the step it ended at. By what became of it, an operation
-
-    * returned a value: that is its observed outcome;
-    * was aborted by the server as a deadlock victim or a serialization failure (40P01, 40001),
-      or raised one of ``no_effect`` (default ``ConnectionLost``: nothing committed): it did not
-      happen, and is left out;
-    * raised one of ``maybe`` (default ``CommitIndeterminate``, or a raw connection error):
-      indeterminate, it may or may not have happened;
-    * raised anything else: its outcome is :class:`Raised`, which no model outcome equals.
-    """
-    from knownstate.impl.errors import CommitIndeterminate, ConnectionLost
-
-    from .linearize import UNKNOWN, Operation
-
-    no_effect = (ConnectionLost,) if no_effect is None else no_effect
-    maybe = (CommitIndeterminate, psycopg.OperationalError) if maybe is None else maybe
-    out = []
-    for r in result.ops:
-        ret: float | None = start + r.returned_at + 1
-        output: Any = r.value
-        if r.error is not None:
-            if r.transient or isinstance(r.error, no_effect):
-                continue
-            if isinstance(r.error, maybe):
-                ret, output = None, UNKNOWN
-            else:
-                server = r.server_error
-                text = str(server if server is not None else r.error).strip()
-                output = Raised(
-                    type(r.error).__name__,
-                    r.sqlstate,
-                    _short(text.splitlines()[0] if text else "", 120),
-                )
-        out.append(
-            Operation(
-                r.worker,
-                r.label,
-                model_ops[r.worker],
-                start,
-                ret,
-                output,
-                None if keys is None else keys[r.worker],
-            )
-        )
-    return out

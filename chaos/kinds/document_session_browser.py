@@ -1,0 +1,449 @@
+"""The document session checked in a real browser: the same check, another client shell.
+
+``knownstate verify document-session --client browser`` (this kind, ``document-session-browser``)
+runs the document-session check — its rules, faults, model, invariants, judge and report, all of
+:class:`~.document_session.DocumentSessionCheck` — with the tabs played by a client in headless
+Chromium (:mod:`knownstate.chaos.browser`): the reference TypeScript client of ``web/``, one of
+its mutants, or a bundle of your own (``--client-bundle``). Every step is run in the browser and
+replayed on the model's sessions (:class:`~knownstate.model.document_session.SessionCore`), whose
+network is the recording the gateway made of what the browser sent and got back; what is
+compared is what can be observed — the stored documents, each user's ``localStorage`` drafts, each
+tab's view — and the invariants are judged on it after every step.
+
+What this shell adds to the Python one: the browser offline (Chromium's offline mode, for the
+step's requests), a page reloaded (memory gone; the same writer opens the document again and
+restores its draft), a tab closed mid-save (its page torn down while its request is held at the
+gateway, before or after the server saw it), the document server restarted while a save is on
+its way, and two tabs of one user sharing one ``localStorage``. Requests are compared as they
+cross the wire (:meth:`on_the_wire`): the generation and read sequence are the client's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from knownstate.impl.documents.server import DocumentServer
+from knownstate.model.contract import Violation
+from knownstate.model.document import (
+    CopyRequest,
+    DraftView,
+    ReadRequest,
+    SaveRequest,
+    State,
+    VersionConflict,
+    World,
+)
+
+from .. import browser
+from ..mutants import Mutant, with_attrs
+from ..replay import Exchange
+from .document_judge import Seen
+from .document_plant import CLIENT, DOC, SLOTS, ModelSide, Plant, RealSide
+from .document_session import DocumentSessionCheck
+
+KIND = "document-session-browser"
+
+OWN_INVARIANTS = {
+    "sibling-draft-offered-not-applied": (
+        "On load a writer restores only its own draft: other writers' drafts are offered to "
+        "adopt or discard, never applied silently."
+    )
+}
+
+BROWSER_BUDGET = {"reload": 1, "restart": 1}
+"""Steps per example for the browser's own faults (they share the example with the session's
+work, like the Python check's BUDGET)."""
+
+
+class BrowserPlant(Plant):
+    """The Python check's plant (document server, links, recorder, the client wire) plus the
+    gateway and Chromium."""
+
+    link_prefix = KIND
+
+    def start(self) -> "BrowserPlant":
+        super().start()
+        self.gateway = browser.Gateway({}).start()
+        upstream = {slot: f"http://127.0.0.1:{link.port}" for slot, link in self.links.items()}
+        try:
+            self.chromium = browser.Chromium(self.gateway, SLOTS).start()
+        except BaseException:
+            self.gateway.stop()
+            raise
+        self.driver = browser.BrowserDriver(self.chromium, self.gateway, upstream, self.recorder)
+        return self
+
+    def describe(self) -> str:
+        return self.chromium.describe()
+
+    @property
+    def running(self) -> bool:
+        return self.chromium.running
+
+    def restart_server(self, store, reader) -> None:
+        """The document server process goes away and comes back on the same port."""
+        port = self.server.port
+        self.server.stop()
+        self.server = DocumentServer(self.server_dsn, port=port, connect_timeout=2, pool_size=None)
+        self.server.start()
+        self.server.use(store=store, reader=reader)
+
+    def stop(self) -> None:
+        for part in ("driver", "chromium", "gateway"):
+            with contextlib.suppress(Exception):
+                if hasattr(self, part):
+                    getattr(self, part).close() if part == "driver" else getattr(self, part).stop()
+        super().stop()
+
+
+class BrowserRealSide(RealSide):
+    """The real parts, with tabs in Chromium."""
+
+    def send(self, slot: str, req):
+        if slot == CLIENT:
+            return super().send(slot, req)
+        return self.check.sessions[slot].send(req)
+
+    def open(self, slot: str, user: str, writer: str):
+        c = self.check
+        config = {
+            "docId": DOC,
+            "user": user,
+            "kind": "record",
+            "writerId": writer,
+            "apiBase": f"/t/{slot}",
+            "debounce": 1.0,
+            "retryDelay": 0.0,
+            "now": c.clock,
+        }
+        if c.client_mutant:
+            config["mutant"] = c.client_mutant
+        tab = c.sessions[slot] = c.plant.driver.open(slot, user, config)
+        return tab
+
+    def crash(self, slot: str) -> None:
+        """The tab dies: its page is torn down (a new document loads in its place), and whatever
+        it had on the wire gets no answer."""
+        c = self.check
+        tab = c.sessions.pop(slot)
+        mid_save = any(isinstance(p.request, SaveRequest) for p in tab.pending)
+        c.plant.chromium.fresh(slot)
+        c.plant.gateway.cut(slot)
+        if mid_save:
+            c.event("tab closed mid-save")
+
+    def reload(self, slot: str, user: str, writer: str):
+        self.crash(slot)
+        self.check.event("page reloaded")
+        return self.open(slot, user, writer)
+
+    def restart_server(self) -> None:
+        c = self.check
+        store = c.store_class(
+            c.plant.server_dsn, connect_timeout=2, pool_size=None, queries=c.queries
+        )
+        c.plant.restart_server(store, c.reader_class())
+        c.event("document server restarted")
+
+
+class BrowserModelSide(ModelSide):
+    def reload(self, slot: str, user: str, writer: str):
+        self.m.crash_tab(slot)
+        return self.open(slot, user, writer)
+
+    def restart_server(self) -> None:
+        pass  # the model's server keeps everything in the database: nothing to lose
+
+
+DRAFT_FIELDS = ("kind", "user", "fileId", "writerId", "content", "baseVersion")
+
+
+def projected_draft(r: dict) -> dict:
+    """A draft record as the check compares it (see the contract in the README)."""
+    out = {k: r.get(k) for k in DRAFT_FIELDS}
+    inflight = r.get("inflight")
+    out["inflight"] = {"seq": inflight.get("seq")} if isinstance(inflight, dict) else None
+    out["generation"] = 0
+    return out
+
+
+def projected(seen: Seen) -> Seen:
+    drafts = {k: projected_draft(r) for k, r in seen.drafts.items()}
+    world = seen.world
+    tabs = {k: dataclasses.replace(t, generation=0) for k, t in world.tabs.items()}
+    views = {k: DraftView.from_record(k, r) for k, r in drafts.items()}
+    return Seen(World(world.docs, views, tabs), drafts)
+
+
+class OwnDraftsOnly:
+    """A tab that restored a draft on load (``loading -restored-> dirty``) had a draft of its
+    own writer before the step: what it restored was its own, not a sibling's."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+        self.seen: dict[str, tuple[str, int]] = {}
+
+    def judge(self, world: World) -> list[Violation]:
+        out, before_keys, before = [], self.keys, self.seen
+        self.keys = set(world.drafts)
+        self.seen = {slot: (t.writer_id, len(t.transitions)) for slot, t in world.tabs.items()}
+        for slot, t in world.tabs.items():
+            prev = before.get(slot)
+            start = prev[1] if prev is not None and prev[0] == t.writer_id else 0
+            if start > len(t.transitions):
+                start = 0
+            if ("loading", "restored", "dirty") not in t.transitions[start:]:
+                continue
+            own = f"knownstate:{t.kind}-draft:{t.user}:{t.doc_id}:{t.writer_id}"
+            if own not in before_keys:
+                out.append(
+                    Violation(
+                        "sibling-draft-offered-not-applied",
+                        f"tab {slot} (writer {t.writer_id}) restored a draft on load, but it "
+                        "had none of its own: another writer's draft was applied",
+                    )
+                )
+        return out
+
+
+class BrowserDocumentSessionCheck(DocumentSessionCheck):
+    """The document-session check with its tabs in Chromium."""
+
+    kind = KIND
+    plant_name = KIND
+    plant_class = BrowserPlant
+    own_invariants = {**DocumentSessionCheck.own_invariants, **OWN_INVARIANTS}
+    required_events = (
+        *DocumentSessionCheck.required_events,
+        "request failed offline in the browser",
+        "tab closed mid-save",
+        "two tabs of one user raced",
+        "page reloaded",
+        "document server restarted",
+    )
+    client_bundle: ClassVar[str | None] = None
+    """``--client-bundle``: the bundle under test (default: the reference client of web/)."""
+    client_mutant: ClassVar[str | None] = None
+    """A mutant of the TypeScript catalogue (served from the mutants bundle)."""
+
+    # -- the parts -------------------------------------------------------------------------------
+    @classmethod
+    def bundle(cls) -> bytes:
+        if cls.client_bundle:
+            return browser.read_bundle(Path(cls.client_bundle), "--client-bundle")
+        path = browser.reference_bundle(mutants=cls.client_mutant is not None)
+        return browser.read_bundle(path, "the reference client bundle")
+
+    def reset_example(self) -> None:
+        super().reset_example()
+        plant: BrowserPlant = self.plant
+        changed = plant.chromium.use_bundle(self.bundle())
+        for slot in SLOTS:
+            plant.gateway.cut(slot)
+        plant.chromium.reset(reload=changed)
+        self.drafts = browser.BrowserDrafts(plant.chromium)
+        plant.driver.on_offline = lambda: self.event("request failed offline in the browser")
+        self.budget.update(BROWSER_BUDGET)
+        self.own_drafts = OwnDraftsOnly()
+        self.raced: set[tuple[str, int]] = set()
+
+    def real_side(self) -> BrowserRealSide:
+        return BrowserRealSide(self)
+
+    def model_side(self, model, deliver) -> BrowserModelSide:
+        return BrowserModelSide(self, model, deliver)
+
+    def observe_drafts(self) -> dict[str, dict]:
+        return {k: projected_draft(r) for k, r in self.drafts.records().items()}
+
+    # What is compared: the seed's observable session, not the client's bookkeeping. A draft is
+    # compared by the slot it is in, whose work it holds and on which base (and whether it holds
+    # a save in flight, by its seq); a tab by its view less its edit generation. The reference
+    # client keeps the rest exactly as the model does; a client of your own need not.
+    def observe_model(self, m) -> Seen:
+        return projected(super().observe_model(m))
+
+    def observe_impl(self) -> Seen:
+        return projected(super().observe_impl())
+
+    def on_the_wire(self, r: Any) -> Any:
+        """A request as it crosses the wire (what the gateway can read of the browser's)."""
+        if isinstance(r, SaveRequest):
+            return ("PUT", r.doc_id, r.user, r.writer_id, r.seq, r.base_version, r.content)
+        if isinstance(r, ReadRequest):
+            return ("GET", r.doc_id, r.user)
+        if isinstance(r, CopyRequest):
+            return ("POST", r.copy_of, r.user, r.writer_id, r.seq, r.content)
+        return r
+
+    def judge(self, real: Seen, m, exchanges: list[Exchange]) -> list:
+        out = super().judge(real, m, exchanges)
+        out += self.own_drafts.judge(real.world)
+        self.stats.invariants_checked += len(OWN_INVARIANTS)
+        self._count_races(real.world, exchanges)
+        return out
+
+    def _count_races(self, world: World, exchanges: list[Exchange]) -> None:
+        """A save of one of alice's tabs refused because her other tab saved since its base."""
+        doc = world.docs.get(DOC)
+        if doc is None:
+            return
+        for slot, req, answer in exchanges:
+            if slot not in ("a1", "a2") or not isinstance(answer, VersionConflict):
+                continue
+            other = "a2" if slot == "a1" else "a1"
+            if (
+                any(
+                    h.writer_id
+                    and h.writer_id.startswith(f"{other}-")
+                    and h.version > req.base_version
+                    for h in doc.history
+                )
+                and (slot, req.seq) not in self.raced
+            ):
+                self.raced.add((slot, req.seq))
+                self.event("two tabs of one user raced")
+
+    # -- faults of the browser -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _net(self, slot: str, net: str):
+        """Offline is the browser's own offline mode (the user's browser, for this step); an
+        answer lost is lost upstream of the gateway (a toxic on the tab's link)."""
+        if net != "offline":
+            with super()._net(slot, net) as tag:
+                yield tag
+            return
+        user = SLOTS[slot]
+        self.plant.chromium.set_offline(user, True)
+        self.stats.faults["browser offline"] += 1
+        try:
+            yield " [browser offline]"
+        finally:
+            self.plant.chromium.set_offline(user, False)
+
+    def _reopenable(self) -> list[str]:
+        model = self.worlds[0].model
+        return [
+            slot
+            for slot in self._slots(State.CLEAN)
+            if slot in model.tabs and model.tabs[slot].next_seq > 1
+        ]
+
+    @precondition(lambda self: self._slots(State.CONFLICT))
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(["discard", "discard and reload", "close"]),
+        net=st.sampled_from(("ok", "ok", "offline", "answer lost")),
+    )
+    def leave_conflict(self, data, how: str, net: str) -> None:
+        """The user gives up on a conflict: takes the stored copy (discard, or discard and reload:
+        offline, nothing changes) or closes the tab (its work is parked in its draft). Drawn
+        besides the resolutions of the Python check, as the browser's own faults (reload,
+        restart) take a share of the steps."""
+        slot = self._pick(data, self._slots(State.CONFLICT))
+        if how == "close":
+            self._run(f"close {slot}", lambda side: side.tab(slot).close(), (slot, net))
+        else:
+            self._discard(slot, how.endswith("reload"), net)
+
+    @precondition(lambda self: self._slots(*self.EDITABLE) and self.budget["reload"])
+    @rule(data=st.data())
+    def reload_page(self, data) -> None:
+        """The user reloads the page: the tab's memory is gone, and the same tab opens the
+        document again as the same writer (a page keeps its writer id in sessionStorage), which
+        restores its draft."""
+        slot = self._pick(data, self._slots(*self.EDITABLE))
+        self.budget["reload"] -= 1
+        user, writer = SLOTS[slot], self.sessions[slot].writer_id
+
+        def script(side):
+            t = side.reload(slot, user, writer)
+            req = t.begin_read("load")
+            return t.finish_read(req, side.send(slot, req))
+
+        self._run(f"reload the page of {slot} (writer {writer})", script)
+
+    @precondition(
+        lambda self: self._slots(*self.PENDING) and self._server_calm() and self.budget["restart"]
+    )
+    @rule(data=st.data())
+    def restart_server(self, data) -> None:
+        """The document server restarts while a tab's save is on its way: the save never gets
+        an answer; the tab waits to retry it, unchanged, against the server back up."""
+        slot = self._pick(data, self._slots(*self.PENDING))
+        self.budget["restart"] -= 1
+        now = self.clock
+
+        def script(side):
+            t = side.tab(slot)
+            req = t.begin_save(now)
+            side.restart_server()
+            return t.finish_save(req, side.send(slot, req))
+
+        self._run(f"save {slot} while the document server restarts", script)
+
+
+# -- the client mutants (web/src/mutants.ts), each caught naming its invariant ------------------
+
+
+def _client(name: str, invariant: str, description: str) -> Mutant:
+    return Mutant(name, KIND, invariant, description, with_attrs(client_mutant=name))
+
+
+MUTANTS = [
+    _client(
+        "success-wipes-pending-edit",
+        "no-edit-lost-silently",
+        "a save's success replaces the local copy with the snapshot it sent: an edit typed "
+        "during the save is gone",
+    ),
+    _client(
+        "draft-cleared-when-save-starts",
+        "no-edit-lost-silently",
+        "the draft is removed as soon as a save starts: a save that gets no answer leaves the "
+        "edit in memory only",
+    ),
+    _client(
+        "conflict-resolved-by-overwrite",
+        "no-last-write-wins",
+        "a 409 is answered by putting the local copy on the stored version and saving it again",
+    ),
+    _client(
+        "sibling-draft-applied-silently",
+        "sibling-draft-offered-not-applied",
+        "on load, another tab's draft of the same user is restored as this tab's own",
+    ),
+    _client(
+        "reload-clears-before-fetch",
+        "no-edit-lost-silently",
+        "discardAndReload() drops the local copy and the draft before the fetch succeeded",
+    ),
+    _client(
+        "stale-read-applied",
+        "no-stale-read-applied",
+        "the read guard has no read sequence: a read answered after a newer one is applied",
+    ),
+    _client(
+        "read-that-raced-an-edit-applied",
+        "no-edit-lost-silently",
+        "a discard-and-reload ignores the edit generation: its late answer wipes an edit typed "
+        "meanwhile",
+    ),
+    _client(
+        "close-drops-pending-edit",
+        "close-flushes-never-drops",
+        "close() cancels the pending debounced save instead of flushing it",
+    ),
+    _client(
+        "draft-key-without-writer",
+        "unsaved-work-in-one-place",
+        "the localStorage key leaves out the writer id: a user's tabs overwrite each other's "
+        "drafts",
+    ),
+]

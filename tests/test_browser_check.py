@@ -1,0 +1,264 @@
+"""The document session in a real browser: the TypeScript client of web/ in headless Chromium,
+checked against the same model (``knownstate verify document-session --client browser``).
+
+- the client's own unit tests (node's test runner) pass, and its table is the model's;
+- the page served by ``knownstate serve`` works in Chromium (a record created and edited), and
+  its screenshot is the README's (``KNOWNSTATE_SCREENSHOTS=1`` writes it anew);
+- where Chromium cannot be had, the browser check says so and exits 3;
+- the command line's ``--client`` / ``--client-bundle`` are checked before anything starts;
+- slow: the reference client passes a small run; client mutants are caught naming their
+  invariant with a short counterexample; a seed replays the same trace.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from knownstate.chaos import browser
+from knownstate.chaos.check import run_check
+from knownstate.chaos.cli import main
+from knownstate.chaos.kinds.document_session_browser import MUTANTS, BrowserDocumentSessionCheck
+from knownstate.model.document_session import TABLE
+
+ROOT = Path(__file__).resolve().parent.parent
+WEB = ROOT / "web"
+KNOWNSTATE = [sys.executable, "-m", "knownstate.chaos.cli"]
+slow = pytest.mark.slow
+
+
+def test_the_clients_unit_tests_pass():
+    npm = shutil.which("npm")
+    assert npm, "npm is missing: make setup installs the web client's toolchain"
+    out = subprocess.run(
+        [npm, "test", "--silent"], cwd=WEB, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert re.search(r"^# fail 0$", out.stdout, re.M), out.stdout[-2000:]
+
+
+def test_the_clients_table_is_the_models():
+    """Drift: web/src/session.ts spells out the model's table, row for row."""
+    source = (WEB / "src" / "session.ts").read_text()
+    rows = re.findall(r'^\s*\[(CREATED|"\w+"), "(\w+)", "(\w+)"\],$', source, re.M)
+    ts = [(s.strip('"') if s != "CREATED" else "(new)", e, t) for s, e, t in rows]
+    model = [(t.source, t.event, t.target) for t in TABLE.transitions]
+    assert ts == model
+
+
+def test_the_page_works_in_chromium_and_is_the_readmes_screenshot(knownstate_env, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    from knownstate.impl.documents import DocumentServer, DocumentStore
+
+    ws = knownstate_env.workspace("document-session-page", "")
+    dsn = ws.conninfo()
+    with DocumentStore(dsn, pool_size=None) as store:
+        store.install()
+    server = DocumentServer(dsn, pool_size=None)
+    assert browser.mount_page(server.app) == "/app/", "web/dist is not built: run make setup"
+
+    shot = tmp_path / "page.png"
+
+    def in_chromium():
+        with sync_playwright() as pw:
+            b = pw.chromium.launch(
+                executable_path=browser.chromium_path(), args=browser.CHROMIUM_ARGS
+            )
+            page = b.new_page(viewport={"width": 1100, "height": 520})
+            page.goto(f"{server.url}/app/?user=alice")
+            page.click("#new-record")
+            page.wait_for_selector("#record-state:text('clean')")
+            page.fill("[data-id=title]", "Quarterly plan")
+            page.press("[data-id=title]", "Tab")
+            page.click("#record-panel >> text=Save now")
+            page.wait_for_selector("#record-state:text('clean')")
+            page.click("#new-sheet")
+            page.wait_for_selector("#sheet-state:text('clean')")
+            page.fill("[data-id=A2]", "apples")
+            page.press("[data-id=A2]", "Tab")
+            page.fill("[data-id=B2]", "12")
+            page.press("[data-id=B2]", "Tab")
+            page.click("#sheet-panel >> text=Save now")
+            page.wait_for_selector("#sheet-state:text('clean')")
+            page.screenshot(path=str(shot))
+            b.close()
+
+    with server:
+        browser.on_a_thread_of_its_own(in_chromium)
+    docs = {d.kind: d for d in DocumentStore(dsn, pool_size=None).documents().values()}
+    assert docs["record"].content["title"] == "Quarterly plan"
+    assert docs["sheet"].content == {"A1": "item", "B1": "qty", "A2": "apples", "B2": 12}
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if os.environ.get("KNOWNSTATE_SCREENSHOTS"):
+        shutil.copy(shot, ROOT / "docs" / "images" / "page.png")
+    assert (ROOT / "docs" / "images" / "page.png").is_file()
+
+
+def test_without_chromium_the_browser_check_says_so_and_exits_3(tmp_path):
+    env = {**os.environ, "KNOWNSTATE_CHROMIUM": str(tmp_path / "no-chromium")}
+    out = subprocess.run(
+        [*KNOWNSTATE, "verify", "document-session", "--client", "browser", "--examples", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "not an executable Chromium" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["verify", "outbox", "--client", "browser"], "checks the document session only"),
+        (["verify", "--client-bundle", "/no/such/bundle.js"], "no readable file"),
+        (["mutants", "--client-bundle", __file__], "mutant catalogue is the reference"),
+        (["verify", "--client", "python", "--client-bundle", __file__], "drop --client python"),
+    ],
+)
+def test_client_options_are_checked_before_anything_starts(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@slow
+def test_the_reference_client_passes_a_small_run(knownstate_env):
+    r = run_check(
+        BrowserDocumentSessionCheck,
+        knownstate_env,
+        examples=12,
+        steps=30,
+        seed=3,
+        require_all=False,
+    )
+    assert r.failure is None, f"{r.failure}\n" + "\n".join(r.counterexample)
+    assert r.steps > 100 and r.stats.transitions
+    assert r.stats.faults["browser offline"] > 0
+
+
+@slow
+@pytest.mark.parametrize("name", ["success-wipes-pending-edit", "sibling-draft-applied-silently"])
+def test_a_client_mutant_is_caught_with_a_short_counterexample(knownstate_env, name):
+    mutant = next(m for m in MUTANTS if m.name == name)
+    r = run_check(
+        mutant.machine(BrowserDocumentSessionCheck),
+        knownstate_env,
+        seed=1,
+        require_all=False,
+        shrinks=300,
+    )
+    assert r.failure is not None, f"mutant {name} was not caught"
+    assert mutant.invariant in r.invariants, r.failure
+    assert 0 < r.counterexample_steps <= 15, "\n".join(r.counterexample)
+
+
+@slow
+def test_a_seed_replays_the_same_trace(knownstate_env):
+    a, b = [], []
+    run_check(BrowserDocumentSessionCheck, knownstate_env, examples=3, seed=7, traces=a)
+    run_check(BrowserDocumentSessionCheck, knownstate_env, examples=3, seed=7, traces=b)
+    assert a == b and sum(len(t) for t in a) > 10
+
+
+def test_a_failing_run_is_drawn_one_lane_per_tab(tmp_path):
+    from knownstate.chaos import browser_timeline as tl
+
+    trace = [
+        "FAULT link down document-session-browser-a2",
+        "open a1 (alice, writer a1-1): GET (load) -> v1 => clean",
+        "  (observed: the lost request left nothing stored)",
+        "a client sends a save with two X-User headers -> 400 bad_request",
+        "tab b1 killed mid-save, after the request: PUT b1-1#1 base v1 -> saved v2 => not due",
+    ]
+    assert [tl.lane_of(line) for line in trace if not line.startswith(" ")] == [
+        "faults",
+        "a1",
+        "others",
+        "b1",
+    ]
+    page = tl.render("a run", "invariant violated: no-edit-lost-silently: ...", trace)
+    assert page.count("class='step") == 4 and "observed: the lost request" in page
+    out = tmp_path / "run.png"
+    tl.picture(page, out)
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+@slow
+def test_a_client_written_apart_passes_through_its_adapter(knownstate_env, tmp_path):
+    """examples/browser-client: quill, wrapped in the driver contract, as --client-bundle."""
+    example = ROOT / "examples" / "browser-client"
+    bundle = tmp_path / "quill.js"
+    bundle.write_text(
+        (example / "quill.js").read_text() + (example / "knownstate-adapter.js").read_text()
+    )
+    check = type("QuillCheck", (BrowserDocumentSessionCheck,), {"client_bundle": str(bundle)})
+    r = run_check(check, knownstate_env, examples=10, steps=30, seed=5, require_all=False)
+    assert r.failure is None, f"{r.failure}\n" + "\n".join(r.counterexample)
+    assert r.steps > 100
+
+
+def test_the_page_flushes_when_hidden_and_a_closed_tabs_work_is_offered(knownstate_env):
+    """The session's lifetime is the document's: hidden, the page saves at once (no debounce);
+    closed offline with an edit unsaved, the edit waits in its writer's draft, and a new tab of
+    the same user offers it (never applies it)."""
+    from playwright.sync_api import sync_playwright
+
+    from knownstate.impl.documents import DocumentServer, DocumentStore
+
+    ws = knownstate_env.workspace("document-session-page-life", "")
+    dsn = ws.conninfo()
+    with DocumentStore(dsn, pool_size=None) as store:
+        store.install()
+    server = DocumentServer(dsn, pool_size=None)
+    browser.mount_page(server.app)
+    hide = (
+        "() => { Object.defineProperty(document, 'visibilityState', {value: 'hidden'});"
+        " document.dispatchEvent(new Event('visibilitychange')); }"
+    )
+
+    def in_chromium():
+        with sync_playwright() as pw:
+            b = pw.chromium.launch(
+                executable_path=browser.chromium_path(), args=browser.CHROMIUM_ARGS
+            )
+            ctx = b.new_context()
+            page = ctx.new_page()
+            page.goto(f"{server.url}/app/?user=alice")
+            page.click("#new-record")
+            page.wait_for_selector("#record-state:text('clean')")
+            doc = page.url.split("doc=")[1]
+            page.fill("[data-id=title]", "saved when hidden")
+            page.press("[data-id=title]", "Tab")
+            page.evaluate(hide)
+            page.wait_for_selector("#record-state:text('clean')")
+            page.close()
+            page = ctx.new_page()
+            page.goto(f"{server.url}/app/?user=alice&doc={doc}")
+            page.wait_for_selector("#record-state:text('clean')")
+            page.evaluate(
+                "() => { const i = document.querySelector('[data-id=title]'); i.value = 'unsaved';"
+                " i.dispatchEvent(new Event('change')); }"
+            )
+            page.wait_for_selector("#record-state:text('dirty')")
+            ctx.set_offline(True)  # the flush on hiding the closing page gets no answer
+            page.close()  # before the debounce: the edit is in the writer's draft only
+            ctx.set_offline(False)
+            other = ctx.new_page()
+            other.goto(f"{server.url}/app/?user=alice&doc={doc}")
+            other.wait_for_selector(".banner.siblings")
+            assert (
+                other.input_value("[data-id=title]") == "saved when hidden"
+            )  # offered, not applied
+            b.close()
+
+    with server:
+        browser.on_a_thread_of_its_own(in_chromium)
+    [stored] = DocumentStore(dsn, pool_size=None).documents().values()
+    assert stored.content["title"] == "saved when hidden"
