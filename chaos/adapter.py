@@ -50,6 +50,7 @@ from knownstate.impl.errors import ConnectionLost, ExternalCallFailed, first_lin
 from knownstate.model.contract import LostRace, Won
 from knownstate.model.generic import Timing
 
+from . import timings
 from .harness import EnvironmentFault, Worker, cut_socket
 from .interleave import ScheduledConnection
 
@@ -394,7 +395,8 @@ class AdapterWorker(Worker):
 
     def _connect(self, opener) -> Any:
         try:
-            return self.run(opener())
+            with timings.span("connect"):
+                return self.run(opener())
         except (psycopg.Error, OSError, *self.adapter.connection_errors) as e:
             text = first_line(e)
             raise ConnectionLost(f"{self.name} connect: {text}") from None

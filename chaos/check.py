@@ -111,7 +111,7 @@ from knownstate.model.contract import (
 )
 
 
-from . import tools
+from . import timings, tools
 from .faults import FaultPolicy, FaultRules, toxics
 from .harness import QUANTUM, Env, EnvironmentFault, Stats, Worker, WorkerDied, Workspace, watch
 
@@ -259,6 +259,7 @@ class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
         says what the operation loses)."""
 
     # -- life cycle -------------------------------------------------------------------------
+    @timings.timed("reset")
     def __init__(self) -> None:
         super().__init__()
         run = type(self).run
@@ -512,7 +513,8 @@ class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
         self.env.ensure_alive()
         base = self.model
         trial = base.copy()
-        expected = model_op(trial)
+        with timings.span("check"):
+            expected = model_op(trial)
         struck_before, self._struck = self._struck, False
         faulted = worker is not None and worker.faulted()
         others = [w for w in self.workers if w is not worker]
@@ -520,7 +522,8 @@ class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
         try:
             conn = worker.connection() if worker else self.ws.admin()
             with watch(self.env, worker, others) if worker else contextlib.nullcontext() as seen:
-                got = impl_op(conn)
+                with timings.span("impl"):
+                    got = impl_op(conn)
         except CommitIndeterminate:
             self.log(f"{label} -> indeterminate (the connection died during COMMIT)")
             self.event("indeterminate commit")
@@ -665,6 +668,7 @@ class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
             on_error()
 
     @invariant()
+    @timings.timed("check")
     def model_agrees(self) -> None:
         """Projected rows equal one possible model state (narrowing indeterminate outcomes),
         and the invariants hold."""

@@ -375,6 +375,7 @@ def _run_unit(args, p: Plan, report: Report, env, unit: Unit) -> None:
             database=db,
             database_key=memory.key(unit.kind, unit.mutant and unit.mutant.name),
             start_batch=args.batch,
+            timings=getattr(args, "timings", False),
         )
     finally:
         progress.done()
@@ -580,6 +581,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="check a named mutant instead of the reference (one KIND): CAUGHT exits "
         "0, NOT CAUGHT exits 1",
+    )
+    v.add_argument(
+        "--timings",
+        action="store_true",
+        help="print per run where its time went (crash and restart, Toxiproxy, new "
+        "connections, waits, the implementation, the checks, Hypothesis) and put it in the "
+        "JSON report; reported only, never part of a verdict",
     )
     db = v.add_mutually_exclusive_group()
     db.add_argument(

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
+from . import timings
 from .harness import QUANTUM, HookedConnection, Worker, WorkerDied, cut_socket
 from .toxi import Link, Toxic, ToxiproxyError
 
@@ -506,8 +507,11 @@ class _ExternalCall:
                 check._toxi(link.clear)
                 check._toxi(lambda link=link: link.add(REPLY_LOST))
             self.toxic_on = check.external_links(self.worker)
+        self.timed = timings.span("impl")  # the call itself is the implementation's (--timings)
+        self.timed.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.timed.__exit__(*exc)
         for link in self.toxic_on or ():
             self.check._toxi(lambda link=link: link.remove(REPLY_LOST))

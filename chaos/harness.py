@@ -46,6 +46,7 @@ import psycopg
 from knownstate.impl.errors import KnownstateError, first_line, is_connection_error
 
 from .cluster import ClusterError, DbClock, PostgresCluster, Refused, Unavailable, open_database
+from . import timings
 from .timeshift import TimeShift
 from .interleave import ScheduledConnection, Scheduler
 from .tools import deferred_signals
@@ -113,6 +114,9 @@ class Workspace:
             self._scheduler = Scheduler(
                 self.conninfo(), pause=self.env.can_crash, clock_guard=self.env.clock is not None
             )
+            # a block's operations run on threads of their own: the main thread's wait for them
+            # is the implementation's time (--timings)
+            self._scheduler.run = timings.timed("impl")(self._scheduler.run)
         return self._scheduler
 
     def create(self) -> "Workspace":
@@ -233,7 +237,8 @@ class Workspace:
     def truncate(self) -> None:
         if self.tables:
             names = ", ".join(f'"{self.name}"."{t}"' for t in self.tables)
-            self.query(f"truncate {names} restart identity cascade")
+            with timings.span("reset"):
+                self.query(f"truncate {names} restart identity cascade")
 
     def now(self) -> dt.datetime:
         return self.query("select now()")[0][0]
@@ -479,13 +484,14 @@ class Env:
         self.ensure_alive()
         app = self.app_name("observer")
         try:
-            conn = (
-                ws.connect(application_name=app)
-                if ws is not None
-                else psycopg.connect(
-                    self.db.dsn(), autocommit=True, connect_timeout=5, application_name=app
+            with timings.span("connect"):
+                conn = (
+                    ws.connect(application_name=app)
+                    if ws is not None
+                    else psycopg.connect(
+                        self.db.dsn(), autocommit=True, connect_timeout=5, application_name=app
+                    )
                 )
-            )
         except psycopg.Error as e:
             raise self._not_answering(e) from None
         self._admin[key] = conn
@@ -549,7 +555,8 @@ class Env:
         connections, which died with it."""
         self.crashing = True
         try:
-            self.db.crash()
+            with timings.span("crash"):
+                self.db.crash()
         except ClusterError as e:
             self.crashing = False
             raise self._around_crash(e) from None
@@ -562,7 +569,8 @@ class Env:
     def restart(self) -> None:
         """Start the server again on the same data after :meth:`crash` (crash recovery)."""
         try:
-            self.db.restart()
+            with timings.span("crash"):
+                self.db.restart()
         except ClusterError as e:
             raise self._around_crash(e) from None
         finally:
@@ -586,6 +594,10 @@ class Env:
         that lingers server-side cannot hold row locks into the next step. Polls with a deadline;
         past the grace period it terminates the backend (the end a dead client's backend meets
         anyway, once TCP notices). A COMMIT already under way is not interrupted by that."""
+        with timings.span("wait"):
+            self._settle(application_name, grace_s)
+
+    def _settle(self, application_name: str, grace_s: float) -> None:
         deadline = time.monotonic() + grace_s
         while self.backends(application_name):
             if time.monotonic() > deadline:
@@ -611,7 +623,8 @@ class Env:
             self.ensure_alive()
             raise EnvironmentFault(str(e)) from None
         if self.clock is not None:
-            self.clock.reset(CLOCK_BASE)
+            with timings.span("reset"):
+                self.clock.reset(CLOCK_BASE)
 
 
 # ---------------------------------------------------------------------------------------
@@ -750,11 +763,12 @@ class Worker:
         if self.conn is None or self.conn.closed or self.conn.broken:
             self.app_name = self.env.app_name(f"{self.kind}-{self.name}-{next(self._serial)}")
             try:
-                self.conn = HookedConnection.connect(
-                    self.ws.conninfo(host=self.link.host, port=self.link.port),
-                    application_name=self.app_name,
-                    connect_timeout=3,
-                )
+                with timings.span("connect"):
+                    self.conn = HookedConnection.connect(
+                        self.ws.conninfo(host=self.link.host, port=self.link.port),
+                        application_name=self.app_name,
+                        connect_timeout=3,
+                    )
             except psycopg.Error as e:
                 self.conn = None
                 raise ConnectionLost(f"{self.name} connect: {first_line(e)}") from None
@@ -788,8 +802,9 @@ class Worker:
             try:
                 if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     raise psycopg.OperationalError("not idle")
-                conn.execute("select 1")
-                conn.rollback()  # never leave a transaction open: now() would stay at its start
+                with timings.span("reset"):
+                    conn.execute("select 1")
+                    conn.rollback()  # never leave a transaction open: now() would stay at its start
             except psycopg.Error:
                 self.abandon()
         try:

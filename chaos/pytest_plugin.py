@@ -176,7 +176,9 @@ def check_run_kind(request, knownstate_env):
             check_run_kind(MyQueueKind, mutant="no-fence-in-complete")  # must be caught
 
     With ``mutant=NAME`` the test passes only when the gate catches that mutant naming its
-    invariant. Returns the :class:`~knownstate.chaos.check.CheckResult`."""
+    invariant. With ``timings=True`` the result's ``timings`` and the printed report say where
+    the run's time went (``--timings``). Returns the
+    :class:`~knownstate.chaos.check.CheckResult`."""
     from knownstate.chaos import kinds
     from knownstate.chaos.check import SHRINKS, run_check
     from knownstate.chaos.report import Replay, Unit, finished_record, run_lines
@@ -195,6 +197,7 @@ def check_run_kind(request, knownstate_env):
         steps: int | None = None,
         mutant: str | None = None,
         shrinks: int = SHRINKS,
+        timings: bool = False,
     ):
         check = _resolve(kinds, kind)
         seed = seed if seed is not None else config.getoption("knownstate_seed")
@@ -231,6 +234,7 @@ def check_run_kind(request, knownstate_env):
                 require_all=mutant is None,
                 shrinks=shrinks,
                 progress=progress,
+                timings=timings,
             )
         finally:
             progress.done()

@@ -39,7 +39,7 @@ from typing import Any, Callable, ClassVar, NamedTuple
 
 from hypothesis.stateful import invariant
 
-from . import check
+from . import check, timings
 from .check import KindCheck
 
 
@@ -194,7 +194,8 @@ class ReplayCheck(KindCheck):
         self.recorder.take()
         self.before_step = self.worlds
         with fault if fault is not None else contextlib.nullcontext("") as tag:
-            real = outcome(lambda: script(self.real_side()), self.domain_errors)
+            with timings.span("impl"):
+                real = outcome(lambda: script(self.real_side()), self.domain_errors)
         exchanges = self.recorder.take()
         self.step_exchanges += exchanges
         wire = "; ".join(
@@ -236,6 +237,7 @@ class ReplayCheck(KindCheck):
         self.worlds = [follow]
         return real
 
+    @timings.timed("check")
     def _replay(
         self,
         trial: Candidate,
@@ -296,6 +298,7 @@ class ReplayCheck(KindCheck):
         return got
 
     @invariant()
+    @timings.timed("check")
     def model_agrees(self) -> None:
         """The real world equals one possible model world, and the judge finds nothing on the
         real world. (Overrides the base: the judge runs before a disagreement is reported, so

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import dsn as dsns
-from . import outpath
+from . import outpath, timings
 from .check import SHRINKS as DEFAULT_SHRINKS  # run_check's and --shrinks's default
 from xml.etree import ElementTree as ET
 
@@ -183,6 +183,8 @@ def finished_record(unit: Unit, result, replay: Replay, stored: int = 0) -> dict
         counterexample_steps=result.counterexample_steps,
         stored_examples=stored,
     )
+    if result.timings is not None:
+        rec["timings"] = result.timings
     if result.failure:
         rec["replay"] = replay.command(
             unit.kind, unit.seed, result.batch, unit.mutant.name if unit.mutant else None
@@ -215,6 +217,8 @@ def partial_record(unit: Unit, profile: str, status: str, state=None) -> dict:
             coverage={r.key: state.count(r) for r in state.reachable()},
             not_covered=[r.key for r in state.not_covered()],
         )
+        if state.timings is not None:
+            rec["timings"] = state.timings.as_dict(rec["seconds"], rec["steps"])
     return rec
 
 
@@ -596,6 +600,8 @@ def run_lines(r: dict) -> list[str]:
     if r["stopped"]:
         out.append(f"  stopped: {r['stopped']}")
     out += [f"  not covered on this database: {n}" for n in r["not_covered"]]
+    if r.get("timings"):
+        out += timings.table(r["timings"])
     if r["mutant"] is not None and r["status"] in ("passed", "failed"):
         out.append(
             f"  {status_word(r)}: "

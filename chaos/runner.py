@@ -27,6 +27,7 @@ from hypothesis import seed as hyp_seed
 from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import get_state_machine_test
 
+from . import timings as timing
 from .harness import Env, EnvironmentFault, SchemaRefused, Stats, Workspace
 from .steps import Failure
 
@@ -120,6 +121,7 @@ class RunState:
     stopped: str = ""
     batch: int = 0
     allow_save: bool = False
+    timings: timing.Timings | None = None  # --timings: where the run's time went
 
     def count(self, r: Requirement) -> int:
         if r.what == "transition":
@@ -236,6 +238,8 @@ class CheckResult:
     coverage: dict[str, int] = field(default_factory=dict)
     stopped: str = ""
     batch: int = 0
+    timings: dict | None = None
+    """With ``timings=True``: seconds per category of work (:mod:`.timings`), reported only."""
 
     @property
     def passed(self) -> bool:
@@ -317,11 +321,49 @@ def run_check(
     database_key: str | None = None,
     traces: list[list[str]] | None = None,
     start_batch: int = 0,
+    timings: bool = False,
 ) -> CheckResult:
     """Run one kind's check against the real parts. ``examples`` fixes the number of examples
     (one batch, no coverage stop); otherwise the profile directs the run, batch after batch from
     ``start_batch``. Raises EnvironmentFault when a real part dies, carrying what the run had
-    done so far in its ``partial`` (a CheckResult; ``stopped`` says why)."""
+    done so far in its ``partial`` (a CheckResult; ``stopped`` says why). With ``timings``
+    the result says where the run's time went (its ``timings``; never part of a verdict)."""
+    with timing.collecting() if timings else contextlib.nullcontext() as collector:
+        return _run_check(
+            machine,
+            env,
+            seed=seed,
+            profile=profile,
+            examples=examples,
+            steps=steps,
+            require_all=require_all,
+            progress=progress,
+            shrinks=shrinks,
+            database=database,
+            database_key=database_key,
+            traces=traces,
+            start_batch=start_batch,
+            collector=collector,
+        )
+
+
+def _run_check(
+    machine: type[KindCheck],
+    env: Env,
+    *,
+    seed: int,
+    profile: str | Profile,
+    examples: int | None,
+    steps: int | None,
+    require_all: bool,
+    progress: Callable[[RunState], None] | None,
+    shrinks: int,
+    database: ExampleDatabase | None,
+    database_key: str | None,
+    traces: list[list[str]] | None,
+    start_batch: int,
+    collector: timing.Timings | None,
+) -> CheckResult:
     prof = PROFILES[profile] if isinstance(profile, str) else profile
     run = RunState(
         prof,
@@ -330,6 +372,7 @@ def run_check(
         fixed_examples=examples,
         progress=progress,
         all_traces=traces,
+        timings=collector,
     )
     try:
         ws = env.workspace(machine.kind, machine.schema)
@@ -417,12 +460,13 @@ def _result(
     invariants: tuple[str, ...],
     trace: list[str],
 ) -> CheckResult:
+    seconds = time.monotonic() - run.started
     return CheckResult(
         kind=machine.kind,
         seed=seed,
         examples=run.stats.examples,
         steps=run.stats.steps,
-        seconds=time.monotonic() - run.started,
+        seconds=seconds,
         stats=run.stats,
         profile=prof.name,
         failure=failure,
@@ -433,6 +477,7 @@ def _result(
         not_covered=[r.key for r in run.not_covered()],
         coverage={r.key: run.count(r) for r in run.reachable()},
         stopped=run.stopped,
+        timings=None if run.timings is None else run.timings.as_dict(seconds, run.stats.steps),
     )
 
 

@@ -32,7 +32,7 @@ import tempfile
 import threading
 from typing import Any, BinaryIO
 
-from . import tools
+from . import timings, tools
 from .cluster import process_alive
 from .harness import EnvironmentFault
 
@@ -151,6 +151,10 @@ class StandInProcess:
 
     # -- calls into the child ------------------------------------------------------------------
     def _ask(self, op: str, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:
+        with timings.span("stand-in"):
+            return self._ask_now(op, name, args, kwargs)
+
+    def _ask_now(self, op: str, name: str, args: tuple, kwargs: dict | None) -> Any:
         proc = self.proc
         if proc is None:
             raise EnvironmentFault(f"{self.describe()} is not running: it was stopped")

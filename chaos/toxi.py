@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from knownstate.impl.ports import free_port
 
-from . import tools
+from . import timings, tools
 
 
 class ToxiproxyError(RuntimeError):
@@ -182,6 +182,10 @@ class Toxiproxy:
         self._conn: http.client.HTTPConnection | None = None
 
     def _http(self, method: str, path: str, body: dict | None = None) -> bytes:
+        with timings.span("toxiproxy"):
+            return self._call(method, path, body)
+
+    def _call(self, method: str, path: str, body: dict | None) -> bytes:
         data = json.dumps(body).encode() if body is not None else None
         for attempt in (1, 2):
             if self._conn is None:
