@@ -98,6 +98,20 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _children(pid: int) -> list[int]:
+    """The children of ``pid``, as the kernel lists them (``/proc/<pid>/task/*/children``): one
+    read per thread instead of one per process of the machine. Falls back to reading every
+    process's parent (:func:`_descendants`) when the kernel does not list them."""
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(child) for child in f.read().split()]
+    except OSError:
+        return _descendants(pid)
+    return out
+
+
 def _living_in(directory: Path) -> list[int]:
     """Every process whose working directory is ``directory``: a PostgreSQL server's processes
     live in its data directory, also the backends of a postmaster that is gone."""
@@ -166,11 +180,33 @@ class DbClock:
         os.replace(tmp, self.path)
 
 
+def _ready_in_pidfile(data: Path, pid: int) -> bool:
+    """Whether the postmaster ``pid`` says, in its ``postmaster.pid``, that it accepts
+    connections (its status line, the eighth, reads ``ready``; ``pg_ctl`` waits on the same).
+    A file left by a postmaster before it (a crash) names another pid."""
+    try:
+        lines = (data / "postmaster.pid").read_text().splitlines()
+    except OSError:
+        return False
+    return len(lines) >= 8 and lines[0].strip() == str(pid) and lines[7].strip() == "ready"
+
+
 def _wait_ready(
-    dsn: str, proc: subprocess.Popen | None, log: Path | None, deadline_s: float = 30.0
+    dsn: str,
+    proc: subprocess.Popen | None,
+    log: Path | None,
+    deadline_s: float = 30.0,
+    data: Path | None = None,
 ) -> None:
+    """Poll, with a deadline, until the server answers ``select 1``. With ``data`` (the
+    harness's own server), first until its ``postmaster.pid`` says it is ready: a read of a
+    file instead of a refused connection (a backend forked and ended) every few milliseconds."""
     deadline = time.monotonic() + deadline_s
     last: Exception | None = None
+    while data is not None and proc is not None and time.monotonic() < deadline:
+        if proc.poll() is not None or _ready_in_pidfile(data, proc.pid):
+            break
+        time.sleep(0.002)
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             tail = log.read_text()[-800:] if log and log.exists() else ""
@@ -304,7 +340,7 @@ class PostgresCluster:
             self._proc = tools.spawn(
                 args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self._dir, user=self._user
             )
-        _wait_ready(self.dsn(), self._proc, self._log)
+        _wait_ready(self.dsn(), self._proc, self._log, data=self.data)
 
     def crash(self) -> None:
         """SIGKILL the postmaster and every backend at once: what a machine crash leaves is what
@@ -318,7 +354,8 @@ class PostgresCluster:
             )
         with contextlib.suppress(ProcessLookupError):
             os.kill(self._proc.pid, signal.SIGSTOP)  # no new backend between listing and killing
-        victims = [self._proc.pid, *_descendants(self._proc.pid), *_living_in(self.data)]
+        # every backend is a child of the stopped postmaster (they fork nothing of their own)
+        victims = [self._proc.pid, *_children(self._proc.pid), *_living_in(self.data)]
         for pid in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
