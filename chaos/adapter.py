@@ -52,7 +52,7 @@ from knownstate.model.generic import Timing
 
 from . import timings
 from .harness import EnvironmentFault, Worker, cut_socket
-from .interleave import ScheduledConnection
+from .interleave import AsyncScheduledConnection, ScheduledConnection
 
 OK, RETRY, PERMANENT = "ok", "retry", "permanent"
 """What an external call answered: done, failed for now, failed for good."""
@@ -317,7 +317,7 @@ class TxConnection(ScheduledConnection):
     in_commit = False
 
 
-class AsyncTxConnection(psycopg.AsyncConnection):
+class AsyncTxConnection(AsyncScheduledConnection):
     """The same, for asyncio. ``cancel_safe`` may also be called from the gate's watch thread
     (a statement waiting on another worker's lock is cancelled from outside)."""
 

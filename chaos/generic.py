@@ -554,9 +554,9 @@ class GenericCheck(KindCheck):
         )
 
     def offers(self, w: int) -> list[Action]:
-        """A block schedules psycopg's synchronous connection only: an adapter on asyncio or on a
+        """A block schedules psycopg's connections, synchronous or asyncio: an adapter on a
         driver of its own runs sequential steps (and the claim race) alone."""
-        return super().offers(w) if self.workers[w].mode == "sync" else []
+        return super().offers(w) if self.workers[w].mode != "own" else []
 
     def _tokens(self, got: Won) -> Won:
         """A claim's outcome as the system can show it: no attempt when it keeps none."""
@@ -913,7 +913,7 @@ def required_events(d: RunKind, mode: str) -> tuple[str | Requirement, ...]:
         ]
         if d.claim.skip_locked:
             out.append("skip locked")
-    if mode == "sync":  # only psycopg's synchronous connection runs in a block
+        # a block schedules psycopg's connections (a driver of its own runs none)
         out.append(needs("concurrent block", "concurrency"))
         if d.lease is not None:  # the reaper's take-back and a holder's write meet on one row
             out.append(needs("lock wait in a block", "concurrency"))

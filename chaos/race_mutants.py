@@ -107,7 +107,7 @@ class CompleteReadsAttemptFirst(outbox_impl.OutboxStore):
     def complete(self, conn: psycopg.Connection, c: outbox_model.Claim) -> Any:
         with boundary("outbox.complete"):
             row = conn.execute(self.READ, {"id": c.id}).fetchone()
-            if row is None or row[0] != outbox_model.R or row[1] != c.attempt:
+            if row is None or row[0] != outbox_model.Status.PROCESSING or row[1] != c.attempt:
                 conn.rollback()
                 return LostRace("fenced")
         return super().complete(conn, c)

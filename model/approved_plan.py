@@ -56,18 +56,15 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
+from knownstate.model import descriptions
 from knownstate.model.contract import (
     CREATED,
-    Contract,
-    ExternalEffect,
     IllegalTransition,
-    LeaseClock,
     LostRace,
     Outcome,
     Rejected,
     RunView,
     StepView,
-    TransitionTable,
     Won,
 )
 
@@ -88,51 +85,13 @@ class Status(enum.StrEnum):
     REJECTED = "rejected"
 
 
-P, A, X = Status.PENDING.value, Status.APPROVED.value, Status.EXECUTING.value
-
-TABLE = TransitionTable(
-    KIND,
-    [
-        (CREATED, "propose", P),
-        (CREATED, "compensate", P),
-        (P, "revise", P),
-        (P, "approve", A),
-        (P, "reject", Status.REJECTED.value),
-        (P, "expire", Status.EXPIRED.value),
-        (A, "expire", Status.EXPIRED.value),
-        (A, "mark_executing", X),
-        (X, "heartbeat", X),
-        (X, "step_ok", X),
-        (X, "last_step_ok", Status.EXECUTED.value),
-        (X, "step_failed", Status.FAILED.value),
-        (X, "mark_interrupted_if_stale", Status.FAILED.value),
-    ],
-)
+CONTRACT = descriptions.APPROVED_PLAN.contract()
+"""The kind's contract, computed from its description (``model/descriptions.py``)."""
+TABLE = CONTRACT.table
 """``(source, event) -> target``: the whole status machine, and every operation's guard."""
 
 TERMINAL = frozenset({Status.EXECUTED, Status.FAILED, Status.EXPIRED, Status.REJECTED})
 
-CONTRACT = Contract(
-    kind=KIND,
-    table=TABLE,
-    terminal=frozenset(s.value for s in TERMINAL),
-    claim="mark_executing: the conditional approved -> executing; exactly one caller wins the "
-    "claim token",
-    lease=f"{HEARTBEAT_S} s per-step heartbeat, stamped with the database's now() by the claim and "
-    "by every step",
-    lease_clock=LeaseClock.DATABASE,
-    reaper="none in the background: mark_interrupted_if_stale heals a stale executing run to "
-    "failed on the next read (read, repeat, compensate)",
-    fence="lock_executing: each step's transaction locks the run row and refuses unless it is "
-    "still executing under the caller's token",
-    receipts="agent_proposal_step, primary key (proposal_id, step_index), written in the step's "
-    "own transaction together with the step's database effect",
-    retry_policy="none: a failed step is a receipt and a new plan is a new proposal; undoing "
-    "committed steps is a separate compensating proposal with its own receipts",
-    external_effect=ExternalEffect.NONE,
-    retries=False,
-    owned=frozenset({Status.EXECUTING.value}),
-)
 
 INTERRUPTED = "interrupted: no heartbeat within the lease"
 

@@ -101,18 +101,15 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+from . import descriptions
 from .contract import (
     CREATED,
-    Contract,
-    ExternalEffect,
     IllegalTransition,
-    LeaseClock,
     LostRace,
     Outcome,
     Rejected,
     RunView,
     StepView,
-    TransitionTable,
     Won,
 )
 
@@ -151,18 +148,9 @@ class ExternalStatus(enum.StrEnum):
     FAILED = "failed"
 
 
-TABLE = TransitionTable(
-    KIND,
-    [
-        (CREATED, Event.REQUEST.value, Status.QUEUED.value),
-        (Status.QUEUED.value, Event.START.value, Status.RUNNING.value),
-        (Status.RUNNING.value, Event.POLL_IN_PROGRESS.value, Status.RUNNING.value),
-        (Status.RUNNING.value, Event.POLL_SUCCEEDED.value, Status.SUCCEEDED.value),
-        (Status.RUNNING.value, Event.POLL_FAILED.value, Status.FAILED.value),
-        (Status.RUNNING.value, Event.CANCEL.value, Status.CANCELED.value),
-        (Status.RUNNING.value, Event.REAP.value, Status.FAILED.value),
-    ],
-)
+CONTRACT = descriptions.BRANCH_RESET.contract()
+"""The kind's contract, computed from its description (``model/descriptions.py``)."""
+TABLE = CONTRACT.table
 
 IN_FLIGHT = frozenset({Status.QUEUED, Status.RUNNING})
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELED})
@@ -208,37 +196,6 @@ def skew_bound(lease: int = LEASE_SECONDS, poll_interval: int = POLL_INTERVAL_SE
     """``L - M``. An application-clock skew of the reaper (or of another poller) ahead of the last
     poller, strictly below this, never ends a live run. At or above it, a reap can end one."""
     return lease - poll_interval
-
-
-CONTRACT = Contract(
-    kind=KIND,
-    table=TABLE,
-    terminal=frozenset(s.value for s in TERMINAL),
-    claim="one run in flight per branch (partial unique index over queued|running) + "
-    "idempotency_key under a unique index: a repeated request with the same key returns the "
-    "existing run",
-    lease=f"lease_until = app_now + {LEASE_SECONDS} s, stamped by start and by every in-progress "
-    "poll; checked on every poll, and a poll that finds it lapsed writes nothing",
-    lease_clock=LeaseClock.APPLICATION,
-    reaper="dbops-reaper job: reap fails every running run whose lease lapsed, judged by the "
-    "reaper's app clock",
-    fence="every transition out of running, and every lease extension, is guarded on "
-    "status = 'running'",
-    receipts="the external operation id and the observed operation statuses (op_statuses, dbops' "
-    "neonOpStatuses) on the run row, written with the transition they cause",
-    retry_policy="none: the external operation is polled, never re-issued",
-    external_effect=ExternalEffect.CREATE_ONCE_THEN_POLL,
-    retries=False,
-    deviations=(
-        "lease in application time, not database now(): each worker's clock judges the lease, so "
-        f"an app-clock skew of L - M or more (reaper ahead of the last poller; {skew_bound()} s "
-        "with the defaults) can reap a live run. Below that bound no live run is reaped. Accepted "
-        "because the lease is generous and only guards crashes.",
-        "the POST that creates the operation is at least once; the creation is exactly once "
-        "because the operations API takes an idempotency key (the run id).",
-    ),
-    owned=frozenset({Status.RUNNING.value}),
-)
 
 
 # ---------------------------------------------------------------------------

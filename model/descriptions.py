@@ -1,12 +1,12 @@
 """The three built-in durable run kinds, described as data (:class:`~.describe.RunKind`).
 
-Each description says what its hand-written model's ``CONTRACT`` says, element by element, and
-a drift test holds them equal; ``specs/contract.md`` is generated from these descriptions. The
+Each is its kind's contract, stated once: the models compute their ``CONTRACT`` (and its
+transition table) from it, and ``specs/contract.md`` is generated from these descriptions. The
 outbox is a claim/lease/fence/retry queue, so the generic model
 (:mod:`knownstate.model.generic`) runs from its description alone and is checked against the
 hand-written :mod:`knownstate.model.outbox`. The approved plan (steps, receipts per step) and
 the branch reset (an external operation polled, leases in application time) keep their
-hand-written models: their descriptions describe, they do not drive.
+hand-written models, driven by the table and contract their descriptions give.
 """
 
 from __future__ import annotations

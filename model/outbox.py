@@ -42,22 +42,11 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from .contract import (
-    CREATED,
-    Contract,
-    ExternalEffect,
-    LeaseClock,
-    LostRace,
-    Outcome,
-    Rejected,
-    RunView,
-    StepView,
-    TransitionTable,
-    Won,
-)
+from . import descriptions
+from .contract import CREATED, LostRace, Outcome, Rejected, RunView, StepView, Won
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     PENDING = "pending"
     PROCESSING = "processing"
     SENT = "sent"
@@ -65,38 +54,8 @@ class Status(str, enum.Enum):
     DEAD = "dead"
 
 
-P, R, S, F, D = (s.value for s in Status)
-
-TABLE = TransitionTable(
-    "outbox",
-    [
-        (CREATED, "enqueue", P),
-        (P, "claim", R),
-        (R, "extend_lease", R),
-        (R, "complete", S),
-        (R, "fail_permanent", F),
-        (R, "retry", P),
-        (R, "give_up", D),
-        (R, "reclaim", P),
-        (R, "reclaim_dead", D),
-    ],
-)
-
-CONTRACT = Contract(
-    kind="outbox",
-    table=TABLE,
-    terminal=frozenset({S, F, D}),
-    claim="FOR UPDATE SKIP LOCKED claim of due rows that bumps attempts",
-    lease="claim lease (default 5 min) stamped with the database's now()",
-    lease_clock=LeaseClock.DATABASE,
-    reaper="reclaim_stale: processing rows whose lease lapsed go back to pending "
-    "(dead at the limit)",
-    fence="terminal writes and lease extensions match attempts = <claimed attempt>",
-    receipts="the delivery row itself",
-    retry_policy="exponential backoff on next_attempt_at with a cap; dead after max attempts",
-    external_effect=ExternalEffect.AT_LEAST_ONCE,
-    owned=frozenset({R}),
-)
+CONTRACT = descriptions.OUTBOX.contract()
+TABLE = CONTRACT.table
 
 STEP = "deliver"  # the outbox's single step; its identity is the row id
 
@@ -190,7 +149,7 @@ class OutboxModel:
 
     def _owned(self, c: Claim) -> Delivery | None:
         d = self.deliveries.get(c.id)
-        if d is None or d.status != R or d.attempts != c.attempt:
+        if d is None or d.status != Status.PROCESSING or d.attempts != c.attempt:
             return None
         return d
 
@@ -213,7 +172,7 @@ class OutboxModel:
         due = [
             d
             for _, d in sorted(self.deliveries.items())
-            if d.status == P and d.next_attempt_at <= self.now
+            if d.status == Status.PENDING and d.next_attempt_at <= self.now
         ]
         claims = []
         for d in due[:batch]:
@@ -231,7 +190,7 @@ class OutboxModel:
         due = {
             d.id: d
             for d in self.deliveries.values()
-            if d.status == P and d.next_attempt_at <= self.now
+            if d.status == Status.PENDING and d.next_attempt_at <= self.now
         }
         if len(taken) > batch or list(taken) != sorted(taken) or any(i not in due for i in taken):
             return LostRace("not a claim SKIP LOCKED can make")
@@ -256,7 +215,7 @@ class OutboxModel:
         if d is None:
             return LostRace("fenced")
         self._move(d, "complete", lease_until=None)
-        return Won(S)
+        return Won(Status.SENT.value)
 
     def fail(self, c: Claim, permanent: bool) -> Outcome:
         d = self._owned(c)
@@ -295,7 +254,11 @@ class OutboxModel:
     def reclaim_stale(self) -> Outcome:
         reclaimed = []
         for _, d in sorted(self.deliveries.items()):
-            if d.status == R and d.lease_until is not None and d.lease_until <= self.now:
+            if (
+                d.status == Status.PROCESSING
+                and d.lease_until is not None
+                and d.lease_until <= self.now
+            ):
                 if d.attempts >= self.config.max_attempts:
                     self._move(d, "reclaim_dead", lease_until=None)
                 else:
@@ -317,7 +280,7 @@ def views(deliveries: tuple[Delivery, ...], received: dict[int, int]) -> dict[st
     so a sent row counts as one receipt and one effect of its single step."""
     out = {}
     for d in deliveries:
-        done = 1 if d.status == S else 0
+        done = 1 if d.status == Status.SENT else 0
         out[str(d.id)] = RunView(
             run_id=str(d.id),
             status=d.status,

@@ -1,9 +1,9 @@
 """A run kind described as data (``knownstate.model.describe``): fast, pure.
 
 An inconsistent description is refused when it is defined, and the refusal names what to
-change; a consistent one gives the contract the invariants read. The built-in kinds'
-descriptions say exactly what their hand-written models' CONTRACTs say (the drift test
-between the two), and specs/contract.md is generated from the descriptions.
+change; a consistent one gives the contract the invariants read (the built-in models compute
+their CONTRACT from their descriptions), and specs/contract.md is generated from the
+descriptions.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import datetime as dt
 import pytest
 from pydantic import ValidationError
 
-from knownstate.model import approved_plan, branch_reset, descriptions, outbox
 from knownstate.model.contract import ExternalEffect, LeaseClock
 from knownstate.model.describe import Claim, Fence, Lease, Retry, RunKind, seconds
 
@@ -133,33 +132,3 @@ def test_a_duration_that_is_not_one_is_refused(value):
 def test_no_fence_is_allowed_and_described():
     d = RunKind(**{**QUEUE, "fence": Fence(kind="none")})
     assert d.contract().fence.startswith("none")
-
-
-@pytest.mark.parametrize(
-    "described, model",
-    [
-        (descriptions.OUTBOX, outbox),
-        (descriptions.APPROVED_PLAN, approved_plan),
-        (descriptions.BRANCH_RESET, branch_reset),
-    ],
-)
-def test_each_built_in_description_says_what_its_model_contract_says(described, model):
-    """Drift: the description and the hand-written CONTRACT are one fact in two places."""
-    a, b = described.contract(), model.CONTRACT
-    assert a.table.transitions == b.table.transitions
-    for name in (
-        "kind",
-        "terminal",
-        "owned",
-        "claim",
-        "lease",
-        "lease_clock",
-        "reaper",
-        "fence",
-        "receipts",
-        "retry_policy",
-        "external_effect",
-        "deviations",
-        "retries",
-    ):
-        assert getattr(a, name) == getattr(b, name), name

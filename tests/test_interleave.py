@@ -9,6 +9,7 @@ leaves a lock or a thread behind, a round trip that slips past the scheduler.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import random
 import re
@@ -19,6 +20,7 @@ import pytest
 
 from knownstate.chaos import linearize
 from knownstate.chaos.interleave import (
+    AsyncScheduledConnection,
     BlockAborted,
     ClockAhead,
     Op,
@@ -243,6 +245,74 @@ def test_a_lock_wait_is_read_from_the_server_and_ends_when_the_holder_commits(
     text = "\n".join(result.trace)
     assert "w1 waits for w0 (ShareLock on its transaction)" in text
     assert "w1 resumed" in text
+
+
+@pytest.fixture
+def connect_async(knownstate_cluster, db, links):
+    """``connect_async(worker)``: an AsyncScheduledConnection through the worker's own link, on
+    an event loop of its own (as a worker of an asyncio implementation has), and the loop."""
+    made = []
+
+    def make(worker: str):
+        link = links[worker]
+        loop = asyncio.new_event_loop()
+        dsn = knownstate_cluster.dsn(db, host=link.host, port=link.port)
+        conn = loop.run_until_complete(
+            AsyncScheduledConnection.connect(dsn, application_name=f"t-{worker}")
+        )
+        made.append((conn, loop))
+        return conn, loop
+
+    yield make
+    for conn, loop in made:
+        loop.run_until_complete(conn.close())
+        loop.close()
+
+
+def test_asyncio_workers_are_scheduled_statement_by_statement_and_their_lock_waits_seen(
+    scheduler, connect_async, admin
+):
+    """An implementation on asyncio: each worker's coroutine runs on its own loop, on the block's
+    thread of that worker; its statements and COMMIT wait at the gate, its transaction block
+    (``async with conn.transaction()``) included, and a lock wait is read from the server."""
+
+    def add_async(loop, account: int, delta: int):
+        async def body(conn):
+            async with conn.transaction():
+                await conn.execute(
+                    "UPDATE account SET balance = balance + %s WHERE id = %s", (delta, account)
+                )
+            return delta
+
+        return lambda conn: loop.run_until_complete(body(conn))
+
+    (c0, l0), (c1, l1) = connect_async("w0"), connect_async("w1")
+    ops = [
+        Op("w0", "add(1, +1)", c0, add_async(l0, 1, 1)),
+        Op("w1", "add(1, +2)", c1, add_async(l1, 1, 2)),
+    ]
+    with scheduler.block(ops) as block:
+        block.step("w0")  # BEGIN
+        block.step("w0")  # its UPDATE: holds the row
+        block.step("w1")  # BEGIN
+        block.step("w1")  # its UPDATE waits on w0
+        assert block.blocked_by("w1") == ("w0",)
+        assert block.options() == ["w0"]
+        assert admin.execute("SELECT balance FROM account WHERE id = 1").fetchone() == (100,)
+        block.step("w0")  # COMMIT: the wait ends
+        assert block.options() == ["w1"]
+        block.step("w1")
+        result = block.result()
+    assert [r.value for r in result.ops] == [1, 2]
+    assert admin.execute("SELECT balance FROM account WHERE id = 1").fetchone() == (103,)
+    steps = [line.split(". ", 1)[1] for line in result.trace if line[3:4] == "."]
+    assert steps[0] == "w0 BEGIN (transaction block)"
+    assert steps[4] == "w0 COMMIT (end of transaction block)"
+    assert "w1 waits for w0 (ShareLock on its transaction)" in "\n".join(result.trace)
+    assert knownstate_threads() == []
+    # at rest again: the connection is a plain one, its block settings undone
+    got = l0.run_until_complete(c0.execute("SHOW deadlock_timeout"))
+    assert l0.run_until_complete(got.fetchone()) == ("1s",)
 
 
 class Accounts:

@@ -7,7 +7,13 @@ environment's errors) and :mod:`.history` (what a block did, as a history for th
 linearizability checker). Everything a caller uses is importable from here.
 """
 
-from .connection import ScheduledConnection, shutdown_socket, statement_label
+from .connection import (
+    AsyncScheduledConnection,
+    Gated,
+    ScheduledConnection,
+    shutdown_socket,
+    statement_label,
+)
 from .history import BlockResult, Op, OpResult, Raised, history
 from .scheduler import DEADLINE_SECONDS, MAX_STEPS, Block, BlockAborted, Runaway, Scheduler
 from .server import (
@@ -19,6 +25,8 @@ from .server import (
 )
 
 __all__ = [
+    "AsyncScheduledConnection",
+    "Gated",
     "DEADLINE_SECONDS",
     "MAX_STEPS",
     "SESSION_SETTINGS",

@@ -1,19 +1,22 @@
 """The intercepted connection of a concurrent block (:mod:`.scheduler` has the theory of
-operation): a psycopg connection whose every server round trip waits at a gate, and the short
-label of each step (which statement it is)."""
+operation): a psycopg connection, synchronous or asyncio, whose every server round trip waits
+at a gate, and the short label of each step (which statement it is)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import os
 import socket
 import threading
 from functools import cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator
 
 import psycopg
 from psycopg import pq
+from psycopg.transaction import BaseTransaction
 
 from .server import NOTICE
 
@@ -71,7 +74,7 @@ _NO_SEND = frozenset(
 )
 
 
-def _round_trip_label(gen: Any, conn: psycopg.Connection) -> str | None:
+def _round_trip_label(gen: Any, conn: psycopg.BaseConnection) -> str | None:
     """What a round trip through ``Connection.wait`` sends, or None when it sends nothing."""
     name = getattr(gen, "__name__", "") or type(gen).__name__
     status = conn.pgconn.transaction_status
@@ -84,7 +87,7 @@ def _round_trip_label(gen: Any, conn: psycopg.Connection) -> str | None:
     frame = getattr(gen, "gi_frame", None)
     local = frame.f_locals if frame is not None else {}
     tx = local.get("self")
-    if isinstance(tx, psycopg.Transaction):
+    if isinstance(tx, BaseTransaction):
         if name == "_enter_gen":
             if status == pq.TransactionStatus.IDLE:
                 return "BEGIN (transaction block)"
@@ -103,33 +106,27 @@ def _round_trip_label(gen: Any, conn: psycopg.Connection) -> str | None:
 # ---------------------------------------------------------------------------------------
 
 
-class ScheduledConnection(psycopg.Connection):
-    """A psycopg connection whose server round trips wait at a gate while a block runs.
+class Gated:
+    """What a scheduled connection is, synchronous or asyncio: while a block runs, each server
+    round trip of its worker's thread waits at the gate (:meth:`step`); outside a block (no
+    seat), or called from another thread, it is a plain psycopg connection."""
 
-    Outside a block (no scheduler attached, or a call from another thread) it is a plain
-    psycopg connection. A subclass that must act at the instant a statement or COMMIT is
-    scheduled (a fault armed on COMMIT) wraps its action in :meth:`step`::
+    _seat: "_Worker | None" = None
+    _in_step = False
 
-        def commit(self):
-            with self.step("COMMIT"):
-                hook(self)
-                super().commit()
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.cursor_factory = ScheduledCursor
-        self.server_cursor_factory = ScheduledServerCursor
-        self._seat: _Worker | None = None
-        self._in_step = False
-        self.add_notice_handler(self._lock_notice)
+    def _seated(self) -> "_Worker | None":
+        """The block's seat of the calling thread, when the call is to be scheduled."""
+        seat = self._seat
+        if seat is None or self._in_step or threading.current_thread() is not seat.thread:
+            return None
+        return seat
 
     @contextlib.contextmanager
     def step(self, label: str) -> Iterator[None]:
         """One scheduled step: wait for the grant, then run the body. Nested steps, calls from
         another thread and calls outside a block pass straight through."""
-        seat = self._seat
-        if seat is None or self._in_step or threading.current_thread() is not seat.thread:
+        seat = self._seated()
+        if seat is None:
             yield
             return
         seat.block._gate(seat, label)
@@ -142,15 +139,10 @@ class ScheduledConnection(psycopg.Connection):
         finally:
             self._in_step = False
 
-    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
-        seat = self._seat
-        if seat is None or self._in_step or threading.current_thread() is not seat.thread:
-            return super().wait(gen, *args, **kwargs)
-        label = _round_trip_label(gen, self)
-        if label is None:
-            return super().wait(gen, *args, **kwargs)
-        with self.step(label):
-            return super().wait(gen, *args, **kwargs)
+    def at_rest(self, result: Any) -> Any:
+        """What a call made between a block's steps gave (its settings, a rollback, a close):
+        for the synchronous connection, the call's result itself."""
+        return result
 
     def _lock_notice(self, diag: psycopg.errors.Diagnostic) -> None:
         seat = self._seat
@@ -161,10 +153,70 @@ class ScheduledConnection(psycopg.Connection):
             seat.block._lock_notice(seat, m["kind"], m["mode"], m["lock"])
 
 
+class ScheduledConnection(Gated, psycopg.Connection):
+    """A psycopg connection whose server round trips wait at a gate while a block runs.
+
+    A subclass that must act at the instant a statement or COMMIT is scheduled (a fault armed
+    on COMMIT) wraps its action in :meth:`step`::
+
+        def commit(self):
+            with self.step("COMMIT"):
+                hook(self)
+                super().commit()
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.cursor_factory = ScheduledCursor
+        self.server_cursor_factory = ScheduledServerCursor
+        self.add_notice_handler(self._lock_notice)
+
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        label = _round_trip_label(gen, self) if self._seated() else None
+        if label is None:
+            return super().wait(gen, *args, **kwargs)
+        with self.step(label):
+            return super().wait(gen, *args, **kwargs)
+
+
+class AsyncScheduledConnection(Gated, psycopg.AsyncConnection):
+    """The same for asyncio. A block runs each worker's operation on the worker's own thread,
+    and the worker runs its coroutines to completion there on an event loop of its own: the
+    gate holds that thread, and with it that worker's loop alone. Calls at rest run on the loop
+    the connection was opened on (:meth:`at_rest`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.cursor_factory = AsyncScheduledCursor
+        self.server_cursor_factory = AsyncScheduledServerCursor
+        self.add_notice_handler(self._lock_notice)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    async def connect(cls, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        conn = await super().connect(*args, **kwargs)
+        conn._loop = asyncio.get_running_loop()
+        return conn
+
+    async def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        label = _round_trip_label(gen, self) if self._seated() else None
+        if label is None:
+            return await super().wait(gen, *args, **kwargs)
+        with self.step(label):
+            return await super().wait(gen, *args, **kwargs)
+
+    def at_rest(self, result: Any) -> Any:
+        """A coroutine of this connection, run to its end on the connection's own loop (idle
+        between a block's steps)."""
+        if not inspect.isawaitable(result):
+            return result
+        return self._loop.run_until_complete(result)
+
+
 @contextlib.contextmanager
-def _cursor_step(cursor: psycopg.Cursor | psycopg.ServerCursor, query: Any) -> Iterator[None]:
+def _cursor_step(cursor: Any, query: Any) -> Iterator[None]:
     conn = cursor.connection
-    if isinstance(conn, ScheduledConnection) and conn._seat is not None:
+    if isinstance(conn, Gated) and conn._seat is not None:
         with conn.step(statement_label(query)):
             yield
     else:
@@ -204,7 +256,38 @@ class ScheduledServerCursor(psycopg.ServerCursor):
             return super().execute(query, params, **kwargs)
 
 
-def shutdown_socket(conn: psycopg.Connection) -> None:
+class AsyncScheduledCursor(psycopg.AsyncCursor):
+    """The cursor of an :class:`AsyncScheduledConnection`, as :class:`ScheduledCursor`."""
+
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        with _cursor_step(self, query):
+            return await super().execute(query, params, **kwargs)
+
+    async def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
+        with _cursor_step(self, query):
+            return await super().executemany(query, params_seq, **kwargs)
+
+    async def stream(self, query: Any, params: Any = None, **kwargs: Any) -> AsyncIterator[Any]:
+        with _cursor_step(self, query):
+            async for row in super().stream(query, params, **kwargs):
+                yield row
+
+    @contextlib.asynccontextmanager
+    async def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> AsyncIterator[Any]:
+        with _cursor_step(self, statement):
+            async with super().copy(statement, params, **kwargs) as cp:
+                yield cp
+
+
+class AsyncScheduledServerCursor(psycopg.AsyncServerCursor):
+    """A named cursor of an :class:`AsyncScheduledConnection`, as :class:`ScheduledServerCursor`."""
+
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        with _cursor_step(self, query):
+            return await super().execute(query, params, **kwargs)
+
+
+def shutdown_socket(conn: psycopg.BaseConnection) -> None:
     """Cut a connection's socket from another thread, as a dying process would: a statement in
     flight on it fails at once. Never closes the psycopg object (its owner thread may be in it)."""
     with contextlib.suppress(Exception):

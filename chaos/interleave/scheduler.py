@@ -101,7 +101,7 @@ from psycopg import pq
 
 from knownstate.impl.errors import first_line
 
-from .connection import ScheduledConnection, shutdown_socket
+from .connection import Gated, shutdown_socket
 from .history import BlockResult, Op, OpResult
 from .server import (
     POLL,
@@ -249,10 +249,10 @@ class Block:
     # -- set up and tear down ------------------------------------------------------------------
     def _prepare(self, op: Op) -> None:
         conn = op.conn
-        if not isinstance(conn, ScheduledConnection):
+        if not isinstance(conn, Gated):
             raise TypeError(
-                f"{op.worker}: a block needs a ScheduledConnection, got "
-                f"{type(conn).__name__}: connect with ScheduledConnection.connect()"
+                f"{op.worker}: a block needs a ScheduledConnection (or AsyncScheduledConnection), "
+                f"got {type(conn).__name__}: connect with ScheduledConnection.connect()"
             )
         if conn.closed or conn.broken:
             raise ValueError(f"{op.worker}: its connection is closed; reconnect before the block")
@@ -298,7 +298,7 @@ class Block:
             for w in cut:
                 if not w.thread.is_alive():  # its thread is gone: closing is safe now
                     with contextlib.suppress(Exception):
-                        w.op.conn.close()
+                        w.op.conn.at_rest(w.op.conn.close())
             if stuck:
                 raise WorkerStuck(
                     f"worker threads {stuck} did not end within 10 s of the block's "
@@ -311,7 +311,7 @@ class Block:
             conn = w.op.conn
             if not conn.closed and conn.pgconn.transaction_status == pq.TransactionStatus.INERROR:
                 with contextlib.suppress(psycopg.Error):
-                    conn.rollback()  # the server already aborted it: nothing to lose
+                    conn.at_rest(conn.rollback())  # the server already aborted it: nothing to lose
             reset_settings(conn)
 
     @staticmethod

@@ -10,7 +10,7 @@ import contextlib
 import re
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 import psycopg
 from psycopg import pq
@@ -223,17 +223,18 @@ def check_backend(pid: int) -> None:
         )
 
 
-def apply_settings(conn: psycopg.Connection, worker: str) -> None:
+def apply_settings(conn: Any, worker: str) -> None:
+    """Set a block's session settings on a scheduled connection (sync or asyncio), at rest."""
     sql = "SELECT " + ", ".join(
         f"set_config('{k}', '{v}', false)" for k, v in SESSION_SETTINGS.items()
     )
     try:
-        conn.execute(sql)
+        conn.at_rest(conn.execute(sql))
         if not conn.autocommit:
-            conn.commit()
+            conn.at_rest(conn.commit())
     except psycopg.errors.InsufficientPrivilege as e:
         with contextlib.suppress(psycopg.Error):
-            conn.rollback()
+            conn.at_rest(conn.rollback())
         raise SettingsRefused(
             f"{worker}: {first_line(e)}: concurrent blocks set "
             "deadlock_timeout and log_lock_waits per session, which needs a "
@@ -241,15 +242,17 @@ def apply_settings(conn: psycopg.Connection, worker: str) -> None:
         ) from None
 
 
-def reset_settings(conn: psycopg.Connection) -> None:
+def reset_settings(conn: Any) -> None:
     """Back to the connection's own values (what RESET restores: its connect-time options),
     when it is alive and has no transaction open."""
     if conn.closed or conn.broken or conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
         return
     with contextlib.suppress(psycopg.Error):
-        conn.execute(
-            "SELECT set_config(name, reset_val, false) FROM pg_settings WHERE name = ANY(%s)",
-            (list(SESSION_SETTINGS),),
+        conn.at_rest(
+            conn.execute(
+                "SELECT set_config(name, reset_val, false) FROM pg_settings WHERE name = ANY(%s)",
+                (list(SESSION_SETTINGS),),
+            )
         )
         if not conn.autocommit:
-            conn.commit()
+            conn.at_rest(conn.commit())
