@@ -3,8 +3,9 @@
 ``knownstate verify document-session --client browser`` (this kind, ``document-session-browser``)
 runs the document-session check — its rules, faults, model, invariants, judge and report, all of
 :class:`~.document_session.DocumentSessionCheck` — with the tabs played by a client in headless
-Chromium (:mod:`knownstate.chaos.browser`): the reference TypeScript client of ``web/``, one of
-its mutants, or a bundle of your own (``--client-bundle``). Every step is run in the browser and
+Chromium (:mod:`knownstate.chaos.browser`, :mod:`~knownstate.chaos.browser_gateway`,
+:mod:`~knownstate.chaos.browser_driver`): the reference TypeScript client of ``web/``, one of its
+mutants, or a bundle of your own (``--client-bundle``). Every step is run in the browser and
 replayed on the model's sessions (:class:`~knownstate.model.document_session.SessionCore`), whose
 network is the recording the gateway made of what the browser sent and got back; what is
 compared is what can be observed — the stored documents, each user's ``localStorage`` drafts, each
@@ -40,7 +41,7 @@ from knownstate.model.document import (
     World,
 )
 
-from .. import browser
+from .. import browser, browser_driver, browser_gateway
 from ..mutants import Mutant, with_attrs
 from ..replay import Exchange
 from .document_judge import Seen
@@ -69,14 +70,16 @@ class BrowserPlant(Plant):
 
     def start(self) -> "BrowserPlant":
         super().start()
-        self.gateway = browser.Gateway({}).start()
+        self.gateway = browser_gateway.Gateway({}).start()
         upstream = {slot: f"http://127.0.0.1:{link.port}" for slot, link in self.links.items()}
         try:
             self.chromium = browser.Chromium(self.gateway, SLOTS).start()
         except BaseException:
             self.gateway.stop()
             raise
-        self.driver = browser.BrowserDriver(self.chromium, self.gateway, upstream, self.recorder)
+        self.driver = browser_driver.BrowserDriver(
+            self.chromium, self.gateway, upstream, self.recorder
+        )
         return self
 
     def describe(self) -> str:
