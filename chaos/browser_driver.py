@@ -44,6 +44,10 @@ from .browser import WAIT_S, Chromium
 from .browser_gateway import BAD_GATEWAY, Gateway, Held, parse_request
 from .harness import EnvironmentFault
 
+ARRIVAL_S = 0.5
+"""How long a request the page started online may take to reach the gateway before the page is
+asked again: a backstop (the wait ends when the request arrives), never a verdict."""
+
 ERRORS: dict[str, type[Exception]] = {
     "IllegalTransition": IllegalTransition,
     "KindError": KindError,
@@ -230,10 +234,14 @@ class BrowserTab:
                     f"{self.driver.chromium.describe()}: tab {self.slot} did not finish an "
                     f"operation within {WAIT_S:.0f} s (is the machine overloaded?)"
                 )
-            # a request on its way to the gateway, or failing in the browser: look at both
+            # A request the page started and the gateway has not seen: online, it is on its way
+            # to the gateway, which wakes this wait the moment it arrives; offline, it fails in
+            # the browser, which wakes the page's wait. (Either wait is a backstop: what is
+            # decided is what arrived, never how long it took.)
             unseen = any(not gateway.was_seen(self.slot, n) for n in out.get("inflight", []))
+            online = not self.driver.chromium.offline.get(self.user, False)
             if unseen:
-                gateway.take_wait(self.slot, 0.005)
+                gateway.take_wait(self.slot, ARRIVAL_S if online else 0.005)
             wait_ms = 20 if unseen else 1000
             out = None
 

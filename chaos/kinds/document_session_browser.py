@@ -45,7 +45,7 @@ from .. import browser, browser_driver, browser_gateway
 from ..mutants import Mutant, with_attrs
 from ..replay import Exchange
 from .document_judge import Seen
-from .document_plant import CLIENT, DOC, SLOTS, ModelSide, Plant, RealSide
+from .document_plant import CLIENT, DEBOUNCE, DOC, SLOTS, ModelSide, Plant, RealSide
 from .document_session import DocumentSessionCheck
 
 KIND = "document-session-browser"
@@ -57,7 +57,7 @@ OWN_INVARIANTS = {
     )
 }
 
-BROWSER_BUDGET = {"reload": 1, "restart": 1}
+BROWSER_BUDGET = {"reload": 1, "restart": 1, "race": 1}
 """Steps per example for the browser's own faults (they share the example with the session's
 work, like the Python check's BUDGET)."""
 
@@ -371,6 +371,26 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
             return t.finish_read(req, side.send(slot, req))
 
         self._run(f"reload the page of {slot} (writer {writer})", script)
+
+    def _alice_both_pending(self) -> bool:
+        return all(self._state(slot) in self.PENDING for slot in ("a1", "a2"))
+
+    @precondition(lambda self: self._alice_both_pending() and self.budget["race"])
+    @rule(first=st.sampled_from(["a1", "a2"]))
+    def alice_tabs_race(self, first: str) -> None:
+        """alice's two tabs both hold unsaved work, and their debounce falls due in the same
+        moment: one saves, then the other, whose base its sibling tab may just have replaced (a
+        conflict with herself). Drawn besides the single-tab saves, which reach this race only
+        when the draw happens to leave both tabs dirty and saves them back to back."""
+        second = "a2" if first == "a1" else "a1"
+        self.budget["race"] -= 1
+        self.clock += DEBOUNCE
+        now = self.clock
+
+        def script(side):
+            return side.tab(first).tick(now), side.tab(second).tick(now)
+
+        self._run(f"{first}, then {second}, save as their debounce falls due", script)
 
     @precondition(
         lambda self: self._slots(*self.PENDING) and self._server_calm() and self.budget["restart"]
