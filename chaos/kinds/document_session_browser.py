@@ -3,8 +3,9 @@
 ``knownstate verify document-session --client browser`` (this kind, ``document-session-browser``)
 runs the document-session check — its rules, faults, model, invariants, judge and report, all of
 :class:`~.document_session.DocumentSessionCheck` — with the tabs played by a client in headless
-Chromium (:mod:`knownstate.chaos.browser`): the reference TypeScript client of ``web/``, one of
-its mutants, or a bundle of your own (``--client-bundle``). Every step is run in the browser and
+Chromium (:mod:`knownstate.chaos.browser`, :mod:`~knownstate.chaos.browser_gateway`,
+:mod:`~knownstate.chaos.browser_driver`): the reference TypeScript client of ``web/``, one of its
+mutants, or a bundle of your own (``--client-bundle``). Every step is run in the browser and
 replayed on the model's sessions (:class:`~knownstate.model.document_session.SessionCore`), whose
 network is the recording the gateway made of what the browser sent and got back; what is
 compared is what can be observed — the stored documents, each user's ``localStorage`` drafts, each
@@ -40,11 +41,11 @@ from knownstate.model.document import (
     World,
 )
 
-from .. import browser
+from .. import browser, browser_driver, browser_gateway
 from ..mutants import Mutant, with_attrs
 from ..replay import Exchange
 from .document_judge import Seen
-from .document_plant import CLIENT, DOC, SLOTS, ModelSide, Plant, RealSide
+from .document_plant import CLIENT, DEBOUNCE, DOC, SLOTS, ModelSide, Plant, RealSide
 from .document_session import DocumentSessionCheck
 
 KIND = "document-session-browser"
@@ -56,7 +57,7 @@ OWN_INVARIANTS = {
     )
 }
 
-BROWSER_BUDGET = {"reload": 1, "restart": 1}
+BROWSER_BUDGET = {"reload": 1, "restart": 1, "race": 1}
 """Steps per example for the browser's own faults (they share the example with the session's
 work, like the Python check's BUDGET)."""
 
@@ -69,14 +70,16 @@ class BrowserPlant(Plant):
 
     def start(self) -> "BrowserPlant":
         super().start()
-        self.gateway = browser.Gateway({}).start()
+        self.gateway = browser_gateway.Gateway({}).start()
         upstream = {slot: f"http://127.0.0.1:{link.port}" for slot, link in self.links.items()}
         try:
             self.chromium = browser.Chromium(self.gateway, SLOTS).start()
         except BaseException:
             self.gateway.stop()
             raise
-        self.driver = browser.BrowserDriver(self.chromium, self.gateway, upstream, self.recorder)
+        self.driver = browser_driver.BrowserDriver(
+            self.chromium, self.gateway, upstream, self.recorder
+        )
         return self
 
     def describe(self) -> str:
@@ -368,6 +371,26 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
             return t.finish_read(req, side.send(slot, req))
 
         self._run(f"reload the page of {slot} (writer {writer})", script)
+
+    def _alice_both_pending(self) -> bool:
+        return all(self._state(slot) in self.PENDING for slot in ("a1", "a2"))
+
+    @precondition(lambda self: self._alice_both_pending() and self.budget["race"])
+    @rule(first=st.sampled_from(["a1", "a2"]))
+    def alice_tabs_race(self, first: str) -> None:
+        """alice's two tabs both hold unsaved work, and their debounce falls due in the same
+        moment: one saves, then the other, whose base its sibling tab may just have replaced (a
+        conflict with herself). Drawn besides the single-tab saves, which reach this race only
+        when the draw happens to leave both tabs dirty and saves them back to back."""
+        second = "a2" if first == "a1" else "a1"
+        self.budget["race"] -= 1
+        self.clock += DEBOUNCE
+        now = self.clock
+
+        def script(side):
+            return side.tab(first).tick(now), side.tab(second).tick(now)
+
+        self._run(f"{first}, then {second}, save as their debounce falls due", script)
 
     @precondition(
         lambda self: self._slots(*self.PENDING) and self._server_calm() and self.budget["restart"]
