@@ -33,6 +33,18 @@ KNOWNSTATE = [sys.executable, "-m", "knownstate.chaos.cli"]
 slow = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def knownstate_env(knownstate_cluster, knownstate_toxiproxy):
+    """The browser check's real parts, apart from the session's: its Chromium is driven through
+    Playwright's sync API, which marks this thread as running an event loop while it lives (so
+    ``asyncio.run`` would refuse here), and is stopped with these when this module ends."""
+    from knownstate.chaos.check import Env
+
+    env = Env(knownstate_cluster, knownstate_toxiproxy)
+    yield env
+    env.close()
+
+
 def test_the_clients_unit_tests_pass():
     npm = shutil.which("npm")
     assert npm, "npm is missing: make setup installs the web client's toolchain"
