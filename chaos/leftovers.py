@@ -91,11 +91,12 @@ def _kill_living_in(folder: Path, deadline_s: float = 10.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline and any(_alive(p) for p in victims):
+    while time.monotonic() < deadline and any(alive(p) for p in victims):
         time.sleep(0.01)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` lives (a zombie does not)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"

@@ -35,6 +35,7 @@ from gate_fakes import Engine, FakeEnv, machine_of, result
 from polling import poll
 
 from knownstate.chaos import cli, tools
+from knownstate.chaos.leftovers import alive
 from knownstate.chaos.cluster import ExternalDatabase, Refused
 from knownstate.chaos.outpath import OutputError
 from knownstate.chaos.report import Report, Unit, path_problem, write_reports
@@ -413,7 +414,7 @@ def test_after_kill_9_of_verify_the_next_run_leaves_nothing_of_the_first(temp_di
     finally:
         if first.poll() is None:
             first.kill()
-    poll("every process of the killed run is gone", lambda: not [p for p in started if _alive(p)])
+    poll("every process of the killed run is gone", lambda: not [p for p in started if alive(p)])
     assert all(f.exists() for f in folders), "SIGKILL leaves the folders (the next run sweeps)"
     second = subprocess.run(
         [*KNOWNSTATE, "verify", "outbox", "--seed", "2", "--examples", "1", "--no-example-db"],
@@ -425,21 +426,13 @@ def test_after_kill_9_of_verify_the_next_run_leaves_nothing_of_the_first(temp_di
     )
     assert second.returncode in (0, 1), second.stdout + second.stderr
     assert list(temp_dir.iterdir()) == [], list(temp_dir.iterdir())
-    assert not [p for p in started if _alive(p)]
+    assert not [p for p in started if alive(p)]
 
 
 def _descendants(pid: int) -> list[int]:
     from knownstate.chaos.cluster import _descendants as descendants
 
     return descendants(pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------------------------------
