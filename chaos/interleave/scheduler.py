@@ -6,8 +6,9 @@ Theory of operation
 A *block* starts two or three operations together, each on its own thread and its own
 connection (in the check, each worker's connection goes through its own Toxiproxy link). The
 operations are the implementation's own code, unchanged: what is intercepted is the
-connection. A :class:`ScheduledConnection` stops every server round trip of its worker's
-thread at a *gate* until the scheduler grants it:
+connection. A :class:`ScheduledConnection` (for asyncio, an :class:`AsyncScheduledConnection`,
+whose worker runs its coroutines on a loop of its own on that thread) stops every server round
+trip of its worker's thread at a *gate* until the scheduler grants it:
 
 * every ``Cursor.execute`` / ``executemany`` / ``stream`` / ``copy`` (so ``conn.execute``,
   ``conn.cursor().execute`` and server-side cursors too),
