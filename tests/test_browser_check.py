@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from polling import poll
 
 from knownstate.chaos import browser
 from knownstate.chaos.check import run_check
@@ -235,6 +236,10 @@ def test_the_page_flushes_when_hidden_and_a_closed_tabs_work_is_offered(knownsta
         " document.dispatchEvent(new Event('visibilitychange')); }"
     )
 
+    def stored_title():
+        with DocumentStore(dsn, pool_size=None) as store:
+            return next(iter(store.documents().values())).content.get("title")
+
     def in_chromium():
         with sync_playwright() as pw:
             b = pw.chromium.launch(
@@ -249,6 +254,8 @@ def test_the_page_flushes_when_hidden_and_a_closed_tabs_work_is_offered(knownsta
             page.fill("[data-id=title]", "saved when hidden")
             page.press("[data-id=title]", "Tab")
             page.evaluate(hide)
+            # landed on the server (the page's "clean" alone may still be the one before the edit)
+            poll("the hidden page's save landed", lambda: stored_title() == "saved when hidden")
             page.wait_for_selector("#record-state:text('clean')")
             page.close()
             page = ctx.new_page()
