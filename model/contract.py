@@ -90,7 +90,8 @@ class TransitionTable:
 
     def __init__(self, kind: str, transitions: Iterable[tuple[str, str, str]]):
         self.kind = kind
-        self.transitions = tuple(Transition(*t) for t in transitions)
+        # plain strings: a table written with StrEnum members reads and prints as its values
+        self.transitions = tuple(Transition(*map(str, t)) for t in transitions)
         self._next: dict[tuple[str, str], str] = {}
         for t in self.transitions:
             key = (t.source, t.event)

@@ -79,7 +79,7 @@ from .document_protocol import (
 # ---------------------------------------------------------------------------------------
 
 
-class State(str, enum.Enum):
+class State(enum.StrEnum):
     LOADING = "loading"  # created; the first read has not answered yet
     CLEAN = "clean"  # local copy == confirmed base; nothing to save
     DIRTY = "dirty"  # local edits not yet sent (debouncing, or due)
@@ -90,44 +90,42 @@ class State(str, enum.Enum):
     CLOSED = "closed"  # the session ended: flushed, or its work parked in its durable draft
 
 
-_L, _C, _D, _S, _O, _X, _P, _Z = (s.value for s in State)
-
 TABLE = TransitionTable(
     "document-session",
     [
-        (CREATED, "open", _L),
-        (_L, "loaded", _C),
-        (_L, "restored", _D),
-        (_L, "load_failed", _L),
-        (_L, "close", _Z),
-        (_C, "edit", _D),
-        (_C, "adopt", _D),
-        (_C, "reloaded", _C),
-        (_C, "discard_reloaded", _C),
-        (_C, "close", _Z),
-        (_D, "edit", _D),
-        (_D, "save", _S),
-        (_D, "discard", _C),
-        (_D, "discard_reloaded", _C),
-        (_S, "edit", _S),
-        (_S, "saved", _C),
-        (_S, "saved_pending", _D),
-        (_S, "save_failed", _O),
-        (_S, "seq_taken", _D),
-        (_S, "version_conflict", _X),
-        (_O, "edit", _O),
-        (_O, "save", _S),
-        (_O, "discard", _C),
-        (_O, "discard_reloaded", _C),
-        (_O, "close", _Z),
-        (_X, "edit", _X),
-        (_X, "rebase", _D),
-        (_X, "copy", _P),
-        (_X, "discard", _C),
-        (_X, "discard_reloaded", _C),
-        (_X, "close", _Z),
-        (_P, "copied", _C),
-        (_P, "copy_failed", _X),
+        (CREATED, "open", State.LOADING),
+        (State.LOADING, "loaded", State.CLEAN),
+        (State.LOADING, "restored", State.DIRTY),
+        (State.LOADING, "load_failed", State.LOADING),
+        (State.LOADING, "close", State.CLOSED),
+        (State.CLEAN, "edit", State.DIRTY),
+        (State.CLEAN, "adopt", State.DIRTY),
+        (State.CLEAN, "reloaded", State.CLEAN),
+        (State.CLEAN, "discard_reloaded", State.CLEAN),
+        (State.CLEAN, "close", State.CLOSED),
+        (State.DIRTY, "edit", State.DIRTY),
+        (State.DIRTY, "save", State.SAVING),
+        (State.DIRTY, "discard", State.CLEAN),
+        (State.DIRTY, "discard_reloaded", State.CLEAN),
+        (State.SAVING, "edit", State.SAVING),
+        (State.SAVING, "saved", State.CLEAN),
+        (State.SAVING, "saved_pending", State.DIRTY),
+        (State.SAVING, "save_failed", State.OFFLINE),
+        (State.SAVING, "seq_taken", State.DIRTY),
+        (State.SAVING, "version_conflict", State.CONFLICT),
+        (State.OFFLINE, "edit", State.OFFLINE),
+        (State.OFFLINE, "save", State.SAVING),
+        (State.OFFLINE, "discard", State.CLEAN),
+        (State.OFFLINE, "discard_reloaded", State.CLEAN),
+        (State.OFFLINE, "close", State.CLOSED),
+        (State.CONFLICT, "edit", State.CONFLICT),
+        (State.CONFLICT, "rebase", State.DIRTY),
+        (State.CONFLICT, "copy", State.COPYING),
+        (State.CONFLICT, "discard", State.CLEAN),
+        (State.CONFLICT, "discard_reloaded", State.CLEAN),
+        (State.CONFLICT, "close", State.CLOSED),
+        (State.COPYING, "copied", State.CLEAN),
+        (State.COPYING, "copy_failed", State.CONFLICT),
     ],
 )
 
