@@ -1,4 +1,4 @@
-"""The transaction engine every run kind's check is built from.
+"""The transactions engine: the check of a durable run kind.
 
 How a check works
 -----------------
@@ -18,75 +18,22 @@ decide. It never assumes lost and never assumes done.
 Faults are rules too (:mod:`.faults`): the base owns every one of them; a kind sets a
 :class:`~.faults.FaultPolicy` (data: when faults may fire) and answers a few hooks.
 
-Judge first, through one door
------------------------------
-
-Every failure goes through :meth:`KindCheck.fail`. It first judges the real state by the
-contract's invariants (and the kind's own named properties): when one is broken, the failure
-names it; otherwise it shows the difference from the model. A mutant counts as caught only
-when the failure names the invariant the mutant declares.
-
-Concurrent blocks (:mod:`.blocks`) and runs directed by coverage (:mod:`.runner`) have modules
-of their own.
-
-The engine's hooks
-------------------
-
-A kind plugs in by subclassing :class:`KindCheck` (a described queue needs none of this:
-:func:`knownstate.chaos.generic.kind` builds the subclass). Everything a kind gives is listed
-here, with when the engine reads it and what it is when the kind leaves it out (Porcupine's
-``Model`` is the pattern: every hook a documented field).
-
-=========================  ========================================  ===========================
-hook                       read / called                             default
-=========================  ========================================  ===========================
-``kind``, ``schema``       once per run: the name, the SQL of a      required
-                           workspace
-``contract``               every step: the invariants judge views    None (no contract: only
-                           of the rows against it                    ``own_invariants``)
-``new_model()``            each example: a fresh                     required
-                           :class:`~knownstate.model.contract.RunModel`
-``observe_model(m)``,      after every step: the two must be equal   required
-``observe_impl()``
-``views(observation)``     after every step: the contract's          required with a contract
-                           kind-neutral views
-``operations``,            each step: one rule per operation name,   ``()``, ``[]``: the kind
-``actions(w)``             drawing among worker ``w``'s actions of   writes its own rules
-                           that name (:class:`~.steps.Action`)
-``offers(w)``              a concurrent block: what ``w`` may race   its actions that are one
-                                                                     transaction each
-``required_events``        between batches: coverage                 ``()`` (the table's
-                                                                     transitions always are)
-``policy``                 each step: when faults may fire           ``FaultPolicy()``
-``n_workers``,             each example: the workers and their       2, :class:`.harness.Worker`
-``worker_class``           connections
-``own_invariants``,        a failure: what else it may name          ``{}``, ``[]``
-``kind_violations(real)``
-``lock_wait_breaks``       a wait on another worker's lock           None (a failure naming
-                                                                     nothing)
-``reset_example()``        each example, after tables and links      nothing
-``observed(m)``            after a step the rows agreed with ``m``   nothing
-``forget(w)``, ``lost``    a worker died / failed on a fault         nothing
-``turns``, ``turn``,       the faults: who has work that commits,    none: COMMIT faults,
-``leases``, ``meanwhile``, who holds a live lease, what the others   stalls and lost replies
-``next_write``             do while it is frozen (:mod:`.faults`)    never fire
-``clock_matters()``,       before a clock jump / a crash             True
-``crash_matters()``
-``fingerprint(m)``         a block's search: equal for equal states  every attribute but its
-                                                                     transition log
-=========================  ========================================  ===========================
+What every engine shares — the life cycle of an example, the faults, the trace, coverage and
+the one door every failure goes through (:meth:`~.engine.Engine.fail`, which judges first) —
+is :class:`~.engine.Engine`, whose docstring lists every hook a kind gives, with when it is
+called and its default. Concurrent blocks (:mod:`.blocks`) and runs directed by coverage
+(:mod:`.runner`) have modules of their own; the replay engine, this one's sibling, is
+:mod:`.replay`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import time
-from typing import Any, Callable, ClassVar, NoReturn
+from typing import Any, Callable, ClassVar
 
 import psycopg
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 from knownstate.impl.errors import (
     ClientError,
@@ -98,11 +45,8 @@ from knownstate.impl.errors import (
     is_connection_error,
 )
 from knownstate.model.contract import (
-    INVARIANTS,
-    Contract,
     LostRace,
     Repeat,
-    RunModel,
     RunView,
     Violation,
     Won,
@@ -110,12 +54,10 @@ from knownstate.model.contract import (
     check_invariants,
 )
 
-
-from . import timings, tools
-from .faults import FaultPolicy, FaultRules, toxics
-from .harness import QUANTUM, Env, EnvironmentFault, Stats, Worker, WorkerDied, Workspace, watch
-
-from .blocks import Blocks
+from . import timings
+from .engine import Engine
+from .faults import FaultPolicy, toxics
+from .harness import QUANTUM, Env, EnvironmentFault, Stats, Worker, WorkerDied, watch
 from .runner import (
     BATCH,
     PROFILES,
@@ -167,20 +109,10 @@ __all__ = [
 ]
 
 
-class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
-    """Base of every kind's check. Subclasses set the class attributes and implement the hooks."""
+class KindCheck(Engine):
+    """The transactions engine: base of every durable run kind's check. Subclasses set the class
+    attributes and implement the hooks (:mod:`.engine` lists them)."""
 
-    kind: ClassVar[str] = ""
-    contract: ClassVar[Contract | None] = None
-    schema: ClassVar[str] = ""
-    n_workers: ClassVar[int] = 2
-    required_events: ClassVar[tuple[str | Requirement, ...]] = ()
-    policy: ClassVar[FaultPolicy] = FaultPolicy()
-    own_invariants: ClassVar[dict[str, str]] = {}
-    """Named properties the kind's check judges besides the contract's (name -> statement)."""
-    worker_class: ClassVar[type[Worker]] = Worker
-    """The workers' class: a kind whose implementation needs another connection (asyncio, a
-    driver of its own) gives its own subclass (see :mod:`.adapter`)."""
     lock_wait_breaks: ClassVar[str | None] = None
     """The invariant a worker's wait on another worker's lock breaks in this kind (None: such a
     wait is reported as a failure without naming one)."""
@@ -189,33 +121,7 @@ class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
     """The kind's operations, by name: the engine makes one rule for each (:meth:`act`), drawing
     among the :class:`~.steps.Action` of that name the workers have now (:meth:`actions`)."""
 
-    # Set per run by build_machine():
-    env: ClassVar[Env]
-    ws: ClassVar[Workspace]
-    run: ClassVar[RunState]
-
     # -- hooks for the kind ----------------------------------------------------------------
-    @classmethod
-    def table(cls):
-        """The transition table whose every row a run must observe."""
-        return cls.contract.table
-
-    @classmethod
-    def named_invariants(cls) -> dict[str, str]:
-        """Every invariant a failure of this kind can name."""
-        return {**(INVARIANTS if cls.contract is not None else {}), **cls.own_invariants}
-
-    @classmethod
-    def requirements(cls) -> tuple[Requirement, ...]:
-        rows = tuple(
-            Requirement(f"{t.source} -{t.event}-> {t.target}", "transition")
-            for t in cls.table().transitions
-        )
-        events = tuple(
-            r if isinstance(r, Requirement) else Requirement(r) for r in cls.required_events
-        )
-        return rows + events
-
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for op in cls.__dict__.get("operations", ()):
@@ -226,26 +132,12 @@ class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
         list gives the rules, the concurrent blocks and the faults' turns."""
         return []
 
-    def new_model(self) -> RunModel:
-        raise NotImplementedError
-
-    def observe_model(self, model: Any) -> Any:
-        """The model's observable state, in the same shape observe_impl() returns."""
-        raise NotImplementedError
-
-    def observe_impl(self) -> Any:
-        """Read the real state (rows, stand-in records) on the check's own connections."""
-        raise NotImplementedError
-
     def views(self, observation: Any) -> dict[str, RunView]:
         raise NotImplementedError
 
     def kind_violations(self, real: Any) -> list[Violation]:
         """The kind's own named properties (``own_invariants``), judged on the real state."""
         return []
-
-    def reset_example(self) -> None:
-        """Reset the kind's stand-ins between examples (tables and toxics are reset here)."""
 
     def observed(self, model: Any) -> None:
         """Called after each step once the database agreed with ``model``: count events."""
@@ -259,114 +151,15 @@ class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
         says what the operation loses)."""
 
     # -- life cycle -------------------------------------------------------------------------
-    @timings.timed("reset")
-    def __init__(self) -> None:
-        super().__init__()
-        run = type(self).run
-        run.allow_save = False
-        self._swarm_faults_only()
-        self.trace: list[str] = []
-        run.last_trace = self.trace
-        if run.all_traces is not None:
-            run.all_traces.append(self.trace)
-        env = self.env
-        env.ensure_alive()
-        env.reset_faults()
-        self.workers = self._workers()
-        self.ws.truncate()
-        self.t0 = self.ws.now()
-        self.started = time.monotonic()
-        self._reset_faults()
-        self.reset_example()
-        self.model = self.new_model()
-        self.candidates = [Candidate(self.model)]
+    def begin_example(self) -> None:
         self.writes: list[Write] = []
         self.repeats: list[Repeat] = []
         self._indeterminate = False
         self._if_landed: tuple[str, ...] = ()
         self._unobserved = False
-        self._struck = False
         self.prev_views = self.views(self.observe_model(self.model)) if self.contract else {}
-        run.stats.examples += 1
-        if run.progress is not None:
-            run.progress(run)
 
-    def _workers(self) -> list[Worker]:
-        """The run's workers, kept from one example to the next with their connections when
-        those still answer (each example resets their links; see ``Worker.ready``)."""
-        kept = self.ws.workers
-        if len(kept) != self.n_workers:
-            for w in kept:
-                w.close()
-            kept[:] = [
-                self.worker_class(self.env, self.ws, self.kind, i) for i in range(self.n_workers)
-            ]
-        for w in kept:
-            w.links = [w.link]
-            w.ready()
-        return kept
-
-    def _swarm_faults_only(self) -> None:
-        """Hypothesis's swarm testing switches a random subset of rules off for each example. Let
-        it vary the fault kinds the policy allows (``policy.swarm``) but never switch off an
-        operation or another fault: no required event may depend on the luck of the switch.
-        Uses Hypothesis internals defensively: if they change, swarm testing applies to every
-        rule again."""
-        rs = getattr(self, "_rules_strategy", None)
-        needed = ("rules_strategy", "is_valid", "_enabled_rules_strategy", "_feature_flags")
-        if rs is None or not all(hasattr(rs, a) for a in needed):
-            return
-        swarm = {f"fault_{k.replace('-', '_')}" for k in self.policy.swarm}
-
-        def enabled(r) -> bool:
-            name = r.function.__name__
-            return rs.is_valid(r) and (name not in swarm or rs._feature_flags.is_enabled(name))
-
-        rs._enabled_rules_strategy = rs.rules_strategy.filter(enabled)
-
-    # -- time ---------------------------------------------------------------------------------
-    def to_model_time(self, ts: dt.datetime) -> int:
-        """A database timestamp as model seconds since the example started."""
-        seconds = (ts - self.t0).total_seconds() + getattr(self.env.clock, "shifted", 0)
-        q = round(seconds / QUANTUM) * QUANTUM
-        if abs(seconds - q) >= QUANTUM / 2 - 5:
-            raise EnvironmentFault(
-                f"an example ran {time.monotonic() - self.started:.0f} s, longer than the clock "
-                f"tolerance ({QUANTUM / 2 - 5:.0f} s): the machine is too slow or too loaded"
-            )
-        return int(q)
-
-    def advance(self, seconds: int) -> None:
-        """Every possible model state's clock moves (the database clock, or the app clocks)."""
-        for c in self.candidates:
-            c.model.advance(seconds)
-
-    # -- the trace and the counters ------------------------------------------------------------
-    def log(self, line: str) -> None:
-        self.trace.append(line)
-
-    def fault(self, kind: str, line: str, pace: bool = True) -> None:
-        """Count and log a fault; with ``pace`` the next paced fault waits ``policy.gap``."""
-        self.run.stats.faults[kind] += 1
-        self._struck = True
-        if pace:
-            self.last_fault = self.op_count
-        self.log(f"FAULT {line}")
-
-    def event(self, name: str, n: int = 1) -> None:
-        if n:
-            self.run.stats.events[name] += n
-
-    @property
-    def stats(self) -> Stats:
-        return self.run.stats
-
-    def begin_step(self, n: int = 1) -> None:
-        """Every step (a block: one per operation in it) starts here: counted, and stopped if a
-        signal's interrupt was dropped."""
-        tools.raise_if_interrupted()
-        self.stats.steps += n
-
+    # -- the step ----------------------------------------------------------------------------
     def start_step(self, n: int = 1) -> None:
         """Every operation on the implementation (a block: ``n`` of them at once) starts here.
         A step before it in the same rule is judged first, since each is judged on its own (the
@@ -378,51 +171,10 @@ class KindCheck(FaultRules, Blocks, RuleBasedStateMachine):
         self._age_faults()
         self.begin_step(n)
 
-    # -- the door -------------------------------------------------------------------------------
-    def fail(
-        self,
-        problem: str,
-        violations: list[Violation] | None = None,
-        real: Any = None,
-        otherwise: str | tuple[str, ...] | None = None,
-    ) -> NoReturn:
-        """The one door every failure goes through. It judges first: the invariants on the real
-        state (unless ``violations`` are given); a failure names those it finds, and shows
-        ``problem`` (the difference from the model) after them. When the failing operation's
-        outcome itself breaks a guarantee of the contract (``otherwise``: a refused write that
-        went through breaks the conditional transition, a claim that took the wrong runs the
-        claim), the failure names that too; with nothing else to name, the difference is shown
-        alone. Several guarantees may be named where which one broke depends on the order the
-        operations are read in (a concurrent block)."""
-        self.env.ensure_alive()
-        judged = violations is None
-        if judged:
-            violations = self._judge_safely(real)
-        names = list(dict.fromkeys((otherwise,) if isinstance(otherwise, str) else otherwise or ()))
-        extra = [n for n in names if n not in {v.invariant for v in violations}] if judged else []
-        if violations:
-            message = "invariant violated: " + "; ".join(map(str, violations))
-            if extra:
-                message += f"; {', '.join(extra)}: the outcome below"
-            if problem:
-                message += "\n  (" + problem.replace("\n", "\n   ") + ")"
-        elif extra:
-            message = f"invariant violated: {', '.join(extra)}: {problem}"
-        else:
-            message = problem
-        violations = violations + [Violation(n, problem) for n in extra]
-        names = tuple(sorted({v.invariant for v in violations}))
-        unknown = set(names) - set(self.named_invariants())
-        if unknown:
-            raise AssertionError(
-                f"{type(self).__name__} judged invariant(s) {sorted(unknown)} "
-                "that it does not declare: add them to own_invariants"
-            )
-        self.run.failures.append((message, names, list(self.trace)))
-        self.run.allow_save = True
-        raise Failure(message, names)
-
-    def _judge_safely(self, real: Any) -> list[Violation]:
+    # -- the judge ---------------------------------------------------------------------------
+    def judged(self, real: Any) -> list[Violation]:
+        """:meth:`judge` on the real state (read now when ``real`` is None); when it cannot be
+        read, what the step did (its writes and repeats) against the contract."""
         try:
             if real is None:
                 real = self.observe_impl()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .check import KindCheck
+from .engine import Engine
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,10 @@ class Mutant:
     kind: str
     invariant: str  # the invariant it breaks: one the kind's check can name (named_invariants)
     description: str
-    apply: Callable[[type[KindCheck]], type[KindCheck]]
+    apply: Callable[[type[Engine]], type[Engine]]
     needs: tuple[str, ...] = ()
 
-    def machine(self, check: type[KindCheck]) -> type[KindCheck]:
+    def machine(self, check: type[Engine]) -> type[Engine]:
         return self.apply(check)
 
     def missing(self, capabilities: frozenset[str]) -> list[str]:
@@ -38,7 +38,7 @@ class Mutant:
         return [c for c in self.needs if c not in capabilities]
 
 
-def catalogue_problems(check: type[KindCheck], mutants: list[Mutant]) -> list[str]:
+def catalogue_problems(check: type[Engine], mutants: list[Mutant]) -> list[str]:
     """What is wrong with a kind's catalogue: a mutant declaring an invariant its check cannot
     name (it could never be caught), a mutant of another kind, two mutants with one name."""
     known = check.named_invariants()
@@ -71,10 +71,10 @@ def sql_edit(queries: dict[str, str], name: str, old: str, new: str) -> dict[str
     return {**queries, name: text.replace(old, new)}
 
 
-def with_attrs(**attrs) -> Callable[[type[KindCheck]], type[KindCheck]]:
+def with_attrs(**attrs) -> Callable[[type[Engine]], type[Engine]]:
     """Apply a mutant by overriding class attributes of the check (a store class, a query dict)."""
 
-    def apply(check: type[KindCheck]) -> type[KindCheck]:
+    def apply(check: type[Engine]) -> type[Engine]:
         return type(f"{check.__name__}Mutant", (check,), dict(attrs))
 
     return apply

@@ -309,9 +309,9 @@ class _TerminalLines:
 
 def _resolve(kinds, kind):
     """A check class from a class, ``"package.module:Thing"`` or a kind's name."""
-    from knownstate.chaos.check import KindCheck
+    from knownstate.chaos.engine import Engine
 
-    if isinstance(kind, type) and issubclass(kind, KindCheck):
+    if isinstance(kind, type) and issubclass(kind, Engine):
         kinds.register(kind)
         return kind
     try:

@@ -39,8 +39,8 @@ from typing import Any, Callable, ClassVar, NamedTuple
 
 from hypothesis.stateful import invariant
 
-from . import check, timings
-from .check import KindCheck
+from . import steps, timings
+from .engine import Engine
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class Recorder:
 
 
 @dataclass
-class Candidate(check.Candidate):
+class Candidate(steps.Candidate):
     """One possible world: the model after the steps so far, what became of each request whose
     answer was lost in the last step, and how many lost requests landed or not so far."""
 
@@ -118,8 +118,9 @@ class Candidate(check.Candidate):
         return Candidate(copy.deepcopy(self.model), landed=self.landed, not_landed=self.not_landed)
 
 
-class ReplayCheck(KindCheck):
-    """Base of a check of a client protocol: rules call :meth:`play` with a script."""
+class ReplayCheck(Engine):
+    """The replay engine: base of a check of a client protocol, the transactions engine's
+    sibling (:mod:`.engine` lists the hooks of both). Rules call :meth:`play` with a script."""
 
     domain_errors: ClassVar[tuple[type[BaseException], ...]] = ()
     """What a script may raise as an outcome (the model must raise the same)."""
@@ -179,8 +180,7 @@ class ReplayCheck(KindCheck):
         return short(request, 120)
 
     # -- the engine --------------------------------------------------------------------------
-    def __init__(self) -> None:
-        super().__init__()
+    def begin_example(self) -> None:
         self.worlds = [Candidate(self.model)]
         self.before_step = self.worlds
         self.divergence: str | None = None
@@ -301,8 +301,8 @@ class ReplayCheck(KindCheck):
     @timings.timed("check")
     def model_agrees(self) -> None:
         """The real world equals one possible model world, and the judge finds nothing on the
-        real world. (Overrides the base: the judge runs before a disagreement is reported, so
-        a failure names the invariant it broke.)"""
+        real world. The judge runs before a disagreement is reported, so a failure names the
+        invariant it broke."""
         if not getattr(self, "worlds", None):
             return
         real = self.observe_impl()

@@ -32,7 +32,7 @@ from .harness import Env, EnvironmentFault, SchemaRefused, Stats, Workspace
 from .steps import Failure
 
 if TYPE_CHECKING:
-    from .check import KindCheck
+    from .engine import Engine
 
 
 @dataclass(frozen=True)
@@ -255,8 +255,8 @@ class CheckResult:
 
 
 def build_machine(
-    machine: type[KindCheck], env: Env, seed: int, run: RunState, ws: Workspace
-) -> type[KindCheck]:
+    machine: type[Engine], env: Env, seed: int, run: RunState, ws: Workspace
+) -> type[Engine]:
     cls = type(machine.__name__, (machine,), {"env": env, "ws": ws, "run": run})
     return hyp_seed(seed)(cls)
 
@@ -307,7 +307,7 @@ def shrink_budget(replays: int):
 
 
 def run_check(
-    machine: type[KindCheck],
+    machine: type[Engine],
     env: Env,
     *,
     seed: int,
@@ -348,7 +348,7 @@ def run_check(
 
 
 def _run_check(
-    machine: type[KindCheck],
+    machine: type[Engine],
     env: Env,
     *,
     seed: int,
@@ -436,7 +436,7 @@ def _run_check(
 
 
 def _interrupted(
-    e: EnvironmentFault, machine: type[KindCheck], env: Env, seed: int, run: RunState, prof: Profile
+    e: EnvironmentFault, machine: type[Engine], env: Env, seed: int, run: RunState, prof: Profile
 ) -> EnvironmentFault:
     """``e``, carrying what the run had done when the environment failed (its ``partial``).
     When a part died, the fault names it, whatever symptom raised ``e`` (a refused connection,
@@ -451,7 +451,7 @@ def _interrupted(
 
 
 def _result(
-    machine: type[KindCheck],
+    machine: type[Engine],
     env: Env,
     seed: int,
     run: RunState,
