@@ -52,6 +52,11 @@ hook                        for   read / called                          default
                                   (:mod:`.faults`)
 ``clock_matters()``,        both  before a clock jump / a crash          True
 ``crash_matters()``
+``all_links()``             both  a link fault: every link it may act    every worker's links
+                                  on (a kind without workers gives its
+                                  clients' and servers')
+``external_links(w)``       both  an external call's fault: the links    ``w``'s links but its
+                                  of ``w``'s calls out                   database link
 ``judged(real)``            both  a failure given no violations: every   T: the contract's and
                                   invariant on the real state now        ``kind_violations``;
                                                                          R: ``[]``

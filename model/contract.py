@@ -172,16 +172,24 @@ class Contract:
 class RunModel(Protocol):
     """What the engine asks of a kind's model. A model is a pure state machine: each of the
     kind's operations is a method returning an :data:`Outcome`, never raising for a lost race.
-    Besides those, the engine uses exactly these:
+    Besides those, the engine uses exactly these (the hooks the engine asks of the *check* are
+    listed in one table in :mod:`knownstate.chaos.engine`):
 
     ``copy()``
-        an independent copy: the engine applies an operation to a copy, and keeps several
-        copies after a step whose outcome nobody knows (the possible states).
+        an independent copy: the transactions engine applies an operation to a copy, and keeps
+        several copies after a step whose outcome nobody knows (the possible states). (The
+        replay engine, whose models hold a client's sessions, uses ``copy.deepcopy``.)
     ``advance(seconds)``
-        the clock its leases are judged by moves (the database's, or the application's).
+        the clock its leases are judged by moves (the database's, or the application's);
+        called only when a kind lets the clock jump (``clock_matters()``).
     ``transitions``
         ``(run, source, event, target)`` for every transition taken since the engine last
-        drained it (it clears the list after each observed step): what coverage counts.
+        drained it (it clears the list after each observed step): what coverage counts. A
+        model without it counts no transition (its check's ``counted`` may count them).
+
+    Its attributes, but for ``transitions``, are its state: a concurrent block's search tells
+    two states apart by them unless the check gives a ``fingerprint``
+    (:func:`knownstate.chaos.linearize.default_fingerprint`).
     """
 
     transitions: list[tuple[Any, str, str, str]]

@@ -1,0 +1,53 @@
+"""The engine's extension point is documented in one place: every hook a built-in check gives
+is in the table of :mod:`knownstate.chaos.engine`'s docstring, and the two engines are siblings
+over one base, neither redefining the other. Fast: no real parts."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis.stateful import RuleBasedStateMachine
+
+from knownstate.chaos import engine, kinds
+from knownstate.chaos.check import KindCheck
+from knownstate.chaos.engine import Engine
+from knownstate.chaos.replay import ReplayCheck
+
+ENGINES = (Engine, KindCheck, ReplayCheck)
+NOT_HOOKS = {"model_agrees", "fail"}  # the engine's own invariant and door, never given
+
+
+def documented() -> set[str]:
+    """The names in the first column of the table in the engine's docstring."""
+    lines = engine.__doc__.splitlines()
+    rules = [i for i, line in enumerate(lines) if line.startswith("==")]
+    width = lines[rules[0]].index(" ")
+    rows = lines[rules[0] : rules[-1]]
+    return {n for line in rows for n in re.findall(r"``(\w+)", line[:width])}
+
+
+def hooks_given(check: type) -> set[str]:
+    """Public names a check class (and its bases up to an engine) defines over an engine's."""
+    base = set(dir(KindCheck)) | set(dir(ReplayCheck))
+    base -= set(dir(RuleBasedStateMachine))  # Hypothesis's own (teardown, ...)
+    given: set[str] = set()
+    for cls in check.__mro__:
+        if cls in ENGINES or cls is object:
+            break
+        given |= {n for n in vars(cls) if n in base and not n.startswith("_")}
+    return given - NOT_HOOKS
+
+
+def test_every_hook_a_built_in_check_gives_is_in_the_engine_table():
+    table = documented()
+    missing = {
+        name: sorted(hooks_given(kinds.check(name)) - table)
+        for name in kinds.REGISTRY
+        if hooks_given(kinds.check(name)) - table
+    }
+    assert not missing, f"hooks given but not in chaos/engine.py's table: {missing}"
+
+
+def test_the_two_engines_are_siblings_over_one_base():
+    assert issubclass(KindCheck, Engine) and issubclass(ReplayCheck, Engine)
+    assert not issubclass(ReplayCheck, KindCheck) and not issubclass(KindCheck, ReplayCheck)
