@@ -29,13 +29,8 @@ counterexample.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import itertools
-import os
 import secrets
-import socket
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -43,14 +38,34 @@ from typing import Any, Callable
 
 import psycopg
 
-from knownstate.impl.errors import KnownstateError, first_line, is_connection_error
+from knownstate.impl.errors import first_line, is_connection_error
 
 from .cluster import ClusterError, DbClock, PostgresCluster, Refused, Unavailable, open_database
 from . import timings
 from .timeshift import TimeShift
-from .interleave import ScheduledConnection, Scheduler
 from .tools import deferred_signals
-from .toxi import Link, ToxiproxyError, ToxiproxyServer
+from .toxi import ToxiproxyError, ToxiproxyServer
+from .envfaults import EnvironmentFault, SchemaRefused, WorkerDied
+from .workers import HUNG_SECONDS, HookedConnection, Watch, Worker, cut_socket, watch
+from .workspace import TRUNCATE_EVERY, Workspace
+
+__all__ = [
+    "CLOCK_BASE",
+    "HUNG_SECONDS",
+    "QUANTUM",
+    "TRUNCATE_EVERY",
+    "Env",
+    "EnvironmentFault",
+    "HookedConnection",
+    "SchemaRefused",
+    "Stats",
+    "Watch",
+    "Worker",
+    "WorkerDied",
+    "Workspace",
+    "cut_socket",
+    "watch",
+]
 
 CLOCK_BASE = -7 * 86_400
 """Every example starts with the fake database clock a week behind real time, and jumps from
@@ -61,283 +76,6 @@ QUANTUM = 60
 """Model time is whole seconds, and every duration a check uses is a multiple of this. The
 database clock keeps ticking in real time during an example; projecting its timestamps to the
 nearest quantum is exact while an example lasts less than QUANTUM / 2 seconds of real time."""
-
-
-class EnvironmentFault(BaseException):
-    """The environment broke, not the code under test: a real part died or misbehaved.
-    A BaseException, so Hypothesis neither shrinks it nor mistakes it for a counterexample.
-    ``partial``: what the interrupted kind's check had done so far (a ``CheckResult``, set by
-    ``run_check``), for the reports."""
-
-    partial: Any = None
-
-
-class WorkerDied(KnownstateError):
-    """The worker process died (injected): its connection closed without COMMIT."""
-
-
-class SchemaRefused(Exception):
-    """The server refused the kind's schema SQL: the implementation's failure (its schema), not
-    the environment's, reported with the error and the line of the schema it is on."""
-
-
-# ---------------------------------------------------------------------------------------
-# Workspaces: one schema per kind and run.
-# ---------------------------------------------------------------------------------------
-
-TRUNCATE_EVERY = 50
-"""Between examples a workspace's tables are emptied by DELETE, and by TRUNCATE once in this
-many resets (a count, so a seed resets the same way on any machine)."""
-
-
-class Workspace:
-    """One kind's tables for one run: the schema ``name`` in the run's database. Connections
-    reach it through ``search_path`` (this schema only), so implementations use unqualified
-    table names and can touch nothing else. Sessions are pinned to the settings the reference
-    implementations assume (read committed, no timeouts), whatever the database's defaults."""
-
-    SETTINGS = (
-        "default_transaction_isolation=read\\ committed",
-        "statement_timeout=0",
-        "lock_timeout=0",
-        "idle_in_transaction_session_timeout=0",
-    )
-
-    def __init__(self, env: "Env", name: str, schema_sql: str):
-        self.env, self.name, self.schema_sql = env, name, schema_sql
-        self.tables: tuple[str, ...] = ()
-        self.time_columns: dict[str, tuple[str, ...]] = {}
-        self.triggered: frozenset[str] = frozenset()
-        self.shifted = 0
-        self.clear_sql: str | None = None  # the cheap reset, when the schema allows it
-        self.resets = 0
-        self.workers: list[Worker] = []  # kept from one example to the next (KindCheck)
-        self._scheduler: Scheduler | None = None
-
-    def scheduler(self) -> Scheduler:
-        """The scheduler of this workspace's concurrent blocks (its observer is direct)."""
-        if self._scheduler is None:
-            self._scheduler = Scheduler(
-                self.conninfo(), pause=self.env.can_crash, clock_guard=self.env.clock is not None
-            )
-            # a block's operations run on threads of their own: the main thread's wait for them
-            # is the implementation's time (--timings)
-            self._scheduler.run = timings.timed("impl")(self._scheduler.run)
-        return self._scheduler
-
-    def create(self) -> "Workspace":
-        """Create the schema; never one that exists (that is not this run's)."""
-        admin = self.env.admin()
-        try:
-            admin.execute(f'create schema "{self.name}"')
-        except (psycopg.errors.DuplicateSchema, psycopg.errors.InsufficientPrivilege) as e:
-            user, db = admin.execute("select current_user, current_database()").fetchone()
-            if isinstance(e, psycopg.errors.DuplicateSchema):
-                raise EnvironmentFault(
-                    f"schema {self.name} already exists in database {db}: "
-                    "another run with the same id? Run again (a new id is "
-                    "drawn)"
-                ) from None
-            raise EnvironmentFault(
-                f"user {user} may not create schemas in database {db}: grant "
-                f"it with GRANT CREATE ON DATABASE {db} TO {user}"
-            ) from None
-        return self
-
-    def apply_schema(self) -> None:
-        """Run the kind's schema SQL inside the workspace; learn its tables, their timestamp
-        columns (what a time shift moves) and which have user triggers."""
-        conn = self.connect(application_name=self.env.app_name("setup"))
-        try:
-            try:
-                conn.execute(self.schema_sql)
-            except psycopg.Error as e:
-                if is_connection_error(e):
-                    raise
-                pos = e.diag.statement_position
-                line = self.schema_sql[: int(pos)].count("\n") + 1 if pos else None
-                raise SchemaRefused(
-                    f"the server refused the kind's schema SQL{f' at line {line}' if line else ''}"
-                    f": {e.sqlstate} {first_line(e)}. Fix the schema (a kind "
-                    "of your own: its adapter's `schema`): it must apply, as one script, to "
-                    "an empty schema"
-                ) from None
-            self.tables = tuple(
-                r[0]
-                for r in conn.execute(
-                    "select tablename from pg_tables where schemaname = %s order by tablename",
-                    (self.name,),
-                ).fetchall()
-            )
-            columns: dict[str, list[str]] = {}
-            for table, column in conn.execute(
-                "select c.relname, a.attname from pg_attribute a "
-                "join pg_class c on c.oid = a.attrelid "
-                "join pg_namespace n on n.oid = c.relnamespace "
-                "where n.nspname = %s and c.relkind in ('r', 'p') and not c.relispartition "
-                "and a.attnum > 0 and not a.attisdropped and a.attgenerated = '' "
-                "and a.atttypid in ('timestamptz'::regtype, 'timestamp'::regtype) "
-                "order by c.relname, a.attnum",
-                (self.name,),
-            ).fetchall():
-                columns.setdefault(table, []).append(column)
-            self.time_columns = {t: tuple(cs) for t, cs in columns.items()}
-            self.triggered = frozenset(
-                r[0]
-                for r in conn.execute(
-                    "select distinct c.relname from pg_trigger t "
-                    "join pg_class c on c.oid = t.tgrelid "
-                    "join pg_namespace n on n.oid = c.relnamespace "
-                    "where n.nspname = %s and not t.tgisinternal",
-                    (self.name,),
-                ).fetchall()
-            )
-            self.clear_sql = self._clear_sql(conn)
-        finally:
-            conn.close()
-
-    def _clear_sql(self, conn: psycopg.Connection) -> str | None:
-        """What empties the tables as ``truncate ... restart identity`` does, by DELETE (a
-        twentieth of TRUNCATE's cost: no new files, no catalog rows): each table after every
-        table that references it, then each sequence its tables own back to its start. None
-        (TRUNCATE it is) when DELETE could do more than empty them: a user trigger, a rule,
-        or foreign keys in a cycle."""
-        if self.triggered or not self.tables:
-            return None
-        rules = conn.execute(
-            "select count(*) from pg_rules where schemaname = %s", (self.name,)
-        ).fetchone()[0]
-        if rules:
-            return None
-        refs: dict[str, set[str]] = {t: set() for t in self.tables}  # table -> its referrers
-        for child, parent in conn.execute(
-            "select ch.relname, pa.relname from pg_constraint k "
-            "join pg_class ch on ch.oid = k.conrelid join pg_class pa on pa.oid = k.confrelid "
-            "join pg_namespace n on n.oid = ch.relnamespace "
-            "where n.nspname = %s and k.contype = 'f'",
-            (self.name,),
-        ).fetchall():
-            if child != parent and parent in refs:
-                refs[parent].add(child)
-        order: list[str] = []
-        while refs:
-            free = sorted(t for t, by in refs.items() if not by - set(order))
-            if not free:
-                return None  # a cycle
-            order += free
-            for t in free:
-                del refs[t]
-        owned = conn.execute(
-            "select s.relname, q.seqstart from pg_class s "
-            "join pg_namespace n on n.oid = s.relnamespace "
-            "join pg_sequence q on q.seqrelid = s.oid "
-            "join pg_depend d on d.objid = s.oid and d.classid = 'pg_class'::regclass "
-            "and d.refclassid = 'pg_class'::regclass and d.deptype in ('a', 'i') "
-            "where n.nspname = %s and s.relkind = 'S' order by s.relname",
-            (self.name,),
-        ).fetchall()
-        return "; ".join(
-            [f'delete from "{self.name}"."{t}"' for t in order]
-            + [f'select setval(\'"{self.name}"."{q}"\', {start}, false)' for q, start in owned]
-        )
-
-    def close(self) -> None:
-        """Close every connection to the workspace (a worker may have been left in a transaction
-        by a failure that ended its run)."""
-        for w in self.workers:
-            w.close()
-        self.workers.clear()
-        if self._scheduler is not None:
-            self._scheduler.close()
-            self._scheduler = None
-        conn = self.env._admin.pop(self.name, None)
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
-
-    def drop(self) -> None:
-        self.close()
-        self.env.admin().execute(f'drop schema if exists "{self.name}" cascade')
-
-    def conninfo(
-        self, *, host: str | None = None, port: int | None = None, options: str = ""
-    ) -> str:
-        """A DSN for this workspace, through ``host:port`` (a worker's link) when given."""
-        pinned = " ".join(f"-c {s}" for s in (f"search_path={self.name}", *self.SETTINGS))
-        return psycopg.conninfo.make_conninfo(
-            self.env.db.dsn(host=host, port=port), options=f"{pinned} {options}".strip()
-        )
-
-    def connect(
-        self, *, application_name: str, host: str | None = None, port: int | None = None, **kwargs
-    ) -> psycopg.Connection:
-        return psycopg.connect(
-            self.conninfo(host=host, port=port),
-            autocommit=True,
-            application_name=application_name,
-            connect_timeout=5,
-            **kwargs,
-        )
-
-    def admin(self) -> psycopg.Connection:
-        """The check's own connection to this workspace: direct, never through a proxy."""
-        return self.env.admin(self)
-
-    def query(self, sql: str, params: Any = None) -> list[tuple]:
-        return self.env.query(sql, params, self)
-
-    def truncate(self) -> None:
-        """Empty every table and restart the sequences they own (between examples). By
-        ``clear_sql`` when the schema allows, and by TRUNCATE every ``TRUNCATE_EVERY`` resets,
-        which gives back the space the deleted rows held (autovacuum is off)."""
-        if not self.tables:
-            return
-        self.resets += 1
-        with timings.span("reset"):
-            if self.clear_sql is not None and self.resets % TRUNCATE_EVERY:
-                self.query(self.clear_sql)
-            else:
-                names = ", ".join(f'"{self.name}"."{t}"' for t in self.tables)
-                self.query(f"truncate {names} restart identity cascade")
-
-    def now(self) -> dt.datetime:
-        return self.query("select now()")[0][0]
-
-    def shift(self, seconds: int) -> None:
-        """Move every stored timestamp of the workspace back by ``seconds`` (forward when
-        negative), in one transaction, user triggers held off: the time shift
-        (:mod:`.timeshift`)."""
-        seconds = int(seconds)
-        if not seconds:
-            return
-        statements = ["set local lock_timeout = '10s'"]
-        for table, columns in self.time_columns.items():
-            name = f'"{self.name}"."{table}"'
-            sets = ", ".join(f'"{c}" = "{c}" - interval \'{seconds} seconds\'' for c in columns)
-            held = table in self.triggered
-            statements += [f"alter table {name} disable trigger user"] * held
-            statements += [f"update {name} set {sets}"]
-            statements += [f"alter table {name} enable trigger user"] * held
-        try:
-            # One message: the statements run as one transaction, in one round trip.
-            self.admin().execute("; ".join(statements))
-        except psycopg.errors.LockNotAvailable:
-            raise RuntimeError(
-                f"the time shift of {self.name} waited 10 s on a row lock: a "
-                "session of this run left a transaction open between steps"
-            ) from None
-        except psycopg.Error as e:
-            if is_connection_error(e):
-                self.env.ensure_alive()
-                raise EnvironmentFault(
-                    f"PostgreSQL stopped answering during a time shift: {first_line(e)}"
-                ) from None
-            raise RuntimeError(
-                f"the schema of {self.name} refuses a time shift of {seconds:+d}s "
-                f"({e.sqlstate} {first_line(e)}): a constraint "
-                "reading now(), or a unique timestamp"
-            ) from None
-        self.shifted += seconds
 
 
 # ---------------------------------------------------------------------------------------
@@ -685,206 +423,6 @@ class Env:
         if self.clock is not None:
             with timings.span("reset"):
                 self.clock.reset(CLOCK_BASE)
-
-
-# ---------------------------------------------------------------------------------------
-# A worker: its own connection through its own link, a hook around COMMIT, and a watch on
-# every statement it runs for a wait on another worker's lock.
-# ---------------------------------------------------------------------------------------
-
-
-class HookedConnection(ScheduledConnection):
-    """A worker's connection: its ``commit()`` first runs a one-shot hook (faults act at the most
-    interesting instant, just before COMMIT leaves the client), and inside a concurrent block
-    every statement and COMMIT waits for the scheduler (:mod:`.interleave`); the hook runs when
-    the COMMIT is scheduled."""
-
-    owner: "Worker | None" = None
-
-    def commit(self) -> None:
-        owner = self.owner
-        with self.step("COMMIT"):
-            if owner is not None and owner.before_commit is not None:
-                hook, owner.before_commit = owner.before_commit, None
-                hook(self)
-            super().commit()
-
-
-def cut_socket(conn: psycopg.Connection | psycopg.AsyncConnection) -> None:
-    """Close a connection the way a dying process does: the socket goes, no goodbye, no COMMIT.
-    An async connection is finished without an event loop."""
-    with contextlib.suppress(Exception):
-        s = socket.socket(fileno=os.dup(conn.pgconn.socket))
-        with contextlib.suppress(OSError):
-            s.shutdown(socket.SHUT_RDWR)
-        s.close()
-    with contextlib.suppress(Exception):
-        if isinstance(conn, psycopg.AsyncConnection):
-            conn.pgconn.finish()
-        else:
-            conn.close()
-
-
-HUNG_SECONDS = 60.0
-"""A worker's statement that neither finishes nor waits on a lock for this long is cut off and
-reported as hung. Generous on purpose: it is a backstop, never what decides a verdict on a
-machine under load. (The server's own statement_timeout cannot be used: it reads the faked
-clock.)"""
-
-
-@dataclass
-class Watch:
-    """What the watch over one operation saw: the other workers' backends it waited on."""
-
-    blocked_by: list[str] = field(default_factory=list)
-    hung: bool = False
-
-
-@contextlib.contextmanager
-def watch(env: Env, worker: "Worker", others: list["Worker"]):
-    """Watch ``worker``'s operation from the server while it runs: when its backend waits on a
-    lock held by another worker's backend (``pg_blocking_pids``), cancel the statement and
-    record who held the lock. The wait is seen by the server, never guessed from a timeout."""
-    seen = Watch()
-    conn = worker.conn
-    holders = [w for w in others if w.in_transaction()]
-    if conn is None or conn.closed or conn.broken or not holders:
-        # Nobody else holds a transaction open: there is no lock to wait on.
-        yield seen
-        return
-    pid = conn.info.backend_pid
-    stop = threading.Event()
-
-    def run() -> None:
-        start, delay = time.monotonic(), 0.002
-        try:
-            observer = psycopg.connect(
-                env.db.dsn(),
-                autocommit=True,
-                connect_timeout=5,
-                application_name=env.app_name("watch"),
-            )
-        except psycopg.Error:
-            return
-        with observer:
-            while not stop.wait(delay):
-                delay = min(0.02, delay * 2)
-                try:
-                    row = observer.execute("select pg_blocking_pids(%s)", (pid,)).fetchone()
-                except psycopg.Error:
-                    return
-                holders = {w.backend_pid: w.name for w in others if w.backend_pid}
-                names = sorted(holders[p] for p in (row[0] or []) if p in holders)
-                if names or time.monotonic() - start > HUNG_SECONDS:
-                    seen.blocked_by, seen.hung = names, not names
-                    with contextlib.suppress(Exception):
-                        conn.cancel_safe(timeout=2)
-                    return
-
-    thread = threading.Thread(target=run, name=f"watch-{worker.name}", daemon=True)
-    thread.start()
-    try:
-        yield seen
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-
-
-class Worker:
-    """One worker of the check. Its database connection goes through its own Toxiproxy link."""
-
-    def __init__(self, env: Env, ws: Workspace, kind: str, index: int):
-        self.env, self.ws, self.kind, self.index = env, ws, kind, index
-        self.name = f"w{index}"
-        self.link = env.api.link(f"{kind}-{self.name}-pg", env.db.host, env.db.port)
-        self.conn: HookedConnection | None = None
-        self._serial = itertools.count(1)
-        self.app_name = ""
-        self.links: list[Link] = [self.link]
-        self.before_commit: Callable[[HookedConnection], None] | None = None
-
-    def in_transaction(self) -> bool:
-        """Whether this worker's connection holds a transaction open (so it may hold locks)."""
-        conn = self.conn
-        if conn is None or conn.closed or conn.broken:
-            return False
-        return conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
-
-    @property
-    def backend_pid(self) -> int | None:
-        conn = self.conn
-        if conn is None or conn.closed or conn.broken:
-            return None
-        return conn.info.backend_pid
-
-    def connection(self) -> HookedConnection:
-        from knownstate.impl.errors import ConnectionLost
-
-        if self.conn is None or self.conn.closed or self.conn.broken:
-            self.app_name = self.env.app_name(f"{self.kind}-{self.name}-{next(self._serial)}")
-            try:
-                with timings.span("connect"):
-                    self.conn = HookedConnection.connect(
-                        self.ws.conninfo(host=self.link.host, port=self.link.port),
-                        application_name=self.app_name,
-                        connect_timeout=3,
-                    )
-            except psycopg.Error as e:
-                self.conn = None
-                raise ConnectionLost(f"{self.name} connect: {first_line(e)}") from None
-            self.conn.owner = self
-        return self.conn
-
-    def abandon(self) -> None:
-        """Drop the connection after an error and wait until the server has let go of it."""
-        if self.conn is not None:
-            cut_socket(self.conn)
-            self.conn = None
-        if self.app_name:
-            self.env.settle(self.app_name)
-
-    def close(self) -> None:
-        if self.conn is not None:
-            with contextlib.suppress(Exception):
-                self.conn.close()
-            self.conn = None
-
-    def ready(self) -> None:
-        """At the start of an example: a healthy, idle connection on a clean link, kept from the
-        example before when it still answers (a new one costs a backend fork). Every example thus
-        starts with every worker connected, so what a fault does to a connection depends on the
-        example alone, never on the examples before it."""
-        from knownstate.impl.errors import ConnectionLost
-
-        self.before_commit = None
-        conn = self.conn
-        if conn is not None:
-            try:
-                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                    raise psycopg.OperationalError("not idle")
-                with timings.span("reset"):
-                    conn.execute("select 1")
-                    conn.rollback()  # never leave a transaction open: now() would stay at its start
-            except psycopg.Error:
-                self.abandon()
-        try:
-            self.connection()
-        except ConnectionLost as e:
-            raise EnvironmentFault(
-                f"{self.name} could not connect through its clean link: {e}"
-            ) from None
-
-    def faulted(self) -> bool:
-        """A toxic on one of its links, a link down, or a COMMIT fault armed."""
-        return self.before_commit is not None or any(l.toxics or not l.enabled for l in self.links)
-
-    def clean(self) -> bool:
-        return not self.faulted()
-
-    def arm(self, hook: Callable[[HookedConnection], None]) -> None:
-        """Run ``hook`` just before this worker's next COMMIT, on whatever connection it has
-        then."""
-        self.before_commit = hook
 
 
 # ---------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from knownstate.chaos import harness
+from knownstate.chaos import workspace
 from knownstate.chaos.check import Env
 from knownstate.chaos.toxi import ToxiproxyServer
 
@@ -50,7 +50,7 @@ def _files(ws) -> dict[str, int]:
 
 
 def test_the_reset_leaves_what_truncate_restart_identity_leaves(env, monkeypatch):
-    monkeypatch.setattr(harness, "TRUNCATE_EVERY", 3)
+    monkeypatch.setattr(workspace, "TRUNCATE_EVERY", 3)
     ws = env.workspace("reset-check", SCHEMA)
     assert ws.clear_sql is not None  # the cheap path applies to this schema
     for reset in (1, 2, 3):
