@@ -15,39 +15,56 @@ versioned by ``version`` (:data:`SCHEMA_VERSION`): a reader refuses a version it
 
 from __future__ import annotations
 
-import re
 import shlex
 import time
 from dataclasses import dataclass
-from importlib import metadata, resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from . import dsn as dsns
-from . import outpath, timings
+from . import outpath
 from .check import SHRINKS as DEFAULT_SHRINKS  # run_check's and --shrinks's default
-from xml.etree import ElementTree as ET
+from .junit import case_name, junit
+from .reportschema import (
+    EXIT_CODES,
+    OUTCOMES,
+    SCHEMA_VERSION,
+    SIGNAL_EXIT,
+    STATUSES,
+    knownstate_version,
+    schema,
+)
+from .reporttext import mutant_lines, run_lines, stability_lines, status_word, verdict_line
 
-SCHEMA_VERSION = 1
-STATUSES = ("passed", "failed", "vacuous", "interrupted", "environment", "not run", "not covered")
-OUTCOMES = ("passed", "failed", "vacuous", "interrupted", "environment")
-EXIT_CODES = {"passed": 0, "failed": 1, "vacuous": 1, "environment": 3}
-SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
-
-
-def schema() -> dict:
-    """The JSON Schema of the report (shipped as package data)."""
-    import json
-
-    return json.loads(resources.files(__package__).joinpath("report.schema.json").read_text())
-
-
-def knownstate_version() -> str:
-    try:
-        return metadata.version("knownstate")
-    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "0+unknown"
-
+__all__ = [  # the document, and (re-exported) its vocabulary and renderings
+    "Replay",
+    "Report",
+    "ReportError",
+    "Unit",
+    "counts",
+    "finished_record",
+    "merge",
+    "not_covered_record",
+    "partial_record",
+    "path_problem",
+    "read",
+    "verdict",
+    "write_reports",
+    "EXIT_CODES",
+    "OUTCOMES",
+    "SCHEMA_VERSION",
+    "SIGNAL_EXIT",
+    "STATUSES",
+    "case_name",
+    "junit",
+    "knownstate_version",
+    "mutant_lines",
+    "run_lines",
+    "schema",
+    "stability_lines",
+    "status_word",
+    "verdict_line",
+]
 
 # ---------------------------------------------------------------------------------------
 # The plan: which runs a command makes, and how to replay one.
@@ -446,296 +463,3 @@ def write_reports(doc: dict, json_path: str | None, junit_path: str | None) -> N
                 failed.append(str(e))
     if failed:
         raise outpath.OutputError("; ".join(failed))
-
-
-# ---------------------------------------------------------------------------------------
-# JUnit XML.
-# ---------------------------------------------------------------------------------------
-
-_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-def _x(text: str) -> str:
-    return _NOT_XML.sub("?", text)
-
-
-def _counts(counter: dict) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) or "none"
-
-
-def case_name(r: dict, doc: dict) -> str:
-    """A test case's name, the same on every run (a random seed is not in it): CI tools track
-    a test's history by its name."""
-    name = (
-        r["mutant"]["name"]
-        if r["mutant"]
-        else (r["kind"] if doc["command"] == "verify" else "reference")
-    )
-    seeds = doc["seeds"]
-    return name + (
-        f" (seed {seeds.index(r['seed']) + 1} of {len(seeds)})"
-        if len(seeds) > 1 and r["seed"] in seeds
-        else ""
-    )
-
-
-def junit(doc: dict) -> str:
-    runs = doc["runs"]
-    suite = ET.Element(
-        "testsuite",
-        name=f"knownstate {doc['command']}",
-        tests=str(len(runs)),
-        time=f"{doc['seconds']:.3f}",
-    )
-    props = ET.SubElement(suite, "properties")
-    for key in ("version", "knownstate", "profile", "seed", "outcome", "exit_code", "message"):
-        if doc[key] is not None:
-            ET.SubElement(props, "property", name=key, value=_x(str(doc[key])))
-    tallies = {"failures": 0, "errors": 0, "skipped": 0}
-    for r in runs:
-        classname = f"knownstate.{doc['command']}" + (
-            f".{r['kind']}" if doc["command"] == "mutants" else ""
-        )
-        case = ET.SubElement(
-            suite,
-            "testcase",
-            classname=classname,
-            name=case_name(r, doc),
-            time=f"{r['seconds']:.3f}",
-        )
-        tag, kind, message, text = _junit_outcome(r, doc)
-        if tag:
-            tallies[{"failure": "failures", "error": "errors", "skipped": "skipped"}[tag]] += 1
-            el = ET.SubElement(case, tag, message=_x(message), type=kind)
-            if text:
-                el.text = _x(text)
-        if r["status"] != "not run":
-            ET.SubElement(case, "system-out").text = _x("\n".join(run_lines(r)))
-    for k, v in tallies.items():
-        suite.set(k, str(v))
-    root = ET.Element(
-        "testsuites",
-        name="knownstate",
-        tests=str(len(runs)),
-        time=f"{doc['seconds']:.3f}",
-        **{k: str(v) for k, v in tallies.items()},
-    )
-    root.append(suite)
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, "unicode") + "\n"
-
-
-def _junit_outcome(r: dict, doc: dict) -> tuple[str | None, str, str, str]:
-    status = r["status"]
-    if status == "not run":
-        why = {
-            "interrupted": "the command was interrupted before it began",
-            "environment": "a real part died before it began",
-        }.get(doc["outcome"], "")
-        return "skipped", "not-run", "not run" + (f": {why}" if why else ""), ""
-    if status in ("interrupted", "environment"):
-        message = (
-            f"interrupted ({doc['signal'] or 'SIGINT'})"
-            if status == "interrupted"
-            else f"environment: {doc['message'] or 'a real part died'}"
-        )
-        return "error", status, f"{message} after {r['examples']} examples", ""
-    if r["mutant"] is not None:
-        if r["caught"]:
-            return None, "", "", ""
-        return "failure", "not-caught", f"NOT CAUGHT: {_why_not_caught(r)}", ""
-    if status == "failed":
-        text = "\n".join(
-            [r["failure"], "counterexample:", *r["counterexample"], f"replay: {r['replay']}"]
-        )
-        return "failure", "counterexample", r["failure"].splitlines()[0], text
-    if status == "vacuous":
-        return "failure", "vacuous", "vacuous: never observed " + "; ".join(r["vacuous"]), ""
-    return None, "", "", ""
-
-
-def _why_not_caught(r: dict) -> str:
-    declared = r["mutant"]["invariant"]
-    if r["failure"] is None:
-        n = r["examples"]
-        return f"it survived {n} example{'s' if n != 1 else ''} (it breaks {declared})"
-    named = ", ".join(r["invariants"]) or "no invariant"
-    return f"the failure names {named}, not {declared}, the invariant the mutant breaks"
-
-
-# ---------------------------------------------------------------------------------------
-# Text: what a run prints, and the summaries.
-# ---------------------------------------------------------------------------------------
-
-
-def status_word(r: dict) -> str:
-    if r["mutant"] is not None and r["status"] in ("passed", "failed"):
-        return "CAUGHT" if r["caught"] else "NOT CAUGHT"
-    return {
-        "passed": "passed",
-        "not run": "not run",
-        "not covered": "not covered on this database",
-    }.get(r["status"], r["status"].upper())
-
-
-def run_lines(r: dict) -> list[str]:
-    """A run's summary, as printed at its end and kept in the JUnit test case."""
-    rate = r["steps"] / r["seconds"] if r["seconds"] else 0.0
-    head = r["kind"] + (f" mutant {r['mutant']['name']}" if r["mutant"] else "")
-    out = [
-        f"{head}: {status_word(r)} — {r['examples']} examples, {r['steps']} steps "
-        f"({rate:.0f} steps/s), {r['seconds']:.1f} s, seed {r['seed']}"
-    ]
-    if r["stored_examples"]:
-        out.append(
-            f"  replayed first: {r['stored_examples']} stored failing example(s) from "
-            "the example database"
-        )
-    out.append(f"  faults injected: {_counts(r['faults'])}")
-    out += [f"  fault unavailable: {u}" for u in r["unavailable"]]
-    out.append(f"  events observed: {_counts(r['events'])}")
-    seen = sum(1 for n in r["transitions"].values() if n)
-    out.append(f"  transitions observed: {seen} distinct, {sum(r['transitions'].values())} taken")
-    out.append(f"  invariants checked: {r['invariants_checked']}")
-    if r["stopped"]:
-        out.append(f"  stopped: {r['stopped']}")
-    out += [f"  not covered on this database: {n}" for n in r["not_covered"]]
-    if r.get("timings"):
-        out += timings.table(r["timings"])
-    if r["mutant"] is not None and r["status"] in ("passed", "failed"):
-        out.append(
-            f"  {status_word(r)}: "
-            + (
-                f"the failure names {r['mutant']['invariant']}, the invariant the mutant breaks"
-                if r["caught"]
-                else _why_not_caught(r)
-            )
-        )
-    if r["failure"]:
-        out.append(f"  failure: {r['failure']}")
-        if r["counterexample"]:  # none when the check could not start (a refused schema)
-            out.append(
-                f"  counterexample ({r['counterexample_steps']} steps, one operation or "
-                "fault per line):"
-            )
-            out += [f"    {line}" for line in r["counterexample"]]
-        out.append(f"  replay: {r['replay']}")
-    elif r["vacuous"]:
-        out.append("  vacuous: the run never observed " + "; ".join(r["vacuous"]))
-        out.append(
-            "  (a gate that never reached these proves nothing about them: raise "
-            "--examples/--steps, or try another seed)"
-        )
-    return out
-
-
-def _seeds(runs: Iterable[dict]) -> str:
-    return ", ".join(str(r["seed"]) for r in runs)
-
-
-def stability_lines(doc: dict) -> list[str]:
-    """Per kind, over the seeds: passes, vacuous, failed, and the seeds of each."""
-    runs = [r for r in doc["runs"] if r["mutant"] is None]
-    kinds = list(dict.fromkeys(r["kind"] for r in runs))
-    out = [
-        f"over {len(doc['seeds'])} seeds ({_seeds_list(doc['seeds'])}):",
-        f"  {'kind':<18} {'passed':>6} {'vacuous':>8} {'failed':>7} {'unfinished':>11}",
-    ]
-    for kind in kinds:
-        mine = [r for r in runs if r["kind"] == kind]
-        by = {s: [r for r in mine if r["status"] == s] for s in STATUSES}
-        unfinished = by["interrupted"] + by["environment"] + by["not run"]
-        line = (
-            f"  {kind:<18} {len(by['passed']):>6} {len(by['vacuous']):>8} "
-            f"{len(by['failed']):>7} {len(unfinished):>11}"
-        )
-        notes = [f"{s} at seed {_seeds(by[s])}" for s in ("vacuous", "failed") if by[s]]
-        out.append(line + ("   " + "; ".join(notes) if notes else ""))
-    return out
-
-
-def _seeds_list(seeds: list[int]) -> str:
-    return (
-        ", ".join(map(str, seeds))
-        if len(seeds) <= 6
-        else f"{seeds[0]}, {seeds[1]}, ..., {seeds[-1]}"
-    )
-
-
-def mutant_lines(doc: dict) -> list[str]:
-    """Per mutant: on how many seeds it was caught, seconds, counterexample steps."""
-    finished = ("passed", "failed", "vacuous")
-    out = [
-        f"  {'kind':<16} {'mutant':<28} {'invariant broken':<30} {'caught':>14} "
-        f"{'seconds':>8} {'steps':>6}"
-    ]
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for r in doc["runs"]:
-        groups.setdefault((r["kind"], r["mutant"]["name"] if r["mutant"] else ""), []).append(r)
-    for (kind, name), runs in groups.items():
-        done = [r for r in runs if r["status"] in finished]
-        if not name:
-            bad = [r for r in done if not r["ok"]]
-            if bad or doc["command"] == "mutants":
-                word = f"FAILS at seed {_seeds(bad)}" if bad else f"passes {len(done)}/{len(runs)}"
-                out.append(f"  {kind:<16} {'(reference)':<28} {'':<30} {word:>14}")
-            continue
-        if all(r["status"] == "not covered" for r in runs):
-            out.append(
-                f"  {kind:<16} {name:<28} {runs[0]['mutant']['invariant']:<30} "
-                f"{'not covered':>14}   needs {', '.join(runs[0]['not_covered'])}"
-            )
-            continue
-        caught = [r for r in done if r["caught"]]
-        missed = [r for r in done if not r["caught"]]
-        tally = f"{len(caught)}/{len(runs)}"
-        word = (
-            tally
-            if not missed and len(done) == len(runs)
-            else (f"NOT CAUGHT {tally}" if missed else f"{tally} (unfinished)")
-        )
-        secs = sum(r["seconds"] for r in done) / len(done) if done else 0.0
-        steps = max((r["counterexample_steps"] for r in caught), default=None)
-        line = (
-            f"  {kind:<16} {name:<28} {runs[0]['mutant']['invariant']:<30} {word:>14} "
-            f"{secs:>8.1f} {steps if steps is not None else '-':>6}"
-        )
-        out.append(line + (f"   missed at seed {_seeds(missed)}" if missed else ""))
-    return out
-
-
-def verdict_line(doc: dict) -> str:
-    runs, c = doc["runs"], doc["counts"]
-    mutants = [r for r in runs if r["mutant"] is not None]
-    outcome = doc["outcome"]
-    seeds = (
-        f"seed {doc['seed']}" if len(doc["seeds"]) == 1 else f"seeds {_seeds_list(doc['seeds'])}"
-    )
-    tail = f", {doc['seconds']:.1f} s, {seeds}"
-    if outcome in ("interrupted", "environment"):
-        done = c["runs"] - c["not run"] - c["interrupted"] - c["environment"]
-        word = "INTERRUPTED" if outcome == "interrupted" else "STOPPED (environment)"
-        return f"knownstate {doc['command']}: {word} — {done} of {c['runs']} runs finished{tail}"
-    if doc["command"] == "verify" and mutants and len(mutants) == len(runs):
-        caught = sum(1 for r in mutants if r["caught"])
-        word = "CAUGHT" if caught == len(mutants) else "NOT CAUGHT"
-        return (
-            f"knownstate verify: {word} — mutant {mutants[0]['mutant']['name']} of "
-            f"{mutants[0]['kind']} caught at {caught} of {len(mutants)} seeds{tail}"
-        )
-    if doc["command"] == "mutants":
-        names = list(dict.fromkeys((r["kind"], r["mutant"]["name"]) for r in mutants))
-        missed = list(dict.fromkeys(f"{r['mutant']['name']}" for r in mutants if not r["ok"]))
-        ref_bad = [r for r in runs if r["mutant"] is None and not r["ok"]]
-        word = "PASSED" if outcome == "passed" else "FAILED"
-        text = (
-            f"knownstate mutants: {word} — {len(names) - len(missed)}/{len(names)} mutants "
-            f"caught at every seed"
-        )
-        text += f"; NOT CAUGHT: {', '.join(missed)}" if missed else ""
-        text += (
-            f"; the reference FAILS ({', '.join(r['kind'] for r in ref_bad)})" if ref_bad else ""
-        )
-        return text + tail
-    word = {"passed": "PASSED", "failed": "FAILED", "vacuous": "VACUOUS"}[outcome]
-    return f"knownstate verify: {word} — {c['ok']}/{c['runs']} runs passed{tail}"
