@@ -9,7 +9,6 @@ set of real parts and writes the reports on every way out (:mod:`.report`).
 
 from __future__ import annotations
 
-import argparse
 import os
 import secrets
 import signal
@@ -20,17 +19,16 @@ from dataclasses import dataclass
 from . import browser_cli, kinds, memory, outpath
 from . import dsn as dsns
 from .check import PROFILES, EnvironmentFault, Env, run_check
+from .cliargs import EXIT_CODES_HELP, MAX_SEED, SEED_HELP, build_parser, profiles_help, seed_option
 from .cluster import Unavailable
 from .mutants import catalogue_problems
 from .report import (
     not_covered_record,
-    DEFAULT_SHRINKS,
     Replay,
     Report,
     ReportError,
     Unit,
     finished_record,
-    knownstate_version,
     merge,
     mutant_lines,
     path_problem,
@@ -48,19 +46,14 @@ from .tools import MissingTool
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ENVIRONMENT = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
 
-EXIT_CODES_HELP = """exit codes:
-  0    passed: every run passed (verify), every mutant caught (mutants, verify --mutant)
-  1    failed: a counterexample, a vacuous run, a mutant NOT CAUGHT, a broken mutant catalogue
-  2    bad command line (unknown kind, unwritable report path, ...): nothing was started
-  3    a real part died or could not start (PostgreSQL, Toxiproxy, a stand-in): not a bug
-  130  interrupted (Ctrl-C)
-  143  terminated (SIGTERM, e.g. a CI job's timeout)
---junit and --json are written on every exit but 2, with the runs that finished and the
-rest marked interrupted / not run."""
-
-
-def profiles_help() -> str:
-    return "profiles:\n" + "\n".join(f"  {name:<5} {p.description}" for name, p in PROFILES.items())
+__all__ = [  # the command line's grammar, re-exported from .cliargs
+    "EXIT_CODES_HELP",
+    "MAX_SEED",
+    "SEED_HELP",
+    "build_parser",
+    "profiles_help",
+    "seed_option",
+]
 
 
 class UsageError(Exception):
@@ -468,203 +461,6 @@ def cmd_specs(args) -> int:
     return EXIT_OK
 
 
-MAX_SEED = 2**64 - 1
-SEED_HELP = f"the seed, 0..{MAX_SEED} (default: a random one, printed)"
-
-
-def seed_option(text: str) -> int:
-    """argparse type of ``--seed``: a whole number from 0 (a seed is printed and replayed as
-    given, so ``-5`` or ``1e3`` is refused rather than read as something else)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= MAX_SEED or not text.strip().isdigit():
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a seed: give a whole number 0..{MAX_SEED}"
-        )
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    raw = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(
-        prog="knownstate",
-        formatter_class=raw,
-        epilog=EXIT_CODES_HELP + "\n\n" + profiles_help(),
-        description="The verification gate for durable work on PostgreSQL: pure models checked "
-        "against the reference implementation under real faults.",
-    )
-    p.add_argument("--version", action="version", version=f"knownstate {knownstate_version()}")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    def common(sp):
-        sp.add_argument(
-            "kinds",
-            nargs="*",
-            metavar="KIND",
-            help=f"run kinds (default: all of {', '.join(kinds.names())})",
-        )
-        sp.add_argument("--examples", type=int, help="examples per kind (default: the profile's)")
-        sp.add_argument(
-            "--steps", type=int, help="maximum steps per example (default: the profile's)"
-        )
-        sp.add_argument("--seed", type=seed_option, help=SEED_HELP)
-        sp.add_argument(
-            "--dsn",
-            type=dsns.option,
-            metavar="DSN",
-            help=(
-                "an external PostgreSQL (default: a throwaway cluster). Only the database the DSN "
-                "names is used, in schemas the run creates and drops; its user needs CONNECT and "
-                "CREATE on it. env:NAME reads the DSN from the environment variable NAME (e.g. "
-                "--dsn env:DATABASE_URL); DATABASE_URL is never read otherwise. What the DSN "
-                "leaves out, libpq takes from PGHOST, PGPORT, PGUSER, PGPASSWORD, PGSSLMODE and "
-                "its other PG* variables (and ~/.pgpass), as psql does; the throwaway cluster "
-                "reads none of them"
-            ),
-        )
-        sp.add_argument("--json", metavar="FILE", help="write a JSON report")
-        sp.add_argument(
-            "--shrinks",
-            type=int,
-            default=DEFAULT_SHRINKS,
-            help="replays at most, shrinking a failure to its shortest "
-            f"counterexample (default {DEFAULT_SHRINKS}; a count, never a time)",
-        )
-        sp.add_argument(
-            "--batch",
-            type=int,
-            default=0,
-            help="start at this batch of examples (a failure's replay command gives it)",
-        )
-        sp.add_argument(
-            "--kind",
-            action="append",
-            default=[],
-            metavar="MODULE:CHECK",
-            dest="own_kinds",
-            help="also a kind of your own: a check class, e.g. mypkg.kinds:WebhookKind",
-        )
-        sp.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
-        sp.add_argument(
-            "--profile",
-            choices=sorted(PROFILES),
-            default="ci",
-            help="how long each run goes on: "
-            + "; ".join(f"{n}: {pr.description}" for n, pr in PROFILES.items()),
-        )
-        sp.add_argument(
-            "--seeds",
-            type=int,
-            metavar="N",
-            help="run each check at N seeds (--seed, --seed + 1, ...) and print per "
-            "kind or mutant how many passed / were caught, and at which seeds",
-        )
-        browser_cli.add_options(sp)
-        sp.add_argument(
-            "--shard",
-            metavar="I/N",
-            help="run only shard I of N of the runs (kinds x seeds x mutants, dealt "
-            "round-robin); needs --seed; join the reports with 'report merge'",
-        )
-
-    v = sub.add_parser(
-        "verify",
-        formatter_class=raw,
-        epilog=EXIT_CODES_HELP,
-        help="run the gate: each kind's model against its implementation under faults",
-    )
-    common(v)
-    v.add_argument(
-        "--mutant",
-        metavar="NAME",
-        help="check a named mutant instead of the reference (one KIND): CAUGHT exits "
-        "0, NOT CAUGHT exits 1",
-    )
-    v.add_argument(
-        "--timings",
-        action="store_true",
-        help="print per run where its time went (crash and restart, Toxiproxy, new "
-        "connections, waits, the implementation, the checks, Hypothesis) and put it in the "
-        "JSON report; reported only, never part of a verdict",
-    )
-    db = v.add_mutually_exclusive_group()
-    db.add_argument(
-        "--example-db",
-        metavar="DIR",
-        help=f"keep failing examples here and replay them first (default "
-        f"{memory.DEFAULT_DIR}, git-ignored)",
-    )
-    db.add_argument(
-        "--no-example-db", action="store_true", help="neither replay nor keep failing examples"
-    )
-    v.add_argument(
-        "--example-db-github",
-        metavar="OWNER/REPO[:ARTIFACT]",
-        help="also replay the failing examples in this GitHub Actions artifact "
-        f"(read-only; artifact name default {memory.ARTIFACT}; needs "
-        "GITHUB_TOKEN for a private repository)",
-    )
-    v.set_defaults(func=cmd_verify)
-
-    m = sub.add_parser(
-        "mutants",
-        formatter_class=raw,
-        epilog=EXIT_CODES_HELP,
-        help="run the gate against each named bug; every one must be caught",
-    )
-    common(m)
-    m.add_argument(
-        "--mutant",
-        metavar="NAME",
-        action="append",
-        help="only this mutant (repeatable); the reference always runs",
-    )
-    m.add_argument(
-        "-v",
-        "--verbose",
-        action="store_true",
-        help="print each mutant's counterexample and replay command",
-    )
-    m.set_defaults(func=cmd_mutants, no_example_db=True, example_db=None)
-
-    r = sub.add_parser("report", help="work with JSON reports")
-    rsub = r.add_subparsers(dest="report_command", required=True)
-    rm = rsub.add_parser(
-        "merge",
-        formatter_class=raw,
-        epilog=EXIT_CODES_HELP,
-        help="join the JSON reports of the shards of one run (--shard I/N)",
-        description="Join the JSON reports of every shard of one run into the "
-        "report of the whole; exits as that run would have.",
-    )
-    rm.add_argument("reports", nargs="+", metavar="REPORT.json")
-    rm.add_argument("--json", metavar="FILE", help="write the merged JSON report")
-    rm.add_argument("--junit", metavar="FILE", help="write the merged JUnit XML report")
-    rm.set_defaults(func=cmd_report_merge)
-
-    sp = sub.add_parser(
-        "specs", help="regenerate the diagrams and the contract table in specs/ from model/"
-    )
-    sp.add_argument("--check", action="store_true", help="only report drift (exit 1 when found)")
-    sp.set_defaults(func=cmd_specs)
-
-    from . import bench
-
-    bench.add_parser(sub)
-    from . import soak
-
-    soak.add_parser(sub)  # noqa: E702
-    from . import scaffold
-
-    scaffold.add_parser(sub)  # noqa: E702
-    from . import serve
-
-    serve.add_parser(sub)  # noqa: E702
-    return p
-
-
 THROWAWAY = ("verify", "mutants", "soak", "serve", "bench")
 """Commands that run on a throwaway PostgreSQL unless given --dsn: libpq's environment variables
 are removed from their process (and its children), :func:`.dsn.ignore_environment`."""
@@ -717,4 +513,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # ``python -m knownstate.chaos.cli``: run the module as imported, the one the commands and
+    # the argument grammar (.cliargs) import, so their errors are this main's (one UsageError)
+    from knownstate.chaos import cli
+
+    sys.exit(cli.main())
