@@ -12,24 +12,28 @@ from __future__ import annotations
 import importlib
 import re
 
-from knownstate.model.contract import Contract
+from knownstate.model.contract import Contract, TransitionTable
 from knownstate.model.descriptions import BUILT_IN
 
 from .tools import PROJECT_ROOT
 
 SPECS = PROJECT_ROOT / "specs"
 
-# spec file -> model module whose TABLE is its diagram
-DIAGRAMS = {
-    "outbox.md": "knownstate.model.outbox",
-    "approved-plan.md": "knownstate.model.approved_plan",
-    "branch-reset.md": "knownstate.model.branch_reset",
-    "document-session.md": "knownstate.model.document",
-}
+PROTOCOLS = {"document-session.md": "knownstate.model.document"}
+"""The client protocols' specs: spec file -> model module whose ``TABLE`` is its diagram. A
+durable kind's spec is ``<its name>.md``, its diagram its description's table: a new kind is
+its description in ``BUILT_IN``, nothing here."""
 
 
-def diagram(module: str) -> str:
-    table = importlib.import_module(module).TABLE
+def diagrams() -> dict[str, TransitionTable]:
+    """Spec file -> the table its diagram is generated from."""
+    out = {f"{d.name}.md": d.contract().table for d in BUILT_IN}
+    for file, module in PROTOCOLS.items():
+        out[file] = importlib.import_module(module).TABLE
+    return out
+
+
+def diagram(table: TransitionTable) -> str:
     return f"```mermaid\n{table.mermaid()}\n```"
 
 
@@ -94,7 +98,7 @@ def contract_table() -> str:
 
 def blocks() -> dict[tuple[str, str], str]:
     """(file, block name) -> generated content."""
-    out = {(f, "diagram"): diagram(m) for f, m in DIAGRAMS.items()}
+    out = {(f, "diagram"): diagram(table) for f, table in diagrams().items()}
     out[("contract.md", "contract")] = contract_table()
     return out
 
