@@ -32,3 +32,29 @@ def test_the_contract_table_is_generated_from_the_descriptions(monkeypatch):
     monkeypatch.setattr(specs, "BUILT_IN", (changed, *descriptions.BUILT_IN[1:]))
     assert "fence: status" in specs.contract_table()
     assert any("contract.md" in p for p in specs.drift())
+
+
+def test_every_spec_is_generated_and_a_durable_kind_needs_no_entry_in_chaos_specs():
+    """specs/ holds a spec per built-in description, per client protocol and the contract, and
+    nothing else; chaos/specs.py names no durable kind (its description in BUILT_IN is its only
+    registration), so a new kind's spec is its description plus its ``specs/<name>.md``."""
+    from pathlib import Path
+
+    from knownstate.model import descriptions
+
+    described = {f"{d.name}.md" for d in descriptions.BUILT_IN}
+    assert set(specs.diagrams()) == described | set(specs.PROTOCOLS)
+    on_disk = {p.name for p in specs.SPECS.glob("*.md")}
+    assert on_disk == described | set(specs.PROTOCOLS) | {"contract.md"}
+    source = Path(specs.__file__).read_text()
+    for d in descriptions.BUILT_IN:
+        assert d.name not in source, f"chaos/specs.py names the kind {d.name} by hand"
+
+
+def test_a_new_description_gets_its_diagram(monkeypatch):
+    from knownstate.model import descriptions
+
+    jobs = descriptions.OUTBOX.model_copy(update={"name": "jobs"})
+    monkeypatch.setattr(specs, "BUILT_IN", (*descriptions.BUILT_IN, jobs))
+    assert "jobs.md" in specs.diagrams()
+    assert any("specs/jobs.md is missing" in p for p in specs.drift())
