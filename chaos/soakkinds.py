@@ -409,12 +409,12 @@ class PlanSoak(SoakKind):
         return cls(spec["params"]["heartbeat_s"], getattr(check, "queries", None))
 
     def loop(self, spec: dict, store, connect, stop: threading.Event, log):
-        from knownstate.impl import loops
+        from knownstate.impl import approved_plan
 
         p = spec["params"]
         if spec["role"] == "reaper":
-            return loops.PlanReader(connect, store, stop, idle=p["read_every"])
-        return loops.PlanExecutor(connect, store, stop, idle=p["idle"], pace=p["pace"])
+            return approved_plan.PlanReader(connect, store, stop, idle=p["read_every"])
+        return approved_plan.PlanExecutor(connect, store, stop, idle=p["idle"], pace=p["pace"])
 
     def produce(self, producer: Producer) -> None:
         rng, store, pending = producer.rng, producer.store, producer.state.setdefault("left", [])
@@ -548,12 +548,12 @@ class ResetSoak(SoakKind):
         )
 
     def loop(self, spec: dict, store, connect, stop: threading.Event, log):
-        from knownstate.impl import loops
+        from knownstate.impl import branch_reset, loops
 
         p = spec["params"]
         if spec["role"] == "reaper":
             return loops.Periodic(connect, store.reap, stop, idle=p["reap_every"])
-        return loops.ResetPoller(connect, store, stop, idle=p["poll_every"])
+        return branch_reset.ResetPoller(connect, store, stop, idle=p["poll_every"])
 
     def produce(self, producer: Producer) -> None:
         rng, store, last = producer.rng, producer.store, producer.state.setdefault("last", {})

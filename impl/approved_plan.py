@@ -19,18 +19,21 @@ the model's own functions, so they are written once.
     finish_step     heartbeat_at = now(), and the step's transition
     COMMIT
 
-SQL lives in ``sql/approved_plan_schema.sql`` and ``sql/approved_plan.sql``.
+SQL lives in ``sql/approved_plan_schema.sql`` and ``sql/approved_plan.sql``. The loops that run
+plans as deployed, :class:`PlanExecutor` and :class:`PlanReader`, are at the end.
 """
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from knownstate.impl.errors import boundary, commit
+from knownstate.impl.errors import KnownstateError, boundary, commit
+from knownstate.impl.loops import Connect, Loop
 from knownstate.impl.queries import load, schema as _read_schema
 from knownstate.model import approved_plan as m
 from knownstate.model.contract import LostRace, Outcome, Rejected, Won
@@ -349,3 +352,103 @@ def project(conn: psycopg.Connection, to_model_time: Callable[[datetime], int]) 
     balances = tuple((a, b) for a, b in balance_rows)
     ledger = tuple(sorted(m.LedgerEntry(*r) for r in ledger_rows))
     return m.PlanState(proposals, balances, ledger)
+
+
+# ---------------------------------------------------------------------------------------
+# The loops that run it, as deployed (the soak runs them as processes).
+# ---------------------------------------------------------------------------------------
+
+
+class PlanExecutor(Loop):
+    """The approved-plan executor, deployed: claims one approved plan (``mark_executing``, which
+    hands out the claim token), then runs each step in payload order under the token (a step
+    stamps the heartbeat itself; one step in three is a long one, which renews the heartbeat
+    halfway). A step that loses its connection is retried *as the same step*: its identity is
+    its position in the frozen payload, so a retry of a step that did commit is answered from
+    its receipt. A fenced heartbeat or step (the run is no longer executing under this token)
+    ends the run for this executor: somebody healed it, and nothing it does counts. ``pace``:
+    seconds a step prepares (twice that for a long one, steps 2, 5, ...); ``retries``: how
+    often one step is retried after lost connections before the executor gives the run up to
+    the lazy heal."""
+
+    queries = QUERIES
+
+    def __init__(
+        self,
+        connect: Connect,
+        store,
+        stop: threading.Event | None = None,
+        *,
+        idle: float = 0.1,
+        pace: float = 0.1,
+        batch: int = 5,
+        retries: int = 30,
+    ):
+        super().__init__(connect, stop, idle)
+        self.store, self.pace, self.batch, self.retries = store, pace, batch, retries
+
+    def run_once(self) -> int:
+        for pid, n_steps in self.find("plans_ready", n=self.batch):
+            claimed = self.store.mark_executing(self.conn(), pid)
+            if isinstance(claimed, Won):
+                self.stats.claimed += 1
+                self.execute(pid, n_steps, claimed.value)
+                return 1
+            self.stats.fenced += 1
+        return 0
+
+    def execute(self, pid: int, n_steps: int, token: int) -> None:
+        step, failures = 0, 0
+        while step < n_steps:
+            if self.stop.wait(self.pace):
+                return
+            try:
+                if step % 3 == 2:  # a long step: renew the lease halfway through its preparation
+                    beat = self.store.heartbeat(self.conn(), pid, token)
+                    if not isinstance(beat, Won):
+                        self.stats.fenced += 1
+                        return
+                    if self.stop.wait(self.pace):
+                        return
+                out = self.store.run_step(self.conn(), pid, step, token)
+            except KnownstateError:
+                self.stats.errors += 1
+                self.drop()
+                failures += 1
+                if failures > self.retries:
+                    return
+                continue  # the same step again: a retry of a committed step finds its receipt
+            if not isinstance(out, Won):
+                self.stats.fenced += 1
+                return
+            self.stats.done += 1
+            if not out.value.ok:
+                return  # the run failed at this step: no step after it runs
+            step += 1
+
+
+class PlanReader(Loop):
+    """What reads runs: a status page polling the executing ones (each read heals a stale run,
+    the approved plan's only reaper) and repeated execute requests on finished ones (answered
+    from receipts)."""
+
+    queries = QUERIES
+
+    def __init__(
+        self,
+        connect: Connect,
+        store,
+        stop: threading.Event | None = None,
+        *,
+        idle: float = 0.3,
+        repeats: int = 2,
+    ):
+        super().__init__(connect, stop, idle)
+        self.store, self.repeats = store, repeats
+
+    def run_once(self) -> int:
+        for (pid,) in self.find("plans_executing", n=50):
+            self.store.read(self.conn(), pid)
+        for (pid,) in self.find("plans_finished", n=self.repeats):
+            self.store.repeat(self.conn(), pid)
+        return 0

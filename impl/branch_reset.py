@@ -38,6 +38,7 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+import threading
 from datetime import datetime, timedelta
 from typing import Callable
 
@@ -62,6 +63,7 @@ from knownstate.model.contract import LostRace, Outcome, Rejected, Won
 
 from . import queries
 from .errors import ExternalCallFailed, boundary, commit
+from .loops import Connect, Loop
 
 QUERIES_FILE = "branch_reset.sql"
 SCHEMA = queries.schema("branch_reset_schema.sql")
@@ -313,3 +315,52 @@ def project(conn: psycopg.Connection, to_model_time: Callable[[datetime], int]) 
             error=error,
         )
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# The loop that runs it, as deployed (the soak runs it as processes).
+# ---------------------------------------------------------------------------------------
+
+
+class ResetPoller(Loop):
+    """The branch-reset worker, deployed: starts queued runs (claim + create the external
+    operation once) and polls the running runs it started; it never polls another worker's run,
+    so a dead owner's lease lapses and the reaper ends its run."""
+
+    queries = QUERIES
+
+    def __init__(
+        self,
+        connect: Connect,
+        store,
+        stop: threading.Event | None = None,
+        *,
+        idle: float = 0.3,
+        batch: int = 3,
+    ):
+        super().__init__(connect, stop, idle)
+        self.store, self.batch = store, batch
+
+    def _call(self, op: Callable[[], Outcome]) -> Outcome | None:
+        try:
+            return op()
+        except ExternalCallFailed:  # the store rolled back; the run is as it was
+            self.stats.errors += 1
+            return None
+
+    def run_once(self) -> int:
+        started = 0
+        for (run_id,) in self.find("resets_queued", n=self.batch):
+            out = self._call(lambda run_id=run_id: self.store.start(self.conn(), run_id))
+            if isinstance(out, Won):
+                self.stats.claimed += 1
+                started += 1
+            elif out is not None:
+                self.stats.fenced += 1
+        for (run_id,) in self.find("resets_mine", worker=self.store.worker):
+            out = self._call(lambda run_id=run_id: self.store.poll(self.conn(), run_id))
+            if isinstance(out, Won):
+                self.stats.done += 1
+            elif out is not None:
+                self.stats.fenced += 1
+        return started

@@ -156,3 +156,19 @@ SELECT
    FROM demo_account),
   (SELECT coalesce(json_agg(json_build_array(proposal_id, step_index, account, delta)), '[]')
    FROM demo_ledger)
+
+-- plans_ready --
+-- The executor loop's read (PlanExecutor; a loop only reads: every write is a store operation
+-- above, whose guard decides, so a plan found here may be gone when it acts, a lost race).
+-- Approved plans waiting for an executor, oldest first, with their number of steps (the frozen
+-- payload's length: a step's identity is its position in it).
+SELECT id, jsonb_array_length(steps) FROM agent_proposal
+WHERE status = 'approved' ORDER BY id LIMIT %(n)s
+
+-- plans_executing --
+-- Runs some executor holds (or held, and died holding): a reader's read heals the stale ones.
+SELECT id FROM agent_proposal WHERE status = 'executing' ORDER BY id LIMIT %(n)s
+
+-- plans_finished --
+-- The most recently created finished plans, which a repeated execute request may name again.
+SELECT id FROM agent_proposal WHERE status IN ('executed', 'failed') ORDER BY id DESC LIMIT %(n)s

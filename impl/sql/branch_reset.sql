@@ -72,3 +72,14 @@ RETURNING id
 SELECT id, branch, idempotency_key, status, claimed_by, external_op_id, op_statuses, lease_until, error
   FROM branch_reset
  ORDER BY id
+
+-- resets_queued --
+-- The poller loop's read (ResetPoller; a loop only reads: every write is a store operation above,
+-- whose guard decides). Queued branch resets, in the order they were requested: any poller may
+-- start one.
+SELECT id FROM branch_reset WHERE status = 'queued' ORDER BY requested_at, id LIMIT %(n)s
+
+-- resets_mine --
+-- The running resets this worker started: it polls its own, so a dead poller's runs wait for the
+-- reaper (another poller would keep a dead owner's lease alive).
+SELECT id FROM branch_reset WHERE status = 'running' AND claimed_by = %(worker)s ORDER BY id
