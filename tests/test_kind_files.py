@@ -1,0 +1,85 @@
+"""The files a hand-written kind touches are the ones README's "Validating your own run kind"
+lists: the shared modules it no longer touches name no kind in their code (docstrings may
+mention one as an example). Fast: reads source only."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from knownstate.chaos import kinds
+from knownstate.impl import loops
+from knownstate.model import descriptions
+
+ROOT = Path(loops.__file__).resolve().parents[1]
+SHARED = ("impl/loops.py", "chaos/specs.py")
+"""Modules every kind uses and no kind edits."""
+
+
+def kind_words() -> set[str]:
+    """What names a built-in durable kind: its name, its modules' names, its tables (a client
+    protocol is not a durable kind: ``chaos/specs.py`` lists its spec by name)."""
+    words: set[str] = set()
+    for d in descriptions.BUILT_IN:
+        words |= {d.name, d.name.replace("-", "_"), kinds.REGISTRY[d.name].module}
+    words |= {"agent_proposal", "branch_reset", "outbox"}
+    return words
+
+
+def code_strings_and_names(path: Path) -> list[str]:
+    """Every string constant, name and imported module in ``path`` but its docstrings."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) not in docstrings:
+                out.append(node.value)
+        elif isinstance(node, ast.Name):
+            out.append(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.append(node.attr)
+        elif isinstance(node, ast.ImportFrom):
+            out += [node.module or "", *(a.name for a in node.names)]
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+    return out
+
+
+@pytest.mark.parametrize("module", SHARED)
+def test_a_shared_module_names_no_kind(module):
+    words = kind_words()
+    found = sorted(
+        {w for text in code_strings_and_names(ROOT / module) for w in words if w in text}
+    )
+    assert not found, f"{module} names kinds by hand: {found}"
+
+
+def test_every_sql_file_is_one_kinds_and_each_loop_reads_its_kinds():
+    """No shared query file a new kind would add its reads to (there was ``loops.sql``)."""
+    owners = {kinds.REGISTRY[d.name].module for d in descriptions.BUILT_IN} | {"documents"}
+    for path in (ROOT / "impl" / "sql").glob("*.sql"):
+        assert path.stem.removesuffix("_schema") in owners, f"impl/sql/{path.name} is no kind's"
+    from knownstate.impl import approved_plan, branch_reset
+
+    assert approved_plan.PlanExecutor.queries is approved_plan.QUERIES
+    assert branch_reset.ResetPoller.queries is branch_reset.QUERIES
+
+
+def test_the_check_finds_a_kind_named_in_a_shared_module(tmp_path):
+    """The check itself can fail: a module that reads a kind's table by hand is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text('"""Mentions the outbox in prose only."""\nQ = "SELECT id FROM outbox"\n')
+    assert any("outbox" in s for s in code_strings_and_names(bad))
+    ok = tmp_path / "ok.py"
+    ok.write_text('"""Mentions the outbox in prose only."""\nQ = "SELECT 1"\n')
+    assert not any("outbox" in s for s in code_strings_and_names(ok))
