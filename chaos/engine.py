@@ -127,10 +127,12 @@ from .steps import Candidate, Failure
 
 
 class Engine(FaultRules, Blocks, RuleBasedStateMachine):
-    """The base of both engines (see the module's table of hooks). The concurrent-block rule is
-    the transactions engine's, but it is on the base so that both engines have the same rules,
-    which is what a seed draws from: without workers (the replay engine has none) it never
-    fires."""
+    """The base of both engines (see the module's table of hooks). The concurrent-block rule
+    (:class:`~.blocks.Blocks`) is the transactions engine's, but it is on the base so that the
+    replay engine keeps the rules it had when it subclassed the transactions engine: Hypothesis
+    draws a step among all of a machine's rules, so one rule fewer would change what every
+    recorded seed of the document session replays. Without workers (the replay engine has
+    none) it never fires."""
 
     kind: ClassVar[str] = ""
     contract: ClassVar[Contract | None] = None
