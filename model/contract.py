@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
 # ---------------------------------------------------------------------------
 # Outcomes: what an operation returns. A lost race is a value, not an exception.
@@ -169,6 +169,7 @@ class Contract:
         return status in self.terminal
 
 
+@runtime_checkable
 class RunModel(Protocol):
     """What the engine asks of a kind's model. A model is a pure state machine: each of the
     kind's operations is a method returning an :data:`Outcome`, never raising for a lost race.

@@ -51,3 +51,22 @@ def test_every_hook_a_built_in_check_gives_is_in_the_engine_table():
 def test_the_two_engines_are_siblings_over_one_base():
     assert issubclass(KindCheck, Engine) and issubclass(ReplayCheck, Engine)
     assert not issubclass(ReplayCheck, KindCheck) and not issubclass(KindCheck, ReplayCheck)
+
+
+def test_every_built_in_model_is_a_run_model():
+    """What the engine asks of a model (:class:`RunModel`): each durable kind's model has it, and
+    its copy is independent (the engine keeps several after a step nobody knows the outcome of)."""
+    from knownstate.model.approved_plan import ApprovedPlanModel
+    from knownstate.model.branch_reset import BranchResetModel
+    from knownstate.model.contract import RunModel
+    from knownstate.model.descriptions import OUTBOX
+    from knownstate.model.generic import GenericModel
+    from knownstate.model.outbox import OutboxModel
+
+    for model in (OutboxModel(), ApprovedPlanModel(), BranchResetModel(), GenericModel(OUTBOX)):
+        assert isinstance(model, RunModel), type(model).__name__
+        twin = model.copy()
+        assert type(twin) is type(model) and twin is not model
+        twin.transitions.append(("run", "a", "event", "b"))
+        twin.advance(60)
+        assert model.transitions == [], f"{type(model).__name__}.copy() shares its transition log"
