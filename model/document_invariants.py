@@ -26,8 +26,6 @@ from .document_session import TABLE, USER_EVENTS, State, TabView
 
 WriterKey = tuple[str, str, str]  # (user, doc_id, writer_id)
 
-LOADING, CONFLICT, CLOSED = State.LOADING.value, State.CONFLICT.value, State.CLOSED.value
-
 
 # ---------------------------------------------------------------------------------------
 # Views: what a projection of the real state must produce.
@@ -120,7 +118,7 @@ def _writer_tabs(world: World) -> dict[WriterKey, TabView]:
     out: dict[WriterKey, TabView] = {}
     for t in world.tabs.values():
         wk = (t.user, t.doc_id, t.writer_id)
-        if wk not in out or out[wk].state == CLOSED:
+        if wk not in out or out[wk].state == State.CLOSED:
             out[wk] = t
     return out
 
@@ -217,7 +215,11 @@ def unsaved_work_in_one_place(world: World, ledger: Ledger) -> list[Violation]:
     tabs = _writer_tabs(world)
     for wk, edits in ledger.unsaved.items():
         t = tabs.get(wk)
-        if t is not None and t.state not in (CLOSED, LOADING) and t.draft_status == "failing":
+        if (
+            t is not None
+            and t.state not in (State.CLOSED, State.LOADING)
+            and t.draft_status == "failing"
+        ):
             continue
         if edits and wk not in seen:
             out.append(
@@ -240,7 +242,8 @@ def no_edit_lost_silently(world: World, ledger: Ledger) -> list[Violation]:
     }
     for wk, edits in ledger.unsaved.items():
         t = tabs.get(wk)
-        alive = t is not None and t.state not in (CLOSED, LOADING)  # loading: holds nothing yet
+        ended = (State.CLOSED, State.LOADING)  # loading: holds nothing yet
+        alive = t is not None and t.state not in ended
         slot = slots.get(wk)
         doc = world.docs.get(wk[1])
         for k, v in sorted(edits.items()):
@@ -281,7 +284,7 @@ def close_flushes_never_drops(world: World, ledger: Ledger) -> list[Violation]:
     slots = {(d.user, d.doc_id, d.writer_id): d for d in world.drafts.values()}
     current = _writer_tabs(world)
     for t in world.tabs.values():
-        if t.state != CLOSED:
+        if t.state != State.CLOSED:
             continue
         if t.transitions and t.transitions[-1][1] != "close":
             out.append(
@@ -313,14 +316,14 @@ def conflict_resolved_by_user(world: World) -> list[Violation]:
     out = []
     for t in world.tabs.values():
         for src, event, dst in t.transitions:
-            if src == CONFLICT and dst != CONFLICT and event not in USER_EVENTS:
+            if src == State.CONFLICT and dst != State.CONFLICT and event not in USER_EVENTS:
                 out.append(
                     Violation(
                         "conflict-resolved-by-user",
                         f"tab {t.tab} left conflict by {event!r}, which no user caused",
                     )
                 )
-            if src == CONFLICT and not TABLE.allows(src, dst):
+            if src == State.CONFLICT and not TABLE.allows(src, dst):
                 out.append(
                     Violation(
                         "conflict-resolved-by-user",
@@ -336,11 +339,15 @@ def no_last_write_wins(world: World, expected: World) -> list[Violation]:
     has landed since: nothing overwrote the stored copy behind the user's back."""
     out = []
     for tab, m in expected.tabs.items():
-        parked = m.state == CLOSED and bool(m.transitions) and m.transitions[-1][0] == CONFLICT
-        if m.state != CONFLICT and not parked:
+        parked = (
+            m.state == State.CLOSED
+            and bool(m.transitions)
+            and m.transitions[-1][0] == State.CONFLICT
+        )
+        if m.state != State.CONFLICT and not parked:
             continue
         real = world.tabs.get(tab)
-        if real is None or real.state != (CLOSED if parked else CONFLICT):
+        if real is None or real.state != (State.CLOSED if parked else State.CONFLICT):
             out.append(
                 Violation(
                     "no-last-write-wins",
