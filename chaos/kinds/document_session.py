@@ -96,20 +96,21 @@ from .document_plant import (
     Plant,
     RealSide,
 )
+from .document_blocks import SERVER_BLOCK, ServerBlocks
 from .document_world import WorldRules, fmt_patch
 from .document_requests import REQUEST_INVARIANTS
 
 NETS = ("ok",) * 6 + ("offline", "answer lost")  # for a step that reads
 NETS_WRITE = ("ok",) * 3 + ("offline", "answer lost", "answer lost")  # for a step that may write
 NETS_COPY = ("ok", "offline", "answer lost")  # for keeping a copy
-BUDGET = {"other client": 2, "impostor": 1, "reopen": 1}
+BUDGET = {"other client": 2, "impostor": 1, "reopen": 1, "server block": 2}
 """Steps per example for the rules that are not the session's own work: they share the example
 with it, and the vacuity rule wants the session's every transition in a CI-size run."""
 FAULT_STEPS = 4  # a link fault heals by itself after this many operations (work keeps flowing)
 DEBOUNCE = 1.0
 
 
-class DocumentSessionCheck(WorldRules, ReplayCheck):
+class DocumentSessionCheck(WorldRules, ServerBlocks, ReplayCheck):
     kind = "document-session"
     contract = None
     schema = store_impl.schema_sql()
@@ -138,6 +139,7 @@ class DocumentSessionCheck(WorldRules, ReplayCheck):
         "draft-store recovery",
         "lost response",
         "hostile request refused",
+        SERVER_BLOCK,
     )
     EVENTS = {  # counter of the model -> event name
         "conflicts": "conflict",
