@@ -20,7 +20,9 @@ from knownstate.chaos.kinds.document_blocks import (
     real_rows,
     run_block,
 )
+from knownstate.chaos.kinds.document_mutants import MUTANTS
 from knownstate.chaos.kinds.document_plant import DOC, INITIAL, SCHEMA
+from knownstate.chaos.kinds.document_session import DocumentSessionCheck
 from knownstate.impl.documents.store import DocumentStore, schema_sql
 from knownstate.model.document_server import ServerModel
 
@@ -35,6 +37,12 @@ def scheduler(dsn):
     s = Scheduler(dsn, pause=True)
     yield s
     s.close()
+
+
+def _mutant_store(name: str):
+    """The store class and queries a mutant of the catalogue runs the server with."""
+    check = next(m for m in MUTANTS if m.name == name).machine(DocumentSessionCheck)
+    return check.store_class, check.queries
 
 
 def _block(dsn, scheduler, calls, choose, store_class=DocumentStore, queries=None):
@@ -75,11 +83,24 @@ def test_fifty_concurrent_saves_on_one_version_have_one_winner(dsn, scheduler, s
     assert [s.docs[DOC].version for s in verdict.final_states] == [2]
 
 
+def test_saves_compared_in_python_are_judged_not_linearizable(dsn, scheduler):
+    calls = [_save(f"s{i}", "alice", f"w{i}", i) for i in range(3)]
+    store_class, queries = _mutant_store("cas-compared-in-python")
+    _, ok = _block(dsn, scheduler, calls, _round_robin())
+    assert ok.ok, "\n".join(ok.explain())
+    res, bad = _block(dsn, scheduler, calls, _round_robin(), store_class, queries)
+    assert bad.ok is False, "\n".join(res.trace)
+    assert "not linearizable" in "\n".join(bad.explain())
+
+
 def test_a_retry_racing_its_original_is_answered_from_the_receipt(dsn, scheduler):
     original = _save("original", "bob", "w1", 1)
     calls = [original, ServerCall("retry", original.op, original.args)]
     _, ok = _block(dsn, scheduler, calls, _round_robin())
     assert ok.ok, "\n".join(ok.explain())
+    store_class, queries = _mutant_store("receipt-looked-up-before-the-swap-only")
+    res, bad = _block(dsn, scheduler, calls, _round_robin(), store_class, queries)
+    assert bad.ok is False, "\n".join(res.trace)
 
 
 def test_a_save_racing_an_access_change_and_a_read_racing_a_save(dsn, scheduler):
