@@ -56,8 +56,9 @@ SCENARIOS = (
     "a read racing a save",
     "a retry overtaking its original",
 )
-SERVER_BLOCK = needs("server block", "concurrency")
-"""The check's requirement: a run passes only once it raced the server (where blocks can run)."""
+SERVER_BLOCKS = tuple(needs(f"server block: {s}", "concurrency") for s in SCENARIOS)
+"""The check's requirements: a run passes only once it raced the server in every scenario
+(where blocks can run at all)."""
 STRANGER = "carol"  # the user whose access the owner changes in a block (no tab is hers)
 
 
@@ -229,7 +230,6 @@ class ServerBlocks:
         self.budget["server block"] -= 1
         calls, choose = self._server_calls(data, scenario)
         self.begin_step(len(calls))
-        self.recorder.take()
         make = self._server_store
         res = run_block(self.ws.scheduler(), self.plant.server_dsn, make, calls, choose)
         self.log(f"SERVER BLOCK ({scenario}) " + " | ".join(f"{c.worker} {c.label}" for c in calls))
@@ -252,6 +252,7 @@ class ServerBlocks:
             w.model.server = copy.deepcopy(server)
             kept.append(w)
         self.worlds = kept
+        self.after_step()
 
     def _server_store(self, connections) -> DocumentStore:
         return self.store_class(

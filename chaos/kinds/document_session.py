@@ -15,9 +15,11 @@ which restores its draft), load, edit, the debounce tick (which saves when due),
 while a save is in flight, discard, discard-and-reload, reload, reads that race (out of order,
 against a local edit, against a save), conflict resolution by rebase, copy or discard, adopting
 or discarding a sibling draft, close, a tab killed mid-save, the server-side writer, the draft
-store failing and recovering, and the other clients. Faults are rules too: a request made
-offline or whose answer is lost (per step), toxics with concrete values and links taken down
-(on a tab's link or on the server's database link), and a database crash.
+store failing and recovering, and the other clients (:mod:`.document_world`). The server's own
+operations are also raced at statement level, judged by linearizability against its model
+(:mod:`.document_blocks`). Faults are rules too: a request made offline or whose answer is lost
+(per step), toxics with concrete values and links taken down (on a tab's link or on the server's
+database link), and a database crash.
 
 How model and implementation are compared
 -----------------------------------------
@@ -96,7 +98,7 @@ from .document_plant import (
     Plant,
     RealSide,
 )
-from .document_blocks import SERVER_BLOCK, ServerBlocks
+from .document_blocks import SERVER_BLOCKS, ServerBlocks
 from .document_world import WorldRules, fmt_patch
 from .document_requests import REQUEST_INVARIANTS
 
@@ -139,7 +141,7 @@ class DocumentSessionCheck(WorldRules, ServerBlocks, ReplayCheck):
         "draft-store recovery",
         "lost response",
         "hostile request refused",
-        SERVER_BLOCK,
+        *SERVER_BLOCKS,
     )
     EVENTS = {  # counter of the model -> event name
         "conflicts": "conflict",
