@@ -282,11 +282,10 @@ class ServerBlocks:
         and the block's schedule."""
         v = self.worlds[0].model.server.docs[DOC].version
 
-        def save(worker: str, user: str, lost: bool = False, writer: str | None = None):
-            self.edits += 1
-            writer = writer or f"blk-{self.edits}"
+        def save(worker: str, user: str) -> ServerCall:
+            self.edits += 1  # a writer and a title nobody else uses
             content = {"title": f"{user}.blk.{self.edits}"}
-            return ServerCall(worker, "put", (user, DOC, v, content, writer, 1), lost)
+            return ServerCall(worker, "put", (user, DOC, v, content, f"blk-{self.edits}", 1))
 
         users = st.sampled_from(["alice", "bob"])
         if scenario == "saves on one version":
