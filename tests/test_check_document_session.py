@@ -38,6 +38,8 @@ def test_reference_passes_a_small_run(knownstate_env):
         "reused-save-seq-applied",
         "trailing-slash-redirects",
         "draft-key-without-writer",
+        "cas-compared-in-python",
+        "receipt-looked-up-before-the-swap-only",
     ],
 )
 def test_mutant_is_caught_with_a_short_counterexample(knownstate_env, name):

@@ -161,6 +161,37 @@ _UNIQUE_SAVE = """create unique index if not exists document_history_save
     on document_history (document_id, author, writer_id, save_seq) where writer_id is not null;"""
 
 
+_NO_RECEIPT = "AND false\n) r"  # the ``missed`` read finds no receipt
+_VERSION_SQL = "SELECT version FROM documents WHERE id = %(id)s"
+
+
+# -- the server under concurrency: its compare-and-swap and its receipts -------------------------
+
+
+class _CasInPython(DocumentStore):
+    """The compare-and-swap is a read of the version, a comparison in Python, then the UPDATE by
+    id (the ``save`` query without its version guard): two saves on one version both read it,
+    both compare equal, and both land (a lost update)."""
+
+    def _swap(self, conn, args):
+        row = conn.execute(_VERSION_SQL, args).fetchone()
+        if row is None or row[0] != args["expected"]:
+            return None
+        return super()._swap(conn, args)
+
+
+class _ReceiptBeforeSwapOnly(DocumentStore):
+    """A save's receipt is looked up before the compare-and-swap, and only then: a retry racing
+    its original finds no receipt yet, then misses the swap the original made, and is answered
+    with a conflict against itself."""
+
+    def _swap(self, conn, args):
+        row = conn.execute(_Q["missed"], args).fetchone()
+        if row is not None and row[1] is not None:
+            return self._missed(row, args)
+        return super()._swap(conn, args)
+
+
 def _schema_without(text: str) -> str:
     schema = store_impl.schema_sql()
     if text not in schema:
@@ -231,7 +262,7 @@ MUTANTS = [
         KIND,
         "retry-answered-from-receipt",
         "the server keeps no save receipts: a retry whose first answer was lost gets a 409",
-        with_attrs(queries=sql_edit(_Q, "missed", _RECEIPT_KEY, "AND false\n) r")),
+        with_attrs(queries=sql_edit(_Q, "missed", _RECEIPT_KEY, _NO_RECEIPT)),
     ),
     # The server findings of issue 10: each a bug the hardened server had, put back.
     Mutant(
@@ -264,6 +295,30 @@ MUTANTS = [
         with_attrs(
             queries=sql_edit(_Q, "save", _SEQ_GUARD, ""), schema=_schema_without(_UNIQUE_SAVE)
         ),
+    ),
+    # Issue 19: the server's races, caught only when its operations run concurrently.
+    Mutant(
+        "cas-compared-in-python",
+        KIND,
+        "no-stale-save-accepted",
+        "a save reads the version, compares it in Python and updates by id: two saves on one "
+        "version both land",
+        with_attrs(
+            store_class=_CasInPython, queries=sql_edit(_Q, "save", _BASE_GUARD, "AND EXISTS")
+        ),
+        needs=("concurrency",),
+    ),
+    Mutant(
+        "receipt-looked-up-before-the-swap-only",
+        KIND,
+        "retry-answered-from-receipt",
+        "a save's receipt is looked up before the compare-and-swap only: a retry racing its "
+        "original gets a 409 against itself",
+        with_attrs(
+            store_class=_ReceiptBeforeSwapOnly,
+            queries=sql_edit(_Q, "missed", _RECEIPT_KEY, _NO_RECEIPT),
+        ),
+        needs=("concurrency",),
     ),
     Mutant(
         "json-last-key-wins",

@@ -44,6 +44,7 @@ from knownstate.model.document import (
 from .. import browser, browser_driver, browser_gateway
 from ..mutants import Mutant, with_attrs
 from ..replay import Exchange
+from .document_blocks import SERVER_BLOCKS
 from .document_judge import Seen
 from .document_plant import CLIENT, DEBOUNCE, DOC, SLOTS, ModelSide, Plant, RealSide
 from .document_session import DocumentSessionCheck
@@ -222,8 +223,9 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
     plant_name = KIND
     plant_class = BrowserPlant
     own_invariants = {**DocumentSessionCheck.own_invariants, **OWN_INVARIANTS}
+    server_blocks = False  # the server's races are the Python check's; this one is the client's
     required_events = (
-        *DocumentSessionCheck.required_events,
+        *(r for r in DocumentSessionCheck.required_events if r not in SERVER_BLOCKS),
         "request failed offline in the browser",
         "tab closed mid-save",
         "two tabs of one user raced",

@@ -25,39 +25,27 @@ nothing (how a request is read: :mod:`.reading`). A database that cannot be reac
 and so is a request not answered within its deadline (``Limits.request_seconds``): a write that
 had not committed by then never will (:func:`.store.deadline`). ``HEAD`` is served on every
 ``GET`` route. The HTTP layer's own refusals (bad HTTP, oversized heads, slow clients, Host) are
-in the same format (:mod:`.http`).
+in the same format (:mod:`.http`). The bodies are declared in :mod:`.bodies`; how a route runs
+(deadline, body limit) is in :mod:`.routes`.
 """
 
 from __future__ import annotations
 
 import errno
-import functools
-import inspect
-import re
 import socket
 import threading
 import time
-import typing
-from typing import Annotated, Literal, Union
 
-import anyio
 import uvicorn
-from fastapi import FastAPI, Header, Path, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from knownstate.impl.errors import KnownstateError
 from knownstate.model.contract import Rejected, Won
 from knownstate.model.document import (
-    ID_PATTERN,
     MAX_BODY_BYTES,
-    MAX_KEYS,
-    MAX_VERSION,
-    USER_PATTERN,
-    WRITER_PATTERN,
     Created,
     Saved,
     SeqTaken,
@@ -66,107 +54,28 @@ from knownstate.model.document import (
 )
 
 from . import store as store_impl
+from .bodies import (
+    AccessOut,
+    ConflictOut,
+    CreateBody,
+    DocumentOut,
+    ErrorOut,
+    IdPath,
+    IfMatchHeader,
+    RevokedOut,
+    SavedOut,
+    SaveBody,
+    SharedOut,
+    ShareBody,
+    UserHeader,
+    UserPath,
+)
 from .http import Limits, protocol
 from .reading import BadRequest, RequestReader, error
+from .routes import BodyLimit, LeanRoute, describe_errors, late_answer
 from .store import DocumentStore, schema_sql
 
 __all__ = ["DocumentServer", "Limits", "ListenError", "create_app", "schema_sql"]
-
-
-# ---------------------------------------------------------------------------------------
-# HTTP bodies (pydantic at the boundary).
-# ---------------------------------------------------------------------------------------
-
-Version = Annotated[int, Field(strict=True, ge=1, le=MAX_VERSION)]
-FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-Scalar = Union[StrictBool, StrictInt, FiniteFloat, StrictStr]
-ContentBody = Annotated[dict[str, Scalar], Field(max_length=MAX_KEYS)]
-
-
-class SaveBody(BaseModel):
-    """A save: the full content, the version it was based on, and the save's identity."""
-
-    model_config = ConfigDict(extra="forbid")
-    expectedVersion: Version | None = None
-    content: ContentBody
-    writerId: Annotated[str, Field(pattern=WRITER_PATTERN)]
-    saveSeq: Version
-
-
-class CreateBody(BaseModel):
-    """A new document: a copy of one the user may read (``copyOf``), or a kind and schema."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    content: ContentBody
-    writerId: Annotated[str, Field(pattern=WRITER_PATTERN)]
-    saveSeq: Version
-    copyOf: Annotated[str, Field(pattern=ID_PATTERN)] | None = None
-    kind: Literal["record", "sheet"] | None = None
-    schema_: dict | None = Field(default=None, alias="schema")
-
-
-class ShareBody(BaseModel):
-    """What a user may do with a shared document: read it, and write it when ``canWrite``."""
-
-    model_config = ConfigDict(extra="forbid")
-    canWrite: StrictBool
-
-
-class SharedOut(BaseModel):
-    id: str
-    user: str
-    canWrite: bool
-
-
-class RevokedOut(BaseModel):
-    id: str
-    user: str
-    revoked: bool
-
-
-class AccessOut(BaseModel):
-    id: str
-    owner: str
-    access: dict[str, bool]
-
-
-class DocumentOut(BaseModel):
-    model_config = ConfigDict(populate_by_name=True)
-    id: str
-    kind: str
-    schema_: dict = Field(alias="schema")
-    version: int
-    content: dict
-
-
-class SavedOut(BaseModel):
-    id: str
-    version: int
-    replayed: bool
-
-
-class ErrorOut(BaseModel):
-    error: str
-    message: str
-
-
-class ConflictOut(ErrorOut):
-    version: int
-    content: dict
-
-
-UserHeader = Annotated[
-    str | None,
-    Header(
-        alias="X-User",
-        description="The user making the request: a stand-in for authentication (see the README).",
-    ),
-]
-IfMatchHeader = Annotated[
-    str | None, Header(alias="If-Match", description='The base version as its ETag, "3".')
-]
-IdPath = Annotated[str, Path(pattern=ID_PATTERN)]
-UserPath = Annotated[str, Path(pattern=USER_PATTERN)]
 
 _MESSAGES = {
     "not_found": (404, "no such document"),
@@ -219,163 +128,6 @@ def _ok(body: dict, version: int, status: int = 200, **headers) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers={"ETag": f'"{version}"', **headers})
 
 
-def _describe(errors) -> str:
-    parts = []
-    for e in errors[:5]:
-        loc = (
-            ".".join(
-                ascii(p) if not isinstance(p, str) or not p.isidentifier() else p
-                for p in e.get("loc", ())
-                if p != "body"
-            )
-            or "body"
-        )
-        parts.append(f"{loc}: {ascii(e.get('msg', 'invalid'))[1:-1]}")
-    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-    return "; ".join(parts) + more
-
-
-# ---------------------------------------------------------------------------------------
-# Routes: FastAPI declares them (the OpenAPI document); a lean handler runs them.
-# ---------------------------------------------------------------------------------------
-
-
-class _LeanRoute(APIRoute):
-    """A route FastAPI declares but does not run. What it does per request is only this: read
-    the body strictly (the :class:`RequestReader`), check the path's document id in full,
-    validate the body with its pydantic model, and call the endpoint in the threadpool with
-    them (headers it reads itself, through the reader). Everything else — which model, which
-    arguments — is worked out once, here, when the route is built; FastAPI's per-request
-    dependency solving is not on the path of a save."""
-
-    def matches(self, scope):
-        """A HEAD request is served as its GET (uvicorn sends no body for it)."""
-        if scope.get("type") == "http" and scope.get("method") == "HEAD" and "GET" in self.methods:
-            scope = {**scope, "method": "GET"}
-        return super().matches(scope)
-
-    async def handle(self, scope, receive, send):
-        if scope.get("method") == "HEAD" and "GET" in self.methods:
-            scope = {**scope, "method": "GET"}
-        await super().handle(scope, receive, send)
-
-    def get_route_handler(self):
-        endpoint = self.endpoint
-        hints = typing.get_type_hints(endpoint)
-        params = inspect.signature(endpoint).parameters
-        path_names = [n for n in params if "{" + n + "}" in self.path]
-        models = [(n, _body_model(hints.get(n))) for n in params]
-        body_name, body_model = next(((n, m) for n, m in models if m is not None), (None, None))
-
-        async def handle(request: Request):
-            try:
-                kwargs: dict = {"request": request}
-                for name in path_names:
-                    value, (what, pattern) = request.path_params[name], _PATH[name]
-                    if not re.fullmatch(pattern, value):
-                        raise BadRequest(
-                            422,
-                            "invalid_request",
-                            f"path.{name}: {ascii(value)} is not a {what} ({pattern})",
-                        )
-                    kwargs[name] = value
-                if body_model is not None:
-                    reader: RequestReader = request.app.state.reader
-                    value = reader.body(request.headers, await request.body())
-                    kwargs[body_name] = body_model.model_validate(value)
-            except BadRequest as e:
-                return e.response()
-            except ValidationError as e:
-                return error(422, "invalid_request", _describe(e.errors()))
-            return await within_deadline(request.app.state.limits, endpoint, kwargs)
-
-        return handle
-
-
-async def within_deadline(limits: Limits, endpoint, kwargs: dict):
-    """Run the endpoint in a worker thread, answered by ``limits.request_seconds`` whatever
-    the database does: past it, 503, and the thread is left to finish on its own (a write it
-    had in flight cannot commit any more: the store's deadline is set a margin earlier, so a
-    write that commits at all commits before this answer)."""
-    seconds = limits.request_seconds
-    commit_by = time.monotonic() + seconds - min(1.0, seconds / 4)
-    call = functools.partial(_call_under_deadline, commit_by, endpoint, kwargs)
-    try:
-        with anyio.fail_after(seconds):
-            return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
-    except TimeoutError:
-        return _late(seconds)
-
-
-def _call_under_deadline(commit_by: float, endpoint, kwargs: dict):
-    with store_impl.deadline(commit_by):
-        return endpoint(**kwargs)
-
-
-def _late(seconds: float):
-    return error(
-        503,
-        "unavailable",
-        f"the document store did not answer within {seconds:g} s: a save that had not "
-        "committed by then never will; retry the same request (one that did land is answered "
-        "from its receipt)",
-    )
-
-
-_PATH = {"id": ("document id", ID_PATTERN), "user": ("user name", USER_PATTERN)}
-"""Every path parameter, and the pattern it must match in full."""
-
-
-def _body_model(annotation) -> type[BaseModel] | None:
-    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
-    return annotation if is_model else None
-
-
-class BodyLimit:
-    """Refuse a request body over ``limit`` bytes with 413, before anything reads it whole."""
-
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
-            return await self.app(scope, receive, send)
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    too_big = int(value) > self.limit
-                except ValueError:
-                    too_big = False
-                if too_big:
-                    return await self._refuse(scope, receive, send)
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went (or was too slow): a partial body is never handed on
-            body = message.get("body", b"")
-            size += len(body)
-            if size > self.limit:
-                return await self._refuse(scope, receive, send)
-            chunks.append(body)
-            if not message.get("more_body"):
-                break
-        whole, delivered = b"".join(chunks), False
-
-        async def replay():
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": whole, "more_body": False}
-            return await receive()
-
-        return await self.app(scope, replay, send)
-
-    async def _refuse(self, scope, receive, send):
-        response = error(413, "body_too_large", f"the request body is over {self.limit} bytes")
-        await response(scope, receive, send)
-
-
 # ---------------------------------------------------------------------------------------
 # The app.
 # ---------------------------------------------------------------------------------------
@@ -396,7 +148,7 @@ def create_app(
         version="1",
         description="Versioned documents: compare-and-swap saves, explicit conflicts.",
     )
-    app.router.route_class = _LeanRoute
+    app.router.route_class = LeanRoute
     app.state.store = store
     app.state.reader = reader or RequestReader()
     app.state.limits = limits or Limits()
@@ -405,7 +157,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError):
-        return error(422, "invalid_request", _describe(exc.errors()))
+        return error(422, "invalid_request", describe_errors(exc.errors()))
 
     @app.exception_handler(BadRequest)
     async def bad_request(_request: Request, exc: BadRequest):
@@ -437,7 +189,7 @@ def create_app(
             store_impl.DEADLINE_PASSED,
             "57014",  # statement_timeout
         ):
-            return _late(app.state.limits.request_seconds)
+            return late_answer(app.state.limits.request_seconds)
         return error(
             503, "unavailable", "the document store is unreachable; retry the same request"
         )

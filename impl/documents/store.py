@@ -28,7 +28,10 @@ its answer, so the instant derived is never later than the true one. ``statement
 (the server's request deadline) frees a connection stuck on a lock.
 
 Seams (the mutant catalogue replaces one at a time; the reference never changes):
-``queries`` (the named SQL) and ``kinds`` (what an id or a value of each document kind may be).
+``queries`` (the named SQL), ``kinds`` (what an id or a value of each document kind may be) and
+:meth:`DocumentStore._swap` (how a save's compare-and-swap is made); and where the connections
+come from (``connections``: a concurrent block of a check hands each operation its own
+intercepted connection, as the pool would hand it one).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import contextvars
 import datetime as dt
 import time
 import weakref
-from typing import Iterator, Mapping
+from typing import Callable, ContextManager, Iterator, Mapping
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -116,7 +119,10 @@ def _remaining() -> float | None:
 
 class DocumentStore:
     """The documents at ``dsn`` (which may be a Toxiproxy link), over a pool of ``pool_size``
-    connections (``None``: a connection per call). ``close()`` when done."""
+    connections (``None``: a connection per call). ``connections``: instead of a pool, where each
+    operation takes its connection (a context manager per operation, called on the operation's
+    own thread; a check hands each request its own scheduled connection). ``close()`` when
+    done."""
 
     kinds: Mapping[str, Kind] = KINDS
 
@@ -128,8 +134,10 @@ class DocumentStore:
         connect_timeout: float = 3.0,
         queries: Mapping[str, str] | None = None,
         statement_timeout: float | None = None,
+        connections: Callable[[], ContextManager[psycopg.Connection]] | None = None,
     ):
         self.dsn = dsn
+        self._connections = connections
         self.connect_timeout = connect_timeout
         self.statement_timeout = statement_timeout
         self.q = dict(queries) if queries is not None else Q
@@ -140,8 +148,10 @@ class DocumentStore:
             "application_name": "knownstate-documents",
         }
         configure = self._configure if statement_timeout else None
-        if pool_size is None:
-            self.pool: ConnectionPool = NullConnectionPool(
+        if connections is not None:
+            self.pool: ConnectionPool | None = None
+        elif pool_size is None:
+            self.pool = NullConnectionPool(
                 dsn, kwargs=kwargs, open=True, timeout=connect_timeout, configure=configure
             )
         else:
@@ -162,6 +172,10 @@ class DocumentStore:
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[psycopg.Connection]:
+        if self._connections is not None:
+            with self._connections() as conn:
+                yield conn
+            return
         try:
             with self.pool.connection(timeout=_remaining()) as conn:
                 yield conn
@@ -202,8 +216,10 @@ class DocumentStore:
         return offset
 
     def close(self) -> None:
-        """Close the pool (its connections and its worker threads)."""
-        self.pool.close()
+        """Close the pool (its connections and its worker threads); connections from a
+        ``connections`` source are their owner's to close."""
+        if self.pool is not None:
+            self.pool.close()
 
     def __enter__(self) -> "DocumentStore":
         return self
@@ -386,26 +402,34 @@ class DocumentStore:
             except KindError as e:
                 return Rejected(f"invalid: {e}")
             fp = save_fingerprint(user, expected, content)
-            args.update(writer=writer_id, seq=seq)
-            saved = self._write(
-                conn,
-                self.q["save"],
-                {**args, "expected": expected, "fingerprint": fp, "content": Jsonb(dict(content))},
-            ).fetchone()
+            args.update(writer=writer_id, seq=seq, expected=expected, fingerprint=fp)
+            saved = self._swap(conn, {**args, "content": Jsonb(dict(content))})
             if saved is not None:
-                return Won(Saved(saved[0]))
+                return saved
             # The CAS missed: access lost meanwhile, this save identity saved before (a retry,
             # answered from its receipt, or a reuse), or a stale base (409 with the stored copy).
-            row = conn.execute(self.q["missed"], args).fetchone()
+            return self._missed(conn.execute(self.q["missed"], args).fetchone(), args)
+
+    def _swap(self, conn: psycopg.Connection, args: Mapping) -> Won | SeqTaken | None:
+        """The compare-and-swap of a save: the one conditional UPDATE (``save``). ``Won(Saved)``
+        when it landed, None when it missed (:meth:`_missed` then reads why)."""
+        row = self._write(conn, self.q["save"], args).fetchone()
+        return Won(Saved(row[0])) if row is not None else None
+
+    @staticmethod
+    def _missed(row: tuple | None, args: Mapping) -> Won | VersionConflict | SeqTaken | Rejected:
+        """What a save whose compare-and-swap missed is answered, from the ``missed`` row read
+        after it: its receipt when its identity saved before, else why it could not land."""
         if row is None:
             return NOT_FOUND
         can_write, receipt_fp, receipt_version, last_seq, version, stored = row
         if not can_write:
             return FORBIDDEN
         if receipt_fp is not None:
-            if receipt_fp == fp:
+            if receipt_fp == args["fingerprint"]:
                 return Won(Saved(receipt_version, replayed=True))
-            return SeqTaken("save_seq_taken", writer_id, seq, receipt_version, last_seq)
+            writer, seq = args["writer"], args["seq"]
+            return SeqTaken("save_seq_taken", writer, seq, receipt_version, last_seq)
         return VersionConflict("version_conflict", version, stored)
 
     def create(

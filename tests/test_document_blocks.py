@@ -1,0 +1,122 @@
+"""The document server's operations raced at statement level (chaos/kinds/document_blocks.py)
+on the real parts: the store's own code on real PostgreSQL, each operation on its own scheduled
+connection, judged by linearizability against the server's model — never by counting winners
+by hand. Each test pins what a server that is not atomic would get wrong, and shows the judge
+catches it on the same schedule."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import psycopg
+import pytest
+
+from knownstate.chaos.interleave import Scheduler
+from knownstate.chaos.kinds.document_blocks import (
+    ACL_SQL,
+    ServerCall,
+    judge_block,
+    real_rows,
+    run_block,
+)
+from knownstate.chaos.kinds.document_mutants import MUTANTS
+from knownstate.chaos.kinds.document_plant import DOC, INITIAL, SCHEMA
+from knownstate.chaos.kinds.document_session import DocumentSessionCheck
+from knownstate.impl.documents.store import DocumentStore, schema_sql
+from knownstate.model.document_server import ServerModel
+
+
+@pytest.fixture
+def dsn(knownstate_db, knownstate_cluster):
+    return knownstate_db(schema_sql())
+
+
+@pytest.fixture
+def scheduler(dsn):
+    s = Scheduler(dsn, pause=True)
+    yield s
+    s.close()
+
+
+def _mutant_store(name: str):
+    """The store class and queries a mutant of the catalogue runs the server with."""
+    check = next(m for m in MUTANTS if m.name == name).machine(DocumentSessionCheck)
+    return check.store_class, check.queries
+
+
+def _block(dsn, scheduler, calls, choose, store_class=DocumentStore, queries=None):
+    """Seed the document, run ``calls`` as one block, and judge it from the seeded model."""
+    with DocumentStore(dsn, pool_size=None) as admin:
+        admin.reset()
+        admin.seed(DOC, "record", SCHEMA, INITIAL, "alice", {"bob": True})
+        model = ServerModel()
+        model.seed(DOC, "record", SCHEMA, INITIAL, "alice", {"bob": True})
+
+        def make(**kwargs):
+            return store_class(dsn, queries=queries, **kwargs)
+
+        res = run_block(scheduler, dsn, make, calls, choose)
+        with psycopg.connect(dsn) as conn:
+            acl = conn.execute(ACL_SQL).fetchall()
+        return res, judge_block(res, calls, [model], real_rows(admin.documents(), acl))
+
+
+def _save(worker: str, user: str, writer: str, n: int, base: int = 1) -> ServerCall:
+    return ServerCall(worker, "put", (user, DOC, base, {"title": f"{writer}.{n}"}, writer, 1))
+
+
+def _round_robin():
+    """Each worker in turn: every save reads before any writes."""
+    turn = itertools.count()
+    return lambda options: options[next(turn) % len(options)]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_fifty_concurrent_saves_on_one_version_have_one_winner(dsn, scheduler, seed):
+    calls = [_save(f"s{i}", ("alice", "bob")[i % 2], f"w{i}", i) for i in range(50)]
+    rng = random.Random(seed)
+    res, verdict = _block(dsn, scheduler, calls, lambda options: rng.choice(options))
+    why = "\n".join(verdict.explain() + list(res.trace))
+    assert verdict.ok, f"seed {seed} (replay: pytest {__file__} -k 'fifty and {seed}'):\n{why}"
+    # the model admits one winner on one version: the rows ended at v2, as one order explains
+    assert [s.docs[DOC].version for s in verdict.final_states] == [2]
+
+
+def test_saves_compared_in_python_are_judged_not_linearizable(dsn, scheduler):
+    calls = [_save(f"s{i}", "alice", f"w{i}", i) for i in range(3)]
+    store_class, queries = _mutant_store("cas-compared-in-python")
+    _, ok = _block(dsn, scheduler, calls, _round_robin())
+    assert ok.ok, "\n".join(ok.explain())
+    res, bad = _block(dsn, scheduler, calls, _round_robin(), store_class, queries)
+    assert bad.ok is False, "\n".join(res.trace)
+    assert "not linearizable" in "\n".join(bad.explain())
+
+
+def test_a_retry_racing_its_original_is_answered_from_the_receipt(dsn, scheduler):
+    original = _save("original", "bob", "w1", 1)
+    calls = [original, ServerCall("retry", original.op, original.args)]
+    _, ok = _block(dsn, scheduler, calls, _round_robin())
+    assert ok.ok, "\n".join(ok.explain())
+    store_class, queries = _mutant_store("receipt-looked-up-before-the-swap-only")
+    res, bad = _block(dsn, scheduler, calls, _round_robin(), store_class, queries)
+    assert bad.ok is False, "\n".join(res.trace)
+
+
+def test_a_save_racing_an_access_change_and_a_read_racing_a_save(dsn, scheduler):
+    for calls in (
+        [
+            ServerCall("owner", "share", ("alice", DOC, "carol", True)),
+            _save("saver", "carol", "w1", 1),
+        ],
+        [ServerCall("reader", "get", ("bob", DOC)), _save("saver", "alice", "w1", 1)],
+    ):
+        for first in ([0, 1], [1, 0]):
+            order = itertools.cycle([calls[i].worker for i in first])
+
+            def choose(options, order=order):
+                want = next(order)
+                return want if want in options else options[0]
+
+            res, verdict = _block(dsn, scheduler, calls, choose)
+            assert verdict.ok, "\n".join(verdict.explain() + list(res.trace))
