@@ -9,24 +9,27 @@ reaper, a producer (and a repeated request, with an idempotency key), a claim ra
 worker's open claim — and answers the fault policy's questions.
 
 The external call, when the description has one, goes to a real HTTP stand-in on loopback
-(:class:`Receiver`) through the worker's own Toxiproxy link: ``POST /runs/<key>``. It answers
-what the check planned (200, a retryable 503, a permanent 422), records every call with its
-``Idempotency-Key`` header, and so counts duplicates (allowed at-least-once) and checks that
-every call for one run carries the same key (when the description says it does).
+(:class:`~.receiver.Receiver`) through the worker's own Toxiproxy link: ``POST /runs/<key>``.
+It answers what the check planned (200, a retryable 503, a permanent 422), records every call
+with its ``Idempotency-Key`` header, and so counts duplicates (allowed at-least-once) and
+checks that every call for one run carries the same key (when the description says it does).
 
 Mutants come from the adapter's SQL: for each guard it names (``Adapter.guards``), each query
 containing it gets a mutant without it, which must be caught naming the invariant the guard
 stands for. A user adds hand-written ones with ``kind(..., mutants=[...])``.
+
+The parts live beside it: the external side in :mod:`.receiver`, the claim race rule in
+:mod:`.claimrace`, what a description and an adapter must give each other (the adapter's
+problems, the derived mutants, the required events) in :mod:`.genericbuild`.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable
 
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, precondition, rule
+from hypothesis.stateful import initialize
 
 from knownstate.impl.errors import (
     ClientError,
@@ -41,66 +44,20 @@ from knownstate.model.contract import LostRace, Violation, Won
 from knownstate.model.describe import RunKind
 from knownstate.model.generic import Job, Observed, Timing
 
-from .adapter import OK, PERMANENT, RETRY, Adapter, Claimed, as_row, no_answer_errors, unwrap
+from .adapter import OK, PERMANENT, Adapter, Claimed, as_row, unwrap
 from .adapter import worker_class as adapter_worker
-from .runner import Requirement
-from .check import QUANTUM, Action, Candidate, Failure, FaultPolicy, KindCheck, fmt, needs
-from .harness import EnvironmentFault, WorkerDied, watch
-from .mutants import Mutant, sql_edit, with_attrs
-from .sink import JsonHandler, NotificationSink
-
-ANSWERS = {200: OK, 503: RETRY, 422: PERMANENT}
-
-GUARDS = {
-    "fence": "lease-fence",
-    "status": "lease-fence",
-    "lease": "lease",
-    "skip_locked": "claim",
-    "lock": "claim",
-}
-"""A guard the adapter names -> the invariant a query without it must be caught breaking.
-Without its ``lock`` (``FOR UPDATE SKIP LOCKED``) a claim is a read and then a write, which two
-claims racing each other can both make: a race mutant, caught where claims overlap."""
-
-
-class KindError(ValueError):
-    """A description and an adapter that cannot make a check (the message says what to do)."""
-
-
-# ---------------------------------------------------------------------------------------
-# The external side: a real HTTP server on loopback.
-# ---------------------------------------------------------------------------------------
-
-_RUN_PATH = re.compile(r"^/runs/([^/?#]+)")
-
-
-class _RunsHandler(JsonHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
-        m = _RUN_PATH.match(self.path)
-        if m is None:
-            return self._answer(404, {"error": "POST /runs/<key>"})
-        key = (m.group(1), self.headers.get("Idempotency-Key") or "")
-        code = self.server.sink._record(key)  # type: ignore[attr-defined]
-        self._answer(code, {"received": True} if code == 200 else {"error": f"planned {code}"})
-
-
-class Receiver(NotificationSink):
-    """The external API of a described kind: ``POST /runs/<key>``, every call recorded with its
-    ``Idempotency-Key``; answers what the check planned (then 200)."""
-
-    handler = _RunsHandler
-
-    def keys(self) -> dict[str, set[str]]:
-        """Per run, the idempotency keys its calls carried."""
-        with self._lock:
-            out: dict[str, set[str]] = {}
-            for run, key in self.log:
-                out.setdefault(run, set()).add(key)
-            return out
+from .check import QUANTUM, Action, Failure, FaultPolicy, KindCheck
+from .claimrace import ClaimRace
+from .genericbuild import (  # noqa: F401 (GUARDS, KindError: this module's public names too)
+    GUARDS,
+    KindError,
+    adapter_problems,
+    derived_mutants,
+    required_events,
+)
+from .harness import EnvironmentFault, WorkerDied
+from .mutants import Mutant
+from .receiver import ANSWERS, ExternalCall, Receiver
 
 
 # ---------------------------------------------------------------------------------------
@@ -138,7 +95,7 @@ class Counted:
         return hash(self.n)
 
 
-class GenericCheck(KindCheck):
+class GenericCheck(ClaimRace, ExternalCall, KindCheck):
     """The check of a described queue. Built by :func:`kind`; not subclassed by hand."""
 
     description: ClassVar[RunKind]
@@ -321,11 +278,6 @@ class GenericCheck(KindCheck):
             # to the write that commits, so the fault meets a COMMIT, not nothing.
         self.do(w, data.draw(st.sampled_from(self._records(w, key)), label="work"))
 
-    def external_links(self, worker) -> list:
-        """The worker's link to the external side, while it has a call to make."""
-        unsent = any(h.result is None for h in self.held[worker.index].values())
-        return [worker.ext_link] if self.receiver and unsent else []
-
     def leases(self) -> list[int]:
         """Workers holding a live lease; those that called out and have not recorded it yet when
         there are any: a stall between the call and the record is where a stale owner's write
@@ -365,15 +317,6 @@ class GenericCheck(KindCheck):
                 self.do(1 - w, self._claim(1 - w, batch))
 
     # -- helpers --------------------------------------------------------------------------------
-    def _answers(self) -> list[int]:
-        events = self.description.events()
-        out = [200]
-        if self.description.retry is not None or generic.FAIL in events:
-            out.append(503)
-        if generic.FAIL in events:
-            out.append(422)
-        return out
-
     def _holding(self, sent: bool | None = None) -> list[tuple[int, str]]:
         return [
             (w, k)
@@ -582,46 +525,6 @@ class GenericCheck(KindCheck):
 
         return after
 
-    def _send(self, w: int, key: str, answer: int) -> Action:
-        """The external call for a claimed run, through the worker's own link (at-least-once),
-        the stand-in answering ``answer``. Driven by the check (not one transaction)."""
-        h = self.held[w][key]
-        label = f"send({key}, attempt={h.job.attempt}) answers {answer}"
-        return Action(
-            "send", label, lambda m: m.sent(key), None, run=lambda: self._call_out(w, key, answer)
-        )
-
-    def _call_out(self, w: int, key: str, answer: int) -> None:
-        h, worker = self.held[w][key], self.workers[w]
-        self.start_step()
-        trial = self.model.copy()
-        trial.sent(key)
-        self.receiver.plan(answer)
-        url = f"http://127.0.0.1:{worker.ext_link.port}/runs/{key}"
-        label = f"send(w{w}, {key}, attempt={h.job.attempt}) answers {answer}"
-        try:
-            with self.external_call(worker):
-                h.result = worker.run(self.adapter.send(h.claimed, url))
-        except no_answer_errors(self.adapter_class) as e:
-            h.result = RETRY
-            self.log(f"{label} -> no answer ({type(e).__name__}); it may have arrived")
-            self.event("external reply lost")
-            self.maybe(Candidate(self.model, external=False), Candidate(trial, external=True))
-        except (WorkerDied, EnvironmentFault, Failure):
-            raise
-        except Exception as e:
-            self.fail(f"{label}: the adapter's send raised {type(e).__name__}: {e}")
-        else:
-            self.log(f"{label} -> {h.result}")
-            if h.result != ANSWERS[answer]:
-                self.fail(
-                    f"{label}: the adapter read the answer as {h.result!r}, not {ANSWERS[answer]!r}"
-                )
-            self.model = trial
-            self.candidates = [Candidate(trial)]
-        finally:
-            self.receiver.reset_plan()
-
     def _records(self, w: int, key: str) -> list[Action]:
         """The owner's fenced write of a run's outcome: what its call answered, or (without an
         external side) each outcome the work may have had."""
@@ -718,212 +621,10 @@ class GenericCheck(KindCheck):
             runs=lapsed,
         )
 
-    def _may_race(self) -> bool:
-        return (
-            self.description.claim.skip_locked
-            and self.workers[0].mode != "own"
-            and all(w.clean() for w in self.workers)
-            and len(self.model.due()) >= 2
-        )
-
-    @precondition(lambda self: self._may_race())
-    @rule(ba=st.integers(1, 2), bb=st.integers(1, 2))
-    def claim_race(self, ba: int, bb: int) -> None:
-        """w1 claims at the instant w0's claim sends its COMMIT — w0's transaction still open,
-        its rows still locked. The claim must skip them, at once, and never take the same runs;
-        a claim that waits on them is seen waiting by the server (pg_blocking_pids)."""
-        wa, wb = self.workers[:2]
-        self.begin_step(2)
-        trial = self.model.copy()
-        expected = self._tokens(trial.claim(ba))
-        race: dict[str, Any] = {}
-        wa.arm(lambda conn: race.update(self._race(wb, bb)))
-        label = f"claim_race: w0 claim(batch={ba})"
-        try:
-            got = self._claimed(wa, wa.connection(), ba)
-        except ConnectionLost as e:  # its connection died with the server, before anything
-            self.log(f"{label} -> {type(e).__name__}")
-            wa.abandon()
-            return
-        except CommitIndeterminate as e:  # in autocommit: the claim may have landed
-            self.log(f"{label} -> indeterminate ({e.detail})")
-            wa.abandon()
-            self.maybe(Candidate(self.model, committed=False), Candidate(trial, committed=True))
-            return
-        except TransactionAborted as e:
-            wa.abandon()
-            self.fail(f"{label}: the server refused a statement the model accepts: {e.detail}")
-        finally:
-            wa.before_commit = None
-        self.log(f"{label} -> {fmt(got)}")
-        if "failure" in race:
-            raise race["failure"]
-        if got != expected:
-            self.fail(
-                f"{label}: implementation answered {fmt(got)}, the model expects {fmt(expected)}",
-                otherwise="claim",
-            )
-        self.model = trial
-        self.candidates = [Candidate(trial)]
-        self._took(0)(got)
-        if not race:
-            self.log("  (w0's claim sent no COMMIT: no race to see; w1 claims after it)")
-            self.do(1, self._claim(1, bb))
-            return
-        self._raced(race, bb, got)
-
-    def _race(self, wb, bb: int) -> dict[str, Any]:
-        """w1's claim, run while w0's COMMIT waits (inside w0's COMMIT hook): never raises, so
-        w0's own code cannot swallow a failure; the caller judges what it returns."""
-        seen = None
-        try:
-            conn = wb.connection()
-            with watch(self.env, wb, [self.workers[0]]) as seen:
-                return {"got": self._claimed(wb, conn, bb), "seen": seen}
-        except Failure as e:
-            return {"failure": e}
-        except KnownstateError as e:
-            wb.abandon()
-            return {"error": e, "seen": seen}
-
-    def _raced(self, race: dict[str, Any], bb: int, got_a: Won) -> None:
-        label = f"claim_race: w1 claim(batch={bb}) at w0's COMMIT, w0's rows locked"
-        seen, error = race.get("seen"), race.get("error")
-        if error is not None:
-            self.log(f"{label} -> {type(error).__name__}")
-            if seen is not None and seen.blocked_by:
-                problem = (
-                    f"{label}: waited on a lock held by w0's open transaction (seen by "
-                    "the server: pg_blocking_pids), and was cancelled"
-                )
-                self.fail(problem, [Violation("claim", problem)])
-            if isinstance(error, ConnectionLost):
-                return
-            self.fail(f"{label}: {error}")
-        trial = self.model.copy()
-        expected = self._tokens(trial.claim(bb))
-        got = race["got"]
-        self.log(f"{label} -> {fmt(got)}")
-        self.log("  (w0 commits)")
-        if got != expected:
-            self.fail(
-                f"{label}: implementation answered {fmt(got)}, the model expects {fmt(expected)}",
-                otherwise="claim",
-            )
-        self.model = trial
-        self.candidates = [Candidate(trial)]
-        self._took(1)(got)
-        if got_a.value and got.value:
-            self.event("skip locked")
-
 
 # ---------------------------------------------------------------------------------------
 # Building a check.
 # ---------------------------------------------------------------------------------------
-
-
-def adapter_problems(d: RunKind, adapter: type[Adapter]) -> list[str]:
-    """What the adapter lacks for this description (empty: nothing), with hints."""
-    out = []
-    name = adapter.__name__
-    events = d.events()
-    need = {
-        "enqueue": "(conn, key)",
-        "claim": "(conn, batch) -> [Claimed]",
-        "complete": "(conn, job)",
-    }
-    if d.retry is not None or generic.FAIL in events:
-        need["fail"] = "(conn, job, permanent)"
-    if generic.EXTEND in events:
-        need["extend_lease"] = "(conn, job)"
-    if d.lease is not None:
-        need["reclaim_stale"] = "(conn) -> keys taken back"
-    if d.external != "none":
-        need["send"] = "(job, url) -> OK | RETRY | PERMANENT"
-    for op, sig in need.items():
-        if not adapter.implements(op):
-            out.append(f"{name} has no {op}{sig}, which the description needs: implement it")
-    if not adapter.schema.strip():
-        out.append(f"{name}.schema is empty: give the SQL that creates the tables")
-    if not adapter.read_query and adapter.read is Adapter.read:
-        out.append(
-            f"{name} has neither read_query nor read(conn): give the query that reads "
-            "every run back (key, status, attempts, due, lease_until)"
-        )
-    for guard, text in adapter.guards.items():
-        if guard not in GUARDS:
-            out.append(f"{name}.guards names {guard!r}: choose from {', '.join(GUARDS)}")
-        elif not any(text in q for q in adapter.queries.values()):
-            out.append(
-                f"{name}.guards[{guard!r}] = {text!r} appears in none of its queries: "
-                "copy the guard's text exactly as the SQL has it"
-            )
-    try:
-        adapter.mode()
-    except TypeError as e:
-        out.append(str(e))
-    return out
-
-
-def derived_mutants(d: RunKind, adapter: type[Adapter]) -> list[Mutant]:
-    """For each guard the adapter names, a mutant of each query containing it, without it."""
-    out = []
-    for guard, text in adapter.guards.items():
-        for query, sql in adapter.queries.items():
-            if guard in GUARDS and text in sql:
-                edited = sql_edit(adapter.queries, query, text, "")
-                out.append(
-                    Mutant(
-                        f"no-{guard.replace('_', '-')}-in-{query.replace('_', '-')}",
-                        d.name,
-                        GUARDS[guard],
-                        f"query {query!r} without its {guard} guard ({text.strip()!r})",
-                        with_attrs(queries=edited),
-                    )
-                )
-    return out
-
-
-def required_events(d: RunKind, mode: str) -> tuple[str | Requirement, ...]:
-    out: list[str | Requirement] = ["connection lost"]
-    if d.fence.kind != "none":
-        out += ["lost race", "fence rejection"]
-    if d.lease is not None:
-        out.append("reclaim")
-        if d.retry is not None:  # a run taken back is claimed again: each fenced write meets it
-            writes = ["complete", "fail"] + (
-                ["extend_lease"] if generic.EXTEND in d.events() else []
-            )
-            out += [f"stale {w} on a re-claimed run" for w in writes]
-    if d.lease is not None and d.fence.kind in ("attempt", "row-lock"):
-        # each fenced write refused both on a run nobody holds now and on one another holds
-        events = d.events()
-        writes = ["complete"] + (["fail"] if d.retry is not None or generic.FAIL in events else [])
-        writes += ["extend_lease"] if generic.EXTEND in events else []
-        whys = ["no longer claimed"] + (["re-claimed"] if d.retry is not None else [])
-        out += [f"fence refusal: {w} ({why})" for w in writes for why in whys]
-    if d.retry is not None:
-        out.append("backoff")
-    if mode != "own":
-        out += [
-            "worker died before commit",
-            "indeterminate commit",
-            "indeterminate resolved: committed",
-            "indeterminate resolved: not committed",
-        ]
-        if d.claim.skip_locked:
-            out.append("skip locked")
-        # a block schedules psycopg's connections (a driver of its own runs none)
-        out.append(needs("concurrent block", "concurrency"))
-        if d.lease is not None:  # the reaper's take-back and a holder's write meet on one row
-            out.append(needs("lock wait in a block", "concurrency"))
-    if d.external != "none":
-        out.append("external reply lost")
-    if d.external == "at-least-once":
-        out.append("duplicate delivery")
-    if d.idempotency_key:
-        out.append("repeat answered")
-    return tuple(out)
 
 
 def kind(
