@@ -103,8 +103,11 @@ class GenericCheck(ClaimRace, ExternalCall, KindCheck):
     timing: ClassVar[Timing]
     queries: ClassVar[dict[str, str] | None] = None  # a mutant's edited SQL
     mutants: ClassVar[list[Mutant]] = []
-    n_workers = 2  # the loop's workers, w0 and w1; with a lease, w2 is the reaper process
+    n_workers = 2  # the loop's workers, w0 and w1; with a reaper, w2 is the reaper process
     REAPER = 2
+    owners_only: ClassVar[bool] = False
+    """A control: a worker writes only for the runs it still owns (a stale holder drops them
+    unwritten), so whatever a weak fence lets through never happens."""
     lock_wait_breaks = "claim"
     own_invariants: ClassVar[dict[str, str]] = {}
 
@@ -216,11 +219,13 @@ class GenericCheck(ClaimRace, ExternalCall, KindCheck):
 
     def observed(self, m: generic.GenericModel) -> None:
         self.owing, self._unsure = frozenset(), None
-        for _, _, event, _ in m.transitions:
+        for _, src, event, _ in m.transitions:
             if event == generic.RETRY:
                 self.event("backoff")
             elif event in (generic.RECLAIM, generic.RECLAIM_DEAD):
                 self.event("reclaim")
+            elif event == generic.CLAIM and src == m.owned:
+                self.event("reclaim")  # a claim that re-picked a lapsed run
         dups = sum(n - 1 for n in m.received.values())
         self.event("duplicate delivery", max(0, dups - self._duplicates))
         self._duplicates = dups
@@ -308,8 +313,10 @@ class GenericCheck(ClaimRace, ExternalCall, KindCheck):
         ``retake`` both happen, the claim taking as many due runs as reaches ``w``'s."""
         if not self.description.lease:
             return
-        if retake or data.draw(st.booleans(), label="reaper runs"):
-            self.do(self.REAPER, self._reap(self.REAPER))
+        reaper = self.n_workers > self.REAPER
+        if not reaper or retake or data.draw(st.booleans(), label="reaper runs"):
+            if reaper:
+                self.do(self.REAPER, self._reap(self.REAPER))
             if retake or data.draw(st.booleans(), label="the other worker claims"):
                 due = [r.key for r in self.model.due()]
                 mine = [due.index(k) + 1 for k in self.held[w] if k in due]
@@ -323,6 +330,7 @@ class GenericCheck(ClaimRace, ExternalCall, KindCheck):
             for w, held in enumerate(self.held)
             for k in sorted(held, key=_order)
             if sent is None or (held[k].result is not None) == sent
+            if not self.owners_only or self.model.owns(held[k].job)
         ]
 
     def _mine(self, w: int, sent: bool | None) -> list[str]:
@@ -372,12 +380,16 @@ class GenericCheck(ClaimRace, ExternalCall, KindCheck):
         worker.abandon()
         self.fail(f"{op}: the adapter raised {type(e).__name__}: {text}")
 
-    def _write(self, op: str):
-        """impl_op of a fenced write: Won, or LostRace('fenced')."""
+    def _write(self, op: str, model_op=None):
+        """impl_op of a fenced write: Won, or LostRace('fenced'). A library whose writes say
+        nothing (``Fence(answers=False)``) answers what the model expects of it: the rows read
+        back after the step judge whether it landed."""
 
         def impl(worker, *args):
             def run(conn):
                 _, lost = self._call(worker, op, conn, *args)
+                if not self.description.fence.answers:
+                    return model_op(self.model.copy())
                 return LostRace("fenced") if lost else Won()
 
             return run
@@ -385,7 +397,15 @@ class GenericCheck(ClaimRace, ExternalCall, KindCheck):
         return impl
 
     def _fence(self, h: Held):
-        return lambda: (h.job.key, h.job.attempt, self.model.owns(h.job))
+        return lambda: (h.job.key, h.job.token, self.model.owns(h.job))
+
+    def _tag(self, h: Held) -> str:
+        """The holder's claim in a step's label: its attempt, or, when the library counts
+        retries, which claim of the run it holds."""
+        retry = self.description.retry
+        if retry is not None and retry.counts == "retries":
+            return f"claim={h.job.token}"
+        return f"attempt={h.job.attempt}"
 
     def _unanswered(self, worker, h: Held):
         """A fenced write whose answer was lost: the worker forgets what it held, and if the
@@ -395,7 +415,7 @@ class GenericCheck(ClaimRace, ExternalCall, KindCheck):
         def lost() -> None:
             self.forget(worker)
             if not self.model.owns(h.job):
-                self._unsure = (h.job.key, h.job.attempt)
+                self._unsure = (h.job.key, h.job.token)
 
         return lost
 
@@ -406,8 +426,8 @@ class GenericCheck(ClaimRace, ExternalCall, KindCheck):
         return (
             r is not None
             and r.status == self.model.owned
-            and h.job.attempt is not None
-            and r.attempts > h.job.attempt
+            and h.job.token is not None
+            and r.claims > h.job.token
         )
 
     def _waiting(self) -> int:
@@ -434,14 +454,15 @@ class GenericCheck(ClaimRace, ExternalCall, KindCheck):
         if self.description.idempotency_key:
             out += [self._enqueue(w, k, "repeat") for k in sorted(self.model.runs, key=_order)]
         out += [self._claim(w, batch) for batch in (1, 2, 3)]
-        for key, h in sorted(self.held[w].items(), key=lambda kv: _order(kv[0])):
+        for key in self._mine(w, sent=None):
+            h = self.held[w][key]
             if self.receiver is not None and h.result is None:
                 out += [self._send(w, key, answer) for answer in self._answers()]
             else:
                 out += self._records(w, key)
             if generic.EXTEND in self.description.events():
                 out.append(self._extend(w, key))
-        if self.description.lease is not None:
+        if self.n_workers > self.REAPER:
             out.append(self._reap(w))
         return out
 
@@ -521,7 +542,8 @@ class GenericCheck(ClaimRace, ExternalCall, KindCheck):
             runs = self.candidates[0].model.runs
             for job in got.value if isinstance(got, Won) else ():
                 claimed = self.handles[w].pop(job.key, None) or Claimed(job.key, job.attempt)
-                self.held[w][job.key] = Held(Job(job.key, runs[job.key].attempts), claimed)
+                run = runs[job.key]
+                self.held[w][job.key] = Held(Job(job.key, run.attempts, run.claims), claimed)
 
         return after
 
@@ -535,26 +557,29 @@ class GenericCheck(ClaimRace, ExternalCall, KindCheck):
     def _record(self, w: int, key: str, result: str) -> Action:
         """Complete, or fail (retry / give up / end), fenced by the description's fence."""
         worker, h = self.workers[w], self.held[w][key]
-        write = self._write("complete" if result == OK else "fail")
         if result == OK:
-            label = f"complete({key}, attempt={h.job.attempt})"
-            model_op, impl = (lambda m: m.complete(h.job)), write(worker, h.claimed)
+            label = f"complete({key}, {self._tag(h)})"
+
+            def model_op(m):
+                return m.complete(h.job)
+
+            impl = self._write("complete", model_op)(worker, h.claimed)
         else:
             permanent = result == PERMANENT
-            label = f"fail({key}, attempt={h.job.attempt}, permanent={permanent})"
+            label = f"fail({key}, {self._tag(h)}, permanent={permanent})"
 
             def model_op(m):
                 self.owing = frozenset({key})  # judged after this step: it owes its backoff
                 return m.fail(h.job, permanent)
 
-            impl = write(worker, h.claimed, permanent)
+            impl = self._write("fail", model_op)(worker, h.claimed, permanent)
         stale = self._stale(h)
 
         def after(got) -> None:
             self.held[w].pop(key, None)
             if stale:
                 self.event(f"stale {'complete' if result == OK else 'fail'} on a re-claimed run")
-            if isinstance(got, LostRace):
+            if isinstance(got, LostRace) and self.description.fence.answers:
                 self.event("fence rejection")
 
         return Action(
@@ -577,14 +602,18 @@ class GenericCheck(ClaimRace, ExternalCall, KindCheck):
             if stale:
                 self.event("stale extend_lease on a re-claimed run")
             if isinstance(got, LostRace):
-                self.event("fence rejection")
+                if self.description.fence.answers:
+                    self.event("fence rejection")
                 self.held[w].pop(key, None)
+
+        def model_op(m):
+            return m.extend_lease(h.job)
 
         return Action(
             "extend_lease",
-            f"extend_lease({key}, attempt={h.job.attempt})",
-            lambda m: m.extend_lease(h.job),
-            self._write("extend_lease")(worker, h.claimed),
+            f"extend_lease({key}, {self._tag(h)})",
+            model_op,
+            self._write("extend_lease", model_op)(worker, h.claimed),
             after=after,
             on_error=self._unanswered(worker, h),
             fence=self._fence(h),
@@ -628,10 +657,15 @@ class GenericCheck(ClaimRace, ExternalCall, KindCheck):
 
 
 def kind(
-    description: RunKind, adapter: type[Adapter], *, mutants: Iterable[Mutant] = ()
+    description: RunKind,
+    adapter: type[Adapter],
+    *,
+    mutants: Iterable[Mutant] = (),
+    owners_only: bool = False,
 ) -> type[GenericCheck]:
     """The check of ``description`` run against the system ``adapter`` binds. Raises
-    :class:`KindError` naming what to change when the two cannot make a check."""
+    :class:`KindError` naming what to change when the two cannot make a check. With
+    ``owners_only`` it is a control: workers never write for a run they no longer own."""
     problems = generic.fit_problems(description) + adapter_problems(description, adapter)
     if problems:
         raise KindError(f"run kind {description.name!r}: " + "; ".join(problems))
@@ -652,14 +686,15 @@ def kind(
             "__module__": adapter.__module__,
             "__doc__": f"The {description.name} kind, checked from its description.",
             "kind": description.name,
-            "n_workers": 3 if description.lease is not None else 2,
+            "n_workers": 3 if description.lease and description.lease.taken_back_by else 2,
             "description": description,
             "adapter_class": adapter,
             "timing": timing,
             "contract": description.contract(),
             "schema": adapter.schema,
             "policy": policy,
-            "required_events": required_events(description, mode),
+            "required_events": required_events(description, mode, owners_only),
+            "owners_only": owners_only,
             "worker_class": adapter_worker(adapter),
         },
     )

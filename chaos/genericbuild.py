@@ -46,7 +46,7 @@ def adapter_problems(d: RunKind, adapter: type[Adapter]) -> list[str]:
         need["fail"] = "(conn, job, permanent)"
     if generic.EXTEND in events:
         need["extend_lease"] = "(conn, job)"
-    if d.lease is not None:
+    if d.lease is not None and d.lease.taken_back_by:
         need["reclaim_stale"] = "(conn) -> keys taken back"
     if d.external != "none":
         need["send"] = "(job, url) -> OK | RETRY | PERMANENT"
@@ -94,18 +94,23 @@ def derived_mutants(d: RunKind, adapter: type[Adapter]) -> list[Mutant]:
     return out
 
 
-def required_events(d: RunKind, mode: str) -> tuple[str | Requirement, ...]:
+def required_events(
+    d: RunKind, mode: str, owners_only: bool = False
+) -> tuple[str | Requirement, ...]:
+    """What a run must observe to count. A fence whose writes say nothing (``answers=False``)
+    shows no refusal, and an owners-only control makes no stale write: neither is required."""
     out: list[str | Requirement] = ["connection lost"]
-    if d.fence.kind != "none":
+    if d.fence.kind != "none" and d.fence.answers:
         out += ["lost race", "fence rejection"]
     if d.lease is not None:
         out.append("reclaim")
-        if d.retry is not None:  # a run taken back is claimed again: each fenced write meets it
+        again = d.retry is not None or d.claim.reclaims
+        if again and not owners_only:  # a run taken back is claimed again: each write meets it
             writes = ["complete", "fail"] + (
                 ["extend_lease"] if generic.EXTEND in d.events() else []
             )
             out += [f"stale {w} on a re-claimed run" for w in writes]
-    if d.lease is not None and d.fence.kind in ("attempt", "row-lock"):
+    if d.lease is not None and d.fence.kind in ("attempt", "row-lock") and not owners_only:
         # each fenced write refused both on a run nobody holds now and on one another holds
         events = d.events()
         writes = ["complete"] + (["fail"] if d.retry is not None or generic.FAIL in events else [])
@@ -115,17 +120,20 @@ def required_events(d: RunKind, mode: str) -> tuple[str | Requirement, ...]:
     if d.retry is not None:
         out.append("backoff")
     if mode != "own":
+        # in autocommit no COMMIT is sent: no worker dies before one, no claim races another's
+        # open COMMIT, and a statement's locks last only as long as the statement
+        commits = d.commits == "transaction"
+        out += ["worker died before commit"] if commits else []
         out += [
-            "worker died before commit",
             "indeterminate commit",
             "indeterminate resolved: committed",
             "indeterminate resolved: not committed",
         ]
-        if d.claim.skip_locked:
+        if d.claim.skip_locked and commits:
             out.append("skip locked")
         # a block schedules psycopg's connections (a driver of its own runs none)
         out.append(needs("concurrent block", "concurrency"))
-        if d.lease is not None:  # the reaper's take-back and a holder's write meet on one row
+        if d.lease is not None and commits:  # the take-back and a holder's write meet on a row
             out.append(needs("lock wait in a block", "concurrency"))
     if d.external != "none":
         out.append("external reply lost")
