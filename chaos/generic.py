@@ -671,12 +671,14 @@ def kind(
         raise KindError(f"run kind {description.name!r}: " + "; ".join(problems))
     timing = Timing.of(description, QUANTUM)
     mode = adapter.mode()
+    # a driver of its own, or a library in autocommit, sends no COMMIT a fault could meet
+    no_commit = mode == "own" or description.commits == "autocommit"
     policy = FaultPolicy(
         gap=1,
         heal_after=6,
         stall=timing.lease + QUANTUM if timing.lease else None,
         reply_lost=description.external != "none",
-        commit_faults=() if mode == "own" else FaultPolicy().commit_faults,
+        commit_faults=() if no_commit else FaultPolicy().commit_faults,
     )
     title = "".join(p.capitalize() for p in description.name.split("-"))
     cls = type(
