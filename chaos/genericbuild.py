@@ -50,6 +50,11 @@ def adapter_problems(d: RunKind, adapter: type[Adapter]) -> list[str]:
         need["reclaim_stale"] = "(conn) -> keys taken back"
     if d.external != "none":
         need["send"] = "(job, url) -> OK | RETRY | PERMANENT"
+    if d.lease is not None and d.lease.per == "worker":
+        out.append(
+            "Lease(per='worker'): the model keeps a lease per worker, but an adapter is not yet "
+            "told which of the gate's workers calls it; describe a lease per run for now"
+        )
     for op, sig in need.items():
         if not adapter.implements(op):
             out.append(f"{name} has no {op}{sig}, which the description needs: implement it")

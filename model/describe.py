@@ -104,6 +104,12 @@ class Lease(BaseModel):
     heartbeat: Seconds | None = Field(
         None, description="an owner extends its lease this often (on a timer); None: it never does"
     )
+    per: Literal["run", "worker"] = Field(
+        "run",
+        description="whose lease it is: each run's own (a claim stamps it), or its worker's (a "
+        "worker's first claim registers it; one beat extends every run it holds, and a claim "
+        "stamps nothing: a run's lease lapses when its worker's last beat is that old)",
+    )
     taken_back_by: tuple[str, ...] = Field(
         (),
         description="the events by which a lapsed lease's run is taken back (the reaper's, or "

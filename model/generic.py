@@ -185,6 +185,7 @@ class Run:
     due: int
     lease_until: int | None = None
     claims: int = 0  # every claim so far: the current holder's token
+    holder: str = ""  # who claimed it last (a lease per worker is that worker's)
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,7 @@ class Job:
     key: str
     attempt: int | None
     claim: int | None = field(default=None, compare=False, repr=False)
+    holder: str = field(default="", compare=False, repr=False)
 
     @property
     def token(self) -> int | None:
@@ -228,6 +230,7 @@ class GenericModel:
         self.now = 0
         self.runs: dict[str, Run] = {}
         self.received: dict[str, int] = {}
+        self.beats: dict[str, int] = {}  # a lease per worker: each worker's last beat
         self.transitions: list[tuple[str, str, str, str]] = []  # drained by the check
         self._next = 1
 
@@ -323,11 +326,12 @@ class GenericModel:
             return sorted(runs, key=lambda r: (r.due, r.seq))
         return sorted(runs, key=lambda r: r.seq)
 
-    def claim(self, batch: int) -> Outcome:
-        """Up to ``batch`` due runs, in the claim's order, each ``attempts + 1``, leased."""
-        return self._take(self.due()[:batch])
+    def claim(self, batch: int, holder: str = "") -> Outcome:
+        """Up to ``batch`` due runs, in the claim's order, each ``attempts + 1``, leased (by
+        ``holder``'s lease, when the lease is per worker)."""
+        return self._take(self.due()[:batch], holder)
 
-    def claim_skipping(self, batch: int, taken: tuple[str, ...]) -> Outcome:
+    def claim_skipping(self, batch: int, taken: tuple[str, ...], holder: str = "") -> Outcome:
         """A claim among others in flight: ``SKIP LOCKED`` may skip due runs another transaction
         holds (and that transaction may still abort), so what it takes is *some* due runs, at
         most ``batch``. Claims ``taken`` when that is such a choice; a lost race (nothing
@@ -336,11 +340,17 @@ class GenericModel:
         keys = {r.key for r in due}
         if len(taken) > batch or len(set(taken)) != len(taken) or not set(taken) <= keys:
             return LostRace("not a claim SKIP LOCKED can make")
-        return self._take([r for r in due if r.key in taken])
+        return self._take([r for r in due if r.key in taken], holder)
 
-    def _take(self, runs: list[Run]) -> Outcome:
+    def _per_worker(self) -> bool:
+        return self.d.lease is not None and self.d.lease.per == "worker"
+
+    def _take(self, runs: list[Run], holder: str = "") -> Outcome:
         jobs = []
         lease = self.timing.lease
+        stamp = self.now
+        if self._per_worker():  # the worker's first claim registers it; a claim stamps nothing
+            stamp = self.beats.setdefault(holder, self.now)
         per_claim = self.d.retry is None or self.d.retry.counts == "claims"
         for r in runs:
             attempts = r.attempts + 1 if per_claim and r.status != self.owned else r.attempts
@@ -349,12 +359,21 @@ class GenericModel:
                 CLAIM,
                 attempts=attempts,
                 claims=r.claims + 1,
-                lease_until=None if lease is None else self.now + lease,
+                holder=holder,
+                lease_until=None if lease is None else stamp + lease,
             )
-            jobs.append(Job(r.key, attempts, r.claims + 1))
+            jobs.append(Job(r.key, attempts, r.claims + 1, holder))
         return Won(tuple(jobs))
 
     def extend_lease(self, job: Job) -> Outcome:
+        """The owner's heartbeat; with a lease per worker, its worker's: every run that worker
+        holds is extended, whoever's job the beat was for (it names no run)."""
+        if self._per_worker():
+            self.beats[job.holder] = self.now
+            for r in list(self.runs.values()):
+                if r.status == self.owned and r.holder == job.holder:
+                    self.runs[r.key] = replace(r, lease_until=self.now + self.timing.lease)
+            return Won()
         r = self._fenced(job)
         if r is None:
             return self._refused()

@@ -2,8 +2,9 @@
 
 Each feature with its model semantics: a claim that re-picks lapsed work itself (no reaper), a
 reaper that does not know the retry policy, attempts counted as retries, a give-up decided on
-the worker's count, a guard by id only ("unless terminal"), writes that answer nothing, and a
-library in autocommit (no COMMIT for a fault to meet).
+the worker's count, a guard by id only ("unless terminal"), writes that answer nothing, a
+heartbeat per worker (in the model; the check refuses it until an adapter knows its worker),
+and a library in autocommit (no COMMIT for a fault to meet).
 """
 
 from __future__ import annotations
@@ -167,6 +168,34 @@ def test_writes_that_answer_nothing_are_refused_without_a_lost_race():
     m, first, second = lapsed_and_repicked(described())
     m.complete(second)
     assert m.complete(first) == Won() and m.runs["1"].status == "successful"
+
+
+# -- a heartbeat per worker -------------------------------------------------------------------
+
+
+def test_a_workers_beat_extends_every_job_it_holds_and_a_claim_stamps_nothing():
+    d = described(lease=Lease(seconds=60, heartbeat=30, per="worker"))
+    m = GenericModel(d)
+    for key in ("1", "2", "3"):
+        m.enqueue(key)
+    [a1] = m.claim(1, holder="w0").value  # w0 registers: its lease runs from now
+    m.advance(40)
+    [a2] = m.claim(1, holder="w0").value  # stamps nothing: w0's last beat is 40 s old
+    [b1] = m.claim(1, holder="w1").value
+    assert [m.runs[k].lease_until for k in ("1", "2", "3")] == [60, 60, 100]
+    m.advance(10)
+    assert m.extend_lease(a1) == Won()  # w0 beats: both its jobs, not w1's
+    assert [m.runs[k].lease_until for k in ("1", "2", "3")] == [110, 110, 100]
+    m.advance(50)
+    assert [j.key for j in m.due()] == ["3"]  # only w1's job lapsed
+
+
+def test_a_lease_per_worker_is_refused_by_the_check_until_adapters_know_their_worker():
+    from knownstate.chaos.adapter import Adapter
+    from knownstate.chaos.genericbuild import adapter_problems
+
+    d = described(lease=Lease(seconds=60, heartbeat=30, per="worker"))
+    assert any("Lease(per='worker')" in p for p in adapter_problems(d, Adapter))
 
 
 # -- autocommit: nothing a COMMIT fault causes is required -----------------------------------
