@@ -96,6 +96,25 @@ def test_a_stale_worker_retries_the_job_another_worker_runs(knownstate_db, known
     asyncio.run(scenario())
 
 
+def test_a_stale_workers_heartbeat_lands_on_the_job_another_worker_runs(
+    knownstate_db, knownstate_db_clock
+):
+    """lease-fence (a lesser one): A's heartbeat, on its timer and overdue after the pause,
+    stamps the lease of the job B now holds, as if A still owned it."""
+    dsn = knownstate_db(schema())
+
+    async def scenario():
+        a, b, held_by_a, held_by_b = await stale_and_repicked(dsn, knownstate_db_clock)
+        [(picked_by_b,)] = rows(dsn, "SELECT heartbeat FROM pgqueuer")
+        knownstate_db_clock.jump(5)
+        await a.update_heartbeat([held_by_a.id])  # A, stale, beats for the job
+        [(beaten,)] = rows(dsn, "SELECT heartbeat FROM pgqueuer")
+        assert (beaten - picked_by_b).total_seconds() >= 5  # A's beat landed on B's job
+        await close_all()
+
+    asyncio.run(scenario())
+
+
 def test_an_owner_that_never_paused_finishes_alone(knownstate_db, knownstate_db_clock):
     """The control: without a stale worker, the owner's completion is the only one."""
     dsn = knownstate_db(schema())
