@@ -19,8 +19,9 @@ containing it gets a mutant without it, which must be caught naming the invarian
 stands for. A user adds hand-written ones with ``kind(..., mutants=[...])``.
 
 The parts live beside it: the external side in :mod:`.receiver`, the claim race rule in
-:mod:`.claimrace`, what a description and an adapter must give each other (the adapter's
-problems, the derived mutants, the required events) in :mod:`.genericbuild`.
+:mod:`.claimrace`, calling the adapter in :mod:`.adaptercall`, what a description and an
+adapter must give each other (the adapter's problems, the derived mutants, the required
+events) in :mod:`.genericbuild`.
 """
 
 from __future__ import annotations
@@ -31,22 +32,15 @@ from typing import Any, ClassVar, Iterable
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
-from knownstate.impl.errors import (
-    ClientError,
-    CommitIndeterminate,
-    ConnectionLost,
-    KnownstateError,
-    TransactionAborted,
-    is_connection_error,
-)
 from knownstate.model import generic
 from knownstate.model.contract import LostRace, Violation, Won
 from knownstate.model.describe import RunKind
 from knownstate.model.generic import Job, Observed, Timing
 
-from .adapter import OK, PERMANENT, Adapter, Claimed, as_row, unwrap
+from .adapter import OK, PERMANENT, Adapter, Claimed, as_row
 from .adapter import worker_class as adapter_worker
-from .check import QUANTUM, Action, Failure, FaultPolicy, KindCheck
+from .check import QUANTUM, Action, FaultPolicy, KindCheck
+from .adaptercall import AdapterCalls
 from .claimrace import ClaimRace
 from .genericbuild import (  # noqa: F401 (GUARDS, KindError: this module's public names too)
     GUARDS,
@@ -55,7 +49,6 @@ from .genericbuild import (  # noqa: F401 (GUARDS, KindError: this module's publ
     derived_mutants,
     required_events,
 )
-from .harness import EnvironmentFault, WorkerDied
 from .mutants import Mutant
 from .receiver import ANSWERS, ExternalCall, Receiver
 
@@ -95,7 +88,7 @@ class Counted:
         return hash(self.n)
 
 
-class GenericCheck(ClaimRace, ExternalCall, KindCheck):
+class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
     """The check of a described queue. Built by :func:`kind`; not subclassed by hand."""
 
     description: ClassVar[RunKind]
@@ -331,55 +324,16 @@ class GenericCheck(ClaimRace, ExternalCall, KindCheck):
             for w, held in enumerate(self.held)
             for k in sorted(held, key=_order)
             if sent is None or (held[k].result is not None) == sent
-            if not self.owners_only or self.model.owns(held[k].job)
+            if not self.owners_only or self._surely_owns(held[k].job)
         ]
+
+    def _surely_owns(self, job: Job) -> bool:
+        """Whether ``job``'s holder owns its run in every state the world may be in (after a
+        lost answer, another worker's claim may have taken it)."""
+        return all(c.model.owns(job) for c in self.candidates)
 
     def _mine(self, w: int, sent: bool | None) -> list[str]:
         return [k for x, k in self._holding(sent) if x == w]
-
-    def _call(self, worker, op: str, conn, *args, closes: bool = True) -> tuple[Any, bool]:
-        """Run the adapter's ``op``: (its result, whether it signalled a lost race). Driver
-        errors become the engine's: a lost connection (indeterminate when COMMIT was in
-        flight, in autocommit, or on a driver of its own), a refused statement, a refused call."""
-        fn = getattr(self.adapter, op)
-        try:
-            result = worker.run(fn(conn, *args))
-        except (WorkerDied, EnvironmentFault, Failure, KnownstateError):
-            raise
-        except Exception as e:
-            if self.adapter.lost_race.raised(e):
-                worker.settle_after_error()
-                return None, True
-            raise self._translate(e, worker, op) from e
-        if closes and worker.mode != "own" and worker.in_transaction():
-            worker.abandon()
-            self.fail(
-                f"{op}: the adapter returned with its transaction still open: commit it "
-                "(or use conn.transaction())"
-            )
-        return result, self.adapter.lost_race.returned(result)
-
-    def _translate(self, e: BaseException, worker, op: str) -> BaseException:
-        where = f"{self.kind}.{op}"
-        pg = unwrap(e)
-        text = str(pg or e).strip().splitlines()[0] if str(pg or e).strip() else type(e).__name__
-        if pg is not None and is_connection_error(pg):
-            conn = worker.conn
-            if (
-                worker.mode == "own"
-                or getattr(conn, "in_commit", False)
-                or getattr(conn, "autocommit", False)
-            ):
-                return CommitIndeterminate(f"{where}: {text}")
-            return ConnectionLost(f"{where}: {text}")
-        if pg is not None and not pg.sqlstate:
-            return ClientError(f"{where}: {type(pg).__name__}: {text}")
-        if pg is not None:
-            return TransactionAborted(f"{where}: {pg.sqlstate} {text}")
-        if isinstance(e, self.adapter_class.connection_errors):
-            return CommitIndeterminate(f"{where}: {type(e).__name__}: {text}")
-        worker.abandon()
-        self.fail(f"{op}: the adapter raised {type(e).__name__}: {text}")
 
     def _write(self, op: str, model_op=None):
         """impl_op of a fenced write: Won, or LostRace('fenced'). A library whose writes say
