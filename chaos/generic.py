@@ -553,9 +553,13 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
         )
 
     def _extend(self, w: int, key: str) -> Action:
-        """The owner's heartbeat (on a timer: a stall freezes it with the worker)."""
+        """The owner's heartbeat (on a timer: a stall freezes it with the worker). Behind an
+        id-only fence (``unless-terminal``) a stale beat is predicted to land, stamping the
+        lease of a run another worker holds and no outcome: it is not judged as a stale write
+        (the stale outcome writes are), so the finding reported is the one that matters."""
         worker, h = self.workers[w], self.held[w][key]
         stale = self._stale(h)
+        judged = self.description.fence.kind != "unless-terminal"
 
         def after(got) -> None:
             if stale:
@@ -575,7 +579,7 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
             self._write("extend_lease", model_op)(worker, h.claimed),
             after=after,
             on_error=self._unanswered(worker, h),
-            fence=self._fence(h),
+            fence=self._fence(h) if judged else None,
             runs=frozenset({key}),
         )
 
