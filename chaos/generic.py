@@ -9,98 +9,48 @@ reaper, a producer (and a repeated request, with an idempotency key), a claim ra
 worker's open claim — and answers the fault policy's questions.
 
 The external call, when the description has one, goes to a real HTTP stand-in on loopback
-(:class:`Receiver`) through the worker's own Toxiproxy link: ``POST /runs/<key>``. It answers
-what the check planned (200, a retryable 503, a permanent 422), records every call with its
-``Idempotency-Key`` header, and so counts duplicates (allowed at-least-once) and checks that
-every call for one run carries the same key (when the description says it does).
+(:class:`~.receiver.Receiver`) through the worker's own Toxiproxy link: ``POST /runs/<key>``.
+It answers what the check planned (200, a retryable 503, a permanent 422), records every call
+with its ``Idempotency-Key`` header, and so counts duplicates (allowed at-least-once) and
+checks that every call for one run carries the same key (when the description says it does).
 
 Mutants come from the adapter's SQL: for each guard it names (``Adapter.guards``), each query
 containing it gets a mutant without it, which must be caught naming the invariant the guard
 stands for. A user adds hand-written ones with ``kind(..., mutants=[...])``.
+
+The parts live beside it: the external side in :mod:`.receiver`, the claim race rule in
+:mod:`.claimrace`, calling the adapter in :mod:`.adaptercall`, what a description and an
+adapter must give each other (the adapter's problems, the derived mutants, the required
+events) in :mod:`.genericbuild`.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable
 
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, precondition, rule
+from hypothesis.stateful import initialize
 
-from knownstate.impl.errors import (
-    ClientError,
-    CommitIndeterminate,
-    ConnectionLost,
-    KnownstateError,
-    TransactionAborted,
-    is_connection_error,
-)
 from knownstate.model import generic
 from knownstate.model.contract import LostRace, Violation, Won
 from knownstate.model.describe import RunKind
 from knownstate.model.generic import Job, Observed, Timing
 
-from .adapter import OK, PERMANENT, RETRY, Adapter, Claimed, as_row, no_answer_errors, unwrap
+from .adapter import OK, PERMANENT, Adapter, Claimed, as_row
 from .adapter import worker_class as adapter_worker
-from .runner import Requirement
-from .check import QUANTUM, Action, Candidate, Failure, FaultPolicy, KindCheck, fmt, needs
-from .harness import EnvironmentFault, WorkerDied, watch
-from .mutants import Mutant, sql_edit, with_attrs
-from .sink import JsonHandler, NotificationSink
-
-ANSWERS = {200: OK, 503: RETRY, 422: PERMANENT}
-
-GUARDS = {
-    "fence": "lease-fence",
-    "status": "lease-fence",
-    "lease": "lease",
-    "skip_locked": "claim",
-    "lock": "claim",
-}
-"""A guard the adapter names -> the invariant a query without it must be caught breaking.
-Without its ``lock`` (``FOR UPDATE SKIP LOCKED``) a claim is a read and then a write, which two
-claims racing each other can both make: a race mutant, caught where claims overlap."""
-
-
-class KindError(ValueError):
-    """A description and an adapter that cannot make a check (the message says what to do)."""
-
-
-# ---------------------------------------------------------------------------------------
-# The external side: a real HTTP server on loopback.
-# ---------------------------------------------------------------------------------------
-
-_RUN_PATH = re.compile(r"^/runs/([^/?#]+)")
-
-
-class _RunsHandler(JsonHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
-        m = _RUN_PATH.match(self.path)
-        if m is None:
-            return self._answer(404, {"error": "POST /runs/<key>"})
-        key = (m.group(1), self.headers.get("Idempotency-Key") or "")
-        code = self.server.sink._record(key)  # type: ignore[attr-defined]
-        self._answer(code, {"received": True} if code == 200 else {"error": f"planned {code}"})
-
-
-class Receiver(NotificationSink):
-    """The external API of a described kind: ``POST /runs/<key>``, every call recorded with its
-    ``Idempotency-Key``; answers what the check planned (then 200)."""
-
-    handler = _RunsHandler
-
-    def keys(self) -> dict[str, set[str]]:
-        """Per run, the idempotency keys its calls carried."""
-        with self._lock:
-            out: dict[str, set[str]] = {}
-            for run, key in self.log:
-                out.setdefault(run, set()).add(key)
-            return out
+from .check import QUANTUM, Action, FaultPolicy, KindCheck
+from .adaptercall import AdapterCalls
+from .claimrace import ClaimRace
+from .genericbuild import (  # noqa: F401 (GUARDS, KindError: this module's public names too)
+    GUARDS,
+    KindError,
+    adapter_problems,
+    derived_mutants,
+    required_events,
+)
+from .mutants import Mutant
+from .receiver import ANSWERS, ExternalCall, Receiver
 
 
 # ---------------------------------------------------------------------------------------
@@ -138,7 +88,7 @@ class Counted:
         return hash(self.n)
 
 
-class GenericCheck(KindCheck):
+class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
     """The check of a described queue. Built by :func:`kind`; not subclassed by hand."""
 
     description: ClassVar[RunKind]
@@ -146,8 +96,11 @@ class GenericCheck(KindCheck):
     timing: ClassVar[Timing]
     queries: ClassVar[dict[str, str] | None] = None  # a mutant's edited SQL
     mutants: ClassVar[list[Mutant]] = []
-    n_workers = 2  # the loop's workers, w0 and w1; with a lease, w2 is the reaper process
+    n_workers = 2  # the loop's workers, w0 and w1; with a reaper, w2 is the reaper process
     REAPER = 2
+    owners_only: ClassVar[bool] = False
+    """A control: a worker writes only for the runs it still owns (a stale holder drops them
+    unwritten), so whatever a weak fence lets through never happens."""
     lock_wait_breaks = "claim"
     own_invariants: ClassVar[dict[str, str]] = {}
 
@@ -259,11 +212,13 @@ class GenericCheck(KindCheck):
 
     def observed(self, m: generic.GenericModel) -> None:
         self.owing, self._unsure = frozenset(), None
-        for _, _, event, _ in m.transitions:
+        for _, src, event, _ in m.transitions:
             if event == generic.RETRY:
                 self.event("backoff")
             elif event in (generic.RECLAIM, generic.RECLAIM_DEAD):
                 self.event("reclaim")
+            elif event == generic.CLAIM and src == m.owned:
+                self.event("reclaim")  # a claim that re-picked a lapsed run
         dups = sum(n - 1 for n in m.received.values())
         self.event("duplicate delivery", max(0, dups - self._duplicates))
         self._duplicates = dups
@@ -286,7 +241,7 @@ class GenericCheck(KindCheck):
         """What ``w`` can do next: record an outcome, make the external call, claim; and, while
         it holds runs, its heartbeat, whose timer may fire first (after a stall it is overdue)."""
         ops = {a.op for a in self.actions(w)}
-        return [op for op in ("record", "send", "claim", "extend_lease") if op in ops]
+        return [op for op in ("record", "send", "claim", self.heartbeat_op) if op in ops]
 
     def turn(self, w: int, data) -> None:
         """The step that meets the fault armed for it: a lost reply meets the external call,
@@ -297,13 +252,14 @@ class GenericCheck(KindCheck):
             step = "send"
         elif self.workers[w].before_commit is not None:
             step = next((o for o in options if o != "send"), step)
-        if "extend_lease" in options and step != "extend_lease" and self.reply_lost_armed != w:
+        beat = self.heartbeat_op
+        if beat in options and step != beat and self.reply_lost_armed != w:
             if data.draw(st.booleans(), label="its heartbeat fires first"):
-                step = "extend_lease"
+                step = beat
         if step == "claim":
             self.do(w, self._claim(w, 3))
             return
-        if step == "extend_lease":
+        if step == beat:
             key = data.draw(st.sampled_from(self._mine(w, sent=None)), label="run")
             self.do(w, self._extend(w, key))
             return
@@ -320,11 +276,6 @@ class GenericCheck(KindCheck):
             # A COMMIT fault was armed and the worker's next step is its call: its loop goes on
             # to the write that commits, so the fault meets a COMMIT, not nothing.
         self.do(w, data.draw(st.sampled_from(self._records(w, key)), label="work"))
-
-    def external_links(self, worker) -> list:
-        """The worker's link to the external side, while it has a call to make."""
-        unsent = any(h.result is None for h in self.held[worker.index].values())
-        return [worker.ext_link] if self.receiver and unsent else []
 
     def leases(self) -> list[int]:
         """Workers holding a live lease; those that called out and have not recorded it yet when
@@ -356,8 +307,10 @@ class GenericCheck(KindCheck):
         ``retake`` both happen, the claim taking as many due runs as reaches ``w``'s."""
         if not self.description.lease:
             return
-        if retake or data.draw(st.booleans(), label="reaper runs"):
-            self.do(self.REAPER, self._reap(self.REAPER))
+        reaper = self.n_workers > self.REAPER
+        if not reaper or retake or data.draw(st.booleans(), label="reaper runs"):
+            if reaper:
+                self.do(self.REAPER, self._reap(self.REAPER))
             if retake or data.draw(st.booleans(), label="the other worker claims"):
                 due = [r.key for r in self.model.due()]
                 mine = [due.index(k) + 1 for k in self.held[w] if k in due]
@@ -365,76 +318,33 @@ class GenericCheck(KindCheck):
                 self.do(1 - w, self._claim(1 - w, batch))
 
     # -- helpers --------------------------------------------------------------------------------
-    def _answers(self) -> list[int]:
-        events = self.description.events()
-        out = [200]
-        if self.description.retry is not None or generic.FAIL in events:
-            out.append(503)
-        if generic.FAIL in events:
-            out.append(422)
-        return out
-
     def _holding(self, sent: bool | None = None) -> list[tuple[int, str]]:
         return [
             (w, k)
             for w, held in enumerate(self.held)
             for k in sorted(held, key=_order)
             if sent is None or (held[k].result is not None) == sent
+            if not self.owners_only or self._surely_owns(held[k].job)
         ]
+
+    def _surely_owns(self, job: Job) -> bool:
+        """Whether ``job``'s holder owns its run in every state the world may be in (after a
+        lost answer, another worker's claim may have taken it)."""
+        return all(c.model.owns(job) for c in self.candidates)
 
     def _mine(self, w: int, sent: bool | None) -> list[str]:
         return [k for x, k in self._holding(sent) if x == w]
 
-    def _call(self, worker, op: str, conn, *args, closes: bool = True) -> tuple[Any, bool]:
-        """Run the adapter's ``op``: (its result, whether it signalled a lost race). Driver
-        errors become the engine's: a lost connection (indeterminate when COMMIT was in
-        flight, in autocommit, or on a driver of its own), a refused statement, a refused call."""
-        fn = getattr(self.adapter, op)
-        try:
-            result = worker.run(fn(conn, *args))
-        except (WorkerDied, EnvironmentFault, Failure, KnownstateError):
-            raise
-        except Exception as e:
-            if self.adapter.lost_race.raised(e):
-                worker.settle_after_error()
-                return None, True
-            raise self._translate(e, worker, op) from e
-        if closes and worker.mode != "own" and worker.in_transaction():
-            worker.abandon()
-            self.fail(
-                f"{op}: the adapter returned with its transaction still open: commit it "
-                "(or use conn.transaction())"
-            )
-        return result, self.adapter.lost_race.returned(result)
-
-    def _translate(self, e: BaseException, worker, op: str) -> BaseException:
-        where = f"{self.kind}.{op}"
-        pg = unwrap(e)
-        text = str(pg or e).strip().splitlines()[0] if str(pg or e).strip() else type(e).__name__
-        if pg is not None and is_connection_error(pg):
-            conn = worker.conn
-            if (
-                worker.mode == "own"
-                or getattr(conn, "in_commit", False)
-                or getattr(conn, "autocommit", False)
-            ):
-                return CommitIndeterminate(f"{where}: {text}")
-            return ConnectionLost(f"{where}: {text}")
-        if pg is not None and not pg.sqlstate:
-            return ClientError(f"{where}: {type(pg).__name__}: {text}")
-        if pg is not None:
-            return TransactionAborted(f"{where}: {pg.sqlstate} {text}")
-        if isinstance(e, self.adapter_class.connection_errors):
-            return CommitIndeterminate(f"{where}: {type(e).__name__}: {text}")
-        worker.abandon()
-        self.fail(f"{op}: the adapter raised {type(e).__name__}: {text}")
-
-    def _write(self, op: str):
-        """impl_op of a fenced write: Won, or LostRace('fenced')."""
+    def _write(self, op: str, model_op=None):
+        """impl_op of a fenced write: Won, or LostRace('fenced'). A library whose writes say
+        nothing (``Fence(answers=False)``) answers what the model expects of it: the rows read
+        back after the step judge whether it landed."""
 
         def impl(worker, *args):
             def run(conn):
                 _, lost = self._call(worker, op, conn, *args)
+                if not self.description.fence.answers:
+                    return model_op(self.model.copy())
                 return LostRace("fenced") if lost else Won()
 
             return run
@@ -442,7 +352,15 @@ class GenericCheck(KindCheck):
         return impl
 
     def _fence(self, h: Held):
-        return lambda: (h.job.key, h.job.attempt, self.model.owns(h.job))
+        return lambda: (h.job.key, h.job.token, self.model.owns(h.job))
+
+    def _tag(self, h: Held) -> str:
+        """The holder's claim in a step's label: its attempt, or, when the library counts
+        retries, which claim of the run it holds."""
+        retry = self.description.retry
+        if retry is not None and retry.counts == "retries":
+            return f"claim={h.job.token}"
+        return f"attempt={h.job.attempt}"
 
     def _unanswered(self, worker, h: Held):
         """A fenced write whose answer was lost: the worker forgets what it held, and if the
@@ -452,7 +370,7 @@ class GenericCheck(KindCheck):
         def lost() -> None:
             self.forget(worker)
             if not self.model.owns(h.job):
-                self._unsure = (h.job.key, h.job.attempt)
+                self._unsure = (h.job.key, h.job.token)
 
         return lost
 
@@ -463,8 +381,8 @@ class GenericCheck(KindCheck):
         return (
             r is not None
             and r.status == self.model.owned
-            and h.job.attempt is not None
-            and r.attempts > h.job.attempt
+            and h.job.token is not None
+            and r.claims > h.job.token
         )
 
     def _waiting(self) -> int:
@@ -472,6 +390,10 @@ class GenericCheck(KindCheck):
 
     # -- operations ---------------------------------------------------------------------------
     operations = ("enqueue", "repeat", "claim", "send", "record", "extend_lease", "reclaim_stale")
+    heartbeat_op: ClassVar[str] = "extend_lease"
+    """The heartbeat's operation name. Behind an id-only fence, where a stale heartbeat lands
+    like a stale outcome, it is ``renew_lease``: rules are drawn by name, and of two equally
+    short counterexamples the shrinker then shows the stale outcome, the one that matters."""
 
     @initialize(n=st.integers(1, 2))
     def enqueue_some(self, n: int) -> None:
@@ -491,14 +413,15 @@ class GenericCheck(KindCheck):
         if self.description.idempotency_key:
             out += [self._enqueue(w, k, "repeat") for k in sorted(self.model.runs, key=_order)]
         out += [self._claim(w, batch) for batch in (1, 2, 3)]
-        for key, h in sorted(self.held[w].items(), key=lambda kv: _order(kv[0])):
+        for key in self._mine(w, sent=None):
+            h = self.held[w][key]
             if self.receiver is not None and h.result is None:
                 out += [self._send(w, key, answer) for answer in self._answers()]
             else:
                 out += self._records(w, key)
             if generic.EXTEND in self.description.events():
                 out.append(self._extend(w, key))
-        if self.description.lease is not None:
+        if self.n_workers > self.REAPER:
             out.append(self._reap(w))
         return out
 
@@ -578,49 +501,10 @@ class GenericCheck(KindCheck):
             runs = self.candidates[0].model.runs
             for job in got.value if isinstance(got, Won) else ():
                 claimed = self.handles[w].pop(job.key, None) or Claimed(job.key, job.attempt)
-                self.held[w][job.key] = Held(Job(job.key, runs[job.key].attempts), claimed)
+                run = runs[job.key]
+                self.held[w][job.key] = Held(Job(job.key, run.attempts, run.claims), claimed)
 
         return after
-
-    def _send(self, w: int, key: str, answer: int) -> Action:
-        """The external call for a claimed run, through the worker's own link (at-least-once),
-        the stand-in answering ``answer``. Driven by the check (not one transaction)."""
-        h = self.held[w][key]
-        label = f"send({key}, attempt={h.job.attempt}) answers {answer}"
-        return Action(
-            "send", label, lambda m: m.sent(key), None, run=lambda: self._call_out(w, key, answer)
-        )
-
-    def _call_out(self, w: int, key: str, answer: int) -> None:
-        h, worker = self.held[w][key], self.workers[w]
-        self.start_step()
-        trial = self.model.copy()
-        trial.sent(key)
-        self.receiver.plan(answer)
-        url = f"http://127.0.0.1:{worker.ext_link.port}/runs/{key}"
-        label = f"send(w{w}, {key}, attempt={h.job.attempt}) answers {answer}"
-        try:
-            with self.external_call(worker):
-                h.result = worker.run(self.adapter.send(h.claimed, url))
-        except no_answer_errors(self.adapter_class) as e:
-            h.result = RETRY
-            self.log(f"{label} -> no answer ({type(e).__name__}); it may have arrived")
-            self.event("external reply lost")
-            self.maybe(Candidate(self.model, external=False), Candidate(trial, external=True))
-        except (WorkerDied, EnvironmentFault, Failure):
-            raise
-        except Exception as e:
-            self.fail(f"{label}: the adapter's send raised {type(e).__name__}: {e}")
-        else:
-            self.log(f"{label} -> {h.result}")
-            if h.result != ANSWERS[answer]:
-                self.fail(
-                    f"{label}: the adapter read the answer as {h.result!r}, not {ANSWERS[answer]!r}"
-                )
-            self.model = trial
-            self.candidates = [Candidate(trial)]
-        finally:
-            self.receiver.reset_plan()
 
     def _records(self, w: int, key: str) -> list[Action]:
         """The owner's fenced write of a run's outcome: what its call answered, or (without an
@@ -632,26 +516,29 @@ class GenericCheck(KindCheck):
     def _record(self, w: int, key: str, result: str) -> Action:
         """Complete, or fail (retry / give up / end), fenced by the description's fence."""
         worker, h = self.workers[w], self.held[w][key]
-        write = self._write("complete" if result == OK else "fail")
         if result == OK:
-            label = f"complete({key}, attempt={h.job.attempt})"
-            model_op, impl = (lambda m: m.complete(h.job)), write(worker, h.claimed)
+            label = f"complete({key}, {self._tag(h)})"
+
+            def model_op(m):
+                return m.complete(h.job)
+
+            impl = self._write("complete", model_op)(worker, h.claimed)
         else:
             permanent = result == PERMANENT
-            label = f"fail({key}, attempt={h.job.attempt}, permanent={permanent})"
+            label = f"fail({key}, {self._tag(h)}, permanent={permanent})"
 
             def model_op(m):
                 self.owing = frozenset({key})  # judged after this step: it owes its backoff
                 return m.fail(h.job, permanent)
 
-            impl = write(worker, h.claimed, permanent)
+            impl = self._write("fail", model_op)(worker, h.claimed, permanent)
         stale = self._stale(h)
 
         def after(got) -> None:
             self.held[w].pop(key, None)
             if stale:
                 self.event(f"stale {'complete' if result == OK else 'fail'} on a re-claimed run")
-            if isinstance(got, LostRace):
+            if isinstance(got, LostRace) and self.description.fence.answers:
                 self.event("fence rejection")
 
         return Action(
@@ -666,25 +553,33 @@ class GenericCheck(KindCheck):
         )
 
     def _extend(self, w: int, key: str) -> Action:
-        """The owner's heartbeat (on a timer: a stall freezes it with the worker)."""
+        """The owner's heartbeat (on a timer: a stall freezes it with the worker). Behind an
+        id-only fence (``unless-terminal``) a stale beat is predicted to land, stamping the
+        lease of a run another worker holds and no outcome: it is not judged as a stale write
+        (the stale outcome writes are), so the finding reported is the one that matters."""
         worker, h = self.workers[w], self.held[w][key]
         stale = self._stale(h)
+        judged = self.description.fence.kind != "unless-terminal"
 
         def after(got) -> None:
             if stale:
                 self.event("stale extend_lease on a re-claimed run")
             if isinstance(got, LostRace):
-                self.event("fence rejection")
+                if self.description.fence.answers:
+                    self.event("fence rejection")
                 self.held[w].pop(key, None)
 
+        def model_op(m):
+            return m.extend_lease(h.job)
+
         return Action(
-            "extend_lease",
-            f"extend_lease({key}, attempt={h.job.attempt})",
-            lambda m: m.extend_lease(h.job),
-            self._write("extend_lease")(worker, h.claimed),
+            self.heartbeat_op,
+            f"extend_lease({key}, {self._tag(h)})",
+            model_op,
+            self._write("extend_lease", model_op)(worker, h.claimed),
             after=after,
             on_error=self._unanswered(worker, h),
-            fence=self._fence(h),
+            fence=self._fence(h) if judged else None,
             runs=frozenset({key}),
         )
 
@@ -718,230 +613,44 @@ class GenericCheck(KindCheck):
             runs=lapsed,
         )
 
-    def _may_race(self) -> bool:
-        return (
-            self.description.claim.skip_locked
-            and self.workers[0].mode != "own"
-            and all(w.clean() for w in self.workers)
-            and len(self.model.due()) >= 2
-        )
-
-    @precondition(lambda self: self._may_race())
-    @rule(ba=st.integers(1, 2), bb=st.integers(1, 2))
-    def claim_race(self, ba: int, bb: int) -> None:
-        """w1 claims at the instant w0's claim sends its COMMIT — w0's transaction still open,
-        its rows still locked. The claim must skip them, at once, and never take the same runs;
-        a claim that waits on them is seen waiting by the server (pg_blocking_pids)."""
-        wa, wb = self.workers[:2]
-        self.begin_step(2)
-        trial = self.model.copy()
-        expected = self._tokens(trial.claim(ba))
-        race: dict[str, Any] = {}
-        wa.arm(lambda conn: race.update(self._race(wb, bb)))
-        label = f"claim_race: w0 claim(batch={ba})"
-        try:
-            got = self._claimed(wa, wa.connection(), ba)
-        except ConnectionLost as e:  # its connection died with the server, before anything
-            self.log(f"{label} -> {type(e).__name__}")
-            wa.abandon()
-            return
-        except CommitIndeterminate as e:  # in autocommit: the claim may have landed
-            self.log(f"{label} -> indeterminate ({e.detail})")
-            wa.abandon()
-            self.maybe(Candidate(self.model, committed=False), Candidate(trial, committed=True))
-            return
-        except TransactionAborted as e:
-            wa.abandon()
-            self.fail(f"{label}: the server refused a statement the model accepts: {e.detail}")
-        finally:
-            wa.before_commit = None
-        self.log(f"{label} -> {fmt(got)}")
-        if "failure" in race:
-            raise race["failure"]
-        if got != expected:
-            self.fail(
-                f"{label}: implementation answered {fmt(got)}, the model expects {fmt(expected)}",
-                otherwise="claim",
-            )
-        self.model = trial
-        self.candidates = [Candidate(trial)]
-        self._took(0)(got)
-        if not race:
-            self.log("  (w0's claim sent no COMMIT: no race to see; w1 claims after it)")
-            self.do(1, self._claim(1, bb))
-            return
-        self._raced(race, bb, got)
-
-    def _race(self, wb, bb: int) -> dict[str, Any]:
-        """w1's claim, run while w0's COMMIT waits (inside w0's COMMIT hook): never raises, so
-        w0's own code cannot swallow a failure; the caller judges what it returns."""
-        seen = None
-        try:
-            conn = wb.connection()
-            with watch(self.env, wb, [self.workers[0]]) as seen:
-                return {"got": self._claimed(wb, conn, bb), "seen": seen}
-        except Failure as e:
-            return {"failure": e}
-        except KnownstateError as e:
-            wb.abandon()
-            return {"error": e, "seen": seen}
-
-    def _raced(self, race: dict[str, Any], bb: int, got_a: Won) -> None:
-        label = f"claim_race: w1 claim(batch={bb}) at w0's COMMIT, w0's rows locked"
-        seen, error = race.get("seen"), race.get("error")
-        if error is not None:
-            self.log(f"{label} -> {type(error).__name__}")
-            if seen is not None and seen.blocked_by:
-                problem = (
-                    f"{label}: waited on a lock held by w0's open transaction (seen by "
-                    "the server: pg_blocking_pids), and was cancelled"
-                )
-                self.fail(problem, [Violation("claim", problem)])
-            if isinstance(error, ConnectionLost):
-                return
-            self.fail(f"{label}: {error}")
-        trial = self.model.copy()
-        expected = self._tokens(trial.claim(bb))
-        got = race["got"]
-        self.log(f"{label} -> {fmt(got)}")
-        self.log("  (w0 commits)")
-        if got != expected:
-            self.fail(
-                f"{label}: implementation answered {fmt(got)}, the model expects {fmt(expected)}",
-                otherwise="claim",
-            )
-        self.model = trial
-        self.candidates = [Candidate(trial)]
-        self._took(1)(got)
-        if got_a.value and got.value:
-            self.event("skip locked")
-
 
 # ---------------------------------------------------------------------------------------
 # Building a check.
 # ---------------------------------------------------------------------------------------
 
 
-def adapter_problems(d: RunKind, adapter: type[Adapter]) -> list[str]:
-    """What the adapter lacks for this description (empty: nothing), with hints."""
-    out = []
-    name = adapter.__name__
-    events = d.events()
-    need = {
-        "enqueue": "(conn, key)",
-        "claim": "(conn, batch) -> [Claimed]",
-        "complete": "(conn, job)",
-    }
-    if d.retry is not None or generic.FAIL in events:
-        need["fail"] = "(conn, job, permanent)"
-    if generic.EXTEND in events:
-        need["extend_lease"] = "(conn, job)"
-    if d.lease is not None:
-        need["reclaim_stale"] = "(conn) -> keys taken back"
-    if d.external != "none":
-        need["send"] = "(job, url) -> OK | RETRY | PERMANENT"
-    for op, sig in need.items():
-        if not adapter.implements(op):
-            out.append(f"{name} has no {op}{sig}, which the description needs: implement it")
-    if not adapter.schema.strip():
-        out.append(f"{name}.schema is empty: give the SQL that creates the tables")
-    if not adapter.read_query and adapter.read is Adapter.read:
-        out.append(
-            f"{name} has neither read_query nor read(conn): give the query that reads "
-            "every run back (key, status, attempts, due, lease_until)"
-        )
-    for guard, text in adapter.guards.items():
-        if guard not in GUARDS:
-            out.append(f"{name}.guards names {guard!r}: choose from {', '.join(GUARDS)}")
-        elif not any(text in q for q in adapter.queries.values()):
-            out.append(
-                f"{name}.guards[{guard!r}] = {text!r} appears in none of its queries: "
-                "copy the guard's text exactly as the SQL has it"
-            )
-    try:
-        adapter.mode()
-    except TypeError as e:
-        out.append(str(e))
-    return out
-
-
-def derived_mutants(d: RunKind, adapter: type[Adapter]) -> list[Mutant]:
-    """For each guard the adapter names, a mutant of each query containing it, without it."""
-    out = []
-    for guard, text in adapter.guards.items():
-        for query, sql in adapter.queries.items():
-            if guard in GUARDS and text in sql:
-                edited = sql_edit(adapter.queries, query, text, "")
-                out.append(
-                    Mutant(
-                        f"no-{guard.replace('_', '-')}-in-{query.replace('_', '-')}",
-                        d.name,
-                        GUARDS[guard],
-                        f"query {query!r} without its {guard} guard ({text.strip()!r})",
-                        with_attrs(queries=edited),
-                    )
-                )
-    return out
-
-
-def required_events(d: RunKind, mode: str) -> tuple[str | Requirement, ...]:
-    out: list[str | Requirement] = ["connection lost"]
-    if d.fence.kind != "none":
-        out += ["lost race", "fence rejection"]
-    if d.lease is not None:
-        out.append("reclaim")
-        if d.retry is not None:  # a run taken back is claimed again: each fenced write meets it
-            writes = ["complete", "fail"] + (
-                ["extend_lease"] if generic.EXTEND in d.events() else []
-            )
-            out += [f"stale {w} on a re-claimed run" for w in writes]
-    if d.lease is not None and d.fence.kind in ("attempt", "row-lock"):
-        # each fenced write refused both on a run nobody holds now and on one another holds
-        events = d.events()
-        writes = ["complete"] + (["fail"] if d.retry is not None or generic.FAIL in events else [])
-        writes += ["extend_lease"] if generic.EXTEND in events else []
-        whys = ["no longer claimed"] + (["re-claimed"] if d.retry is not None else [])
-        out += [f"fence refusal: {w} ({why})" for w in writes for why in whys]
-    if d.retry is not None:
-        out.append("backoff")
-    if mode != "own":
-        out += [
-            "worker died before commit",
-            "indeterminate commit",
-            "indeterminate resolved: committed",
-            "indeterminate resolved: not committed",
-        ]
-        if d.claim.skip_locked:
-            out.append("skip locked")
-        # a block schedules psycopg's connections (a driver of its own runs none)
-        out.append(needs("concurrent block", "concurrency"))
-        if d.lease is not None:  # the reaper's take-back and a holder's write meet on one row
-            out.append(needs("lock wait in a block", "concurrency"))
-    if d.external != "none":
-        out.append("external reply lost")
-    if d.external == "at-least-once":
-        out.append("duplicate delivery")
-    if d.idempotency_key:
-        out.append("repeat answered")
-    return tuple(out)
+def _heartbeat_last(d: RunKind) -> dict[str, Any]:
+    """Behind an id-only fence, the heartbeat's rule named after the record's (see
+    :attr:`GenericCheck.heartbeat_op`); elsewhere nothing changes."""
+    if d.fence.kind not in ("unless-terminal", "none"):
+        return {}
+    ops = tuple("renew_lease" if op == "extend_lease" else op for op in GenericCheck.operations)
+    return {"heartbeat_op": "renew_lease", "operations": ops}
 
 
 def kind(
-    description: RunKind, adapter: type[Adapter], *, mutants: Iterable[Mutant] = ()
+    description: RunKind,
+    adapter: type[Adapter],
+    *,
+    mutants: Iterable[Mutant] = (),
+    owners_only: bool = False,
 ) -> type[GenericCheck]:
     """The check of ``description`` run against the system ``adapter`` binds. Raises
-    :class:`KindError` naming what to change when the two cannot make a check."""
+    :class:`KindError` naming what to change when the two cannot make a check. With
+    ``owners_only`` it is a control: workers never write for a run they no longer own."""
     problems = generic.fit_problems(description) + adapter_problems(description, adapter)
     if problems:
         raise KindError(f"run kind {description.name!r}: " + "; ".join(problems))
     timing = Timing.of(description, QUANTUM)
     mode = adapter.mode()
+    # a driver of its own, or a library in autocommit, sends no COMMIT a fault could meet
+    no_commit = mode == "own" or description.commits == "autocommit"
     policy = FaultPolicy(
         gap=1,
         heal_after=6,
         stall=timing.lease + QUANTUM if timing.lease else None,
         reply_lost=description.external != "none",
-        commit_faults=() if mode == "own" else FaultPolicy().commit_faults,
+        commit_faults=() if no_commit else FaultPolicy().commit_faults,
     )
     title = "".join(p.capitalize() for p in description.name.split("-"))
     cls = type(
@@ -951,14 +660,16 @@ def kind(
             "__module__": adapter.__module__,
             "__doc__": f"The {description.name} kind, checked from its description.",
             "kind": description.name,
-            "n_workers": 3 if description.lease is not None else 2,
+            "n_workers": 3 if description.lease and description.lease.taken_back_by else 2,
             "description": description,
             "adapter_class": adapter,
             "timing": timing,
             "contract": description.contract(),
             "schema": adapter.schema,
             "policy": policy,
-            "required_events": required_events(description, mode),
+            "required_events": required_events(description, mode, owners_only),
+            "owners_only": owners_only,
+            **_heartbeat_last(description),
             "worker_class": adapter_worker(adapter),
         },
     )

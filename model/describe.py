@@ -85,6 +85,12 @@ class Claim(BaseModel):
     order: Literal["created", "due"] = Field(
         "created", description="which due runs a claim takes first: oldest created, or soonest due"
     )
+    reclaims: bool = Field(
+        False,
+        description="the claim also takes owned runs whose lease lapsed, as they are (a claim "
+        "that re-picks stale work itself, with no reaper between): needs "
+        "'<owned> -claim-> <owned>'",
+    )
 
 
 class Lease(BaseModel):
@@ -98,9 +104,16 @@ class Lease(BaseModel):
     heartbeat: Seconds | None = Field(
         None, description="an owner extends its lease this often (on a timer); None: it never does"
     )
+    per: Literal["run", "worker"] = Field(
+        "run",
+        description="whose lease it is: each run's own (a claim stamps it), or its worker's (a "
+        "worker's first claim registers it; one beat extends every run it holds, and a claim "
+        "stamps nothing: a run's lease lapses when its worker's last beat is that old)",
+    )
     taken_back_by: tuple[str, ...] = Field(
-        description="the events by which a lapsed lease's run "
-        "is taken back (the reaper's, or a read's that heals)"
+        (),
+        description="the events by which a lapsed lease's run is taken back (the reaper's, or "
+        "a read's that heals); none when the claim itself re-picks it (Claim(reclaims=True))",
     )
     how: str = Field("", description="the lease, in a sentence (default: from the fields)")
     reaper: str = Field("", description="the reaper, in a sentence (default: from the fields)")
@@ -110,10 +123,18 @@ class Fence(BaseModel):
     """What stops an owner that lost its lease from writing."""
 
     model_config = _STRICT
-    kind: Literal["attempt", "status", "row-lock", "none"] = Field(
+    kind: Literal["attempt", "status", "row-lock", "unless-terminal", "none"] = Field(
         description="attempt: writes match the claimed attempt; status: writes match only the "
         "owned status; row-lock: each write locks the row and checks it is still "
-        "the caller's; none: nothing (checked for the violation that follows)"
+        "the caller's; unless-terminal: writes match the run's id only and land unless the "
+        "run ended (a heartbeat only stamps the lease); none: nothing (checked for the "
+        "violation that follows)"
+    )
+    answers: bool = Field(
+        True,
+        description="False: the library's writes say nothing of whether they landed (they "
+        "return None either way); each is judged by the rows read back, and no refusal is "
+        "counted that the library did not show",
     )
     how: str = Field("", description="the fence, in a sentence (default: from the kind)")
 
@@ -126,10 +147,25 @@ class Retry(BaseModel):
     backoff: Literal["exponential", "fixed"] = "exponential"
     base: Seconds = Field(description="the wait after the first failed attempt")
     cap: Seconds | None = Field(None, description="the longest wait (exponential backoff)")
+    counts: Literal["claims", "retries"] = Field(
+        "claims",
+        description="what the library's attempts column counts: claims (a claim adds one, "
+        "so the n-th run of the work is attempt n) or retries (0 on the first run; a retry "
+        "adds one, a claim none). max_attempts is compared with that count",
+    )
+    decided_by: Literal["row", "worker"] = Field(
+        "row",
+        description="where the give-up is decided: on the count the row has when the write "
+        "lands (in SQL), or on the count the worker read when it claimed (in the application)",
+    )
     how: str = Field("", description="the policy, in a sentence (default: from the fields)")
 
+    def runs(self, count: int) -> int:
+        """How many times the work ran, from the library's ``count`` of attempts."""
+        return count + 1 if self.counts == "retries" else count
+
     def wait(self, attempts: int, scale: int = 1) -> int:
-        """Seconds a run waits after its ``attempts``-th attempt failed."""
+        """Seconds a run waits after its ``attempts``-th attempt (run of the work) failed."""
         if self.backoff == "fixed":
             return self.base * scale
         cap = (self.cap or self.base * 2**30) * scale
@@ -191,6 +227,12 @@ class RunKind(BaseModel):
         None,
         description="a repeated request carrying the same "
         "key gets the existing run (where the key is unique)",
+    )
+    commits: Literal["transaction", "autocommit"] = Field(
+        "transaction",
+        description="how the library commits: each operation in a transaction it COMMITs, or "
+        "every statement in autocommit (it insists on it): then it sends no COMMIT, COMMIT "
+        "faults never meet it, and only a lost connection leaves a step indeterminate",
     )
     deviations: tuple[str, ...] = ()
 
@@ -286,6 +328,8 @@ class RunKind(BaseModel):
                 f"'{self.initial} -claim-> {self.owned[0]}'"
             )
         out += self._lease_problems() + self._retry_problems()
+        if self.claim.reclaims and self.lease is None:
+            out.append("Claim(reclaims=True) without a lease: describe the lease it re-picks on")
         if self.fence.kind != "none" and self.lease is None:
             out.append(
                 f"fence {self.fence.kind!r} without a lease: an owner never loses its "
@@ -337,10 +381,11 @@ class RunKind(BaseModel):
             return out
         owned = set(self.owned)
         events = {e for _, e, _ in self.transitions}
-        if not lease.taken_back_by:
+        if not lease.taken_back_by and not self.claim.reclaims:
             out.append(
                 "a lease that nothing takes back never ends a dead owner's claim: name "
-                "the reaper's event(s) in Lease(taken_back_by=...)"
+                "the reaper's event(s) in Lease(taken_back_by=...), or say the claim "
+                "re-picks lapsed runs itself (Claim(reclaims=True))"
             )
         for e in lease.taken_back_by:
             if e not in events:
@@ -355,6 +400,13 @@ class RunKind(BaseModel):
                     f"event {e!r} does not take a run out of an owned status "
                     f"({', '.join(self.owned)}): a reaper moves an owned run on"
                 )
+        if self.claim.reclaims and not any(
+            e == "claim" and src == dst and src in owned for src, e, dst in self.transitions
+        ):
+            out.append(
+                "Claim(reclaims=True): the claim takes a lapsed run as it is; add "
+                f"'{self.owned[0]} -claim-> {self.owned[0]}'"
+            )
         if lease.heartbeat is not None:
             if lease.heartbeat * 2 > lease.seconds:
                 out.append(
@@ -425,7 +477,10 @@ class RunKind(BaseModel):
         moves = "; ".join(
             f"{s} -{e}-> {d}" for s, e, d in self.transitions if e in lease.taken_back_by
         )
-        return f"runs whose lease lapsed are taken back ({moves})"
+        if self.claim.reclaims and not moves:
+            return "none: the claim re-picks runs whose lease lapsed"
+        again = "; the claim also re-picks them" if self.claim.reclaims else ""
+        return f"runs whose lease lapsed are taken back ({moves}){again}"
 
     def fence_text(self) -> str:
         if self.fence.how:
@@ -434,6 +489,8 @@ class RunKind(BaseModel):
             "attempt": "every write by an owner matches the claimed attempt",
             "status": f"every write by an owner is guarded on status = {self.owned[0]!r}",
             "row-lock": "each write locks the row and refuses unless it is still the caller's",
+            "unless-terminal": "every write matches the run's id only: it lands unless the run "
+            "ended",
             "none": "none: a stale owner's write is not refused",
         }[self.fence.kind]
 
@@ -447,7 +504,8 @@ class RunKind(BaseModel):
             space = f"a fixed {r.base} s wait"
         else:
             space = f"exponential backoff from {r.base} s" + (f" up to {r.cap} s" if r.cap else "")
-        return f"{space}; given up after {r.max_attempts} attempts"
+        counted = " (counting retries)" if r.counts == "retries" else ""
+        return f"{space}; given up after {r.max_attempts} attempts{counted}"
 
     def contract(self) -> Contract:
         """The contract the invariants read, and the column specs/contract.md shows."""

@@ -15,7 +15,9 @@ The vocabulary is the events of the description's table, which must be these (th
 
 ========================  =============================================================
 ``enqueue``               ``(new) -> initial``: a producer adds a run under its key
-``claim``                 ``initial -> owned``: due runs, oldest first, ``attempts + 1``
+``claim``                 ``initial -> owned``: due runs, oldest first, ``attempts + 1``;
+                          with ``Claim(reclaims=True)`` also ``owned -> owned``: a run whose
+                          lease lapsed, re-picked as it is (no reaper between)
 ``extend_lease``          ``owned -> owned``: the owner's heartbeat
 ``complete``              ``owned -> terminal``: the work succeeded
 ``fail_permanent``        ``owned -> terminal``: the work failed for good (or, without a
@@ -23,15 +25,22 @@ The vocabulary is the events of the description's table, which must be these (th
 ``retry``, ``give_up``    ``owned -> initial`` after a backoff, or ``owned -> terminal``
                           once ``max_attempts`` attempts were made
 ``reclaim``,              the reaper: a lapsed lease's run goes back to ``initial``, due at
-``reclaim_dead``          once (``reclaim_dead`` at the attempt limit); without a retry
-                          policy ``reclaim`` ends the run
+``reclaim_dead``          once (``reclaim_dead`` at the attempt limit, when described: a
+                          reaper need not know the retry policy); without a retry policy
+                          ``reclaim`` ends the run. A queue whose claim re-picks has none.
 ========================  =============================================================
 
+Attempts are counted as the library counts them (``Retry(counts=...)``): per claim, or per
+retry. Ownership is apart from that count: every claim gives its holder a new token (the
+run's ``claims``), and :meth:`GenericModel.owns` compares the holder's with the run's.
+
 The fence decides which writes by an owner land: ``attempt`` and ``row-lock`` match the
-claimed attempt, ``status`` only the owned status, ``none`` nothing at all. The model predicts
-what the described system does, so a queue described with a weak fence is predicted to accept
-a stale owner's write — and the contract's ``lease-fence`` invariant, which judges every write
-by *ownership* (:meth:`GenericModel.owns`: still owned, under the same claim), names it.
+claimed attempt, ``status`` only the owned status, ``unless-terminal`` the run's id (a write
+lands unless the run ended; a heartbeat only stamps the lease), ``none`` nothing at all. The
+model predicts what the described system does, so a queue described with a weak fence is
+predicted to accept a stale owner's write — and the contract's ``lease-fence`` invariant,
+which judges every write by *ownership* (:meth:`GenericModel.owns`: still owned, under the
+same claim), names it.
 
 Every operation looks its event up in the table (:meth:`TransitionTable.next`) and returns an
 outcome (``Won``, ``LostRace``), never raises for a lost race. Time is the database clock in
@@ -43,7 +52,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .contract import CREATED, LostRace, Outcome, RetryView, RunView, StepView, Won
 from .describe import RunKind
@@ -77,7 +86,7 @@ def fit_problems(d: RunKind) -> list[str]:
     moves = {e: (s, t) for s, e, t in d.transitions}
     want = {ENQUEUE: (CREATED, d.initial), CLAIM: (d.initial, owned)}
     for e, (s, t) in want.items():
-        if moves.get(e) != (s, t):
+        if (s, e, t) not in d.transitions:
             out.append(f"the generic queue needs '{s} -{e}-> {t}'")
     for e in (COMPLETE, FAIL, GIVE_UP, RECLAIM_DEAD):
         if e in moves and (moves[e][0] != owned or moves[e][1] not in d.terminal):
@@ -89,9 +98,7 @@ def fit_problems(d: RunKind) -> list[str]:
     if EXTEND in moves and moves[EXTEND] != (owned, owned):
         out.append(f"'extend_lease' keeps the run owned: '{owned} -extend_lease-> {owned}'")
     if d.retry is not None:
-        for e, target in ((RETRY, d.initial), (GIVE_UP, None), (RECLAIM_DEAD, None)):
-            if e == RECLAIM_DEAD and d.lease is None:
-                continue
+        for e, target in ((RETRY, d.initial), (GIVE_UP, None)):
             if e not in moves:
                 out.append(
                     f"with a retry policy the generic queue needs {e!r} ('{owned} -{e}-> "
@@ -102,8 +109,10 @@ def fit_problems(d: RunKind) -> list[str]:
     elif RETRY in events or GIVE_UP in events:
         out.append("'retry'/'give_up' without a retry policy: declare retry=Retry(...)")
     if d.lease is not None:
-        if RECLAIM not in moves:
+        if RECLAIM not in moves and (RECLAIM_DEAD in moves or not d.claim.reclaims):
             out.append(f"a lease needs the reaper's 'reclaim' ('{owned} -reclaim-> ...')")
+        elif RECLAIM not in moves:
+            pass  # the claim re-picks lapsed runs: no reaper
         elif moves[RECLAIM][0] != owned:
             out.append("'reclaim' takes back an owned run")
         elif d.retry is not None and moves[RECLAIM][1] != d.initial:
@@ -172,17 +181,27 @@ class Run:
     key: str
     seq: int  # creation order
     status: str
-    attempts: int
+    attempts: int  # as the library counts them (Retry.counts)
     due: int
     lease_until: int | None = None
+    claims: int = 0  # every claim so far: the current holder's token
+    holder: str = ""  # who claimed it last (a lease per worker is that worker's)
 
 
 @dataclass(frozen=True)
 class Job:
-    """What a claim hands a worker: the run's key and the attempt it claimed (its token)."""
+    """What a claim hands a worker: the run's key and its attempts as the library shows them
+    at the claim; ``claim``, the holder's token (the run's claim count; None: ``attempt``, as
+    when attempts count claims), is the model's own and no part of what is compared."""
 
     key: str
     attempt: int | None
+    claim: int | None = field(default=None, compare=False, repr=False)
+    holder: str = field(default="", compare=False, repr=False)
+
+    @property
+    def token(self) -> int | None:
+        return self.attempt if self.claim is None else self.claim
 
 
 @dataclass(frozen=True)
@@ -211,6 +230,7 @@ class GenericModel:
         self.now = 0
         self.runs: dict[str, Run] = {}
         self.received: dict[str, int] = {}
+        self.beats: dict[str, int] = {}  # a lease per worker: each worker's last beat
         self.transitions: list[tuple[str, str, str, str]] = []  # drained by the check
         self._next = 1
 
@@ -244,7 +264,12 @@ class GenericModel:
         return Observed(r.key, r.status, r.attempts if self.tracks_attempts() else None, due, lease)
 
     def _move(self, r: Run, event: str, **changes) -> Run:
-        if event in OWNER_WRITES and self.d.fence.kind == "none" and r.status != self.owned:
+        unguarded = self.d.fence.kind in ("none", "unless-terminal")
+        if event == EXTEND and unguarded and r.status != self.owned:
+            new = replace(r, **changes)  # a heartbeat by id only stamps the lease, nothing else
+            self.runs[r.key] = new
+            return new
+        if event in OWNER_WRITES and unguarded and r.status != self.owned:
             target = self.table.next(self.owned, event)  # an unconditional write lands anyway
         else:
             target = self.table.next(r.status, event)
@@ -256,7 +281,7 @@ class GenericModel:
     def owns(self, job: Job) -> bool:
         """Whether ``job``'s holder still owns its run: still owned, under the same claim."""
         r = self.runs.get(job.key)
-        return r is not None and r.status == self.owned and r.attempts == job.attempt
+        return r is not None and r.status == self.owned and r.claims == job.token
 
     def _fenced(self, job: Job) -> Run | None:
         """The run a write by ``job``'s holder lands on, as the described fence decides."""
@@ -266,9 +291,16 @@ class GenericModel:
         kind = self.d.fence.kind
         if kind == "none":
             return r
+        if kind == "unless-terminal":
+            return r if r.status not in self.d.terminal else None
         if kind == "status":
             return r if r.status == self.owned else None
         return r if self.owns(job) else None
+
+    def _refused(self) -> Outcome:
+        """A write its guard refused: a lost race, or, from a library whose writes say nothing
+        (``Fence(answers=False)``), the same None as a write that landed."""
+        return LostRace("fenced") if self.d.fence.answers else Won()
 
     # -- operations -------------------------------------------------------------------------
     def enqueue(self, key: str) -> Outcome:
@@ -281,17 +313,25 @@ class GenericModel:
         self._move(r, ENQUEUE)
         return Won(key)
 
+    def lapsed(self, r: Run) -> bool:
+        return r.status == self.owned and r.lease_until is not None and r.lease_until <= self.now
+
     def due(self) -> list[Run]:
+        """The runs a claim may take now: waiting and due, and, when the claim re-picks, owned
+        runs whose lease lapsed."""
         runs = [r for r in self.runs.values() if r.status == self.d.initial and r.due <= self.now]
+        if self.d.claim.reclaims:
+            runs += [r for r in self.runs.values() if self.lapsed(r)]
         if self.d.claim.order == "due":
             return sorted(runs, key=lambda r: (r.due, r.seq))
         return sorted(runs, key=lambda r: r.seq)
 
-    def claim(self, batch: int) -> Outcome:
-        """Up to ``batch`` due runs, in the claim's order, each ``attempts + 1``, leased."""
-        return self._take(self.due()[:batch])
+    def claim(self, batch: int, holder: str = "") -> Outcome:
+        """Up to ``batch`` due runs, in the claim's order, each ``attempts + 1``, leased (by
+        ``holder``'s lease, when the lease is per worker)."""
+        return self._take(self.due()[:batch], holder)
 
-    def claim_skipping(self, batch: int, taken: tuple[str, ...]) -> Outcome:
+    def claim_skipping(self, batch: int, taken: tuple[str, ...], holder: str = "") -> Outcome:
         """A claim among others in flight: ``SKIP LOCKED`` may skip due runs another transaction
         holds (and that transaction may still abort), so what it takes is *some* due runs, at
         most ``batch``. Claims ``taken`` when that is such a choice; a lost race (nothing
@@ -300,53 +340,79 @@ class GenericModel:
         keys = {r.key for r in due}
         if len(taken) > batch or len(set(taken)) != len(taken) or not set(taken) <= keys:
             return LostRace("not a claim SKIP LOCKED can make")
-        return self._take([r for r in due if r.key in taken])
+        return self._take([r for r in due if r.key in taken], holder)
 
-    def _take(self, runs: list[Run]) -> Outcome:
+    def _per_worker(self) -> bool:
+        return self.d.lease is not None and self.d.lease.per == "worker"
+
+    def _take(self, runs: list[Run], holder: str = "") -> Outcome:
         jobs = []
         lease = self.timing.lease
+        stamp = self.now
+        if self._per_worker():  # the worker's first claim registers it; a claim stamps nothing
+            stamp = self.beats.setdefault(holder, self.now)
+        per_claim = self.d.retry is None or self.d.retry.counts == "claims"
         for r in runs:
+            attempts = r.attempts + 1 if per_claim and r.status != self.owned else r.attempts
             self._move(
                 r,
                 CLAIM,
-                attempts=r.attempts + 1,
-                lease_until=None if lease is None else self.now + lease,
+                attempts=attempts,
+                claims=r.claims + 1,
+                holder=holder,
+                lease_until=None if lease is None else stamp + lease,
             )
-            jobs.append(Job(r.key, r.attempts + 1))
+            jobs.append(Job(r.key, attempts, r.claims + 1, holder))
         return Won(tuple(jobs))
 
     def extend_lease(self, job: Job) -> Outcome:
+        """The owner's heartbeat; with a lease per worker, its worker's: every run that worker
+        holds is extended, whoever's job the beat was for (it names no run)."""
+        if self._per_worker():
+            self.beats[job.holder] = self.now
+            for r in list(self.runs.values()):
+                if r.status == self.owned and r.holder == job.holder:
+                    self.runs[r.key] = replace(r, lease_until=self.now + self.timing.lease)
+            return Won()
         r = self._fenced(job)
         if r is None:
-            return LostRace("fenced")
+            return self._refused()
         self._move(r, EXTEND, lease_until=self.now + (self.timing.lease or 0))
         return Won()
 
     def complete(self, job: Job) -> Outcome:
         r = self._fenced(job)
         if r is None:
-            return LostRace("fenced")
+            return self._refused()
         self._move(r, COMPLETE, lease_until=None)
         return Won()
 
     def fail(self, job: Job, permanent: bool) -> Outcome:
+        """A failed run of the work: for good, or retried after a backoff, or given up at the
+        limit, judged on the count the policy says (the row's, or the one the worker read)."""
         r = self._fenced(job)
         if r is None:
-            return LostRace("fenced")
-        if permanent or self.d.retry is None:
+            return self._refused()
+        retry = self.d.retry
+        if permanent or retry is None:
             self._move(r, FAIL, lease_until=None)
-        elif r.attempts >= self.timing.max_attempts:
+            return Won()
+        count = job.attempt if retry.decided_by == "worker" else r.attempts
+        if count >= self.timing.max_attempts:
             self._move(r, GIVE_UP, lease_until=None)
         else:
-            self._move(r, RETRY, lease_until=None, due=self.now + self.backoff(r.attempts))
+            attempts = r.attempts + 1 if retry.counts == "retries" else r.attempts
+            wait = self.backoff(retry.runs(count))
+            self._move(r, RETRY, lease_until=None, due=self.now + wait, attempts=attempts)
         return Won()
 
     def reclaim_stale(self) -> Outcome:
         taken = []
+        dead = RECLAIM_DEAD in self.d.events()  # a reaper that knows the retry policy
         for r in sorted(self.runs.values(), key=lambda r: r.seq):
-            if r.status == self.owned and r.lease_until is not None and r.lease_until <= self.now:
+            if self.lapsed(r):
                 limit = self.timing.max_attempts
-                if limit is not None and r.attempts >= limit:
+                if dead and limit is not None and r.attempts >= limit:
                     self._move(r, RECLAIM_DEAD, lease_until=None)
                 else:
                     self._move(r, RECLAIM, lease_until=None, due=self.now)
@@ -377,14 +443,16 @@ def views(
     for r in rows:
         finished = 1 if r.status == done else 0
         owned = r.status in d.owned and r.lease_left is not None
-        token = r.attempts if r.attempts is not None else int(r.status in d.owned)
+        # attempts are the fence's token when a claim counts one; else owning is the token
+        per_claim = d.retry is None or d.retry.counts == "claims"
+        token = r.attempts if r.attempts is not None and per_claim else int(r.status in d.owned)
         retry = None
         if d.retry is not None and r.attempts is not None:
             waiting = r.status == d.initial and r.attempts > 0
             owed = d.retry.wait(r.attempts, timing.scale) if r.key in owing and waiting else 0
-            retry = RetryView(
-                r.attempts, timing.max_attempts or 0, waiting, due_in=r.due_in or 0, owed=owed
-            )
+            # counting retries, the last run allowed is the one after max_attempts retries
+            most = (timing.max_attempts or 0) + (d.retry.counts == "retries")
+            retry = RetryView(r.attempts, most, waiting, due_in=r.due_in or 0, owed=owed)
         out[r.key] = RunView(
             run_id=r.key,
             status=r.status,

@@ -76,6 +76,7 @@ stamp=.venv/.knownstate-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   say "installing knownstate and its packages into .venv"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[test]' || die "pip install -e .[test] failed: see the pip output above"
+  # queues: the pinned libraries of examples/queues, whose ground-truth tests run in `make test`
+  .venv/bin/python -m pip install -q -e '.[test,queues]' || die "pip install -e .[test,queues] failed: see the pip output above"
   touch "$stamp"
 fi

@@ -1,0 +1,75 @@
+"""Calling a described kind's adapter: one door for its results and its errors.
+
+A mixin of :class:`~.generic.GenericCheck`. :meth:`AdapterCalls._call` runs one of the
+adapter's operations on the worker's connection (sync, async, or a driver of its own) and
+says whether the library signalled a lost race (``Adapter.lost_race``); every other error
+becomes the engine's: a lost connection (indeterminate when COMMIT was in flight, in
+autocommit, or on a driver of its own), a statement the server refused, a call the driver
+refused, or the adapter's own bug, reported as its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from knownstate.impl.errors import (
+    ClientError,
+    CommitIndeterminate,
+    ConnectionLost,
+    KnownstateError,
+    TransactionAborted,
+    is_connection_error,
+)
+
+from .adapter import unwrap
+from .check import Failure
+from .harness import EnvironmentFault, WorkerDied
+
+
+class AdapterCalls:
+    """The adapter's operations, called (``adapter``, ``adapter_class``, ``kind`` and ``fail``
+    are the check's)."""
+
+    def _call(self, worker, op: str, conn, *args, closes: bool = True) -> tuple[Any, bool]:
+        """Run the adapter's ``op``: (its result, whether it signalled a lost race). Driver
+        errors become the engine's: a lost connection (indeterminate when COMMIT was in
+        flight, in autocommit, or on a driver of its own), a refused statement, a refused call."""
+        fn = getattr(self.adapter, op)
+        try:
+            result = worker.run(fn(conn, *args))
+        except (WorkerDied, EnvironmentFault, Failure, KnownstateError):
+            raise
+        except Exception as e:
+            if self.adapter.lost_race.raised(e):
+                worker.settle_after_error()
+                return None, True
+            raise self._translate(e, worker, op) from e
+        if closes and worker.mode != "own" and worker.in_transaction():
+            worker.abandon()
+            self.fail(
+                f"{op}: the adapter returned with its transaction still open: commit it "
+                "(or use conn.transaction())"
+            )
+        return result, self.adapter.lost_race.returned(result)
+
+    def _translate(self, e: BaseException, worker, op: str) -> BaseException:
+        where = f"{self.kind}.{op}"
+        pg = unwrap(e)
+        text = str(pg or e).strip().splitlines()[0] if str(pg or e).strip() else type(e).__name__
+        if pg is not None and is_connection_error(pg):
+            conn = worker.conn
+            if (
+                worker.mode == "own"
+                or getattr(conn, "in_commit", False)
+                or getattr(conn, "autocommit", False)
+            ):
+                return CommitIndeterminate(f"{where}: {text}")
+            return ConnectionLost(f"{where}: {text}")
+        if pg is not None and not pg.sqlstate:
+            return ClientError(f"{where}: {type(pg).__name__}: {text}")
+        if pg is not None:
+            return TransactionAborted(f"{where}: {pg.sqlstate} {text}")
+        if isinstance(e, self.adapter_class.connection_errors):
+            return CommitIndeterminate(f"{where}: {type(e).__name__}: {text}")
+        worker.abandon()
+        self.fail(f"{op}: the adapter raised {type(e).__name__}: {text}")

@@ -1,0 +1,149 @@
+"""What a description and an adapter must give each other to make a check.
+
+:func:`adapter_problems` says what an adapter lacks for a description, :func:`derived_mutants`
+derives a mutant from each SQL guard the adapter names, and :func:`required_events` lists what
+a run of the check must observe to count (a verdict that reached nothing is VACUOUS).
+:func:`knownstate.chaos.generic.kind` puts them together.
+"""
+
+from __future__ import annotations
+
+from knownstate.model import generic
+from knownstate.model.describe import RunKind
+
+from .adapter import Adapter
+from .check import needs
+from .mutants import Mutant, sql_edit, with_attrs
+from .runner import Requirement
+
+GUARDS = {
+    "fence": "lease-fence",
+    "status": "lease-fence",
+    "lease": "lease",
+    "skip_locked": "claim",
+    "lock": "claim",
+}
+"""A guard the adapter names -> the invariant a query without it must be caught breaking.
+Without its ``lock`` (``FOR UPDATE SKIP LOCKED``) a claim is a read and then a write, which two
+claims racing each other can both make: a race mutant, caught where claims overlap."""
+
+
+class KindError(ValueError):
+    """A description and an adapter that cannot make a check (the message says what to do)."""
+
+
+def adapter_problems(d: RunKind, adapter: type[Adapter]) -> list[str]:
+    """What the adapter lacks for this description (empty: nothing), with hints."""
+    out = []
+    name = adapter.__name__
+    events = d.events()
+    need = {
+        "enqueue": "(conn, key)",
+        "claim": "(conn, batch) -> [Claimed]",
+        "complete": "(conn, job)",
+    }
+    if d.retry is not None or generic.FAIL in events:
+        need["fail"] = "(conn, job, permanent)"
+    if generic.EXTEND in events:
+        need["extend_lease"] = "(conn, job)"
+    if d.lease is not None and d.lease.taken_back_by:
+        need["reclaim_stale"] = "(conn) -> keys taken back"
+    if d.external != "none":
+        need["send"] = "(job, url) -> OK | RETRY | PERMANENT"
+    if d.lease is not None and d.lease.per == "worker":
+        out.append(
+            "Lease(per='worker'): the model keeps a lease per worker, but an adapter is not yet "
+            "told which of the gate's workers calls it; describe a lease per run for now"
+        )
+    for op, sig in need.items():
+        if not adapter.implements(op):
+            out.append(f"{name} has no {op}{sig}, which the description needs: implement it")
+    if not adapter.schema.strip():
+        out.append(f"{name}.schema is empty: give the SQL that creates the tables")
+    if not adapter.read_query and adapter.read is Adapter.read:
+        out.append(
+            f"{name} has neither read_query nor read(conn): give the query that reads "
+            "every run back (key, status, attempts, due, lease_until)"
+        )
+    for guard, text in adapter.guards.items():
+        if guard not in GUARDS:
+            out.append(f"{name}.guards names {guard!r}: choose from {', '.join(GUARDS)}")
+        elif not any(text in q for q in adapter.queries.values()):
+            out.append(
+                f"{name}.guards[{guard!r}] = {text!r} appears in none of its queries: "
+                "copy the guard's text exactly as the SQL has it"
+            )
+    try:
+        adapter.mode()
+    except TypeError as e:
+        out.append(str(e))
+    return out
+
+
+def derived_mutants(d: RunKind, adapter: type[Adapter]) -> list[Mutant]:
+    """For each guard the adapter names, a mutant of each query containing it, without it."""
+    out = []
+    for guard, text in adapter.guards.items():
+        for query, sql in adapter.queries.items():
+            if guard in GUARDS and text in sql:
+                edited = sql_edit(adapter.queries, query, text, "")
+                out.append(
+                    Mutant(
+                        f"no-{guard.replace('_', '-')}-in-{query.replace('_', '-')}",
+                        d.name,
+                        GUARDS[guard],
+                        f"query {query!r} without its {guard} guard ({text.strip()!r})",
+                        with_attrs(queries=edited),
+                    )
+                )
+    return out
+
+
+def required_events(
+    d: RunKind, mode: str, owners_only: bool = False
+) -> tuple[str | Requirement, ...]:
+    """What a run must observe to count. A fence whose writes say nothing (``answers=False``)
+    shows no refusal, and an owners-only control makes no stale write: neither is required."""
+    out: list[str | Requirement] = ["connection lost"]
+    if d.fence.kind != "none" and d.fence.answers:
+        out += ["lost race", "fence rejection"]
+    if d.lease is not None:
+        out.append("reclaim")
+        again = d.retry is not None or d.claim.reclaims
+        if again and not owners_only:  # a run taken back is claimed again: each write meets it
+            writes = ["complete", "fail"] + (
+                ["extend_lease"] if generic.EXTEND in d.events() else []
+            )
+            out += [f"stale {w} on a re-claimed run" for w in writes]
+    if d.lease is not None and d.fence.kind in ("attempt", "row-lock") and not owners_only:
+        # each fenced write refused both on a run nobody holds now and on one another holds
+        events = d.events()
+        writes = ["complete"] + (["fail"] if d.retry is not None or generic.FAIL in events else [])
+        writes += ["extend_lease"] if generic.EXTEND in events else []
+        whys = ["no longer claimed"] + (["re-claimed"] if d.retry is not None else [])
+        out += [f"fence refusal: {w} ({why})" for w in writes for why in whys]
+    if d.retry is not None:
+        out.append("backoff")
+    if mode != "own":
+        # in autocommit no COMMIT is sent: no worker dies before one, no claim races another's
+        # open COMMIT, and a statement's locks last only as long as the statement
+        commits = d.commits == "transaction"
+        out += ["worker died before commit"] if commits else []
+        out += [
+            "indeterminate commit",
+            "indeterminate resolved: committed",
+            "indeterminate resolved: not committed",
+        ]
+        if d.claim.skip_locked and commits:
+            out.append("skip locked")
+        # a block schedules psycopg's connections (a driver of its own runs none)
+        out.append(needs("concurrent block", "concurrency"))
+        if d.lease is not None and commits:  # the take-back and a holder's write meet on a row
+            out.append(needs("lock wait in a block", "concurrency"))
+    if d.external != "none":
+        out.append("external reply lost")
+    if d.external == "at-least-once":
+        out.append("duplicate delivery")
+    if d.idempotency_key:
+        out.append("repeat answered")
+    return tuple(out)

@@ -1,0 +1,110 @@
+"""The external side of a described kind: a real HTTP server on loopback, and the worker's
+call to it (:class:`ExternalCall`, a part of :class:`~.generic.GenericCheck`).
+
+``POST /runs/<key>`` answers what the check planned (200, a retryable 503, a permanent 422) and
+records every call with its ``Idempotency-Key`` header, so duplicates are counted (allowed
+at-least-once) and every call for one run can be checked to carry the same key.
+"""
+
+from __future__ import annotations
+
+import re
+
+from knownstate.model import generic
+
+from .adapter import OK, PERMANENT, RETRY, no_answer_errors
+from .check import Action, Candidate, Failure
+from .harness import EnvironmentFault, WorkerDied
+from .sink import JsonHandler, NotificationSink
+
+ANSWERS = {200: OK, 503: RETRY, 422: PERMANENT}
+
+_RUN_PATH = re.compile(r"^/runs/([^/?#]+)")
+
+
+class _RunsHandler(JsonHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        m = _RUN_PATH.match(self.path)
+        if m is None:
+            return self._answer(404, {"error": "POST /runs/<key>"})
+        key = (m.group(1), self.headers.get("Idempotency-Key") or "")
+        code = self.server.sink._record(key)  # type: ignore[attr-defined]
+        self._answer(code, {"received": True} if code == 200 else {"error": f"planned {code}"})
+
+
+class Receiver(NotificationSink):
+    """The external API of a described kind: ``POST /runs/<key>``, every call recorded with its
+    ``Idempotency-Key``; answers what the check planned (then 200)."""
+
+    handler = _RunsHandler
+
+    def keys(self) -> dict[str, set[str]]:
+        """Per run, the idempotency keys its calls carried."""
+        with self._lock:
+            out: dict[str, set[str]] = {}
+            for run, key in self.log:
+                out.setdefault(run, set()).add(key)
+            return out
+
+
+class ExternalCall:
+    """The worker's external call for a run it holds, through its own link (a mixin of the
+    generic check: ``receiver``, ``held``, ``workers`` are the check's)."""
+
+    def external_links(self, worker) -> list:
+        """The worker's link to the external side, while it has a call to make."""
+        unsent = any(h.result is None for h in self.held[worker.index].values())
+        return [worker.ext_link] if self.receiver and unsent else []
+
+    def _answers(self) -> list[int]:
+        events = self.description.events()
+        out = [200]
+        if self.description.retry is not None or generic.FAIL in events:
+            out.append(503)
+        if generic.FAIL in events:
+            out.append(422)
+        return out
+
+    def _send(self, w: int, key: str, answer: int) -> Action:
+        """The external call for a claimed run, through the worker's own link (at-least-once),
+        the stand-in answering ``answer``. Driven by the check (not one transaction)."""
+        h = self.held[w][key]
+        label = f"send({key}, attempt={h.job.attempt}) answers {answer}"
+        return Action(
+            "send", label, lambda m: m.sent(key), None, run=lambda: self._call_out(w, key, answer)
+        )
+
+    def _call_out(self, w: int, key: str, answer: int) -> None:
+        h, worker = self.held[w][key], self.workers[w]
+        self.start_step()
+        trial = self.model.copy()
+        trial.sent(key)
+        self.receiver.plan(answer)
+        url = f"http://127.0.0.1:{worker.ext_link.port}/runs/{key}"
+        label = f"send(w{w}, {key}, attempt={h.job.attempt}) answers {answer}"
+        try:
+            with self.external_call(worker):
+                h.result = worker.run(self.adapter.send(h.claimed, url))
+        except no_answer_errors(self.adapter_class) as e:
+            h.result = RETRY
+            self.log(f"{label} -> no answer ({type(e).__name__}); it may have arrived")
+            self.event("external reply lost")
+            self.maybe(Candidate(self.model, external=False), Candidate(trial, external=True))
+        except (WorkerDied, EnvironmentFault, Failure):
+            raise
+        except Exception as e:
+            self.fail(f"{label}: the adapter's send raised {type(e).__name__}: {e}")
+        else:
+            self.log(f"{label} -> {h.result}")
+            if h.result != ANSWERS[answer]:
+                self.fail(
+                    f"{label}: the adapter read the answer as {h.result!r}, not {ANSWERS[answer]!r}"
+                )
+            self.model = trial
+            self.candidates = [Candidate(trial)]
+        finally:
+            self.receiver.reset_plan()

@@ -1,0 +1,213 @@
+"""What the description language says about real queues (issue 20): fast, pure.
+
+Each feature with its model semantics: a claim that re-picks lapsed work itself (no reaper), a
+reaper that does not know the retry policy, attempts counted as retries, a give-up decided on
+the worker's count, a guard by id only ("unless terminal"), writes that answer nothing, a
+heartbeat per worker (in the model; the check refuses it until an adapter knows its worker),
+and a library in autocommit (no COMMIT for a fault to meet).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from knownstate.chaos.genericbuild import required_events
+from knownstate.model import generic
+from knownstate.model.contract import LostRace, Won, Write, check_invariants
+from knownstate.model.describe import Claim, Fence, Lease, Retry, RunKind
+from knownstate.model.descriptions import OUTBOX
+from knownstate.model.generic import GenericModel
+
+QUEUE = dict(
+    name="repick",
+    owned=("picked",),
+    transitions=(
+        "(new) -enqueue-> queued",
+        "queued -claim-> picked",
+        "picked -claim-> picked",
+        "picked -extend_lease-> picked",
+        "picked -complete-> successful",
+        "picked -retry-> queued",
+        "picked -give_up-> exception",
+    ),
+    claim=Claim(how="queued or stale picked jobs", reclaims=True),
+    lease=Lease(seconds=60, heartbeat=30),
+    fence=Fence(kind="unless-terminal", answers=False),
+    receipts="the job row",
+    retry=Retry(max_attempts=2, base=60, counts="retries", decided_by="worker"),
+    commits="autocommit",
+)
+
+
+def described(**changes) -> RunKind:
+    return RunKind(**{**QUEUE, **changes})
+
+
+def lapsed_and_repicked(d: RunKind):
+    """A job claimed by a first worker, its lease lapsed, re-picked by a second claim."""
+    m = GenericModel(d)
+    m.enqueue("1")
+    first = m.claim(1).value[0]
+    m.advance(60)
+    second = m.claim(1).value[0]
+    return m, first, second
+
+
+# -- a claim that re-picks -------------------------------------------------------------------
+
+
+def test_a_claim_re_picks_a_lapsed_job_as_it_is_with_no_reaper():
+    m, first, second = lapsed_and_repicked(described())
+    assert m.transitions[-1] == ("1", "picked", "claim", "picked")
+    assert (first.attempt, second.attempt) == (0, 0)  # counting retries, a claim adds none
+    assert not m.owns(first) and m.owns(second)  # yet each claim is a new owner
+    assert m.reclaim_stale() == Won(())  # nothing else takes it back
+
+
+def test_a_live_lease_is_not_re_picked():
+    m = GenericModel(described())
+    m.enqueue("1")
+    m.claim(1)
+    m.advance(59)
+    assert m.claim(1) == Won(())
+
+
+def test_re_picking_needs_its_transition_and_a_lease_needs_a_way_back():
+    moves = tuple(t for t in QUEUE["transitions"] if t != "picked -claim-> picked")
+    with pytest.raises(ValueError, match="add 'picked -claim-> picked'"):
+        described(transitions=moves)
+    with pytest.raises(ValueError, match="Claim\\(reclaims=True\\)"):
+        described(claim=Claim(how="queued jobs only"))
+
+
+# -- a reaper independent of the retry policy ------------------------------------------------
+
+
+def test_a_reaper_that_does_not_know_the_retry_policy_never_ends_a_run():
+    d = OUTBOX.model_copy(
+        update={
+            "transitions": tuple(t for t in OUTBOX.transitions if t[1] != "reclaim_dead"),
+            "lease": Lease(seconds=300, taken_back_by=("reclaim",)),
+        }
+    )
+    assert not generic.fit_problems(d)
+    m = GenericModel(d)
+    m.enqueue("1")
+    for _ in range(m.timing.max_attempts + 1):  # past the limit: taken back, never dead
+        job = m.claim(1).value[0]
+        m.advance(300)
+        assert m.reclaim_stale() == Won(("1",))
+    assert m.runs["1"].status == "pending" and job.attempt > m.timing.max_attempts
+
+
+# -- attempts as the library counts them -----------------------------------------------------
+
+
+def test_attempts_counted_as_retries_give_up_after_max_retries():
+    m = GenericModel(described(retry=Retry(max_attempts=2, base=60, counts="retries")))
+    m.enqueue("1")
+    waits = []
+    for retries in range(3):
+        job = m.claim(1).value[0]
+        assert job.attempt == retries
+        m.fail(job, permanent=False)
+        waits.append(m.runs["1"].due - m.now)
+        m.advance(max(0, waits[-1]))
+    assert m.runs["1"].status == "exception" and m.runs["1"].attempts == 2
+    assert waits[:2] == [60, 120]  # the backoff of the 1st and 2nd run of the work
+    view = generic.views(m.d, m.timing, m.state(), {})["1"].retry
+    assert view.max_attempts == 3  # the last run allowed is the one after 2 retries
+
+
+def test_the_give_up_is_decided_on_the_count_the_worker_read():
+    row = described(retry=Retry(max_attempts=1, base=60, counts="retries", decided_by="row"))
+    worker = described(retry=Retry(max_attempts=1, base=60, counts="retries", decided_by="worker"))
+    for d, status in ((row, "exception"), (worker, "queued")):
+        m, first, second = lapsed_and_repicked(d)
+        m.fail(second, permanent=False)  # the second owner retries: 1 retry on the row
+        assert m.runs["1"].attempts == 1
+        m.advance(60)
+        third = m.claim(1).value[0]
+        stale = generic.Job("1", 0, third.claim)  # a worker that read attempts = 0
+        m.fail(stale, permanent=False)
+        assert m.runs["1"].status == status
+
+
+# -- guards per write: id only, unless terminal; writes that answer nothing ------------------
+
+
+def test_an_id_only_write_lands_on_a_re_picked_job_and_the_invariant_names_it():
+    m, first, second = lapsed_and_repicked(described(fence=Fence(kind="unless-terminal")))
+    before = m.views()
+    assert m.complete(first) == Won() and m.runs["1"].status == "successful"
+    broken = check_invariants(
+        m.d.contract(),
+        before,
+        m.views(),
+        [Write("1", first.token, accepted=True, owner_current=False)],
+    )
+    assert {v.invariant for v in broken} == {"lease-fence"}
+
+
+def test_an_id_only_write_does_not_land_on_an_ended_job():
+    m, first, second = lapsed_and_repicked(described(fence=Fence(kind="unless-terminal")))
+    m.complete(second)
+    assert m.fail(first, permanent=False) == LostRace("fenced")
+    assert m.runs["1"].status == "successful"
+
+
+def test_a_heartbeat_by_id_only_stamps_the_lease_and_nothing_else():
+    m = GenericModel(described())
+    m.enqueue("1")
+    job = m.claim(1).value[0]
+    m.fail(job, permanent=False)
+    assert m.extend_lease(job) == Won() and m.runs["1"].status == "queued"
+
+
+def test_writes_that_answer_nothing_are_refused_without_a_lost_race():
+    m, first, second = lapsed_and_repicked(described())
+    m.complete(second)
+    assert m.complete(first) == Won() and m.runs["1"].status == "successful"
+
+
+# -- a heartbeat per worker -------------------------------------------------------------------
+
+
+def test_a_workers_beat_extends_every_job_it_holds_and_a_claim_stamps_nothing():
+    d = described(lease=Lease(seconds=60, heartbeat=30, per="worker"))
+    m = GenericModel(d)
+    for key in ("1", "2", "3"):
+        m.enqueue(key)
+    [a1] = m.claim(1, holder="w0").value  # w0 registers: its lease runs from now
+    m.advance(40)
+    [a2] = m.claim(1, holder="w0").value  # stamps nothing: w0's last beat is 40 s old
+    [b1] = m.claim(1, holder="w1").value
+    assert [m.runs[k].lease_until for k in ("1", "2", "3")] == [60, 60, 100]
+    m.advance(10)
+    assert m.extend_lease(a1) == Won()  # w0 beats: both its jobs, not w1's
+    assert [m.runs[k].lease_until for k in ("1", "2", "3")] == [110, 110, 100]
+    m.advance(50)
+    assert [j.key for j in m.due()] == ["3"]  # only w1's job lapsed
+
+
+def test_a_lease_per_worker_is_refused_by_the_check_until_adapters_know_their_worker():
+    from knownstate.chaos.adapter import Adapter
+    from knownstate.chaos.genericbuild import adapter_problems
+
+    d = described(lease=Lease(seconds=60, heartbeat=30, per="worker"))
+    assert any("Lease(per='worker')" in p for p in adapter_problems(d, Adapter))
+
+
+# -- autocommit: nothing a COMMIT fault causes is required -----------------------------------
+
+
+def test_a_library_in_autocommit_is_not_required_to_meet_commit_faults():
+    auto = required_events(described(), "async")
+    txn = required_events(described(commits="transaction"), "async")
+    gone = {"worker died before commit", "skip locked"}
+    assert gone <= set(txn) and not gone & set(auto)
+    assert "indeterminate commit" in auto
+    assert "fence rejection" not in auto  # writes that answer nothing show no refusal
+    assert "stale complete on a re-claimed run" not in required_events(
+        described(), "async", owners_only=True
+    )
