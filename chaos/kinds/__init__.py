@@ -81,13 +81,13 @@ def _describe(ep: metadata.EntryPoint) -> str:
 
 
 def _as_check(obj, where: str) -> type:
-    from ..check import KindCheck
+    from ..engine import Engine
 
-    if isinstance(obj, type) and issubclass(obj, KindCheck) and obj.kind:
+    if isinstance(obj, type) and issubclass(obj, Engine) and obj.kind:
         return obj
     what = type(obj).__name__ if not isinstance(obj, type) else f"class {obj.__name__}"
     raise KindNotFound(
-        f"{where} is a {what}, not a check: give a KindCheck subclass with a "
+        f"{where} is a {what}, not a check: give a KindCheck (or ReplayCheck) subclass with a "
         "kind name, e.g. knownstate.chaos.generic.kind(description, adapter)"
     )
 
