@@ -358,6 +358,19 @@ class Blocks:
             {w.name: model_op(w) for w in chosen},
             no_effect=(ConnectionLost, WorkerDied, ExternalCallFailed),
         )
+        # an operation that failed after its external call may have had the service act (the
+        # call precedes COMMIT): that alone is a possibility of its own, as in a step of its own
+        history += [
+            linearize.Operation(
+                w.name,
+                f"{offers[w.name].label}: its external call",
+                offers[w.name].external_maybe,
+                0,
+                None,
+            )
+            for w in chosen
+            if results[w.name].error is not None and offers[w.name].external_maybe is not None
+        ]
         self._after_block = True  # a run may have moved twice: the linearization judges moves
         real = self.observe_impl()
         verdict = linearize.check(

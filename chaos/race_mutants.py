@@ -48,8 +48,9 @@ from knownstate.model import outbox as outbox_model
 from knownstate.model.contract import LostRace, Rejected, Won
 
 from . import linearize
-from .interleave import BlockResult, Op, ScheduledConnection, Scheduler, history
+from .interleave import BlockResult, Op, ScheduledCalls, ScheduledConnection, Scheduler, history
 from .mutants import CatalogueDrift, Mutant, sql_edit, with_attrs
+from .opsapi import OpsApi
 
 CLOCK_BASE = -86_400
 """Each example starts with the fake database clock a day behind real time and jumps from
@@ -184,6 +185,43 @@ class RequestSelectThenInsert(reset_impl.BranchResetStore):
             raise
 
 
+class StartReadsStatusFirst(reset_impl.BranchResetStore):
+    """start reads the run's status in one statement and, seeing it queued, claims it by id in
+    the next (the claim no longer guarded on status): two starts that both read 'queued' both
+    win, the second after waiting for the first one's row lock."""
+
+    READ = "SELECT status FROM branch_reset WHERE id = %(run_id)s"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.q = sql_edit(self.q, "claim", " AND status = 'queued'", "")
+
+    def start(self, conn: psycopg.Connection, run_id: str) -> Any:
+        try:
+            with boundary("branch-reset.start"):
+                row = conn.execute(self.READ, {"run_id": run_id}).fetchone()
+                if row is None or row[0] != reset_model.Status.QUEUED:
+                    outcome = self._miss(conn, run_id)
+                    conn.rollback()
+                    return outcome
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                conn.rollback()
+            raise
+        return super().start(conn, run_id)
+
+
+class CompensateUnlocked(plan_impl.ApprovedPlanStore):
+    """compensate reads the run and looks for its compensation without the run's row lock
+    (``lock_run`` without ``FOR NO KEY UPDATE``), then inserts one: a get-or-create outside the
+    lock. Two compensations at once both find none, and the second insert hits the unique
+    index (one compensation per run) instead of answering with the first one's."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.q = sql_edit(self.q, "lock_run", " FOR NO KEY UPDATE", "")
+
+
 def _schema_edit(schema: str, old: str, new: str) -> str:
     if old not in schema:
         raise CatalogueDrift(f"race mutant edit of a schema: {old!r} not found")
@@ -233,7 +271,8 @@ class Scenario:
     schema: str
     tables: tuple[str, ...]
     new_model: Callable[[], Any]
-    new_store: Callable[[type, str], Any]
+    new_store: Callable[[type, str, Any], Any]
+    """``new_store(store_class, worker, stand_in)``: the stand-in is None without one."""
     project: Callable[[psycopg.Connection, Callable[[datetime], int]], Any]
     project_model: Callable[[Any], Any]
     block: tuple[Call, ...]
@@ -241,6 +280,9 @@ class Scenario:
     jump: int = 0
     fingerprint: Callable[[Any], Hashable] = linearize.default_fingerprint
     reference_store: type | None = None
+    stand_in: type | None = None
+    """An external service the operations call (a class with ``start``, ``stop``, ``reset``):
+    the rig runs one, reset before each example; each call to it is a step of the block."""
 
     @property
     def workers(self) -> list[str]:
@@ -262,7 +304,7 @@ def _outbox(
         outbox_impl.SCHEMA,
         outbox_impl.TABLES,
         new_model=lambda: outbox_model.OutboxModel(OUTBOX_CONFIG),
-        new_store=lambda cls, worker: cls(OUTBOX_CONFIG),
+        new_store=lambda cls, worker, _: cls(OUTBOX_CONFIG),
         project=outbox_impl.project,
         project_model=lambda m: m.state(),
         block=block,
@@ -280,7 +322,7 @@ def _plan(name: str, block: tuple[Call, ...], setup: tuple[Call, ...], jump: int
         plan_impl.SCHEMA,
         plan_impl.TABLES,
         new_model=plan_model.ApprovedPlanModel,
-        new_store=lambda cls, worker: cls(plan_model.HEARTBEAT_S),
+        new_store=lambda cls, worker, _: cls(plan_model.HEARTBEAT_S),
         project=plan_impl.project,
         project_model=lambda m: m.state(),
         block=block,
@@ -291,9 +333,36 @@ def _plan(name: str, block: tuple[Call, ...], setup: tuple[Call, ...], jump: int
     )
 
 
-def _reset_store(cls: type, worker: str) -> Any:
-    # request() never calls the operations API; nothing listens on port 9.
-    return cls(worker, "http://127.0.0.1:9", lambda: datetime.now(timezone.utc))
+RESET_EPOCH = datetime(2030, 1, 1, tzinfo=timezone.utc)
+"""The branch-reset stores' application clock: model time zero, standing still."""
+
+
+def _reset_store(cls: type, worker: str, api: Any) -> Any:
+    # without a stand-in (requests only) nothing listens on port 9
+    url = api.url if api is not None else "http://127.0.0.1:9"
+    return cls(worker, url, lambda: RESET_EPOCH)
+
+
+def _reset_project(conn: psycopg.Connection, _to_model_time: Any) -> Any:
+    """The rows, their lease stamps (application time) as model seconds from RESET_EPOCH."""
+    return reset_impl.project(conn, lambda ts: int((ts - RESET_EPOCH).total_seconds()))
+
+
+def _reset(name: str, block: tuple[Call, ...], setup: tuple[Call, ...] = ()) -> Scenario:
+    return Scenario(
+        name,
+        "branch-reset",
+        reset_impl.SCHEMA,
+        reset_impl.TABLES,
+        new_model=reset_model.BranchResetModel,
+        new_store=_reset_store,
+        project=_reset_project,
+        project_model=lambda m: m.rows(),
+        block=block,
+        setup=setup,
+        reference_store=reset_impl.BranchResetStore,
+        stand_in=OpsApi,
+    )
 
 
 _EXECUTING = (
@@ -322,6 +391,30 @@ _EXECUTING = (
         lambda s, c: s.mark_executing(c, 1),
     ),
 )
+
+_EXECUTED = _EXECUTING + (
+    Call(
+        "w0",
+        "run_step(1, 0, token=1)",
+        lambda m: m.run_step(1, 0, 1),
+        lambda s, c: s.run_step(c, 1, 0, 1),
+    ),
+    Call(
+        "w0",
+        "run_step(1, 1, token=1)",
+        lambda m: m.run_step(1, 1, 1),
+        lambda s, c: s.run_step(c, 1, 1, 1),
+    ),
+)
+
+
+def _compensate(store: Any, conn: psycopg.Connection) -> Any:
+    return store.compensate(conn, 1)
+
+
+def _start(store: Any, conn: psycopg.Connection) -> Any:
+    return store.start(conn, "a#1")
+
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
@@ -389,16 +482,31 @@ SCENARIOS: dict[str, Scenario] = {
                 Call("w1", "read(1)", lambda m: m.read(1), lambda s, c: s.read(c, 1)),
             ),
         ),
-        Scenario(
+        _plan(
+            "approved-plan: two compensations of one finished run at once",
+            setup=_EXECUTED,
+            block=(
+                Call("w0", "compensate(1)", lambda m: m.compensate(1), _compensate),
+                Call("w1", "compensate(1)", lambda m: m.compensate(1), _compensate),
+            ),
+        ),
+        _reset(
+            "branch-reset: two starts of one queued run",
+            setup=(
+                Call(
+                    "w0",
+                    "request(a, key=k)",
+                    lambda m: m.request("a", "k"),
+                    lambda s, c: s.request(c, "a", "k"),
+                ),
+            ),
+            block=(
+                Call("w0", "start(a#1)", lambda m: m.start("a#1", "w0"), _start),
+                Call("w1", "start(a#1)", lambda m: m.start("a#1", "w1"), _start),
+            ),
+        ),
+        _reset(
             "branch-reset: one idempotency key for two branches at once",
-            "branch-reset",
-            reset_impl.SCHEMA,
-            reset_impl.TABLES,
-            new_model=reset_model.BranchResetModel,
-            new_store=_reset_store,
-            project=reset_impl.project,
-            project_model=lambda m: m.rows(),
-            reference_store=reset_impl.BranchResetStore,
             block=(
                 Call(
                     "w0",
@@ -487,6 +595,28 @@ RACE_MUTANTS: tuple[RaceMutant, ...] = (
         "heartbeat's read and its update shows the unfenced write.",
     ),
     RaceMutant(
+        "compensate-outside-run-lock",
+        "approved-plan",
+        "conditional-transition",
+        "compensate looks for the run's compensation and inserts one without holding the run's "
+        "row lock: of two compensations at once, the second hits the unique index",
+        Variant("compensate-outside-run-lock", CompensateUnlocked),
+        "approved-plan: two compensations of one finished run at once",
+        "run one after the other, the second compensation finds the first one's and answers with "
+        "it. Only both looking before either inserts sends the second into the unique index.",
+    ),
+    RaceMutant(
+        "start-reads-status-first",
+        "branch-reset",
+        "conditional-transition",
+        "start reads the run's status, then claims it by id in a second statement: two starts "
+        "that both read 'queued' both win",
+        Variant("start-reads-status-first", StartReadsStatusFirst),
+        "branch-reset: two starts of one queued run",
+        "run one after the other, the second start reads 'running' and loses. Only both reads "
+        "before the first claim commits let both claim the run.",
+    ),
+    RaceMutant(
         "idempotency-select-then-insert",
         "branch-reset",
         "claim",
@@ -534,6 +664,13 @@ class Rig:
         self._admin: dict[str, psycopg.Connection] = {}
         self._workers: dict[tuple[str, str], ScheduledConnection] = {}
         self._serial = itertools.count(1)
+        self._stand_ins: dict[type, Any] = {}
+
+    def stand_in(self, cls: type) -> Any:
+        """The rig's running instance of stand-in ``cls`` (started on first use)."""
+        if cls not in self._stand_ins:
+            self._stand_ins[cls] = cls().start()
+        return self._stand_ins[cls]
 
     def database(self, schema: str) -> str:
         if schema not in self._dbs:
@@ -569,6 +706,9 @@ class Rig:
 
     def close(self) -> None:
         self.scheduler.close()
+        for part in self._stand_ins.values():
+            part.stop()
+        self._stand_ins.clear()
         for conn in [*self._workers.values(), *self._admin.values()]:
             with contextlib.suppress(Exception):
                 conn.close()
@@ -624,8 +764,14 @@ def run_example(
 
     model = scenario.new_model()
     store_class = variant.store_class or scenario.reference_store
-    stores = {w: scenario.new_store(store_class, w) for w in scenario.workers}
+    api = rig.stand_in(scenario.stand_in) if scenario.stand_in is not None else None
+    if api is not None:
+        api.reset()
+    stores = {w: scenario.new_store(store_class, w, api) for w in scenario.workers}
     conns = {w: rig.worker(dbname, w) for w in scenario.workers}
+    for w, store in stores.items():
+        if api is not None and hasattr(store, "api"):
+            store.api = ScheduledCalls(store.api, lambda w=w: conns[w], "operations API")
     for call in scenario.setup:
         expected = call.model(model)
         got = call.impl(stores[call.worker], conns[call.worker])

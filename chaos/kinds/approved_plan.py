@@ -472,16 +472,33 @@ class ApprovedPlanCheck(KindCheck):
 
     # -- concurrent blocks ---------------------------------------------------------------------
     def offers(self, w: int) -> list[Action]:
-        """What worker ``w`` can start together with the other: claim an approved run; run the
-        next step of a run it holds, or renew its heartbeat; run the step the other worker holds,
+        """What worker ``w`` can start together with the other: every operation of the kind.
+        Propose a plan (two at once take turns on the id counter); approve, revise or reject a
+        pending one; expire an open one (racing its claim); claim an approved run; run the next
+        step of a run it holds, or renew its heartbeat; run the step the other worker holds,
         with its token (the same step request delivered twice); read an executing run (which
-        heals it when its heartbeat is stale)."""
-        out = [self._mark_executing(w, pid) for pid in self._with_status({Status.APPROVED})]
+        heals it when its heartbeat is stale); repeat the execute request of a terminal run;
+        compensate a finished run (two at once must find one compensation)."""
+        pending = self._with_status({Status.PENDING})
+        out = (
+            [self._simple(w, "propose", STEPS[:1], shown=show(STEPS[:1]))]
+            if len(pending) < 2
+            else []
+        )
+        for pid in pending:
+            out += [self._simple(w, "approve", pid), self._simple(w, "reject", pid)]
+            out.append(
+                self._simple(w, "revise", pid, STEPS[1:2], shown=f"{pid}, {show(STEPS[1:2])}")
+            )
+        out += [self._simple(w, "expire", pid) for pid in self._with_status(OPEN)]
+        out += [self._mark_executing(w, pid) for pid in self._with_status({Status.APPROVED})]
         for holder, pid in self._claims(executing_only=True):
             out.append(self._run_step(w, holder, pid, self.held[holder][pid].next))
             if holder == w:
                 out.append(self._heartbeat(w, pid))
-        return out + [self._read(w, pid) for pid in self._with_status({Status.EXECUTING})]
+        out += [self._read(w, pid) for pid in self._with_status({Status.EXECUTING})]
+        out += [self._simple(w, "repeat", pid) for pid in self._with_status(model.TERMINAL)]
+        return out + [self._simple(w, "compensate", pid) for pid in self._compensable()]
 
     def meanwhile(self, w: int, data, retake: bool = False) -> None:
         """The stalled worker's runs are marked stalled; the other worker may read one of them

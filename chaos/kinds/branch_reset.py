@@ -52,6 +52,7 @@ from knownstate.model.branch_reset import ExternalOp, ExternalState, ExternalSta
 from knownstate.model.contract import LostRace, Rejected, Repeat, Violation, Won, Write
 
 from ..check import QUANTUM, FaultPolicy, KindCheck, Action, needs
+from ..interleave import ScheduledCalls
 from ..opsapi import OpsApi
 
 EPOCH = datetime(2030, 1, 1, tzinfo=timezone.utc)
@@ -149,16 +150,17 @@ class BranchResetCheck(KindCheck):
                 )
                 w.links = [w.link, w.ops_link]
                 url = f"http://{w.ops_link.host}:{w.ops_link.port}"
-            self.stores.append(
-                self.store_class(
-                    w.name,
-                    url,
-                    self._app_clock(w.name),
-                    lease_seconds=self.lease,
-                    http_timeout=self.http_timeout,
-                    queries=self.queries,
-                )
+            store = self.store_class(
+                w.name,
+                url,
+                self._app_clock(w.name),
+                lease_seconds=self.lease,
+                http_timeout=self.http_timeout,
+                queries=self.queries,
             )
+            # in a concurrent block each call to the API is a step of the schedule
+            store.api = ScheduledCalls(store.api, lambda w=w: w.conn, "operations API")
+            self.stores.append(store)
         self.last_key: dict[str, str] = {}
         self.key_serial = itertools.count(1)
         # run -> (lease_until, stamped at, stamper's skew)
@@ -581,13 +583,12 @@ class BranchResetCheck(KindCheck):
     # -- concurrent blocks ---------------------------------------------------------------------
     def offers(self, w: int) -> list[Action]:
         """What a process can start together with the others: a poller requests a reset (with a
-        key every poller would use now: two requests with one key at once), polls or cancels a
-        running run; the reaper reaps. (A start calls the operations API: it stays sequential.)"""
+        key every poller would use now: two requests with one key at once), starts a queued run
+        (its call to the operations API a step of the schedule), polls or cancels a running run;
+        the reaper reaps."""
         running = self._runs(Status.RUNNING)
         if w == REAPER:
             return [self._reap()] if running else []
-        if len(self.model.runs) >= 8:
-            return []
         key = f"k{self.race_keys}"
         # two requests with one new key race only where both may create a run: on branches with
         # nothing in flight (a branch never reset before when the usual two are busy)
@@ -595,9 +596,10 @@ class BranchResetCheck(KindCheck):
         free = [b for b in BRANCHES if b not in busy] + [f"{b}{self.race_keys}" for b in "cd"]
         out = [
             replace(a, after=self._requested(a.after, branch, key))
-            for branch in free[:2]
+            for branch in (free[:2] if len(self.model.runs) < 8 else ())
             for a in [self._request(w, branch, key)]
         ]
+        out += [self._start(w, run_id) for run_id in self._runs(Status.QUEUED)]
         for run_id in running:
             out += [self._poll(w, run_id), self._cancel(w, run_id)]
         return out
