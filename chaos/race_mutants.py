@@ -704,6 +704,19 @@ class Rig:
             self._workers[(dbname, name)] = conn
         return conn
 
+    @staticmethod
+    def release(conns: Any) -> None:
+        """End every transaction left open on ``conns`` (rolled back; a connection that cannot
+        roll back is closed, and the next example reconnects it)."""
+        for conn in conns:
+            if conn.closed or conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                continue
+            try:
+                conn.rollback()
+            except psycopg.Error:
+                with contextlib.suppress(Exception):
+                    conn.close()
+
     def close(self) -> None:
         self.scheduler.close()
         for part in self._stand_ins.values():
@@ -772,27 +785,32 @@ def run_example(
     for w, store in stores.items():
         if api is not None and hasattr(store, "api"):
             store.api = ScheduledCalls(store.api, lambda w=w: conns[w], "operations API")
-    for call in scenario.setup:
-        expected = call.model(model)
-        got = call.impl(stores[call.worker], conns[call.worker])
-        if got != expected:
-            raise SetupFailed(
-                f"{scenario.name}: setup {call.worker} {call.label} answered "
-                f"{got!r}, the model {expected!r}"
+    try:
+        for call in scenario.setup:
+            expected = call.model(model)
+            got = call.impl(stores[call.worker], conns[call.worker])
+            if got != expected:
+                raise SetupFailed(
+                    f"{scenario.name}: setup {call.worker} {call.label} answered "
+                    f"{got!r}, the model {expected!r}"
+                )
+        if scenario.jump:
+            clock.jump(scenario.jump)
+            model.advance(scenario.jump)
+        ops = [
+            Op(
+                c.worker,
+                c.label,
+                conns[c.worker],
+                (lambda call: lambda conn: call.impl(stores[call.worker], conn))(c),
             )
-    if scenario.jump:
-        clock.jump(scenario.jump)
-        model.advance(scenario.jump)
-    ops = [
-        Op(
-            c.worker,
-            c.label,
-            conns[c.worker],
-            (lambda call: lambda conn: call.impl(stores[call.worker], conn))(c),
-        )
-        for c in scenario.block
-    ]
-    result = rig.scheduler.run(ops, choose)
+            for c in scenario.block
+        ]
+        result = rig.scheduler.run(ops, choose)
+    finally:
+        # an operation that raised outside the database may have left its transaction open,
+        # holding locks the next example's TRUNCATE would wait on forever
+        rig.release(conns.values())
     observed = scenario.project(admin, to_model_time)
     if clock is not None:
         clock.reset()

@@ -9,6 +9,7 @@ the reference implementation is linearizable under *every* schedule of the same 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -145,3 +146,25 @@ def test_the_race_mutants_are_in_each_kinds_catalogue():
     assert applied.store_class is rm.RequestSelectThenInsert
     assert "CREATE INDEX branch_reset_idempotency_key" in applied.schema
     assert "UNIQUE INDEX branch_reset_idempotency_key" not in applied.schema
+
+
+def test_an_operation_raising_outside_the_database_leaves_no_transaction_open(rig):
+    """A worker's operation that raises a non-database error with its transaction open (holding
+    row locks) is rolled back after the block: the next example's TRUNCATE would wait on it."""
+    scenario = rm.SCENARIOS[MUTANTS["claim-read-then-write"].scenario]
+
+    def broken(store, conn):
+        conn.execute("SELECT id FROM outbox_delivery FOR UPDATE").fetchall()
+        raise RuntimeError("the worker's own bug")
+
+    bad = dataclasses.replace(scenario, block=(rm.Call("w0", "broken()", lambda m: None, broken),))
+    example = rm.run_example(rig, bad, rm.REFERENCE, lambda options: options[0])
+    assert example.result.by_worker()["w0"].left_open
+    admin = rig.admin(rig.database(scenario.schema))
+    (open_,) = admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%%' "
+        "AND application_name LIKE 'ksrace_t-%%'"
+    ).fetchone()
+    assert open_ == 0
+    again = rm.run_example(rig, scenario, rm.REFERENCE, lambda options: options[0])
+    assert again.verdict.ok, "\n".join(again.counterexample())
