@@ -255,6 +255,24 @@ class Blocks:
                 return ("terminal-answers-from-receipts",)
         return ()
 
+    def _broken(self, refused, offers: dict[str, Action], real: Any) -> tuple[str, ...]:
+        """What the ``refused`` operations of a block that is not linearizable break: ``(op,
+        what the model answers instead, the model states it was refused in)`` each."""
+        named: tuple[str, ...] = ()
+        for op, answers, states in refused:
+            offer = offers[op.client]
+            for answer in answers or (None,):
+                named += broken_by(answer, op.output, offer.fenced, offer.guarantee)
+            if (
+                offer.fenced
+                and isinstance(op.output, Won)
+                and any(self._unowned(m, offer.runs) for m in states)
+            ):
+                # a stale owner's write landed on a run nobody holds: no status guard
+                named += ("conditional-transition",)
+            named += self._ended_then_changed(states, real)
+        return named
+
     def _block(
         self,
         data,
@@ -380,23 +398,16 @@ class Blocks:
             final=linearize.FinalState(real, self.observe_model),
         )
         if not verdict.ok:
-            named: tuple[str, ...] = ()
-            refused = verdict.refused_anywhere or tuple(
-                (op, answers, ())
+            # the operations refused after the longest linearizable prefix name what broke;
+            # only when they name nothing, those refused in any order of the block
+            anywhere = {id(op): states for op, _, states in verdict.refused_anywhere}
+            at_prefix = tuple(
+                (op, answers, anywhere.get(id(op), ()))
                 for (op, _), answers in zip(verdict.next_refused, verdict.next_answers)
             )
-            for op, answers, states in refused:
-                offer = offers[op.client]
-                for answer in answers or (None,):
-                    named += broken_by(answer, op.output, offer.fenced, offer.guarantee)
-                if (
-                    offer.fenced
-                    and isinstance(op.output, Won)
-                    and any(self._unowned(m, offer.runs) for m in states)
-                ):
-                    # a stale owner's write landed on a run nobody holds: no status guard
-                    named += ("conditional-transition",)
-                named += self._ended_then_changed(states, real)
+            named = self._broken(at_prefix, offers, real) or self._broken(
+                verdict.refused_anywhere, offers, real
+            )
             self.fail(
                 "\n".join(verdict.explain()),
                 real=real,
