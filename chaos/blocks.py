@@ -24,8 +24,22 @@ from knownstate.model.contract import LostRace, Won, check_invariants
 from . import interleave, linearize
 from .harness import EnvironmentFault, Worker, WorkerDied
 from .interleave import Op, SchedulerEnvironmentError
+from .runner import Requirement, needs
 from .steps import Candidate, Action, broken_by
 from .toxi import Link
+
+
+def pair_event(a: str, b: str) -> str:
+    """The event of a block in which operations ``a`` and ``b`` raced on one row."""
+    first, second = sorted((a, b))
+    return f"raced on one row: {first} × {second}"
+
+
+def raced(*pairs: tuple[str, str]) -> tuple[Requirement, ...]:
+    """Required events for a kind's ``required_events``: each pair of its operations that can
+    touch one row raced on one in a block, where the database allows blocks (a database that
+    does not lists them as not covered)."""
+    return tuple(needs(pair_event(a, b), "concurrency") for a, b in pairs)
 
 
 class Blocks:
@@ -64,12 +78,34 @@ class Blocks:
             if len(ws) > 1
         }
 
+    def _pairs(self) -> dict[tuple[str, str], list[tuple]]:
+        """Every pair of operations two workers can race on one row now, by their names:
+        ``(worker, action, other worker, other action, the row)`` each."""
+        out: dict[tuple[str, str], list[tuple]] = {}
+        for i, w in enumerate(self.workers):
+            mine = self.offers(w.index)
+            for x in self.workers[i + 1 :]:
+                for a in mine:
+                    for b in self.offers(x.index):
+                        for run in sorted(a.runs & b.runs, key=repr):
+                            key = tuple(sorted((a.op, b.op)))
+                            out.setdefault(key, []).append((w, a, x, b, run))
+        return out
+
     @precondition(lambda self: self._may_block())
-    @rule(data=st.data(), aim=st.booleans())
-    def concurrently(self, data, aim: bool) -> None:
-        """Two or three workers start an operation each, together. Half the blocks aim at one run
+    @rule(data=st.data(), aim=st.sampled_from(("pair", "run", "any")))
+    def concurrently(self, data, aim: str) -> None:
+        """Two or three workers start an operation each, together. A third of the blocks aim at
+        a pair of operations that can race on one row now (each pair as likely as the others,
+        however many ways there are to race it: rare pairs are reached too), a third at one run
         that several of them can write (where locks are waited on and fences meet)."""
-        contested = self._contested() if aim else {}
+        pairs = self._pairs() if aim == "pair" else {}
+        if pairs:
+            key = data.draw(st.sampled_from(sorted(pairs)), label="the operations they race")
+            w, a, x, b, run = data.draw(st.sampled_from(pairs[key]), label="who, on which row")
+            self._block(data, [w, x], run, only={w.name: [a], x.name: [b]})
+            return
+        contested = self._contested() if aim == "run" else {}
         if contested:
             # a fenced write meeting another worker's write of its run is where locks are waited
             # on and fences meet: such runs twice as often as others (a key two requests race
@@ -351,6 +387,12 @@ class Blocks:
         self.log("CONCURRENTLY " + " | ".join(f"{w.name} {offers[w.name].label}" for w in chosen))
         self.trace.extend(f"  {line}" for line in res.trace[1:])
         self.stats.events["concurrent block"] += 1
+        raced = {
+            pair_event(offers[w.name].op, offers[x.name].op)
+            for i, w in enumerate(chosen)
+            for x in chosen[i + 1 :]
+            if offers[w.name].runs & offers[x.name].runs
+        }
         self.event("lock wait in a block", res.waits)
         results = res.by_worker()
         for w in chosen:
@@ -414,6 +456,8 @@ class Blocks:
                 otherwise=named or ("conditional-transition",),
             )
         self.candidates = [Candidate(m) for m in verdict.final_states]
+        for event in sorted(raced):
+            self.event(event)
         if any(op.ret is None for op in history):
             self.event("indeterminate commit in a block")
         for w in chosen:

@@ -168,3 +168,31 @@ def test_an_operation_raising_outside_the_database_leaves_no_transaction_open(ri
     assert open_ == 0
     again = rm.run_example(rig, scenario, rm.REFERENCE, lambda options: options[0])
     assert again.verdict.ok, "\n".join(again.counterexample())
+
+
+def test_a_call_to_an_external_service_is_a_step_of_the_schedule(rig):
+    """The operations API's create is gated like a statement: one step of its own, in the trace,
+    taken when the schedule says (the stand-in sees the calls in schedule order)."""
+    scenario = rm.SCENARIOS[MUTANTS["start-reads-status-first"].scenario]
+    example = rm.run_example(rig, scenario, rm.REFERENCE, lambda options: options[0])
+    assert example.verdict.ok, "\n".join(example.counterexample())
+    calls = [line for line in example.result.trace if "operations API.create(a#1)" in line]
+    assert len(calls) == 1 and calls[0].split()[1] == "w0", example.result.trace
+
+
+def test_every_pair_that_can_race_on_one_row_is_a_required_event():
+    from knownstate.chaos.blocks import pair_event
+    from knownstate.chaos.kinds.approved_plan import ApprovedPlanCheck
+    from knownstate.chaos.kinds.branch_reset import BranchResetCheck
+
+    assert pair_event("start", "cancel") == pair_event("cancel", "start")
+    assert pair_event("start", "cancel") == "raced on one row: cancel × start"
+    for check, pairs in ((BranchResetCheck, 7), (ApprovedPlanCheck, 23)):
+        raced = [r for r in check.requirements() if r.label.startswith("raced on one row: ")]
+        assert len(raced) == len({r.label for r in raced}) == pairs
+        # reachable only where blocks are: elsewhere reported as not covered, never vacuous
+        assert all(r.needs == {"concurrency"} for r in raced)
+    assert pair_event("compensate", "compensate") in {
+        r.label for r in ApprovedPlanCheck.requirements()
+    }
+    assert pair_event("start", "start") in {r.label for r in BranchResetCheck.requirements()}

@@ -27,6 +27,7 @@ effect without its receipt).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +39,7 @@ from knownstate.model import approved_plan as model
 from knownstate.model.approved_plan import Status
 from knownstate.model.contract import LostRace, Repeat, Won
 
+from ..blocks import raced
 from ..check import QUANTUM, FaultPolicy, KindCheck, Action, Worker, WorkerDied, needs
 
 # The demo domain's steps a plan is drawn from: credits always succeed; the debit only when the
@@ -108,6 +110,25 @@ class ApprovedPlanCheck(KindCheck):
         "fence refusal: heartbeat (no longer claimed)",
         needs("concurrent block", "concurrency"),
         needs("lock wait in a block", "concurrency"),
+        # every pair of operations that can touch one run, raced on one: a pending run (review,
+        # expiry), an approved one (claim, expiry), an executing one (steps, heartbeat, reads,
+        # expiry), a finished one (repeats, compensations)
+        *raced(
+            *itertools.combinations_with_replacement(("approve", "expire", "reject", "revise"), 2),
+            ("expire", "mark_executing"),
+            ("mark_executing", "mark_executing"),
+            ("expire", "read"),
+            ("expire", "run_step"),
+            ("read", "read"),
+            ("read", "run_step"),
+            ("run_step", "run_step"),
+            ("expire", "heartbeat"),
+            ("heartbeat", "read"),
+            ("heartbeat", "run_step"),
+            ("compensate", "compensate"),
+            ("compensate", "repeat"),
+            ("repeat", "repeat"),
+        ),
     )
 
     # -- hooks ----------------------------------------------------------------------------

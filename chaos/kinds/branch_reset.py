@@ -50,6 +50,7 @@ from knownstate.model import branch_reset as model
 from knownstate.model.branch_reset import ExternalOp, ExternalState, ExternalStatus, Status
 from knownstate.model.contract import LostRace, Rejected, Repeat, Violation, Won, Write
 
+from ..blocks import raced
 from ..check import QUANTUM, FaultPolicy, KindCheck, Action, needs
 from ..interleave import ScheduledCalls
 from ..opsapi import OpsApi
@@ -134,6 +135,16 @@ class BranchResetCheck(KindCheck):
         "live run spared by a reaper ahead within bound",
         needs("concurrent block", "concurrency"),
         needs("lock wait in a block", "concurrency"),
+        # every pair of operations that can touch one row (a key, a run), raced on one
+        *raced(
+            ("request", "request"),
+            ("start", "start"),
+            ("poll", "poll"),
+            ("cancel", "cancel"),
+            ("cancel", "poll"),
+            ("cancel", "reap"),
+            ("poll", "reap"),
+        ),
     )
 
     # -- hooks ----------------------------------------------------------------------------
