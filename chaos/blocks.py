@@ -103,7 +103,13 @@ class Blocks:
         if pairs:
             key = data.draw(st.sampled_from(sorted(pairs)), label="the operations they race")
             w, a, x, b, run = data.draw(st.sampled_from(pairs[key]), label="who, on which row")
-            self._block(data, [w, x], run, only={w.name: [a], x.name: [b]})
+            self._block(
+                data,
+                [w, x],
+                run,
+                only={w.name: [a], x.name: [b]},
+                schedule=lambda data, names, _: self._schedule(data, names, interleaved=True),
+            )
             return
         contested = self._contested() if aim == "run" else {}
         if contested:
@@ -205,17 +211,25 @@ class Blocks:
             )
 
     @staticmethod
-    def _schedule(data, names: list[str]) -> Callable[[list[str]], str]:
+    def _schedule(data, names: list[str], interleaved: bool = False) -> Callable[[list[str]], str]:
         """The block's schedule, drawn as PCT draws it (Burckhardt et al., probabilistic
         concurrency testing): a priority order of the workers and up to two change points, steps
         after which the worker then on top drops to the bottom. The highest-priority worker that
         can run takes each step. A race of depth d (one read, then others' commits, then the
         write) needs d - 1 change points, so short draws reach it often, and the schedule shrinks
-        towards running the workers one after another."""
+        towards running the workers one after another. ``interleaved`` (a block aimed at a
+        pair of operations on one row): at least one change point, so the pair really races
+        (drawn freely, Hypothesis often draws none), shrinking towards the first worker's first
+        step, then the other's whole operation."""
         order = list(data.draw(st.permutations(names), label="priority"))
         changes = set(
             data.draw(
-                st.lists(st.integers(1, 2 * len(names)), max_size=2, unique=True),
+                st.lists(
+                    st.integers(1, 2 * len(names)),
+                    min_size=1 if interleaved else 0,
+                    max_size=2,
+                    unique=True,
+                ),
                 label="priority changes after steps",
             )
         )
