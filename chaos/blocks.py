@@ -305,6 +305,22 @@ class Blocks:
                 return ("terminal-answers-from-receipts",)
         return ()
 
+    def _named(
+        self, verdict: linearize.Verdict, offers: dict[str, Action], real: Any
+    ) -> tuple[str, ...]:
+        """What a block that is not linearizable breaks: what the operations refused after its
+        longest linearizable prefix break; only when they name nothing, what those refused in
+        any order of the block break (a stale owner's unfenced write is named lease-fence, not
+        also what the reaper and the new claim racing it guarantee)."""
+        anywhere = {id(op): states for op, _, states in verdict.refused_anywhere}
+        at_prefix = tuple(
+            (op, answers, anywhere.get(id(op), ()))
+            for (op, _), answers in zip(verdict.next_refused, verdict.next_answers)
+        )
+        return self._broken(at_prefix, offers, real) or self._broken(
+            verdict.refused_anywhere, offers, real
+        )
+
     def _broken(self, refused, offers: dict[str, Action], real: Any) -> tuple[str, ...]:
         """What the ``refused`` operations of a block that is not linearizable break: ``(op,
         what the model answers instead, the model states it was refused in)`` each."""
@@ -454,20 +470,10 @@ class Blocks:
             final=linearize.FinalState(real, self.observe_model),
         )
         if not verdict.ok:
-            # the operations refused after the longest linearizable prefix name what broke;
-            # only when they name nothing, those refused in any order of the block
-            anywhere = {id(op): states for op, _, states in verdict.refused_anywhere}
-            at_prefix = tuple(
-                (op, answers, anywhere.get(id(op), ()))
-                for (op, _), answers in zip(verdict.next_refused, verdict.next_answers)
-            )
-            named = self._broken(at_prefix, offers, real) or self._broken(
-                verdict.refused_anywhere, offers, real
-            )
             self.fail(
                 "\n".join(verdict.explain()),
                 real=real,
-                otherwise=named or ("conditional-transition",),
+                otherwise=self._named(verdict, offers, real) or ("conditional-transition",),
             )
         self.candidates = [Candidate(m) for m in verdict.final_states]
         for event in sorted(raced):
