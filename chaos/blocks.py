@@ -218,18 +218,20 @@ class Blocks:
         can run takes each step. A race of depth d (one read, then others' commits, then the
         write) needs d - 1 change points, so short draws reach it often, and the schedule shrinks
         towards running the workers one after another. ``interleaved`` (a block aimed at a
-        pair of operations on one row): at least one change point, so the pair really races
-        (drawn freely, Hypothesis often draws none), shrinking towards the first worker's first
+        pair of operations on one row): at least one change point (drawn freely, Hypothesis
+        often draws none), each drawn uniformly up to step 3 n (drawn as integers, it is mostly
+        the first step: a read three statements into the operation, as a get-or-create's, is
+        never passed), so the pair really races; it shrinks towards the first worker's first
         step, then the other's whole operation."""
         order = list(data.draw(st.permutations(names), label="priority"))
+        points = (
+            st.sampled_from(range(1, 3 * len(names) + 1))
+            if interleaved
+            else st.integers(1, 2 * len(names))
+        )
         changes = set(
             data.draw(
-                st.lists(
-                    st.integers(1, 2 * len(names)),
-                    min_size=1 if interleaved else 0,
-                    max_size=2,
-                    unique=True,
-                ),
+                st.lists(points, min_size=1 if interleaved else 0, max_size=2, unique=True),
                 label="priority changes after steps",
             )
         )
