@@ -24,8 +24,22 @@ from knownstate.model.contract import LostRace, Won, check_invariants
 from . import interleave, linearize
 from .harness import EnvironmentFault, Worker, WorkerDied
 from .interleave import Op, SchedulerEnvironmentError
+from .runner import Requirement, needs
 from .steps import Candidate, Action, broken_by
 from .toxi import Link
+
+
+def pair_event(a: str, b: str) -> str:
+    """The event of a block in which operations ``a`` and ``b`` raced on one row."""
+    first, second = sorted((a, b))
+    return f"raced on one row: {first} × {second}"
+
+
+def raced(*pairs: tuple[str, str]) -> tuple[Requirement, ...]:
+    """Required events for a kind's ``required_events``: each pair of its operations that can
+    touch one row raced on one in a block, where the database allows blocks (a database that
+    does not lists them as not covered)."""
+    return tuple(needs(pair_event(a, b), "concurrency") for a, b in pairs)
 
 
 class Blocks:
@@ -64,12 +78,40 @@ class Blocks:
             if len(ws) > 1
         }
 
+    def _pairs(self) -> dict[tuple[str, str], list[tuple]]:
+        """Every pair of operations two workers can race on one row now, by their names:
+        ``(worker, action, other worker, other action, the row)`` each."""
+        out: dict[tuple[str, str], list[tuple]] = {}
+        for i, w in enumerate(self.workers):
+            mine = self.offers(w.index)
+            for x in self.workers[i + 1 :]:
+                for a in mine:
+                    for b in self.offers(x.index):
+                        for run in sorted(a.runs & b.runs, key=repr):
+                            key = tuple(sorted((a.op, b.op)))
+                            out.setdefault(key, []).append((w, a, x, b, run))
+        return out
+
     @precondition(lambda self: self._may_block())
-    @rule(data=st.data(), aim=st.booleans())
-    def concurrently(self, data, aim: bool) -> None:
-        """Two or three workers start an operation each, together. Half the blocks aim at one run
+    @rule(data=st.data(), aim=st.sampled_from(("pair", "run", "any")))
+    def concurrently(self, data, aim: str) -> None:
+        """Two or three workers start an operation each, together. A third of the blocks aim at
+        a pair of operations that can race on one row now (each pair as likely as the others,
+        however many ways there are to race it: rare pairs are reached too), a third at one run
         that several of them can write (where locks are waited on and fences meet)."""
-        contested = self._contested() if aim else {}
+        pairs = self._pairs() if aim == "pair" else {}
+        if pairs:
+            key = data.draw(st.sampled_from(sorted(pairs)), label="the operations they race")
+            w, a, x, b, run = data.draw(st.sampled_from(pairs[key]), label="who, on which row")
+            self._block(
+                data,
+                [w, x],
+                run,
+                only={w.name: [a], x.name: [b]},
+                schedule=lambda data, names, _: self._schedule(data, names, interleaved=True),
+            )
+            return
+        contested = self._contested() if aim == "run" else {}
         if contested:
             # a fenced write meeting another worker's write of its run is where locks are waited
             # on and fences meet: such runs twice as often as others (a key two requests race
@@ -169,17 +211,27 @@ class Blocks:
             )
 
     @staticmethod
-    def _schedule(data, names: list[str]) -> Callable[[list[str]], str]:
+    def _schedule(data, names: list[str], interleaved: bool = False) -> Callable[[list[str]], str]:
         """The block's schedule, drawn as PCT draws it (Burckhardt et al., probabilistic
         concurrency testing): a priority order of the workers and up to two change points, steps
         after which the worker then on top drops to the bottom. The highest-priority worker that
         can run takes each step. A race of depth d (one read, then others' commits, then the
         write) needs d - 1 change points, so short draws reach it often, and the schedule shrinks
-        towards running the workers one after another."""
+        towards running the workers one after another. ``interleaved`` (a block aimed at a
+        pair of operations on one row): at least one change point (drawn freely, Hypothesis
+        often draws none), each drawn uniformly up to step 3 n (drawn as integers, it is mostly
+        the first step: a read three statements into the operation, as a get-or-create's, is
+        never passed), so the pair really races; it shrinks towards the first worker's first
+        step, then the other's whole operation."""
         order = list(data.draw(st.permutations(names), label="priority"))
+        points = (
+            st.sampled_from(range(1, 3 * len(names) + 1))
+            if interleaved
+            else st.integers(1, 2 * len(names))
+        )
         changes = set(
             data.draw(
-                st.lists(st.integers(1, 2 * len(names)), max_size=2, unique=True),
+                st.lists(points, min_size=1 if interleaved else 0, max_size=2, unique=True),
                 label="priority changes after steps",
             )
         )
@@ -254,6 +306,40 @@ class Blocks:
             ):
                 return ("terminal-answers-from-receipts",)
         return ()
+
+    def _named(
+        self, verdict: linearize.Verdict, offers: dict[str, Action], real: Any
+    ) -> tuple[str, ...]:
+        """What a block that is not linearizable breaks: what the operations refused after its
+        longest linearizable prefix break; only when they name nothing, what those refused in
+        any order of the block break (a stale owner's unfenced write is named lease-fence, not
+        also what the reaper and the new claim racing it guarantee)."""
+        anywhere = {id(op): states for op, _, states in verdict.refused_anywhere}
+        at_prefix = tuple(
+            (op, answers, anywhere.get(id(op), ()))
+            for (op, _), answers in zip(verdict.next_refused, verdict.next_answers)
+        )
+        return self._broken(at_prefix, offers, real) or self._broken(
+            verdict.refused_anywhere, offers, real
+        )
+
+    def _broken(self, refused, offers: dict[str, Action], real: Any) -> tuple[str, ...]:
+        """What the ``refused`` operations of a block that is not linearizable break: ``(op,
+        what the model answers instead, the model states it was refused in)`` each."""
+        named: tuple[str, ...] = ()
+        for op, answers, states in refused:
+            offer = offers[op.client]
+            for answer in answers or (None,):
+                named += broken_by(answer, op.output, offer.fenced, offer.guarantee)
+            if (
+                offer.fenced
+                and isinstance(op.output, Won)
+                and any(self._unowned(m, offer.runs) for m in states)
+            ):
+                # a stale owner's write landed on a run nobody holds: no status guard
+                named += ("conditional-transition",)
+            named += self._ended_then_changed(states, real)
+        return named
 
     def _block(
         self,
@@ -333,6 +419,12 @@ class Blocks:
         self.log("CONCURRENTLY " + " | ".join(f"{w.name} {offers[w.name].label}" for w in chosen))
         self.trace.extend(f"  {line}" for line in res.trace[1:])
         self.stats.events["concurrent block"] += 1
+        raced = {
+            pair_event(offers[w.name].op, offers[x.name].op)
+            for i, w in enumerate(chosen)
+            for x in chosen[i + 1 :]
+            if offers[w.name].runs & offers[x.name].runs
+        }
         self.event("lock wait in a block", res.waits)
         results = res.by_worker()
         for w in chosen:
@@ -358,6 +450,19 @@ class Blocks:
             {w.name: model_op(w) for w in chosen},
             no_effect=(ConnectionLost, WorkerDied, ExternalCallFailed),
         )
+        # an operation that failed after its external call may have had the service act (the
+        # call precedes COMMIT): that alone is a possibility of its own, as in a step of its own
+        history += [
+            linearize.Operation(
+                w.name,
+                f"{offers[w.name].label}: its external call",
+                offers[w.name].external_maybe,
+                0,
+                None,
+            )
+            for w in chosen
+            if results[w.name].error is not None and offers[w.name].external_maybe is not None
+        ]
         self._after_block = True  # a run may have moved twice: the linearization judges moves
         real = self.observe_impl()
         verdict = linearize.check(
@@ -367,29 +472,14 @@ class Blocks:
             final=linearize.FinalState(real, self.observe_model),
         )
         if not verdict.ok:
-            named: tuple[str, ...] = ()
-            refused = verdict.refused_anywhere or tuple(
-                (op, answers, ())
-                for (op, _), answers in zip(verdict.next_refused, verdict.next_answers)
-            )
-            for op, answers, states in refused:
-                offer = offers[op.client]
-                for answer in answers or (None,):
-                    named += broken_by(answer, op.output, offer.fenced, offer.guarantee)
-                if (
-                    offer.fenced
-                    and isinstance(op.output, Won)
-                    and any(self._unowned(m, offer.runs) for m in states)
-                ):
-                    # a stale owner's write landed on a run nobody holds: no status guard
-                    named += ("conditional-transition",)
-                named += self._ended_then_changed(states, real)
             self.fail(
                 "\n".join(verdict.explain()),
                 real=real,
-                otherwise=named or ("conditional-transition",),
+                otherwise=self._named(verdict, offers, real) or ("conditional-transition",),
             )
         self.candidates = [Candidate(m) for m in verdict.final_states]
+        for event in sorted(raced):
+            self.event(event)
         if any(op.ret is None for op in history):
             self.event("indeterminate commit in a block")
         for w in chosen:

@@ -21,6 +21,9 @@ end, in every order of the workers. A mutant is an implementation variant: a sto
 when the bug lies in the schema, a schema); :data:`MUTANTS` wraps them for a kind's check with
 :func:`knownstate.chaos.mutants.with_attrs`, for the engine's concurrent mode.
 
+The variants live in :mod:`.race_variants`, the scenarios in :mod:`.race_scenarios`; this
+module holds the catalogue and runs scenarios on real parts.
+
 ``python -m knownstate.chaos.race_mutants`` starts its own PostgreSQL and Toxiproxy and prints,
 for every mutant and seed, whether it was caught, in how many seconds, and the length of the
 shrunk schedule.
@@ -32,390 +35,35 @@ import contextlib
 import itertools
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, Hashable, Sequence
+from datetime import datetime
+from typing import Any, Callable, Sequence
 
 import psycopg
 from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings, strategies as st
 
-from knownstate.impl import approved_plan as plan_impl
-from knownstate.impl import branch_reset as reset_impl
-from knownstate.impl import outbox as outbox_impl
-from knownstate.impl.errors import boundary
-from knownstate.model import approved_plan as plan_model
-from knownstate.model import branch_reset as reset_model
-from knownstate.model import outbox as outbox_model
-from knownstate.model.contract import LostRace, Rejected, Won
 
 from . import linearize
-from .interleave import BlockResult, Op, ScheduledConnection, Scheduler, history
-from .mutants import CatalogueDrift, Mutant, sql_edit, with_attrs
+from .interleave import BlockResult, Op, ScheduledCalls, ScheduledConnection, Scheduler, history
+from .mutants import Mutant, with_attrs
+from .race_scenarios import QUANTUM, SCENARIOS, Scenario
+from .race_scenarios import Call as Call  # re-exported: a scenario's operations
+from .race_variants import (
+    REFERENCE,
+    ClaimReadThenWrite,
+    CompensateUnlocked,
+    CompleteReadsAttemptFirst,
+    CountBeforeLockWait,
+    HeartbeatOwnerReadFirst,
+    KEY_NOT_UNIQUE_SCHEMA,
+    RequestSelectThenInsert,
+    StartReadsStatusFirst,
+    Variant,
+)
 
 CLOCK_BASE = -86_400
 """Each example starts with the fake database clock a day behind real time and jumps from
 there: under libfaketime a server clock *ahead* of real time delays its lock-wait timers (see
 :mod:`knownstate.chaos.interleave`), so the offset must stay at or below zero."""
-
-QUANTUM = 60
-"""Model time is whole seconds; timestamps are read back to the nearest minute (exact while an
-example lasts under half a minute), and every clock jump is a multiple of it."""
-
-
-# ---------------------------------------------------------------------------------------
-# The mutants: implementation variants.
-# ---------------------------------------------------------------------------------------
-
-
-class ClaimReadThenWrite(outbox_impl.OutboxStore):
-    """The claim reads the due rows in one statement (no ``FOR UPDATE``) and writes each row by
-    id in another, with ``attempts`` computed from what it read: a read-modify-write split
-    across two statements without a row lock."""
-
-    DUE = (
-        "SELECT id, attempts, payload FROM outbox_delivery\n"
-        "WHERE status = 'pending' AND next_attempt_at <= now() ORDER BY id LIMIT %(batch)s"
-    )
-    TAKE = (
-        "UPDATE outbox_delivery SET status = 'processing', attempts = %(attempts)s,\n"
-        "    lease_until = now() + make_interval(secs => %(lease)s)\n"
-        "WHERE id = %(id)s RETURNING id, attempts, payload"
-    )
-
-    def begin_claim(self, conn: psycopg.Connection, batch: int) -> list:
-        with boundary("outbox.claim"):
-            due = conn.execute(self.DUE, {"batch": batch}).fetchall()
-            claimed = []
-            for id_, attempts, _payload in due:
-                row = conn.execute(
-                    self.TAKE, {"id": id_, "attempts": attempts + 1, "lease": self.config.lease}
-                ).fetchone()
-                claimed.append((outbox_model.Claim(row[0], row[1]), row[2]))
-        return sorted(claimed, key=lambda c: c[0].id)
-
-
-class CompleteReadsAttemptFirst(outbox_impl.OutboxStore):
-    """The completion reads the row's status and attempt in one statement, checks the claim in
-    Python, then writes ``sent`` guarded on the status alone: the attempts fence is in the read,
-    not in the write."""
-
-    READ = "SELECT status, attempts FROM outbox_delivery WHERE id = %(id)s"
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.q = sql_edit(self.q, "complete", "AND attempts = %(attempt)s", "")
-
-    def complete(self, conn: psycopg.Connection, c: outbox_model.Claim) -> Any:
-        with boundary("outbox.complete"):
-            row = conn.execute(self.READ, {"id": c.id}).fetchone()
-            if row is None or row[0] != outbox_model.Status.PROCESSING or row[1] != c.attempt:
-                conn.rollback()
-                return LostRace("fenced")
-        return super().complete(conn, c)
-
-
-class CountBeforeLockWait(plan_impl.ApprovedPlanStore):
-    """The 3a43514 class: the receipt count is a subquery of the locking statement. After a wait
-    for the run lock, the locked row is the latest, but the subquery read the snapshot taken
-    before the wait, so it misses the receipt of the step that held the lock."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.q = sql_edit(
-            self.q,
-            "lock_executing",
-            "SELECT status, generation, steps FROM agent_proposal WHERE id = %(id)s "
-            "FOR NO KEY UPDATE",
-            "SELECT p.status, p.generation, p.steps,\n"
-            "       (SELECT count(*) FROM agent_proposal_step s "
-            "WHERE s.proposal_id = p.id)\n"
-            "FROM agent_proposal p WHERE p.id = %(id)s FOR NO KEY UPDATE OF p",
-        )
-
-    def _steps_done(self, conn: psycopg.Connection, proposal_id: int, locked: tuple) -> int:
-        return locked[3]
-
-
-class HeartbeatOwnerReadFirst(plan_impl.ApprovedPlanStore):
-    """The heartbeat checks the owner in one statement (status and claim token, read), then
-    renews the lease with an update by id alone: nothing checks the owner at the write."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.q = sql_edit(
-            self.q,
-            "heartbeat",
-            "WHERE id = %(id)s AND status = 'executing' AND generation = %(token)s",
-            "WHERE id = %(id)s",
-        )
-
-    def heartbeat(self, conn: psycopg.Connection, proposal_id: int, token: int) -> Any:
-        def body():
-            row = conn.execute(self.q["run"], {"id": proposal_id}).fetchone()
-            if row is None:
-                return plan_model.no_proposal(proposal_id), False
-            status, _failure, _compensates, generation = row
-            refused = plan_model.fence("heartbeat", status, generation, token)
-            if refused:
-                return refused, False
-            conn.execute(self.q["heartbeat"], {"id": proposal_id, "token": token})
-            return Won(), True
-
-        return self._transaction(conn, "heartbeat", body)
-
-
-class RequestSelectThenInsert(reset_impl.BranchResetStore):
-    """The idempotency check is a SELECT by key before the INSERT, and the key has no unique
-    index (:data:`KEY_NOT_UNIQUE_SCHEMA`): two requests with one key both find nothing."""
-
-    def request(self, conn: psycopg.Connection, branch: str, idempotency_key: str) -> Any:
-        try:
-            with boundary("branch-reset.request"):
-                found = conn.execute(
-                    self.q["find_by_key"], {"idempotency_key": idempotency_key}
-                ).fetchone()
-            if found is not None:
-                conn.rollback()
-                same = found[1] == branch
-                return Won(found[0]) if same else Rejected(reset_model.KEY_REUSED)
-            return super().request(conn, branch, idempotency_key)
-        except BaseException:
-            with contextlib.suppress(psycopg.Error):
-                conn.rollback()
-            raise
-
-
-def _schema_edit(schema: str, old: str, new: str) -> str:
-    if old not in schema:
-        raise CatalogueDrift(f"race mutant edit of a schema: {old!r} not found")
-    return schema.replace(old, new)
-
-
-KEY_NOT_UNIQUE_SCHEMA = _schema_edit(
-    reset_impl.SCHEMA,
-    "CREATE UNIQUE INDEX branch_reset_idempotency_key",
-    "CREATE INDEX branch_reset_idempotency_key",
-)
-
-
-@dataclass(frozen=True)
-class Variant:
-    """An implementation: the reference, or a mutant's store class and schema."""
-
-    name: str
-    store_class: type | None = None
-    schema: str | None = None
-
-
-REFERENCE = Variant("reference")
-
-
-# ---------------------------------------------------------------------------------------
-# Scenarios: the blocks that reach each race.
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Call:
-    """One operation: by ``worker``, on the model and on the implementation (a store)."""
-
-    worker: str
-    label: str
-    model: Callable[[Any], Any]
-    impl: Callable[[Any, psycopg.Connection], Any]
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """Setup operations run one after another, a clock jump, then ``block`` started together."""
-
-    name: str
-    kind: str
-    schema: str
-    tables: tuple[str, ...]
-    new_model: Callable[[], Any]
-    new_store: Callable[[type, str], Any]
-    project: Callable[[psycopg.Connection, Callable[[datetime], int]], Any]
-    project_model: Callable[[Any], Any]
-    block: tuple[Call, ...]
-    setup: tuple[Call, ...] = ()
-    jump: int = 0
-    fingerprint: Callable[[Any], Hashable] = linearize.default_fingerprint
-    reference_store: type | None = None
-
-    @property
-    def workers(self) -> list[str]:
-        return sorted({c.worker for c in self.setup + self.block})
-
-
-OUTBOX_CONFIG = outbox_model.Config(
-    lease=5 * QUANTUM, backoff_base=QUANTUM, backoff_cap=60 * QUANTUM, max_attempts=3
-)
-_CLAIM = outbox_model.Claim(1, 1)
-
-
-def _outbox(
-    name: str, block: tuple[Call, ...], setup: tuple[Call, ...] = (), jump: int = 0
-) -> Scenario:
-    return Scenario(
-        name,
-        "outbox",
-        outbox_impl.SCHEMA,
-        outbox_impl.TABLES,
-        new_model=lambda: outbox_model.OutboxModel(OUTBOX_CONFIG),
-        new_store=lambda cls, worker: cls(OUTBOX_CONFIG),
-        project=outbox_impl.project,
-        project_model=lambda m: m.state(),
-        block=block,
-        setup=setup,
-        jump=jump,
-        reference_store=outbox_impl.OutboxStore,
-        fingerprint=lambda m: (m.now, m.state(), m._next_id),
-    )
-
-
-def _plan(name: str, block: tuple[Call, ...], setup: tuple[Call, ...], jump: int = 0) -> Scenario:
-    return Scenario(
-        name,
-        "approved-plan",
-        plan_impl.SCHEMA,
-        plan_impl.TABLES,
-        new_model=plan_model.ApprovedPlanModel,
-        new_store=lambda cls, worker: cls(plan_model.HEARTBEAT_S),
-        project=plan_impl.project,
-        project_model=lambda m: m.state(),
-        block=block,
-        setup=setup,
-        jump=jump,
-        reference_store=plan_impl.ApprovedPlanStore,
-        fingerprint=lambda m: (m.now, m.state()),
-    )
-
-
-def _reset_store(cls: type, worker: str) -> Any:
-    # request() never calls the operations API; nothing listens on port 9.
-    return cls(worker, "http://127.0.0.1:9", lambda: datetime.now(timezone.utc))
-
-
-_EXECUTING = (
-    Call(
-        "w0",
-        "propose([credit a 5, credit a 7])",
-        lambda m: m.propose(
-            [
-                {"op": "credit", "account": "a", "amount": 5},
-                {"op": "credit", "account": "a", "amount": 7},
-            ]
-        ),
-        lambda s, c: s.propose(
-            c,
-            [
-                {"op": "credit", "account": "a", "amount": 5},
-                {"op": "credit", "account": "a", "amount": 7},
-            ],
-        ),
-    ),
-    Call("w0", "approve(1)", lambda m: m.approve(1), lambda s, c: s.approve(c, 1)),
-    Call(
-        "w0",
-        "mark_executing(1)",
-        lambda m: m.mark_executing(1),
-        lambda s, c: s.mark_executing(c, 1),
-    ),
-)
-
-SCENARIOS: dict[str, Scenario] = {
-    s.name: s
-    for s in (
-        _outbox(
-            "outbox: two claims of one due row",
-            setup=(Call("w0", "enqueue(1)", lambda m: m.enqueue(1), lambda s, c: s.enqueue(c, 1)),),
-            block=(
-                Call("w0", "claim(batch=1)", lambda m: m.claim(1), lambda s, c: s.claim(c, 1)),
-                Call("w1", "claim(batch=1)", lambda m: m.claim(1), lambda s, c: s.claim(c, 1)),
-            ),
-        ),
-        _outbox(
-            "outbox: a stale owner completes while the reaper and another worker move on",
-            setup=(
-                Call("w0", "enqueue(1)", lambda m: m.enqueue(1), lambda s, c: s.enqueue(c, 1)),
-                Call("w0", "claim(batch=1)", lambda m: m.claim(1), lambda s, c: s.claim(c, 1)),
-            ),
-            jump=OUTBOX_CONFIG.lease,
-            block=(
-                Call(
-                    "w0",
-                    "complete(1, attempt=1)",
-                    lambda m: m.complete(_CLAIM),
-                    lambda s, c: s.complete(c, _CLAIM),
-                ),
-                Call(
-                    "w1",
-                    "reclaim_stale()",
-                    lambda m: m.reclaim_stale(),
-                    lambda s, c: s.reclaim_stale(c),
-                ),
-                Call("w2", "claim(batch=1)", lambda m: m.claim(1), lambda s, c: s.claim(c, 1)),
-            ),
-        ),
-        _plan(
-            "approved-plan: one step run twice at once",
-            setup=_EXECUTING,
-            block=(
-                Call(
-                    "w0",
-                    "run_step(1, 0, token=1)",
-                    lambda m: m.run_step(1, 0, 1),
-                    lambda s, c: s.run_step(c, 1, 0, 1),
-                ),
-                Call(
-                    "w1",
-                    "run_step(1, 0, token=1)",
-                    lambda m: m.run_step(1, 0, 1),
-                    lambda s, c: s.run_step(c, 1, 0, 1),
-                ),
-            ),
-        ),
-        _plan(
-            "approved-plan: a heartbeat races the lazy heal of its stale lease",
-            setup=_EXECUTING,
-            jump=plan_model.HEARTBEAT_S,
-            block=(
-                Call(
-                    "w0",
-                    "heartbeat(1, token=1)",
-                    lambda m: m.heartbeat(1, 1),
-                    lambda s, c: s.heartbeat(c, 1, 1),
-                ),
-                Call("w1", "read(1)", lambda m: m.read(1), lambda s, c: s.read(c, 1)),
-            ),
-        ),
-        Scenario(
-            "branch-reset: one idempotency key for two branches at once",
-            "branch-reset",
-            reset_impl.SCHEMA,
-            reset_impl.TABLES,
-            new_model=reset_model.BranchResetModel,
-            new_store=_reset_store,
-            project=reset_impl.project,
-            project_model=lambda m: m.rows(),
-            reference_store=reset_impl.BranchResetStore,
-            block=(
-                Call(
-                    "w0",
-                    "request(b1, key=k)",
-                    lambda m: m.request("b1", "k"),
-                    lambda s, c: s.request(c, "b1", "k"),
-                ),
-                Call(
-                    "w1",
-                    "request(b2, key=k)",
-                    lambda m: m.request("b2", "k"),
-                    lambda s, c: s.request(c, "b2", "k"),
-                ),
-            ),
-        ),
-    )
-}
 
 
 @dataclass(frozen=True)
@@ -487,6 +135,28 @@ RACE_MUTANTS: tuple[RaceMutant, ...] = (
         "heartbeat's read and its update shows the unfenced write.",
     ),
     RaceMutant(
+        "compensate-outside-run-lock",
+        "approved-plan",
+        "conditional-transition",
+        "compensate looks for the run's compensation and inserts one without holding the run's "
+        "row lock: of two compensations at once, the second hits the unique index",
+        Variant("compensate-outside-run-lock", CompensateUnlocked),
+        "approved-plan: two compensations of one finished run at once",
+        "run one after the other, the second compensation finds the first one's and answers with "
+        "it. Only both looking before either inserts sends the second into the unique index.",
+    ),
+    RaceMutant(
+        "start-reads-status-first",
+        "branch-reset",
+        "conditional-transition",
+        "start reads the run's status, then claims it by id in a second statement: two starts "
+        "that both read 'queued' both win",
+        Variant("start-reads-status-first", StartReadsStatusFirst),
+        "branch-reset: two starts of one queued run",
+        "run one after the other, the second start reads 'running' and loses. Only both reads "
+        "before the first claim commits let both claim the run.",
+    ),
+    RaceMutant(
         "idempotency-select-then-insert",
         "branch-reset",
         "claim",
@@ -534,6 +204,13 @@ class Rig:
         self._admin: dict[str, psycopg.Connection] = {}
         self._workers: dict[tuple[str, str], ScheduledConnection] = {}
         self._serial = itertools.count(1)
+        self._stand_ins: dict[type, Any] = {}
+
+    def stand_in(self, cls: type) -> Any:
+        """The rig's running instance of stand-in ``cls`` (started on first use)."""
+        if cls not in self._stand_ins:
+            self._stand_ins[cls] = cls().start()
+        return self._stand_ins[cls]
 
     def database(self, schema: str) -> str:
         if schema not in self._dbs:
@@ -567,8 +244,24 @@ class Rig:
             self._workers[(dbname, name)] = conn
         return conn
 
+    @staticmethod
+    def release(conns: Any) -> None:
+        """End every transaction left open on ``conns`` (rolled back; a connection that cannot
+        roll back is closed, and the next example reconnects it)."""
+        for conn in conns:
+            if conn.closed or conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                continue
+            try:
+                conn.rollback()
+            except psycopg.Error:
+                with contextlib.suppress(Exception):
+                    conn.close()
+
     def close(self) -> None:
         self.scheduler.close()
+        for part in self._stand_ins.values():
+            part.stop()
+        self._stand_ins.clear()
         for conn in [*self._workers.values(), *self._admin.values()]:
             with contextlib.suppress(Exception):
                 conn.close()
@@ -624,29 +317,40 @@ def run_example(
 
     model = scenario.new_model()
     store_class = variant.store_class or scenario.reference_store
-    stores = {w: scenario.new_store(store_class, w) for w in scenario.workers}
+    api = rig.stand_in(scenario.stand_in) if scenario.stand_in is not None else None
+    if api is not None:
+        api.reset()
+    stores = {w: scenario.new_store(store_class, w, api) for w in scenario.workers}
     conns = {w: rig.worker(dbname, w) for w in scenario.workers}
-    for call in scenario.setup:
-        expected = call.model(model)
-        got = call.impl(stores[call.worker], conns[call.worker])
-        if got != expected:
-            raise SetupFailed(
-                f"{scenario.name}: setup {call.worker} {call.label} answered "
-                f"{got!r}, the model {expected!r}"
+    for w, store in stores.items():
+        if api is not None and hasattr(store, "api"):
+            store.api = ScheduledCalls(store.api, lambda w=w: conns[w], "operations API")
+    try:
+        for call in scenario.setup:
+            expected = call.model(model)
+            got = call.impl(stores[call.worker], conns[call.worker])
+            if got != expected:
+                raise SetupFailed(
+                    f"{scenario.name}: setup {call.worker} {call.label} answered "
+                    f"{got!r}, the model {expected!r}"
+                )
+        if scenario.jump:
+            clock.jump(scenario.jump)
+            model.advance(scenario.jump)
+        ops = [
+            Op(
+                c.worker,
+                c.label,
+                conns[c.worker],
+                (lambda call: lambda conn: call.impl(stores[call.worker], conn))(c),
             )
-    if scenario.jump:
-        clock.jump(scenario.jump)
-        model.advance(scenario.jump)
-    ops = [
-        Op(
-            c.worker,
-            c.label,
-            conns[c.worker],
-            (lambda call: lambda conn: call.impl(stores[call.worker], conn))(c),
-        )
-        for c in scenario.block
-    ]
-    result = rig.scheduler.run(ops, choose)
+            for c in scenario.block
+        ]
+        result = rig.scheduler.run(ops, choose)
+    finally:
+        # an operation that raised outside the database may have left its transaction open,
+        # holding locks the next example's TRUNCATE would wait on forever
+        rig.release(conns.values())
     observed = scenario.project(admin, to_model_time)
     if clock is not None:
         clock.reset()

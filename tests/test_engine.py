@@ -131,3 +131,37 @@ def test_a_block_is_judged_from_the_states_where_its_orders_stopped():
     assert chk._ended_then_changed((), seen(retried)) == ()
     assert chk._unowned(retried, frozenset({"1"})) and chk._unowned(done, frozenset({"1"}))
     assert not chk._unowned(claimed, frozenset({"1"}))
+
+
+def test_a_block_names_what_the_operations_refused_after_its_longest_prefix_break_first():
+    """The stale owner's write refused after the longest prefix names lease-fence; the claim
+    refused only in some other order is named only when the prefix's refusals name nothing."""
+    from knownstate.chaos import linearize
+    from knownstate.chaos.steps import Action
+    from knownstate.model.contract import LostRace, Won
+
+    def op(client: str) -> linearize.Operation:
+        return linearize.Operation(client, "x", lambda m: None, 0, 1, Won(None))
+
+    write, claim = op("w0"), op("w1")
+    offers = {
+        "w0": Action("complete", "complete(1)", None, None, fence=lambda: ("1", 1, False)),
+        "w1": Action("claim", "claim(batch=1)", None, None, guarantee="claim"),
+    }
+    verdict = linearize.Verdict(
+        False,
+        (write, claim),
+        next_refused=((write, "the model refuses it"),),
+        next_answers=((LostRace("fenced"),),),
+        refused_anywhere=((write, (LostRace("fenced"),), ()), (claim, (Won(()),), ())),
+    )
+    chk = _bare_outbox_check(None)
+    assert chk._named(verdict, offers, None) == ("lease-fence",)
+    nothing_at_prefix = linearize.Verdict(
+        False,
+        (write, claim),
+        next_refused=((write, "the model refuses it"),),
+        next_answers=((Won(None),),),
+        refused_anywhere=verdict.refused_anywhere,
+    )
+    assert chk._named(nothing_at_prefix, offers, None) == ("lease-fence", "claim")

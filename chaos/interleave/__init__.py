@@ -10,6 +10,7 @@ linearizability checker). Everything a caller uses is importable from here.
 from .connection import (
     AsyncScheduledConnection,
     Gated,
+    ScheduledCalls,
     ScheduledConnection,
     shutdown_socket,
     statement_label,
@@ -38,6 +39,7 @@ __all__ = [
     "OpResult",
     "Raised",
     "Runaway",
+    "ScheduledCalls",
     "ScheduledConnection",
     "Scheduler",
     "SchedulerEnvironmentError",

@@ -213,6 +213,32 @@ class AsyncScheduledConnection(Gated, psycopg.AsyncConnection):
         return self._loop.run_until_complete(result)
 
 
+class ScheduledCalls:
+    """A client of an external service (an HTTP API, a sink) whose every call is a step of the
+    block its worker is in, like a statement: the call waits at the gate of ``conn_of()`` (the
+    worker's connection now), labelled ``name.method(first argument)``, so the schedule decides
+    when the service sees it. Outside a block, or from another thread, calls pass straight
+    through. Attributes that are not methods are the client's own."""
+
+    def __init__(self, inner: Any, conn_of: Any, name: str):
+        self._inner, self._conn_of, self._name = inner, conn_of, name
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(self._inner, attr)
+        if not callable(value) or attr.startswith("_"):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            conn = self._conn_of()
+            if not isinstance(conn, Gated):
+                return value(*args, **kwargs)
+            first = str(args[0]) if args else ""
+            with conn.step(f"{self._name}.{attr}({first})"):
+                return value(*args, **kwargs)
+
+        return call
+
+
 @contextlib.contextmanager
 def _cursor_step(cursor: Any, query: Any) -> Iterator[None]:
     conn = cursor.connection

@@ -46,12 +46,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from knownstate.impl import branch_reset as impl
-from knownstate.impl.errors import boundary
 from knownstate.model import branch_reset as model
 from knownstate.model.branch_reset import ExternalOp, ExternalState, ExternalStatus, Status
 from knownstate.model.contract import LostRace, Rejected, Repeat, Violation, Won, Write
 
+from ..blocks import raced
 from ..check import QUANTUM, FaultPolicy, KindCheck, Action, needs
+from ..interleave import ScheduledCalls
 from ..opsapi import OpsApi
 
 EPOCH = datetime(2030, 1, 1, tzinfo=timezone.utc)
@@ -134,6 +135,16 @@ class BranchResetCheck(KindCheck):
         "live run spared by a reaper ahead within bound",
         needs("concurrent block", "concurrency"),
         needs("lock wait in a block", "concurrency"),
+        # every pair of operations that can touch one row (a key, a run), raced on one
+        *raced(
+            ("request", "request"),
+            ("start", "start"),
+            ("poll", "poll"),
+            ("cancel", "cancel"),
+            ("cancel", "poll"),
+            ("cancel", "reap"),
+            ("poll", "reap"),
+        ),
     )
 
     # -- hooks ----------------------------------------------------------------------------
@@ -149,16 +160,17 @@ class BranchResetCheck(KindCheck):
                 )
                 w.links = [w.link, w.ops_link]
                 url = f"http://{w.ops_link.host}:{w.ops_link.port}"
-            self.stores.append(
-                self.store_class(
-                    w.name,
-                    url,
-                    self._app_clock(w.name),
-                    lease_seconds=self.lease,
-                    http_timeout=self.http_timeout,
-                    queries=self.queries,
-                )
+            store = self.store_class(
+                w.name,
+                url,
+                self._app_clock(w.name),
+                lease_seconds=self.lease,
+                http_timeout=self.http_timeout,
+                queries=self.queries,
             )
+            # in a concurrent block each call to the API is a step of the schedule
+            store.api = ScheduledCalls(store.api, lambda w=w: w.conn, "operations API")
+            self.stores.append(store)
         self.last_key: dict[str, str] = {}
         self.key_serial = itertools.count(1)
         # run -> (lease_until, stamped at, stamper's skew)
@@ -581,13 +593,12 @@ class BranchResetCheck(KindCheck):
     # -- concurrent blocks ---------------------------------------------------------------------
     def offers(self, w: int) -> list[Action]:
         """What a process can start together with the others: a poller requests a reset (with a
-        key every poller would use now: two requests with one key at once), polls or cancels a
-        running run; the reaper reaps. (A start calls the operations API: it stays sequential.)"""
+        key every poller would use now: two requests with one key at once), starts a queued run
+        (its call to the operations API a step of the schedule), polls or cancels a running run;
+        the reaper reaps."""
         running = self._runs(Status.RUNNING)
         if w == REAPER:
             return [self._reap()] if running else []
-        if len(self.model.runs) >= 8:
-            return []
         key = f"k{self.race_keys}"
         # two requests with one new key race only where both may create a run: on branches with
         # nothing in flight (a branch never reset before when the usual two are busy)
@@ -595,9 +606,10 @@ class BranchResetCheck(KindCheck):
         free = [b for b in BRANCHES if b not in busy] + [f"{b}{self.race_keys}" for b in "cd"]
         out = [
             replace(a, after=self._requested(a.after, branch, key))
-            for branch in free[:2]
+            for branch in (free[:2] if len(self.model.runs) < 8 else ())
             for a in [self._request(w, branch, key)]
         ]
+        out += [self._start(w, run_id) for run_id in self._runs(Status.QUEUED)]
         for run_id in running:
             out += [self._poll(w, run_id), self._cancel(w, run_id)]
         return out
@@ -655,181 +667,4 @@ class BranchResetCheck(KindCheck):
         self.turn(data.draw(st.sampled_from(POLLERS), label="poller"), data)
 
 
-# ---------------------------------------------------------------------------------------
-# Mutants: realistic bugs, each caught by this check (see `knownstate mutants branch-reset`).
-# ---------------------------------------------------------------------------------------
-
-from knownstate.impl.errors import commit  # noqa: E402
-
-from ..mutants import CatalogueDrift, Mutant, sql_edit, with_attrs  # noqa: E402
-
-_Q = impl.queries.load(impl.QUERIES_FILE)
-
-
-def _edit(name: str, old: str, new: str):
-    return with_attrs(queries=sql_edit(_Q, name, old, new))
-
-
-def _schema_edit(old: str, new: str):
-    if old not in impl.SCHEMA:
-        raise CatalogueDrift(f"mutant edit of the branch-reset schema: {old!r} not found")
-    return with_attrs(schema=impl.SCHEMA.replace(old, new))
-
-
-class _FreshKeyClient(impl.OpsApiClient):
-    """Sends a fresh idempotency key with every create (a uuid per call, here a counter so a seed
-    replays): the API cannot tell a retry from a new operation."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._serial = itertools.count(1)
-
-    def create(self, run_id, branch, idempotency_key):
-        return super().create(run_id, branch, f"{idempotency_key}/{next(self._serial)}")
-
-
-class _StartFreshKey(impl.BranchResetStore):
-    """start's create carries no stable idempotency key, so a retried start re-issues the
-    operation."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.api = _FreshKeyClient(self.api.base_url, timeout=self.api.timeout)
-
-
-class _PollReissues(impl.BranchResetStore):
-    """A poll of a running run re-submits the create (with a fresh key) before reading the
-    status."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fresh = _FreshKeyClient(self.api.base_url, timeout=self.api.timeout)
-
-    def poll(self, conn, run_id):
-        with boundary("branch-reset.poll"):
-            row = conn.execute(self.q["poll_target"], {"run_id": run_id}).fetchone()
-        conn.rollback()
-        if row is not None and row[0] == Status.RUNNING:
-            self.fresh.create(run_id, run_id.rsplit("#", 1)[0], run_id)
-        return super().poll(conn, run_id)
-
-
-class _CreateOutsideClaim(impl.BranchResetStore):
-    """start commits the claim first, then creates the operation and records it in a second
-    transaction: a failure in between leaves a running run with no operation on its row."""
-
-    def start(self, conn, run_id):
-        where = "branch-reset.start"
-        try:
-            with boundary(where):
-                row = conn.execute(
-                    self.q["claim"],
-                    {
-                        "run_id": run_id,
-                        "worker": self.worker,
-                        "lease_until": self.app_clock() + self.lease,
-                    },
-                ).fetchone()
-                if row is None:
-                    outcome = self._miss(conn, run_id)
-                    conn.rollback()
-                    return outcome
-            commit(conn, where)
-            with boundary(where):
-                op_id, op_status = self.api.create(run_id, row[0], idempotency_key=run_id)
-                conn.execute(
-                    self.q["record_operation"],
-                    {"run_id": run_id, "op_id": op_id, "op_status": op_status.value},
-                )
-            commit(conn, where)
-            return Won(op_id)
-        except BaseException:
-            impl._abort(conn)
-            raise
-
-
-_POLL_IGNORES_LEASE = {
-    **sql_edit(
-        _Q,
-        "poll_target",
-        "SELECT status, lease_until, external_op_id",
-        "SELECT status, '9999-12-31'::timestamptz AS lease_until, external_op_id",
-    ),
-    "record_poll": sql_edit(_Q, "record_poll", "AND lease_until > %(app_now)s", "")["record_poll"],
-}
-
-MUTANTS = [
-    Mutant(
-        "poll-reissues-operation",
-        "branch-reset",
-        "external-effect-semantics",
-        "a poll re-submits the create without the idempotency key: a second operation at the API",
-        with_attrs(store_class=_PollReissues),
-    ),
-    Mutant(
-        "start-retry-fresh-key",
-        "branch-reset",
-        "external-effect-semantics",
-        "start sends a fresh idempotency key per attempt: a start retried after its create was "
-        "acted on creates a second operation",
-        with_attrs(store_class=_StartFreshKey),
-    ),
-    Mutant(
-        "create-outside-claim",
-        "branch-reset",
-        "receipt-with-effect",
-        "start commits the claim, "
-        "then creates the operation and records it in a second transaction",
-        with_attrs(store_class=_CreateOutsideClaim),
-    ),
-    Mutant(
-        "cancel-unguarded",
-        "branch-reset",
-        "conditional-transition",
-        "cancel is not guarded on status = 'running': it overwrites queued and terminal runs",
-        _edit("cancel", "WHERE id = %(run_id)s AND status = 'running'", "WHERE id = %(run_id)s"),
-    ),
-    # A request claims its key for one run (its guarantee is the claim): every way this bug
-    # shows breaks that, a repeat of a finished run's key also the terminal-answers invariant.
-    Mutant(
-        "idempotency-key-not-unique",
-        "branch-reset",
-        "claim",
-        "the idempotency key has an index but not a unique one: "
-        "a repeated or reused key makes a new run",
-        _schema_edit(
-            "CREATE UNIQUE INDEX branch_reset_idempotency_key",
-            "CREATE INDEX branch_reset_idempotency_key",
-        ),
-    ),
-    Mutant(
-        "one-in-flight-missing",
-        "branch-reset",
-        "claim",
-        "no one-in-flight guard: a second run of a branch is queued while one is in flight",
-        _schema_edit(
-            "CREATE UNIQUE INDEX branch_reset_one_in_flight ON branch_reset (branch)\n"
-            "    WHERE status IN ('queued', 'running');",
-            "",
-        ),
-    ),
-    Mutant(
-        "reaper-ignores-lease",
-        "branch-reset",
-        "lease",
-        "the reaper fails every running run, live leases included",
-        _edit("reap", " AND lease_until <= %(app_now)s", ""),
-    ),
-    Mutant(
-        "poll-ignores-lease",
-        "branch-reset",
-        "lease-fence",
-        "a poll does not check the lease: a poller that stalled past it extends it and goes on",
-        with_attrs(queries=_POLL_IGNORES_LEASE),
-    ),
-]
-
-# The read-then-write races only a concurrent block reaches (``knownstate.chaos.race_mutants``).
-from .. import race_mutants  # noqa: E402
-
-MUTANTS += race_mutants.MUTANTS["branch-reset"]
+from .branch_reset_mutants import MUTANTS  # noqa: E402, F401  (the kind's catalogue)
