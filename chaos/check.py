@@ -358,7 +358,9 @@ class KindCheck(Engine):
             self.writes.append(
                 Write(str(run_id), token, accepted=isinstance(got, Won), owner_current=owner)
             )
-            if not owner and got == expected:
+            if not owner and isinstance(got, LostRace) and got == expected:
+                # a refusal only where the write was refused: a fence that lets a stale write
+                # land (id only, unless terminal) shows no refusal, whatever the model predicted
                 self._count_refusal(label, str(run_id))
         if got != expected:
             self.fail(

@@ -80,6 +80,9 @@ def test_pgqueuer_stale_finish_is_the_reported_counterexample(site, tmp_path, se
     assert found, out
     steps = int(re.search(r"counterexample \((\d+) steps", out).group(1))
     assert steps <= 10, out
+    # pgqueuer finishes by id only: its stale finishes land, and none is counted as refused
+    events = next(line for line in out.splitlines() if "events observed:" in line)
+    assert "fence refusal" not in events, events
     # the stale write is an outcome, a finish (on a line of its own, or in a concurrent block)
     key, token = found.groups()
     shown = out.split("counterexample (")[1]
