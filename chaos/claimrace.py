@@ -68,6 +68,16 @@ class ClaimRace:
         self.log(f"{label} -> {fmt(got)}")
         if "failure" in race:
             raise race["failure"]
+        self._agreed(label, got, expected, trial, 0)
+        if not race:
+            self.log("  (w0's claim sent no COMMIT: no race to see; w1 claims after it)")
+            self.do(1, self._claim(1, bb))
+            return
+        self._raced(race, bb, got)
+
+    def _agreed(self, label: str, got: Any, expected: Any, trial: Any, w: int) -> None:
+        """Worker ``w``'s claim answered as the model expects (else the claim is named): the
+        model moves on, and the claimed runs are worker ``w``'s."""
         if got != expected:
             self.fail(
                 f"{label}: implementation answered {fmt(got)}, the model expects {fmt(expected)}",
@@ -75,12 +85,7 @@ class ClaimRace:
             )
         self.model = trial
         self.candidates = [Candidate(trial)]
-        self._took(0)(got)
-        if not race:
-            self.log("  (w0's claim sent no COMMIT: no race to see; w1 claims after it)")
-            self.do(1, self._claim(1, bb))
-            return
-        self._raced(race, bb, got)
+        self._took(w)(got)
 
     def _race(self, wb, bb: int) -> dict[str, Any]:
         """w1's claim, run while w0's COMMIT waits (inside w0's COMMIT hook): never raises, so
@@ -115,13 +120,6 @@ class ClaimRace:
         got = race["got"]
         self.log(f"{label} -> {fmt(got)}")
         self.log("  (w0 commits)")
-        if got != expected:
-            self.fail(
-                f"{label}: implementation answered {fmt(got)}, the model expects {fmt(expected)}",
-                otherwise="claim",
-            )
-        self.model = trial
-        self.candidates = [Candidate(trial)]
-        self._took(1)(got)
+        self._agreed(label, got, expected, trial, 1)
         if got_a.value and got.value:
             self.event("skip locked")
