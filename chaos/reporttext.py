@@ -61,6 +61,12 @@ def run_lines(r: dict) -> list[str]:
                 "fault per line):"
             )
             out += [f"    {line}" for line in r["counterexample"]]
+        if r.get("shrinking"):
+            k = r["shrinking"]
+            out.append(
+                f"  found after {k['first_failure_seconds']:.1f} s; shrunk in {k['seconds']:.1f} s "
+                f"and {k['replays']} replays ({k['steps_deleted']} whole steps deleted first)"
+            )
         out.append(f"  replay: {r['replay']}")
     elif r["vacuous"]:
         out.append("  vacuous: the run never observed " + "; ".join(r["vacuous"]))
