@@ -65,7 +65,8 @@ def run_lines(r: dict) -> list[str]:
             k = r["shrinking"]
             out.append(
                 f"  found after {k['first_failure_seconds']:.1f} s; shrunk in {k['seconds']:.1f} s "
-                f"and {k['replays']} replays ({k['steps_deleted']} whole steps deleted first)"
+                f"and {k['replays']} replays "
+                f"(from {k['steps_before']} rule steps to {k['steps_after']})"
             )
         out.append(f"  replay: {r['replay']}")
     elif r["vacuous"]:
