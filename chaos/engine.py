@@ -123,7 +123,7 @@ from .blocks import Blocks
 from .faults import FaultPolicy, FaultRules
 from .harness import QUANTUM, Env, EnvironmentFault, Stats, Worker, Workspace
 from .runner import Requirement, RunState
-from .steps import Candidate, Failure
+from .steps import Candidate
 
 
 class Engine(FaultRules, Blocks, RuleBasedStateMachine):
@@ -339,6 +339,4 @@ class Engine(FaultRules, Blocks, RuleBasedStateMachine):
                 f"{type(self).__name__} judged invariant(s) {sorted(unknown)} "
                 "that it does not declare: add them to own_invariants"
             )
-        self.run.failures.append((message, names, list(self.trace)))
-        self.run.allow_save = True
-        raise Failure(message, names)
+        self.run.failed(message, names, self.trace)

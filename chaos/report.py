@@ -202,6 +202,8 @@ def finished_record(unit: Unit, result, replay: Replay, stored: int = 0) -> dict
     )
     if result.timings is not None:
         rec["timings"] = result.timings
+    if result.shrinking is not None:
+        rec["shrinking"] = result.shrinking
     if result.failure:
         rec["replay"] = replay.command(
             unit.kind, unit.seed, result.batch, unit.mutant.name if unit.mutant else None

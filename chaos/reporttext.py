@@ -61,6 +61,13 @@ def run_lines(r: dict) -> list[str]:
                 "fault per line):"
             )
             out += [f"    {line}" for line in r["counterexample"]]
+        if r.get("shrinking"):
+            k = r["shrinking"]
+            out.append(
+                f"  found after {k['first_failure_seconds']:.1f} s; shrunk in {k['seconds']:.1f} s "
+                f"and {k['replays']} replays "
+                f"(from {k['steps_before']} rule steps to {k['steps_after']})"
+            )
         out.append(f"  replay: {r['replay']}")
     elif r["vacuous"]:
         out.append("  vacuous: the run never observed " + "; ".join(r["vacuous"]))

@@ -62,6 +62,17 @@ def result(
         not_covered=list(not_covered),
         coverage={"event lost race": 3},
         batch=batch,
+        shrinking=(
+            {
+                "first_failure_seconds": 0.4,
+                "replays": 57,
+                "steps_before": 14,
+                "steps_after": 4,
+                "seconds": 1.1,
+            }
+            if failure
+            else None
+        ),
         stopped=stopped
         or (
             f"a failure in batch {batch}"

@@ -17,6 +17,7 @@ from gate_fakes import result, run_state, validate
 
 from knownstate.chaos import kinds
 from knownstate.chaos.cli import build_parser
+from knownstate.chaos.reporttext import run_lines
 from knownstate.chaos.report import (
     SCHEMA_VERSION,
     Replay,
@@ -157,6 +158,20 @@ def test_a_run_cut_short_keeps_what_finished_and_marks_the_rest(signal_name, cod
         "not run": 1,
         "not covered": 0,
     }
+
+
+def test_a_failure_says_how_long_finding_and_shrinking_it_took():
+    """In seconds and in replays (the budget ``--shrinks`` counts), and the steps it shrank
+    from; a passing run has nothing of the kind."""
+    doc = _failed()
+    failed, passed = doc["runs"][1], doc["runs"][0]
+    assert failed["shrinking"]["replays"] == 57 and "shrinking" not in passed
+    lines = run_lines(failed)
+    assert "  found after 0.4 s; shrunk in 1.1 s and 57 replays (from 14 rule steps to 4)" in lines
+    assert (
+        lines.index("  found after 0.4 s; shrunk in 1.1 s and 57 replays (from 14 rule steps to 4)")
+        < len(lines) - 1
+    )
 
 
 def test_an_environment_fault_marks_the_run_in_progress_not_a_failure():

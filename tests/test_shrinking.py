@@ -1,0 +1,103 @@
+"""Shrinking a failure (``runner.shrink_budget``): it keeps to the invariant the first failure
+broke, deletes whole steps, stops by counts, and says what it did. Pure Python: a small state
+machine stands in for a check (shrinking itself touches no real part). Fast."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, Phase, Verbosity, settings
+from hypothesis import seed as hyp_seed
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, invariant, rule
+
+from knownstate.chaos import runner
+from knownstate.chaos.steps import Failure
+
+
+def new_run() -> runner.RunState:
+    return runner.RunState(runner.PROFILES["ci"], (), frozenset())
+
+
+def machine(run: runner.RunState):
+    class Toy(RuleBasedStateMachine):
+        """Two bumps of ``a`` after noise break "alpha" when some noise drew a value other than
+        0, "beta" when all of it drew 0s: a second bug, whose examples are smaller (random
+        examples seldom draw only 0s, so "alpha" is found first; shrinking lowers values towards
+        0). Noise steps draw many values; all but one matter to neither."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = self.noise = 0
+            self.loud = False
+
+        @rule(junk=st.lists(st.integers(0, 10**6), min_size=8, max_size=12))
+        def a_noise(self, junk) -> None:
+            self.noise += 1
+            self.loud = self.loud or any(junk)
+
+        @rule()
+        def bump(self) -> None:
+            self.a += 1
+
+        @invariant()
+        def judged(self) -> None:
+            if self.a >= 2 and self.noise:
+                name = "alpha" if self.loud else "beta"
+                run.failed(name, (name,), [])  # the check's door (Engine.fail ends here)
+
+    return Toy
+
+
+SEED = 1
+"""A seed whose first failure is "alpha" (random examples find either first)."""
+
+
+def shrunk(replays: int = 1000, seed: int = SEED) -> tuple[runner.RunState, str]:
+    run = new_run()
+    test = get_state_machine_test(
+        hyp_seed(seed)(machine(run)),
+        settings=settings(
+            max_examples=200,
+            stateful_step_count=30,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+            verbosity=Verbosity.quiet,
+            report_multiple_bugs=False,
+            phases=(Phase.generate, Phase.shrink),
+        ),
+    )
+    with runner.shrink_budget(replays, run):
+        try:
+            test()
+        except Failure as e:
+            return run, str(e)
+    raise AssertionError("the toy machine never failed")
+
+
+def test_shrinking_keeps_to_the_invariant_the_first_failure_broke():
+    """Hypothesis alone shrinks to two bumps, which break "beta": another failure, not a shorter
+    counterexample of this one. Kept to "alpha", the shortest is one noise and two bumps."""
+    run, message = shrunk()
+    assert run.failures[0][1] == ("alpha",)
+    assert message == "alpha"
+    assert run.shrinking.steps[1] == 3
+
+
+def test_shrinking_deletes_steps_and_says_how_long_it_took():
+    """Every seed shrinks to the three steps the failure needs; where the first failure had more
+    (some seeds find it in exactly three), the report says how many it started from."""
+    seen = []
+    for seed in range(1, 6):
+        run, _ = shrunk(seed=seed)
+        k = run.shrinking.as_dict()
+        assert k["steps_after"] == 3 and k["steps_before"] >= 3
+        assert 0 < k["replays"] <= 1000
+        assert k["first_failure_seconds"] >= 0 and k["seconds"] >= 0
+        seen.append(k["steps_before"])
+    assert max(seen) > 3, seen
+
+
+def test_shrinking_stops_at_its_count_of_replays():
+    run, message = shrunk(replays=3)
+    assert run.shrinking.replays == 3
+    assert message == "alpha"  # past the budget, the smallest failure so far is the answer
