@@ -17,6 +17,12 @@ restores its draft), a tab closed mid-save (its page torn down while its request
 gateway, before or after the server saw it), the document server restarted while a save is on
 its way, and two tabs of one user sharing one ``localStorage``. Requests are compared as they
 cross the wire (:meth:`on_the_wire`): the generation and read sequence are the client's own.
+
+A seed's length is set by its rarest requirement, so the rare situations are reached on purpose,
+each by a rule with a budget per example (as the outbox reaches a batch of mixed attempts): a
+sibling draft offered to a fresh tab (``sibling_offered``), a conflict left each of its seven
+ways (``conflict_resolved``), unsaved work left after a save failed offline (``work_left``),
+and alice's two tabs saving back to back (``alice_tabs_race``).
 """
 
 from __future__ import annotations
@@ -511,7 +517,8 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
         ]
 
     def _leave(self, slot: str, how: str, side) -> Any:
-        """The user's way out of a conflict or of work waiting to retry (one of ``LEAVE``)."""
+        """The user's way out of a conflict or of unsaved work (``LEAVE_CONFLICT``,
+        ``LEAVE_OFFLINE``)."""
         t = side.tab(slot)
         if how == "close, offline":
             with side.offline(slot):
