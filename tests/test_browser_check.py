@@ -154,6 +154,12 @@ def test_the_reference_client_passes_a_small_run(knownstate_env):
     assert r.failure is None, f"{r.failure}\n" + "\n".join(r.counterexample)
     assert r.steps > 100 and r.stats.transitions
     assert r.stats.faults["browser offline"] > 0
+    # the rare situations are reached on purpose (a seed's length is set by its rarest one)
+    aimed = ("sibling draft adopted", "sibling draft discarded", "two tabs of one user raced")
+    assert all(r.stats.events[e] for e in aimed), {e: r.stats.events[e] for e in aimed}
+    left = [("conflict", "discard_reloaded", "clean"), ("offline", "discard_reloaded", "clean")]
+    left += [("offline", "close", "closed")]
+    assert all(r.stats.transitions[t] for t in left), {t: r.stats.transitions[t] for t in left}
 
 
 @slow

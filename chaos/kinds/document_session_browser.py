@@ -17,6 +17,12 @@ restores its draft), a tab closed mid-save (its page torn down while its request
 gateway, before or after the server saw it), the document server restarted while a save is on
 its way, and two tabs of one user sharing one ``localStorage``. Requests are compared as they
 cross the wire (:meth:`on_the_wire`): the generation and read sequence are the client's own.
+
+A seed's length is set by its rarest requirement, so the rare situations are reached on purpose,
+each by a rule with a budget per example (as the outbox reaches a batch of mixed attempts): a
+sibling draft offered to a fresh tab (``sibling_offered``), a conflict left each of its seven
+ways (``conflict_resolved``), unsaved work left after a save failed offline (``work_left``),
+and alice's two tabs saving back to back (``alice_tabs_race``).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from knownstate.model.document import (
     State,
     VersionConflict,
     World,
+    prefer_local,
+    prefer_stored,
 )
 
 from .. import browser, browser_driver, browser_gateway
@@ -48,6 +56,7 @@ from .document_blocks import SERVER_BLOCKS
 from .document_judge import Seen
 from .document_plant import CLIENT, DEBOUNCE, DOC, SLOTS, ModelSide, Plant, RealSide
 from .document_session import DocumentSessionCheck
+from .document_world import fmt_patch
 
 KIND = "document-session-browser"
 
@@ -58,9 +67,9 @@ OWN_INVARIANTS = {
     )
 }
 
-BROWSER_BUDGET = {"reload": 1, "restart": 1, "race": 1}
-"""Steps per example for the browser's own faults (they share the example with the session's
-work, like the Python check's BUDGET)."""
+BROWSER_BUDGET = {"reload": 1, "restart": 1, "race": 1, "sibling": 2, "conflict": 3, "work": 2}
+"""Steps per example for the browser's own faults and the situations reached on purpose (they
+share the example with the session's work, like the Python check's BUDGET)."""
 
 
 class BrowserPlant(Plant):
@@ -163,6 +172,28 @@ class BrowserModelSide(ModelSide):
 
     def restart_server(self) -> None:
         pass  # the model's server keeps everything in the database: nothing to lose
+
+
+SIBLING_LEAVES = (
+    "stays open",
+    "is killed",
+    "is killed mid-save, before the request",
+    "is killed mid-save, after the request",
+)
+"""How alice's tab leaves the draft a new tab of hers is offered (``sibling_offered``)."""
+
+LEAVE_CONFLICT = (
+    "discard",
+    "discard and reload",
+    "close",
+    "rebase, a clash keeps the local value",
+    "rebase, a clash keeps the stored value",
+    "keep a copy",
+    "keep a copy, offline",
+)
+LEAVE_OFFLINE = ("discard", "discard and reload", "close, offline")
+"""How a user leaves a conflict, or work waiting to retry (``conflict_resolved``,
+``work_left``)."""
 
 
 DRAFT_FIELDS = ("kind", "user", "fileId", "writerId", "content", "baseVersion")
@@ -374,25 +405,199 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
 
         self._run(f"reload the page of {slot} (writer {writer})", script)
 
-    def _alice_both_pending(self) -> bool:
-        return all(self._state(slot) in self.PENDING for slot in ("a1", "a2"))
+    # -- situations reached on purpose -----------------------------------------------------------
+    # A seed's length is set by its rarest requirement. These rules reach the rare ones in one
+    # step each (a budget per example), the way the outbox reaches a batch of mixed attempts.
+    RACE_READY = (State.CLEAN, State.DIRTY, State.OFFLINE)
 
-    @precondition(lambda self: self._alice_both_pending() and self.budget["race"])
+    def _alice_both_open(self) -> bool:
+        return all(self._state(slot) in self.RACE_READY for slot in ("a1", "a2"))
+
+    @precondition(lambda self: self._alice_both_open() and self.budget["race"])
     @rule(first=st.sampled_from(["a1", "a2"]))
     def alice_tabs_race(self, first: str) -> None:
-        """alice's two tabs both hold unsaved work, and their debounce falls due in the same
-        moment: one saves, then the other, whose base its sibling tab may just have replaced (a
-        conflict with herself). Drawn besides the single-tab saves, which reach this race only
-        when the draw happens to leave both tabs dirty and saves them back to back."""
+        """alice types in both her tabs (a clean one gets an edit; one with unsaved work keeps
+        it), and their debounce falls due in the same moment: one saves, then the other, whose
+        base its sibling tab has just replaced (a conflict with herself). Reached on purpose:
+        the single-tab saves reach it only when the draw leaves both tabs dirty and saves them
+        back to back."""
         second = "a2" if first == "a1" else "a1"
         self.budget["race"] -= 1
-        self.clock += DEBOUNCE
         now = self.clock
+        patches = {
+            slot: self._patch(slot, "title")
+            for slot in (first, second)
+            if self._state(slot) is State.CLEAN
+        }
+        self.clock += DEBOUNCE
+        later = self.clock
 
         def script(side):
-            return side.tab(first).tick(now), side.tab(second).tick(now)
+            for slot, patch in patches.items():
+                side.tab(slot).edit(patch, now)
+            return side.tab(first).tick(later), side.tab(second).tick(later)
 
-        self._run(f"{first}, then {second}, save as their debounce falls due", script)
+        typed = "".join(f"edit {slot} {fmt_patch(p)}, " for slot, p in patches.items())
+        self._run(f"{typed}{first}, then {second}, save as their debounce falls due", script)
+
+    def _sibling_scenes(self) -> list[tuple[str, str]]:
+        """(a tab of alice's that is free or clean, her other tab, open)."""
+        if not self.budget["sibling"]:
+            return []
+        return [
+            (free, other)
+            for free, other in (("a1", "a2"), ("a2", "a1"))
+            if self._state(free) in (None, State.CLOSED, State.CLEAN)
+            and self._state(other) in self.EDITABLE
+        ]
+
+    @precondition(lambda self: self._sibling_scenes())
+    @rule(
+        data=st.data(),
+        leaves=st.sampled_from(SIBLING_LEAVES),
+        adopt=st.sampled_from([True, True, False]),
+    )
+    def sibling_offered(self, data, leaves: str, adopt: bool) -> None:
+        """alice's tab with unsaved work (a clean one gets an edit) leaves its draft: it stays
+        open, or it is killed, possibly mid-save (its draft then holds the unanswered save).
+        A new tab of hers (where her other tab was, closed first if it was open) opens as a
+        fresh writer: the draft is offered, never applied; she adopts it (a clean tab can) or
+        discards it. Reached on purpose: it takes a tab with work, a free slot beside it, a
+        fresh open and the choice, in that order."""
+        free, other = data.draw(st.sampled_from(self._sibling_scenes()), label="tabs")
+        self.budget["sibling"] -= 1
+        now = self.clock
+        patch = self._patch(other, "title") if self._state(other) is State.CLEAN else None
+        if self._state(other) is State.CONFLICT:
+            leaves = leaves.split(" mid-save")[0]
+        close_first = self._state(free) is State.CLEAN
+        self.writer_n[free] += 1
+        writer, theirs = f"{free}-{self.writer_n[free]}", self.sessions[other].writer_id
+
+        def script(side):
+            if close_first:
+                side.tab(free).close()
+            if patch is not None:
+                side.tab(other).edit(patch, now)
+            if leaves.startswith("is killed"):
+                if "mid-save" in leaves:
+                    req = side.tab(other).begin_save(now)
+                    if leaves.endswith("after the request"):
+                        side.send(other, req)
+                side.crash(other)
+            t = side.open(free, "alice", writer)
+            req = t.begin_read("load")
+            t.finish_read(req, side.send(free, req))
+            offered = [d["writerId"] for d in t.siblings]
+            if not offered:
+                return None
+            chosen = theirs if theirs in offered else min(offered)
+            if adopt and t.state is State.CLEAN:
+                return t.adopt(chosen)
+            return t.discard_sibling(chosen)
+
+        steps = [f"close {free}"] if close_first else []
+        steps += [f"edit {other} {fmt_patch(patch)}"] if patch is not None else []
+        steps += [
+            f"{other} {leaves}",
+            f"{free} opens (alice, writer {writer}) and {'adopts' if adopt else 'discards'} "
+            "the sibling draft it is offered (discards it when it cannot adopt)",
+        ]
+        self._run(", ".join(steps), script)
+
+    def _calm_slots(self, budget: str, *states: State) -> list[str]:
+        """Tabs in ``states`` whose way to the server works (no fault on their link nor on the
+        server's database link), while the ``budget`` lasts."""
+        if not self.budget[budget] or not self._server_calm():
+            return []
+        return [
+            slot
+            for slot in self._slots(*states)
+            if not self.links[slot].toxics and self.links[slot].enabled
+        ]
+
+    def _leave(self, slot: str, how: str, side) -> Any:
+        """The user's way out of a conflict or of unsaved work (``LEAVE_CONFLICT``,
+        ``LEAVE_OFFLINE``)."""
+        t = side.tab(slot)
+        if how == "close, offline":
+            with side.offline(slot):
+                return t.close()
+        if how == "keep a copy, offline":
+            with side.offline(slot):
+                req = t.begin_copy()
+                return t.finish_copy(req, side.send(slot, req))
+        if how == "keep a copy":
+            req = t.begin_copy()
+            return t.finish_copy(req, side.send(slot, req))
+        if how.startswith("rebase"):
+            return t.rebase(prefer_local if how.endswith("local value") else prefer_stored)
+        if how.startswith("close"):
+            return t.close()
+        if how == "discard":
+            return t.discard()
+        req = t.begin_read("replace")
+        return t.finish_read(req, side.send(slot, req))
+
+    @precondition(lambda self: self._calm_slots("conflict", State.DIRTY, State.CONFLICT))
+    @rule(
+        data=st.data(), how=st.sampled_from(LEAVE_CONFLICT), attr=st.sampled_from(["title", "qty"])
+    )
+    def conflict_resolved(self, data, how: str, attr: str) -> None:
+        """A tab in conflict (or one with unsaved work, which the server-side writer puts in
+        conflict: it writes, then the tab saves), and the user resolves it while the network
+        works: discards it, discards and reloads, closes the tab (its work parked in the
+        draft), rebases, or keeps the local copy as a new document (offline, the copy fails).
+        Reached on purpose: a conflict has seven ways out, and its link is often still down
+        when the draw picks one."""
+        slot = self._pick(data, self._calm_slots("conflict", State.DIRTY, State.CONFLICT))
+        self.budget["conflict"] -= 1
+        make = self._state(slot) is State.DIRTY
+        self.edits += 1
+        k = self.edits
+        patch = {attr: {"title": f"ai.{k}", "qty": 1000 + k}[attr]}
+        self.clock += DEBOUNCE if make else 0.0
+        later = self.clock
+
+        def script(side):
+            if make:
+                side.server_write(patch)
+                side.tab(slot).tick(later)
+            return self._leave(slot, how, side)
+
+        first = f"server-side write {fmt_patch(patch)}, {slot} saves, then " if make else ""
+        self._run(f"{first}{how} {slot}", script)
+
+    # Listed twice (drawn twice as often while enabled; the budget still caps it): a tab is
+    # calm and holds work for only part of an example, and a conflict has seven ways out.
+    conflict_resolved_more = conflict_resolved
+
+    @precondition(lambda self: self._calm_slots("work", *self.PENDING))
+    @rule(data=st.data(), how=st.sampled_from(LEAVE_OFFLINE), offline_first=st.booleans())
+    def work_left(self, data, how: str, offline_first: bool) -> None:
+        """The user leaves unsaved work: discards it, discards and reloads, or closes the tab
+        (the close flushes). With ``offline_first`` the tab first saves while the browser is
+        offline (the save fails in the browser, the work waits to retry) and the close happens
+        still offline (its work parked in its draft). Reached on purpose: a tab with work saves
+        at its next tick, and its link is often down when the draw picks a way out."""
+        slot = self._pick(data, self._calm_slots("work", *self.PENDING))
+        self.budget["work"] -= 1
+        now, way = self.clock, how if offline_first else how.split(",")[0]
+
+        def script(side):
+            t = side.tab(slot)
+            if offline_first:
+                with side.offline(slot):
+                    req = t.begin_save(now)
+                    t.finish_save(req, side.send(slot, req))
+            return self._leave(slot, way, side)
+
+        first = f"{slot} saves offline, then " if offline_first else ""
+        self._run(f"{first}{way} {slot}", script)
+
+    # Listed twice, like the Python check's busiest rules (the budget still caps each).
+    work_left_more = work_left
+    sibling_offered_more = sibling_offered
 
     @precondition(
         lambda self: self._slots(*self.PENDING) and self._server_calm() and self.budget["restart"]
