@@ -27,7 +27,7 @@ events) in :mod:`.genericbuild`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar, Iterable, Literal
 
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
@@ -98,9 +98,11 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
     mutants: ClassVar[list[Mutant]] = []
     n_workers = 2  # the loop's workers, w0 and w1; with a reaper, w2 is the reaper process
     REAPER = 2
-    owners_only: ClassVar[bool] = False
+    owners_only: ClassVar[bool | str] = False
     """A control: a worker writes only for the runs it still owns (a stale holder drops them
-    unwritten), so whatever a weak fence lets through never happens."""
+    unwritten), so whatever a weak fence lets through never happens. ``"under-lease"``: and
+    only under a live lease (a worker that checks its lease before it writes), so nothing a
+    write after the lease lapsed meets — a reaper at work on the run — happens either."""
     lock_wait_breaks = "claim"
     own_invariants: ClassVar[dict[str, str]] = {}
 
@@ -330,8 +332,13 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
 
     def _surely_owns(self, job: Job) -> bool:
         """Whether ``job``'s holder owns its run in every state the world may be in (after a
-        lost answer, another worker's claim may have taken it)."""
-        return all(c.model.owns(job) for c in self.candidates)
+        lost answer, another worker's claim may have taken it); in an ``"under-lease"``
+        control, under a lease that has not lapsed."""
+        leased = self.owners_only == "under-lease"
+        return all(
+            c.model.owns(job) and not (leased and c.model.lapsed(c.model.runs[job.key]))
+            for c in self.candidates
+        )
 
     def _mine(self, w: int, sent: bool | None) -> list[str]:
         return [k for x, k in self._holding(sent) if x == w]
@@ -645,11 +652,12 @@ def kind(
     adapter: type[Adapter],
     *,
     mutants: Iterable[Mutant] = (),
-    owners_only: bool = False,
+    owners_only: bool | Literal["under-lease"] = False,
 ) -> type[GenericCheck]:
     """The check of ``description`` run against the system ``adapter`` binds. Raises
     :class:`KindError` naming what to change when the two cannot make a check. With
-    ``owners_only`` it is a control: workers never write for a run they no longer own."""
+    ``owners_only`` it is a control: workers never write for a run they no longer own (with
+    ``"under-lease"``, nor once their lease lapsed)."""
     problems = generic.fit_problems(description) + adapter_problems(description, adapter)
     if problems:
         raise KindError(f"run kind {description.name!r}: " + "; ".join(problems))

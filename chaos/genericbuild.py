@@ -107,7 +107,7 @@ def derived_mutants(d: RunKind, adapter: type[Adapter]) -> list[Mutant]:
 
 
 def required_events(
-    d: RunKind, mode: str, owners_only: bool = False
+    d: RunKind, mode: str, owners_only: bool | str = False
 ) -> tuple[str | Requirement, ...]:
     """What a run must observe to count. A fence whose writes say nothing (``answers=False``)
     shows no refusal, and an owners-only control makes no stale write: neither is required."""
