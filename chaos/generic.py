@@ -455,9 +455,10 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
             runs=frozenset({("key", key)}),
         )
 
-    def _batches(self) -> list[int]:
+    @classmethod
+    def _batches(cls) -> list[int]:
         """The batches a claim asks for: 1 to 3, or to the most one claim takes."""
-        return list(range(1, min(3, self.description.claim.most or 3) + 1))
+        return list(range(1, min(3, cls.description.claim.most or 3) + 1))
 
     def _holder(self, w: int) -> str:
         """Whose lease a claim stamps: the worker's, when the lease is per worker."""
