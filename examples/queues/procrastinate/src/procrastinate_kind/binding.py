@@ -61,8 +61,8 @@ class ProcrastinateAdapter(Adapter):
 
     async def claim(self, conn, batch, worker):  # a procrastinate Worker: registered, then fetching
         ids, jm = self.__dict__.setdefault("ids", {}), await self.jm(conn)
-        ids[worker] = ids.get(worker) or await jm.register_worker()  # once, as a Worker starts
-        job = await jm.fetch_job(queues=None, worker_id=ids[worker])
+        wid = ids.get(worker) or await jm.register_worker()  # a Worker registers as it starts
+        job, ids[worker] = await jm.fetch_job(queues=None, worker_id=wid), wid  # and fetches
         return [] if job is None else [Claimed(job.task_kwargs["key"], None, job)]
 
     async def extend_lease(self, conn, job):  # the worker's beat, on its timer
