@@ -91,6 +91,11 @@ class Claim(BaseModel):
         "that re-picks stale work itself, with no reaper between): needs "
         "'<owned> -claim-> <owned>'",
     )
+    unscheduled: Literal["at-enqueue", "always"] = Field(
+        "at-enqueue",
+        description="when a run added without a schedule is due: from the database's now at "
+        "enqueue, or always (a NULL schedule, due whatever the clock says, even moved back)",
+    )
     most: int | None = Field(
         None,
         ge=1,

@@ -65,6 +65,7 @@ VOCABULARY = (ENQUEUE, CLAIM, EXTEND, COMPLETE, FAIL, RETRY, GIVE_UP, RECLAIM, R
 OWNER_WRITES = frozenset({EXTEND, COMPLETE, FAIL, RETRY, GIVE_UP})
 STEP = "run"  # a queued run's single step; its identity is the run's key
 KEY_TAKEN = "a run with this key exists"
+ALWAYS_DUE = -(2**62)  # a run with no schedule (Claim(unscheduled="always")): due at any time
 APP_AHEAD = 7 * 86_400
 """How far the application's clock is ahead of the database's when a check starts: the gate
 starts the database's a week behind real time (``chaos.harness.CLOCK_BASE``); a clock jump
@@ -318,7 +319,8 @@ class GenericModel:
         without one a lost race (another producer created it first)."""
         if key in self.runs:
             return Won(key) if self.d.idempotency_key else LostRace(KEY_TAKEN)
-        r = Run(key, self._next, CREATED, 0, self.now)
+        always = self.d.claim.unscheduled == "always"  # a NULL schedule: due whatever the clock
+        r = Run(key, self._next, CREATED, 0, ALWAYS_DUE if always else self.now)
         self._next = max(self._next, int(key) + 1) if key.isdigit() else self._next + 1
         self._move(r, ENQUEUE)
         return Won(key)

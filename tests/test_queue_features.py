@@ -309,3 +309,14 @@ def test_a_library_in_autocommit_is_not_required_to_meet_commit_faults():
     assert "stale complete on a re-claimed run" not in required_events(
         described(), "async", owners_only=True
     )
+
+
+def test_a_run_with_no_schedule_is_due_whatever_the_clock():
+    m = GenericModel(RunKind(**{**REAPED, "claim": Claim(how="one", unscheduled="always")}))
+    m.enqueue("1")
+    m.advance(-60)  # the database's clock moved back: a NULL schedule is still due
+    assert [r.key for r in m.due()] == ["1"]
+    at_enqueue = GenericModel(RunKind(**REAPED))
+    at_enqueue.enqueue("1")
+    at_enqueue.advance(-60)
+    assert at_enqueue.due() == []

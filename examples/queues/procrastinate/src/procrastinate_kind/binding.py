@@ -22,7 +22,7 @@ PROCRASTINATE = RunKind(
         "doing -fail_permanent-> failed",
         "doing -reclaim-> todo",
     ),
-    claim=Claim(how="one todo job due, FOR UPDATE SKIP LOCKED, stamped with the worker", most=1),
+    claim=Claim(how="one todo job, FOR UPDATE SKIP LOCKED", most=1, unscheduled="always"),
     lease=Lease(
         seconds="30s",
         heartbeat="10s",
