@@ -103,7 +103,10 @@ def test_pgqueuer_owners_only_control_passes(site, tmp_path, seed):
     assert result["status"] == "passed" and result["events"]["reclaim"] >= 3
 
 
-PROCRASTINATE_SEEDS = [1, 2]
+PROCRASTINATE_SEEDS = [
+    1,
+    2,
+]  # the stale finish is reported at 1, 2, 5; at 3, 4 the re-queued failure
 
 
 @pytest.mark.slow
