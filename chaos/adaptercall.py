@@ -30,13 +30,15 @@ class AdapterCalls:
     """The adapter's operations, called (``adapter``, ``adapter_class``, ``kind`` and ``fail``
     are the check's)."""
 
-    def _call(self, worker, op: str, conn, *args, closes: bool = True) -> tuple[Any, bool]:
+    def _call(
+        self, worker, op: str, conn, *args, closes: bool = True, named: dict | None = None
+    ) -> tuple[Any, bool]:
         """Run the adapter's ``op``: (its result, whether it signalled a lost race). Driver
         errors become the engine's: a lost connection (indeterminate when COMMIT was in
         flight, in autocommit, or on a driver of its own), a refused statement, a refused call."""
         fn = getattr(self.adapter, op)
         try:
-            result = worker.run(fn(conn, *args))
+            result = worker.run(fn(conn, *args, **(named or {})))
         except (WorkerDied, EnvironmentFault, Failure, KnownstateError):
             raise
         except Exception as e:

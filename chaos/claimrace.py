@@ -29,11 +29,14 @@ class ClaimRace:
     """The claim race rule (and its precondition) of the generic check."""
 
     def _may_race(self) -> bool:
+        """Two clean workers, two due runs; with a lease per worker, both workers registered
+        (a worker registers when it starts, before its first claim)."""
         return (
             self.description.claim.skip_locked
             and self.workers[0].mode != "own"
             and all(w.clean() for w in self.workers)
             and len(self.model.due()) >= 2
+            and all(self._holder(w) in self.model.beats for w in (0, 1) if self._holder(w))
         )
 
     @precondition(lambda self: self._may_race())
@@ -42,10 +45,11 @@ class ClaimRace:
         """w1 claims at the instant w0's claim sends its COMMIT — w0's transaction still open,
         its rows still locked. The claim must skip them, at once, and never take the same runs;
         a claim that waits on them is seen waiting by the server (pg_blocking_pids)."""
+        ba, bb = min(ba, self._batches()[-1]), min(bb, self._batches()[-1])
         wa, wb = self.workers[:2]
         self.begin_step(2)
         trial = self.model.copy()
-        expected = self._tokens(trial.claim(ba))
+        expected = self._tokens(trial.claim(ba, self._holder(0)))
         race: dict[str, Any] = {}
         wa.arm(lambda conn: race.update(self._race(wb, bb)))
         label = f"claim_race: w0 claim(batch={ba})"
@@ -116,7 +120,7 @@ class ClaimRace:
                 return
             self.fail(f"{label}: {error}")
         trial = self.model.copy()
-        expected = self._tokens(trial.claim(bb))
+        expected = self._tokens(trial.claim(bb, self._holder(1)))
         got = race["got"]
         self.log(f"{label} -> {fmt(got)}")
         self.log("  (w0 commits)")

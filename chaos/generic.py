@@ -27,7 +27,7 @@ events) in :mod:`.genericbuild`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar, Iterable, Literal
 
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize
@@ -98,9 +98,11 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
     mutants: ClassVar[list[Mutant]] = []
     n_workers = 2  # the loop's workers, w0 and w1; with a reaper, w2 is the reaper process
     REAPER = 2
-    owners_only: ClassVar[bool] = False
+    owners_only: ClassVar[bool | str] = False
     """A control: a worker writes only for the runs it still owns (a stale holder drops them
-    unwritten), so whatever a weak fence lets through never happens."""
+    unwritten), so whatever a weak fence lets through never happens. ``"under-lease"``: and
+    only under a live lease (a worker that checks its lease before it writes), so nothing a
+    write after the lease lapsed meets — a reaper at work on the run — happens either."""
     lock_wait_breaks = "claim"
     own_invariants: ClassVar[dict[str, str]] = {}
 
@@ -257,7 +259,7 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
             if data.draw(st.booleans(), label="its heartbeat fires first"):
                 step = beat
         if step == "claim":
-            self.do(w, self._claim(w, 3))
+            self.do(w, self._claim(w, self._batches()[-1]))
             return
         if step == beat:
             key = data.draw(st.sampled_from(self._mine(w, sent=None)), label="run")
@@ -314,7 +316,8 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
             if retake or data.draw(st.booleans(), label="the other worker claims"):
                 due = [r.key for r in self.model.due()]
                 mine = [due.index(k) + 1 for k in self.held[w] if k in due]
-                batch = min(3, max(mine)) if retake and mine else 3
+                most = self._batches()[-1]
+                batch = min(most, max(mine)) if retake and mine else most
                 self.do(1 - w, self._claim(1 - w, batch))
 
     # -- helpers --------------------------------------------------------------------------------
@@ -329,8 +332,13 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
 
     def _surely_owns(self, job: Job) -> bool:
         """Whether ``job``'s holder owns its run in every state the world may be in (after a
-        lost answer, another worker's claim may have taken it)."""
-        return all(c.model.owns(job) for c in self.candidates)
+        lost answer, another worker's claim may have taken it); in an ``"under-lease"``
+        control, under a lease that has not lapsed."""
+        leased = self.owners_only == "under-lease"
+        return all(
+            c.model.owns(job) and not (leased and c.model.lapsed(c.model.runs[job.key]))
+            for c in self.candidates
+        )
 
     def _mine(self, w: int, sent: bool | None) -> list[str]:
         return [k for x, k in self._holding(sent) if x == w]
@@ -356,9 +364,9 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
 
     def _tag(self, h: Held) -> str:
         """The holder's claim in a step's label: its attempt, or, when the library counts
-        retries, which claim of the run it holds."""
+        retries or keeps no count, which claim of the run it holds."""
         retry = self.description.retry
-        if retry is not None and retry.counts == "retries":
+        if not self.model.tracks_attempts() or (retry is not None and retry.counts == "retries"):
             return f"claim={h.job.token}"
         return f"attempt={h.job.attempt}"
 
@@ -412,7 +420,7 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
             out.append(self._enqueue(w, self.model.next_key()))
         if self.description.idempotency_key:
             out += [self._enqueue(w, k, "repeat") for k in sorted(self.model.runs, key=_order)]
-        out += [self._claim(w, batch) for batch in (1, 2, 3)]
+        out += [self._claim(w, batch) for batch in self._batches()]
         for key in self._mine(w, sent=None):
             h = self.held[w][key]
             if self.receiver is not None and h.result is None:
@@ -447,10 +455,20 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
             runs=frozenset({("key", key)}),
         )
 
+    @classmethod
+    def _batches(cls) -> list[int]:
+        """The batches a claim asks for: 1 to 3, or to the most one claim takes."""
+        return list(range(1, min(3, cls.description.claim.most or 3) + 1))
+
+    def _holder(self, w: int) -> str:
+        """Whose lease a claim stamps: the worker's, when the lease is per worker."""
+        lease = self.description.lease
+        return self.workers[w].name if lease is not None and lease.per == "worker" else ""
+
     def _claim(self, w: int, batch: int) -> Action:
         """A claim of up to ``batch`` due runs. Among others (a block) SKIP LOCKED may skip runs
         another claim holds: any due runs, in order, are then a right answer."""
-        worker, m = self.workers[w], self.model
+        worker, m, holder = self.workers[w], self.model, self._holder(w)
         due = [r.key for r in m.due()]
         lapsed = frozenset(
             r.key
@@ -461,12 +479,12 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
 
         def among_others(m, got):
             taken = tuple(j.key for j in got.value) if isinstance(got, Won) else ()
-            return self._tokens(m.claim_skipping(batch, taken))
+            return self._tokens(m.claim_skipping(batch, taken, holder))
 
         return Action(
             "claim",
             f"claim(batch={batch})",
-            lambda m: self._tokens(m.claim(batch)),
+            lambda m: self._tokens(m.claim(batch, holder)),
             lambda conn: self._claimed(worker, conn, batch),
             after=self._took(w),
             on_error=lambda: self.forget(worker),
@@ -488,7 +506,8 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
         return Won(tuple(Job(j.key, None) for j in got.value))
 
     def _claimed(self, worker, conn, batch: int, closes: bool = True) -> Won:
-        result, _ = self._call(worker, "claim", conn, batch, closes=closes)
+        named = {"worker": worker.name} if self._holder(worker.index) else {}
+        result, _ = self._call(worker, "claim", conn, batch, closes=closes, named=named)
         claimed = [c if isinstance(c, Claimed) else Claimed(str(c)) for c in (result or ())]
         self.handles[worker.index].update({c.key: c for c in claimed})
         jobs = sorted((Job(c.key, c.attempt) for c in claimed), key=lambda j: _order(j.key))
@@ -502,7 +521,8 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
             for job in got.value if isinstance(got, Won) else ():
                 claimed = self.handles[w].pop(job.key, None) or Claimed(job.key, job.attempt)
                 run = runs[job.key]
-                self.held[w][job.key] = Held(Job(job.key, run.attempts, run.claims), claimed)
+                token = Job(job.key, run.attempts, run.claims, run.holder)
+                self.held[w][job.key] = Held(token, claimed)
 
         return after
 
@@ -633,11 +653,12 @@ def kind(
     adapter: type[Adapter],
     *,
     mutants: Iterable[Mutant] = (),
-    owners_only: bool = False,
+    owners_only: bool | Literal["under-lease"] = False,
 ) -> type[GenericCheck]:
     """The check of ``description`` run against the system ``adapter`` binds. Raises
     :class:`KindError` naming what to change when the two cannot make a check. With
-    ``owners_only`` it is a control: workers never write for a run they no longer own."""
+    ``owners_only`` it is a control: workers never write for a run they no longer own (with
+    ``"under-lease"``, nor once their lease lapsed)."""
     problems = generic.fit_problems(description) + adapter_problems(description, adapter)
     if problems:
         raise KindError(f"run kind {description.name!r}: " + "; ".join(problems))

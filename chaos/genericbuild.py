@@ -8,6 +8,8 @@ a run of the check must observe to count (a verdict that reached nothing is VACU
 
 from __future__ import annotations
 
+import inspect
+
 from knownstate.model import generic
 from knownstate.model.describe import RunKind
 
@@ -32,6 +34,14 @@ class KindError(ValueError):
     """A description and an adapter that cannot make a check (the message says what to do)."""
 
 
+def _names_worker(d: RunKind, adapter: type[Adapter]) -> bool:
+    """Whether the adapter's claim is told its worker when the lease is per worker: the gate
+    passes ``worker=`` (``'w0'``, ``'w1'``), the id under which the library keeps the beat."""
+    if d.lease is None or d.lease.per != "worker":
+        return True
+    return "worker" in inspect.signature(adapter.claim).parameters
+
+
 def adapter_problems(d: RunKind, adapter: type[Adapter]) -> list[str]:
     """What the adapter lacks for this description (empty: nothing), with hints."""
     out = []
@@ -50,13 +60,10 @@ def adapter_problems(d: RunKind, adapter: type[Adapter]) -> list[str]:
         need["reclaim_stale"] = "(conn) -> keys taken back"
     if d.external != "none":
         need["send"] = "(job, url) -> OK | RETRY | PERMANENT"
-    if d.lease is not None and d.lease.per == "worker":
-        out.append(
-            "Lease(per='worker'): the model keeps a lease per worker, but an adapter is not yet "
-            "told which of the gate's workers calls it; describe a lease per run for now"
-        )
+    if d.lease is not None and d.lease.per == "worker":  # its worker's id keeps the lease
+        need["claim"] = "(conn, batch, worker) -> [Claimed], worker: 'w0', 'w1'"
     for op, sig in need.items():
-        if not adapter.implements(op):
+        if not adapter.implements(op) or (op == "claim" and not _names_worker(d, adapter)):
             out.append(f"{name} has no {op}{sig}, which the description needs: implement it")
     if not adapter.schema.strip():
         out.append(f"{name}.schema is empty: give the SQL that creates the tables")
@@ -100,7 +107,7 @@ def derived_mutants(d: RunKind, adapter: type[Adapter]) -> list[Mutant]:
 
 
 def required_events(
-    d: RunKind, mode: str, owners_only: bool = False
+    d: RunKind, mode: str, owners_only: bool | str = False
 ) -> tuple[str | Requirement, ...]:
     """What a run must observe to count. A fence whose writes say nothing (``answers=False``)
     shows no refusal, and an owners-only control makes no stale write: neither is required."""
@@ -109,7 +116,8 @@ def required_events(
         out += ["lost race", "fence rejection"]
     if d.lease is not None:
         out.append("reclaim")
-        again = d.retry is not None or d.claim.reclaims
+        requeues = any(e == generic.RECLAIM and t == d.initial for _, e, t in d.transitions)
+        again = d.retry is not None or d.claim.reclaims or requeues
         if again and not owners_only:  # a run taken back is claimed again: each write meets it
             writes = ["complete", "fail"] + (
                 ["extend_lease"] if generic.EXTEND in d.events() else []

@@ -91,6 +91,17 @@ class Claim(BaseModel):
         "that re-picks stale work itself, with no reaper between): needs "
         "'<owned> -claim-> <owned>'",
     )
+    unscheduled: Literal["at-enqueue", "always"] = Field(
+        "at-enqueue",
+        description="when a run added without a schedule is due: from the database's now at "
+        "enqueue, or always (a NULL schedule, due whatever the clock says, even moved back)",
+    )
+    most: int | None = Field(
+        None,
+        ge=1,
+        description="the most runs one claim takes (None: as many as asked); a library that "
+        "fetches one job per call (a worker running N at once calls N times) says 1",
+    )
 
 
 class Lease(BaseModel):
@@ -114,6 +125,13 @@ class Lease(BaseModel):
         (),
         description="the events by which a lapsed lease's run is taken back (the reaper's, or "
         "a read's that heals); none when the claim itself re-picks it (Claim(reclaims=True))",
+    )
+    requeue_clock: Literal["database", "application"] = Field(
+        "database",
+        description="whose clock schedules a run the reaper puts back: the database's (due at "
+        "once), or the application's (a library that stamps its own now, as procrastinate's "
+        "retry_job does): due when the database's clock reaches the application's, which "
+        "the gate keeps a week ahead (knownstate.model.generic.APP_AHEAD)",
     )
     how: str = Field("", description="the lease, in a sentence (default: from the fields)")
     reaper: str = Field("", description="the reaper, in a sentence (default: from the fields)")

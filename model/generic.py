@@ -65,6 +65,12 @@ VOCABULARY = (ENQUEUE, CLAIM, EXTEND, COMPLETE, FAIL, RETRY, GIVE_UP, RECLAIM, R
 OWNER_WRITES = frozenset({EXTEND, COMPLETE, FAIL, RETRY, GIVE_UP})
 STEP = "run"  # a queued run's single step; its identity is the run's key
 KEY_TAKEN = "a run with this key exists"
+ALWAYS_DUE = -(2**62)  # a run with no schedule (Claim(unscheduled="always")): due at any time
+APP_AHEAD = 7 * 86_400
+"""How far the application's clock is ahead of the database's when a check starts: the gate
+starts the database's a week behind real time (``chaos.harness.CLOCK_BASE``); a clock jump
+moves the database's only. A schedule stamped with the application's now
+(``Lease(requeue_clock="application")``) is that far in the database's future."""
 
 
 def fit_problems(d: RunKind) -> list[str]:
@@ -117,8 +123,11 @@ def fit_problems(d: RunKind) -> list[str]:
             out.append("'reclaim' takes back an owned run")
         elif d.retry is not None and moves[RECLAIM][1] != d.initial:
             out.append(f"with a retry policy 'reclaim' goes back to {d.initial!r}")
-        elif d.retry is None and moves[RECLAIM][1] not in d.terminal:
-            out.append("without a retry policy 'reclaim' ends the run (a terminal status)")
+        elif d.retry is None and moves[RECLAIM][1] not in (*d.terminal, d.initial):
+            # a reaper that re-queues (the run runs again, unbounded) or ends the run
+            out.append(
+                f"without a retry policy 'reclaim' goes back to {d.initial!r} or ends the run"
+            )
         extra = set(d.lease.taken_back_by) - {RECLAIM, RECLAIM_DEAD}
         if extra:
             out.append(
@@ -231,6 +240,7 @@ class GenericModel:
         self.runs: dict[str, Run] = {}
         self.received: dict[str, int] = {}
         self.beats: dict[str, int] = {}  # a lease per worker: each worker's last beat
+        self.app_ahead = APP_AHEAD  # the application's clock, less the database's
         self.transitions: list[tuple[str, str, str, str]] = []  # drained by the check
         self._next = 1
 
@@ -240,6 +250,7 @@ class GenericModel:
 
     def advance(self, seconds: int) -> None:
         self.now += seconds
+        self.app_ahead -= seconds  # the database's clock moved, not the application's
 
     def next_key(self) -> str:
         return str(self._next)
@@ -308,7 +319,8 @@ class GenericModel:
         without one a lost race (another producer created it first)."""
         if key in self.runs:
             return Won(key) if self.d.idempotency_key else LostRace(KEY_TAKEN)
-        r = Run(key, self._next, CREATED, 0, self.now)
+        always = self.d.claim.unscheduled == "always"  # a NULL schedule: due whatever the clock
+        r = Run(key, self._next, CREATED, 0, ALWAYS_DUE if always else self.now)
         self._next = max(self._next, int(key) + 1) if key.isdigit() else self._next + 1
         self._move(r, ENQUEUE)
         return Won(key)
@@ -371,8 +383,8 @@ class GenericModel:
         if self._per_worker():
             self.beats[job.holder] = self.now
             for r in list(self.runs.values()):
-                if r.status == self.owned and r.holder == job.holder:
-                    self.runs[r.key] = replace(r, lease_until=self.now + self.timing.lease)
+                if r.status == self.owned and r.holder == job.holder:  # logged: a transition
+                    self._move(r, EXTEND, lease_until=self.now + self.timing.lease)
             return Won()
         r = self._fenced(job)
         if r is None:
@@ -415,9 +427,15 @@ class GenericModel:
                 if dead and limit is not None and r.attempts >= limit:
                     self._move(r, RECLAIM_DEAD, lease_until=None)
                 else:
-                    self._move(r, RECLAIM, lease_until=None, due=self.now)
+                    self._move(r, RECLAIM, lease_until=None, due=self._requeued_due())
                 taken.append(r.key)
         return Won(tuple(taken))
+
+    def _requeued_due(self) -> int:
+        """When a run the reaper put back is due: now, or the application's now."""
+        if self.d.lease is not None and self.d.lease.requeue_clock == "application":
+            return self.now + self.app_ahead
+        return self.now
 
     def sent(self, key: str) -> None:
         """The external side received one call for this run (at-least-once)."""
@@ -439,6 +457,7 @@ def views(
     run counts one receipt and one effect of its single step. ``owing``: runs the step just
     failed, which owe their backoff (a reclaimed run is due at once)."""
     done = next((t for s, e, t in d.transitions if e == COMPLETE), None)
+    per_worker = d.lease is not None and d.lease.per == "worker"
     out = {}
     for r in rows:
         finished = 1 if r.status == done else 0
@@ -464,6 +483,8 @@ def views(
             },
             retry=retry,
             lease_left=r.lease_left if owned else None,
-            lease_granted=timing.lease if owned else None,
+            # a claim stamps its lease, unless the lease is its worker's (then the run has
+            # what the worker's last beat left it: the claim stamps nothing to judge)
+            lease_granted=timing.lease if owned and not per_worker else None,
         )
     return out

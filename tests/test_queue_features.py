@@ -3,7 +3,8 @@
 Each feature with its model semantics: a claim that re-picks lapsed work itself (no reaper), a
 reaper that does not know the retry policy, attempts counted as retries, a give-up decided on
 the worker's count, a guard by id only ("unless terminal"), writes that answer nothing, a
-heartbeat per worker (in the model; the check refuses it until an adapter knows its worker),
+heartbeat per worker (the adapter's claim is told its worker), a claim of one job at a time, a
+reaper that re-queues without a retry policy, a re-queue stamped by the application's clock,
 and a library in autocommit (no COMMIT for a fault to meet).
 """
 
@@ -190,12 +191,109 @@ def test_a_workers_beat_extends_every_job_it_holds_and_a_claim_stamps_nothing():
     assert [j.key for j in m.due()] == ["3"]  # only w1's job lapsed
 
 
-def test_a_lease_per_worker_is_refused_by_the_check_until_adapters_know_their_worker():
+def test_a_workers_beat_is_a_transition_of_each_job_it_holds_and_grants_no_fresh_lease():
+    d = described(lease=Lease(seconds=60, heartbeat=30, per="worker"))
+    m = GenericModel(d)
+    m.enqueue("1")
+    [a1] = m.claim(1, holder="w0").value
+    m.transitions.clear()
+    m.extend_lease(a1)
+    assert m.transitions == [("1", "picked", "extend_lease", "picked")]  # observed, counted
+    m.advance(70)  # w0's beat lapsed: a new claim of w0's is born lapsed, as predicted
+    [again] = m.claim(1, holder="w0").value
+    view = m.views()[again.key]
+    assert view.lease_left == 0 and view.lease_granted is None  # a claim stamps nothing
+
+
+def test_the_check_tells_a_per_worker_adapter_its_worker_and_refuses_one_that_cannot_hear():
     from knownstate.chaos.adapter import Adapter
     from knownstate.chaos.genericbuild import adapter_problems
 
     d = described(lease=Lease(seconds=60, heartbeat=30, per="worker"))
-    assert any("Lease(per='worker')" in p for p in adapter_problems(d, Adapter))
+
+    class Deaf(Adapter):
+        def claim(self, conn, batch):
+            return []
+
+    class Told(Adapter):
+        def claim(self, conn, batch, worker):
+            return []
+
+    assert any("(conn, batch, worker)" in p for p in adapter_problems(d, Deaf))
+    assert not any("claim" in p for p in adapter_problems(d, Told))
+    assert not any("claim" in p for p in adapter_problems(described(), Deaf))
+
+
+# -- a claim of one job, a reaper that re-queues, a re-queue in application time ---------------
+
+REAPED = dict(
+    QUEUE,
+    transitions=(
+        "(new) -enqueue-> todo",
+        "todo -claim-> doing",
+        "doing -complete-> succeeded",
+        "doing -fail_permanent-> failed",
+        "doing -reclaim-> todo",
+    ),
+    owned=("doing",),
+    claim=Claim(how="one todo job", most=1),
+    lease=Lease(seconds=60, taken_back_by=("reclaim",)),
+    retry=None,
+    fence=Fence(kind="unless-terminal"),
+)
+
+
+def test_a_claim_of_one_job_at_a_time_asks_for_one():
+    from knownstate.chaos.adapter import Adapter
+    from knownstate.chaos.generic import kind
+
+    class Jobs(Adapter):
+        schema, read_query = "CREATE TABLE jobs (key text)", "SELECT key FROM jobs"
+
+        def enqueue(self, conn, key): ...
+        def claim(self, conn, batch): ...
+        def complete(self, conn, job): ...
+        def fail(self, conn, job, permanent): ...
+        def reclaim_stale(self, conn): ...
+
+    assert kind(RunKind(**REAPED), Jobs)._batches() == [1]
+    wide = RunKind(**{**REAPED, "claim": Claim(how="jobs")})
+    assert kind(wide, Jobs)._batches() == [1, 2, 3]
+
+
+def test_without_a_retry_policy_a_reaper_may_re_queue():
+    d = RunKind(**REAPED)
+    assert generic.fit_problems(d) == []
+    m = GenericModel(d)
+    m.enqueue("1")
+    m.claim(1)
+    m.advance(60)
+    assert m.reclaim_stale() == Won(("1",)) and m.runs["1"].status == "todo"
+    assert [r.key for r in m.due()] == ["1"]  # by the database's clock: due at once
+
+
+def test_a_re_queue_stamped_by_the_application_is_due_when_the_database_reaches_it():
+    lease = Lease(seconds=60, taken_back_by=("reclaim",), requeue_clock="application")
+    m = GenericModel(RunKind(**{**REAPED, "lease": lease}))
+    m.enqueue("1")
+    m.claim(1)
+    m.advance(60)  # the database's clock moved; the application's did not
+    m.reclaim_stale()
+    assert m.runs["1"].due == m.now + generic.APP_AHEAD - 60 and m.due() == []
+    m.advance(generic.APP_AHEAD - 60)
+    assert [r.key for r in m.due()] == ["1"]
+
+
+def test_the_gate_keeps_the_application_clock_as_far_ahead_as_the_model_says():
+    from knownstate.chaos.harness import CLOCK_BASE
+
+    assert -CLOCK_BASE == generic.APP_AHEAD
+
+
+def test_an_under_lease_control_requires_no_stale_write():
+    d = RunKind(**REAPED)
+    assert "stale complete on a re-claimed run" in required_events(d, "async")
+    assert not any("stale" in str(e) for e in required_events(d, "async", "under-lease"))
 
 
 # -- autocommit: nothing a COMMIT fault causes is required -----------------------------------
@@ -211,3 +309,14 @@ def test_a_library_in_autocommit_is_not_required_to_meet_commit_faults():
     assert "stale complete on a re-claimed run" not in required_events(
         described(), "async", owners_only=True
     )
+
+
+def test_a_run_with_no_schedule_is_due_whatever_the_clock():
+    m = GenericModel(RunKind(**{**REAPED, "claim": Claim(how="one", unscheduled="always")}))
+    m.enqueue("1")
+    m.advance(-60)  # the database's clock moved back: a NULL schedule is still due
+    assert [r.key for r in m.due()] == ["1"]
+    at_enqueue = GenericModel(RunKind(**REAPED))
+    at_enqueue.enqueue("1")
+    at_enqueue.advance(-60)
+    assert at_enqueue.due() == []
