@@ -230,7 +230,7 @@ class Blocks:
         first 3 n steps (drawn as integers, it is mostly the first step: a read three statements
         into the operation, as a get-or-create's, is never passed), and it always comes before
         the first worker's COMMIT (or ROLLBACK): a change point drawn past it (an operation
-        shorter than the draw) falls on it, so every statement of the operation, its last before COMMIT
+        shorter than the draw) falls on it, so every statement of the operation, its last one
         included, is a point where it can be preempted, and the two operations always overlap.
         Shrinks towards the first worker's first step, then the other's whole operation."""
         interleaved = pending is not None
