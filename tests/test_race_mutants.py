@@ -251,3 +251,32 @@ def test_two_operations_raced_only_when_one_stepped_between_the_others_first_and
     assert not overlapped("w0", "w0")  # w1 never reached the database
     assert overlapped("w0", "w1", "w1", "w0")  # w1 inside w0's transaction
     assert overlapped("w0", "w1", "w0", "w1")
+
+
+def test_a_drawn_pair_means_the_same_two_operations_whatever_else_can_race_now():
+    """The pair a block races is drawn by its place in the kind's fixed list of pairs, not in
+    the list of pairs available now: replayed after the steps before it were shrunk away (other
+    pairs available, or fewer), the same draw races the same two operations."""
+    from hypothesis.internal.conjecture.data import ConjectureData
+
+    from knownstate.chaos.blocks import Blocks, pair_event
+    from knownstate.chaos.kinds.approved_plan import ApprovedPlanCheck
+
+    class Kind:
+        requirements = ApprovedPlanCheck.requirements
+
+    class Replayed:  # Hypothesis's ``data`` replaying fixed choices
+        def __init__(self, choices):
+            self.data = ConjectureData.for_choices(choices)
+
+        def draw(self, strategy, label=None):
+            return self.data.draw(strategy)
+
+    fixed = sorted(
+        r.label for r in ApprovedPlanCheck.requirements() if r.label.startswith("raced on one")
+    )
+    place = fixed.index(pair_event("compensate", "compensate"))
+    wanted = ("compensate", "compensate")
+    for others in ([], [("read", "read")], [("approve", "approve"), ("repeat", "repeat")]):
+        pairs = {key: [] for key in [*others, wanted]}
+        assert Blocks._draw_pair(Kind(), Replayed([place]), pairs) == wanted, others
