@@ -240,19 +240,6 @@ def test_a_pair_aimed_schedule_preempts_the_first_worker_at_latest_before_its_co
     assert _pair_schedule(_Drawn(["w0", "w1"], [1]), pair=True) == early
 
 
-def test_two_operations_raced_only_when_one_stepped_between_the_others_first_and_last():
-    from knownstate.chaos.interleave import BlockResult
-
-    def overlapped(*schedule):
-        return BlockResult((), schedule, ()).overlapped("w0", "w1")
-
-    assert not overlapped("w0", "w0", "w1", "w1")  # one after the other: no race
-    assert not overlapped("w1", "w0")
-    assert not overlapped("w0", "w0")  # w1 never reached the database
-    assert overlapped("w0", "w1", "w1", "w0")  # w1 inside w0's transaction
-    assert overlapped("w0", "w1", "w0", "w1")
-
-
 def test_a_drawn_pair_means_the_same_two_operations_whatever_else_can_race_now():
     """The pair a block races is drawn by its place in the kind's fixed list of pairs, not in
     the list of pairs available now: replayed after the steps before it were shrunk away (other
