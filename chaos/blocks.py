@@ -252,16 +252,18 @@ class Blocks:
 
         ``pending`` (a block aimed at a pair of operations on one row: the statement a worker is
         parked before) makes the pair race: the first change point is drawn uniformly among the
-        first 3 n steps (drawn as integers, it is mostly the first step: a read three statements
-        into the operation, as a get-or-create's, is never passed), and it always comes before
+        first 3 n steps (as a wide number: drawn as a step, even from a list, it is mostly the
+        first one, and a read three statements into the operation, as a get-or-create's, is
+        rarely passed), and it always comes before
         the first worker's COMMIT (or ROLLBACK): a change point drawn past it (an operation
         shorter than the draw) falls on it, so every statement of the operation, its last one
         included, is a point where it can be preempted, and the two operations always overlap.
         Shrinks towards the first worker's first step, then the other's whole operation."""
         interleaved = pending is not None
         order = list(data.draw(st.permutations(names), label="priority"))
+        span = 3 * len(names)
         points = (
-            st.sampled_from(range(1, 3 * len(names) + 1))
+            st.integers(0, 2**16 - 1).map(lambda n: 1 + n % span)
             if interleaved
             else st.integers(1, 2 * len(names))
         )
