@@ -254,11 +254,11 @@ class Blocks:
         parked before) makes the pair race: the first change point is drawn uniformly among the
         first 3 n steps (as a wide number: drawn as a step, even from a list, it is mostly the
         first one, and a read three statements into the operation, as a get-or-create's, is
-        rarely passed), and it always comes before
-        the first worker's COMMIT (or ROLLBACK): a change point drawn past it (an operation
-        shorter than the draw) falls on it, so every statement of the operation, its last one
-        included, is a point where it can be preempted, and the two operations always overlap.
-        Shrinks towards the first worker's first step, then the other's whole operation."""
+        rarely passed), and it always comes before the first worker's COMMIT (or ROLLBACK): a
+        change point drawn past it (an operation shorter than the draw) falls on it, so every
+        statement of the operation, its last one included, is a point where it can be
+        preempted, and the two operations always overlap. Shrinks towards the first worker's
+        first step, then the other's whole operation."""
         interleaved = pending is not None
         order = list(data.draw(st.permutations(names), label="priority"))
         span = 3 * len(names)
