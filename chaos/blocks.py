@@ -251,28 +251,31 @@ class Blocks:
         towards running the workers one after another.
 
         ``pending`` (a block aimed at a pair of operations on one row: the statement a worker is
-        parked before) makes the pair race: the first change point is drawn uniformly among the
-        first 3 n steps (as a wide number: drawn as a step, even from a list, it is mostly the
-        first one, and a read three statements into the operation, as a get-or-create's, is
-        rarely passed), and it always comes before the first worker's COMMIT (or ROLLBACK): a
+        parked before) makes the pair race: one change point, a second one block in three (a
+        second one often undoes the first: the preempted worker runs again before the other
+        read), each drawn uniformly among the first 3 n steps (as a wide number: drawn as a
+        step, even from a list, it is mostly the first one, and a read three statements into the
+        operation, as a get-or-create's, is rarely passed); the first change point always comes
+        before the first worker's COMMIT (or ROLLBACK): a
         change point drawn past it (an operation shorter than the draw) falls on it, so every
         statement of the operation, its last one included, is a point where it can be
         preempted, and the two operations always overlap. Shrinks towards the first worker's
         first step, then the other's whole operation."""
         interleaved = pending is not None
         order = list(data.draw(st.permutations(names), label="priority"))
-        span = 3 * len(names)
-        points = (
-            st.integers(0, 2**16 - 1).map(lambda n: 1 + n % span)
-            if interleaved
-            else st.integers(1, 2 * len(names))
-        )
-        changes = set(
-            data.draw(
-                st.lists(points, min_size=1 if interleaved else 0, max_size=2, unique=True),
-                label="priority changes after steps",
+        if interleaved:
+            span, wide = 3 * len(names), st.integers(0, 2**16 - 1)
+            first, second = data.draw(st.tuples(wide, wide), label="priority changes (drawn)")
+            changes = {1 + first % span}
+            if second % 3 == 0:  # a second change point, one block in three
+                changes.add(1 + second // 3 % span)
+        else:
+            changes = set(
+                data.draw(
+                    st.lists(st.integers(1, 2 * len(names)), max_size=2, unique=True),
+                    label="priority changes after steps",
+                )
             )
-        )
         step = 0
         changed = False
 
@@ -469,11 +472,11 @@ class Blocks:
         self.log("CONCURRENTLY " + " | ".join(f"{w.name} {offers[w.name].label}" for w in chosen))
         self.trace.extend(f"  {line}" for line in res.trace[1:])
         self.stats.events["concurrent block"] += 1
-        raced = {
+        raced = {  # two operations on one row that overlapped (not one after the other)
             pair_event(offers[w.name].op, offers[x.name].op)
             for i, w in enumerate(chosen)
             for x in chosen[i + 1 :]
-            if offers[w.name].runs & offers[x.name].runs
+            if offers[w.name].runs & offers[x.name].runs and res.overlapped(w.name, x.name)
         }
         self.event("lock wait in a block", res.waits)
         results = res.by_worker()
