@@ -251,12 +251,12 @@ class Blocks:
         towards running the workers one after another.
 
         ``pending`` (a block aimed at a pair of operations on one row: the statement a worker is
-        parked before) makes the pair race: one change point, a second one block in three (a
-        second one often undoes the first: the preempted worker runs again before the other
-        read), each drawn uniformly among the first 3 n steps (as a wide number: drawn as a
-        step, even from a list, it is mostly the first one, and a read three statements into the
-        operation, as a get-or-create's, is rarely passed); the first change point always comes
-        before the first worker's COMMIT (or ROLLBACK): a
+        parked before) makes the pair race: exactly one change point (with two operations, one
+        preemption of either reaches every race of depth 2; a second one mostly undoes the
+        first, the preempted worker running again before the other read), drawn uniformly among
+        the first 3 n steps (as a wide number: drawn as a step, it was mostly the first one,
+        and a read three statements into the operation, as a get-or-create's, was rarely
+        passed); it always comes before the first worker's COMMIT (or ROLLBACK): a
         change point drawn past it (an operation shorter than the draw) falls on it, so every
         statement of the operation, its last one included, is a point where it can be
         preempted, and the two operations always overlap. Shrinks towards the first worker's
@@ -264,11 +264,8 @@ class Blocks:
         interleaved = pending is not None
         order = list(data.draw(st.permutations(names), label="priority"))
         if interleaved:
-            span, wide = 3 * len(names), st.integers(0, 2**16 - 1)
-            first, second = data.draw(st.tuples(wide, wide), label="priority changes (drawn)")
-            changes = {1 + first % span}
-            if second % 3 == 0:  # a second change point, one block in three
-                changes.add(1 + second // 3 % span)
+            drawn = data.draw(st.integers(0, 2**16 - 1), label="priority change (drawn)")
+            changes = {1 + drawn % (3 * len(names))}
         else:
             changes = set(
                 data.draw(

@@ -233,11 +233,11 @@ def test_a_pair_aimed_schedule_preempts_the_first_worker_at_latest_before_its_co
     (the pair races, with everything read and written but nothing committed); the general
     schedule runs them one after the other. A change point inside the operation is kept."""
     late = ["w0 s1", "w0 s2", "w0 s3", "w1 t1", "w1 t2", "w1 COMMIT", "w0 COMMIT"]
-    assert _pair_schedule(_Drawn(["w0", "w1"], (5, 1)), pair=True) == late
+    assert _pair_schedule(_Drawn(["w0", "w1"], 5), pair=True) == late
     sequential = ["w0 s1", "w0 s2", "w0 s3", "w0 COMMIT", "w1 t1", "w1 t2", "w1 COMMIT"]
     assert _pair_schedule(_Drawn(["w0", "w1"], [6]), pair=False) == sequential
     early = ["w0 s1", "w1 t1", "w1 t2", "w1 COMMIT", "w0 s2", "w0 s3", "w0 COMMIT"]
-    assert _pair_schedule(_Drawn(["w0", "w1"], (0, 1)), pair=True) == early
+    assert _pair_schedule(_Drawn(["w0", "w1"], 0), pair=True) == early
 
 
 def test_two_operations_raced_only_when_one_stepped_between_the_others_first_and_last():
