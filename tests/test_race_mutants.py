@@ -196,3 +196,87 @@ def test_every_pair_that_can_race_on_one_row_is_a_required_event():
         r.label for r in ApprovedPlanCheck.requirements()
     }
     assert pair_event("start", "start") in {r.label for r in BranchResetCheck.requirements()}
+
+
+class _Drawn:
+    """Stands in for Hypothesis's ``data``: each draw takes the next of fixed values."""
+
+    def __init__(self, *values):
+        self.values = list(values)
+
+    def draw(self, strategy, label=None):
+        return self.values.pop(0)
+
+
+def _pair_schedule(drawn: _Drawn, pair: bool) -> list[str]:
+    """The steps a block of w0 (three statements, then COMMIT) and w1 (two, then COMMIT) takes
+    under the pair-aimed schedule (``pair``) or the general one."""
+    from knownstate.chaos.blocks import Blocks
+
+    labels = {"w0": ["s1", "s2", "s3", "COMMIT"], "w1": ["t1", "t2", "COMMIT"]}
+    done = {"w0": 0, "w1": 0}
+
+    def pending(w):
+        return labels[w][done[w]] if done[w] < len(labels[w]) else None
+
+    choose = Blocks._schedule(drawn, ["w0", "w1"], pending=pending if pair else None)
+    taken = []
+    while options := [w for w in labels if pending(w) is not None]:
+        w = choose(options)
+        taken.append(f"{w} {pending(w)}")
+        done[w] += 1
+    return taken
+
+
+def test_a_pair_aimed_schedule_preempts_the_first_worker_at_latest_before_its_commit():
+    """A change point drawn past the first operation's last statement falls before its COMMIT
+    (the pair races, with everything read and written but nothing committed); the general
+    schedule runs them one after the other. A change point inside the operation is kept."""
+    late = ["w0 s1", "w0 s2", "w0 s3", "w1 t1", "w1 t2", "w1 COMMIT", "w0 COMMIT"]
+    assert _pair_schedule(_Drawn(["w0", "w1"], 5), pair=True) == late
+    sequential = ["w0 s1", "w0 s2", "w0 s3", "w0 COMMIT", "w1 t1", "w1 t2", "w1 COMMIT"]
+    assert _pair_schedule(_Drawn(["w0", "w1"], [6]), pair=False) == sequential
+    early = ["w0 s1", "w1 t1", "w1 t2", "w1 COMMIT", "w0 s2", "w0 s3", "w0 COMMIT"]
+    assert _pair_schedule(_Drawn(["w0", "w1"], 0), pair=True) == early
+
+
+def test_two_operations_raced_only_when_one_stepped_between_the_others_first_and_last():
+    from knownstate.chaos.interleave import BlockResult
+
+    def overlapped(*schedule):
+        return BlockResult((), schedule, ()).overlapped("w0", "w1")
+
+    assert not overlapped("w0", "w0", "w1", "w1")  # one after the other: no race
+    assert not overlapped("w1", "w0")
+    assert not overlapped("w0", "w0")  # w1 never reached the database
+    assert overlapped("w0", "w1", "w1", "w0")  # w1 inside w0's transaction
+    assert overlapped("w0", "w1", "w0", "w1")
+
+
+def test_a_drawn_pair_means_the_same_two_operations_whatever_else_can_race_now():
+    """The pair a block races is drawn by its place in the kind's fixed list of pairs, not in
+    the list of pairs available now: replayed after the steps before it were shrunk away (other
+    pairs available, or fewer), the same draw races the same two operations."""
+    from hypothesis.internal.conjecture.data import ConjectureData
+
+    from knownstate.chaos.blocks import Blocks, pair_event
+    from knownstate.chaos.kinds.approved_plan import ApprovedPlanCheck
+
+    class Kind:
+        requirements = ApprovedPlanCheck.requirements
+
+    class Replayed:  # Hypothesis's ``data`` replaying fixed choices
+        def __init__(self, choices):
+            self.data = ConjectureData.for_choices(choices)
+
+        def draw(self, strategy, label=None):
+            return self.data.draw(strategy)
+
+    fixed = sorted(
+        r.label for r in ApprovedPlanCheck.requirements() if r.label.startswith("raced on one")
+    )
+    place = fixed.index(pair_event("compensate", "compensate"))
+    wanted = ("compensate", "compensate")
+    for others in ([], [("read", "read")], [("approve", "approve"), ("repeat", "repeat")]):
+        pairs = {key: [] for key in [*others, wanted]}
+        assert Blocks._draw_pair(Kind(), Replayed([place]), pairs) == wanted, others

@@ -103,6 +103,13 @@ class BlockResult:
     def steps(self) -> int:
         return len(self.schedule)
 
+    def overlapped(self, a: str, b: str) -> bool:
+        """Whether workers ``a`` and ``b`` raced: one ran a step between the other's first and
+        last steps (run one after the other, or one of them without a step, they did not)."""
+        mine = [i for i, n in enumerate(self.schedule) if n == a]
+        theirs = [i for i, n in enumerate(self.schedule) if n == b]
+        return bool(mine and theirs) and mine[0] < theirs[-1] and theirs[0] < mine[-1]
+
     def by_worker(self) -> dict[str, OpResult]:
         return {r.worker: r for r in self.ops}
 
