@@ -166,6 +166,11 @@ def plan(args, command: str) -> Plan:
     wanted = args.mutant if isinstance(args.mutant, list) else [args.mutant] if args.mutant else []
     if command == "verify" and wanted and len(selected) != 1:
         raise UsageError("--mutant needs exactly one KIND")
+    if command == "verify" and len(wanted) > 1:  # it would run the last one only
+        raise UsageError(
+            f"verify checks one mutant, not {len(wanted)}: for several, run knownstate mutants "
+            f"{selected[0]} " + " ".join(f"--mutant {n}" for n in wanted)
+        )
     catalogue = {k: kinds.mutants(k) for k in selected}
     for name in wanted:
         if not any(m.name == name for ms in catalogue.values() for m in ms):

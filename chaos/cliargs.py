@@ -138,8 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--mutant",
         metavar="NAME",
-        help="check a named mutant instead of the reference (one KIND): CAUGHT exits "
-        "0, NOT CAUGHT exits 1",
+        action="append",
+        help="check a named mutant instead of the reference (one KIND, one mutant: for "
+        "several, knownstate mutants KIND --mutant A --mutant B): CAUGHT exits 0, NOT CAUGHT "
+        "exits 1",
     )
     v.add_argument(
         "--timings",

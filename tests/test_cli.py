@@ -264,6 +264,15 @@ def test_verify_mutant_says_caught_or_not_caught(gate, capsys, caught, code, wor
     assert _json("r.json")["runs"][0]["caught"] is caught
 
 
+def test_verify_refuses_two_mutants_and_names_the_command_that_runs_both(gate, capsys):
+    """It took the last one only, silently."""
+    a, b = OUTBOX_MUTANTS[:2]
+    code, engine = gate(["verify", "outbox", "--mutant", a, "--mutant", b, "--seed", "5"])
+    err = capsys.readouterr().err
+    assert code == 2 and not engine.calls
+    assert f"run knownstate mutants outbox --mutant {a} --mutant {b}" in err
+
+
 def test_mutants_refuses_a_catalogue_with_problems(monkeypatch, tmp_path, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(cli, "Env", NeverStart)
