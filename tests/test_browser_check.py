@@ -278,9 +278,10 @@ def test_the_page_flushes_when_hidden_and_a_closed_tabs_work_is_offered(knownsta
             other = ctx.new_page()
             other.goto(f"{server.url}/app/?user=alice&doc={doc}")
             other.wait_for_selector(".banner.siblings")
-            assert (
-                other.input_value("[data-id=title]") == "saved when hidden"
-            )  # offered, not applied
+            # offered, not applied: the page shows what the server holds. (On a loaded machine
+            # the debounced save may go out before the browser is offline, and land: then the
+            # server holds the edit too. It did once, in the suite beside three other runs.)
+            assert other.input_value("[data-id=title]") == stored_title()
             b.close()
 
     with server:
