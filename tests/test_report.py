@@ -348,6 +348,6 @@ def test_a_replay_command_parses_back_to_the_same_run(replay, absent):
     )
     assert args.batch == (3 if replay.examples else 0)
     assert args.example_db == replay.example_db and args.no_example_db == replay.no_example_db
-    assert args.mutant == ("unfenced-complete" if replay.steps else None)
+    assert args.mutant == (["unfenced-complete"] if replay.steps else None)  # --mutant repeats
     for flag in absent:
         assert flag not in cmd
