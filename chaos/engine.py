@@ -37,9 +37,9 @@ hook                        for   read / called                          default
 ``observe_impl()``                equal
 ``contract``                both  every step: the invariants judge       None (no contract: only
                                   views of the rows against it           ``own_invariants``)
-``table()``                 both  between batches: the transitions a     ``contract.table``
-                                  run must observe
-``required_events``         both  between batches: coverage              ``()`` (the table's
+``table()``                 both  before each example: the transitions   ``contract.table``
+                                  a run must observe
+``required_events``         both  before each example: coverage          ``()`` (the table's
                                                                          transitions always are)
 ``own_invariants``          both  a failure: what else it may name       ``{}``
 ``policy``                  both  each step: when faults may fire        ``FaultPolicy()``
@@ -197,6 +197,7 @@ class Engine(FaultRules, Blocks, RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         run = type(self).run
+        run.stop_before_example()
         run.allow_save = False
         self._swarm_faults_only()
         self.trace: list[str] = []

@@ -137,6 +137,13 @@ class Shrinking:
         }
 
 
+class GoalMet(KeyboardInterrupt):
+    """Raised as an example starts once the run's goal is met: ends Hypothesis's batch at once.
+    An interrupt is the one exception Hypothesis lets through without recording the example it
+    stopped (any other would be recorded as an example that drew nothing, which contradicts the
+    examples before it); :func:`_run_check` catches it before anything else could."""
+
+
 @dataclass
 class RunState:
     profile: Profile
@@ -185,7 +192,7 @@ class RunState:
         return [r for r in self.reachable() if self.count(r) < times]
 
     def goal_met(self) -> str | None:
-        """Between two batches: why the run stops now (None: it goes on)."""
+        """Before each example: why the run stops now (None: it goes on)."""
         examples = self.stats.examples
         p = self.profile
         if self.fixed_examples is not None:
@@ -195,6 +202,12 @@ class RunState:
         if examples >= p.max_examples:
             return f"the profile's {p.max_examples} examples ran"
         return None
+
+    def stop_before_example(self) -> None:
+        """Before an example is made: a run whose goal is met stops here, not at the end of its
+        batch (:class:`GoalMet`). Never while a failure is shrunk, nor with ``--examples``."""
+        if self.fixed_examples is None and not self.failures and self.goal_met():
+            raise GoalMet()
 
     def too_slow(self) -> str | None:
         """Between two batches: why this machine is too slow to go on (None: it is not). The
@@ -315,8 +328,9 @@ at seeds 836747..836751 stopped above 15 steps; a larger budget only goes on fro
 smaller one stopped.)"""
 
 BATCH = 20
-"""Examples per batch. Hypothesis runs a batch; between batches the run checks its goal. Batch
-``i`` of seed ``s`` always runs the same examples, so a failure replays from its batch alone."""
+"""Examples per batch. Hypothesis runs a batch; before each example the run checks its goal (and
+stops mid-batch when it is met). Batch ``i`` of seed ``s`` always runs the same examples, so a
+failure replays from its batch alone."""
 
 
 def batch_seed(seed: int, batch: int) -> int:
@@ -527,6 +541,8 @@ def _run_check(
             test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()
             try:
                 test()
+            except GoalMet:
+                pass
             except EnvironmentFault as e:
                 raise _interrupted(e, machine, env, seed, run, prof)
             except Exception as e:  # the check failed: the last run is Hypothesis's shrunk replay

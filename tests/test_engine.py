@@ -39,6 +39,16 @@ def test_a_run_stops_once_every_requirement_was_observed(knownstate_env):
     assert r.examples < 400
 
 
+def test_a_run_stops_at_the_example_that_meets_its_goal_not_at_the_end_of_its_batch(
+    knownstate_env,
+):
+    """Seven examples meet this goal; a batch is twenty. The next example is never made."""
+    goal = profile(min_examples=7, times_each=0, steps=5)
+    r = run_check(OutboxCheck, knownstate_env, seed=5, profile=goal, require_all=False)
+    assert r.passed and r.examples == 7, (r.examples, r.stopped)
+    assert r.stopped == "every requirement observed 0+ times after 7 examples"
+
+
 def test_a_run_whose_budget_ends_first_is_vacuous_and_names_what_is_missing(knownstate_env):
     r = run_check(
         OutboxCheck, knownstate_env, seed=5, profile=profile(max_examples=1, times_each=10**6)
