@@ -39,9 +39,7 @@ def test_a_run_stops_once_every_requirement_was_observed(knownstate_env):
     assert r.examples < 400
 
 
-def test_a_run_stops_at_the_example_that_meets_its_goal_not_at_the_end_of_its_batch(
-    knownstate_env,
-):
+def test_a_run_stops_at_the_example_that_meets_its_goal_not_at_the_end_of_its_batch(knownstate_env):
     """Seven examples meet this goal; a batch is twenty. The next example is never made."""
     goal = profile(min_examples=7, times_each=0, steps=5)
     r = run_check(OutboxCheck, knownstate_env, seed=5, profile=goal, require_all=False)
