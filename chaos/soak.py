@@ -517,6 +517,7 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--timeline",
         metavar="FILE",
-        help="write the timeline (HTML) here; on failure it is always written",
+        help="write the timeline (HTML) here; on failure it is always written (next to "
+        "--json/--junit, else in .knownstate/timelines/)",
     )
     p.set_defaults(func=cmd_soak)

@@ -146,12 +146,19 @@ def report_extra(r: "SoakResult", timeline: str | None) -> dict:
     }
 
 
+TIMELINES = ".knownstate/timelines"
+"""Where a failing soak's timeline goes when no report names a place (``.knownstate`` is the
+project's own folder, as for the example database)."""
+
+
 def default_timeline(args, kind: str, seed: int) -> str:
     for report in (args.json, args.junit):
         if report and not outpath.is_stream(report):  # no "/dev/stdout.timeline.html"
             p = Path(report)
             return str(p.with_name(p.stem + ".timeline.html"))
-    return f"knownstate-soak-{kind}-{seed}.html"
+    folder = Path(TIMELINES)  # beside the example database, not into the current directory
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder / f"soak-{kind}-{seed}.html")
 
 
 def soak_report(args, kind, seed: int, mutant):

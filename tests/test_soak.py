@@ -913,3 +913,19 @@ def test_a_worker_killed_from_outside_is_exit_3_and_ctrl_c_is_130_with_nothing_l
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, out + err
     assert all(_gone(c) for c in started)
+
+
+def test_a_failing_soaks_timeline_goes_beside_its_report_else_into_the_projects_folder(
+    tmp_path, monkeypatch
+):
+    """Never into the current directory's top level, where it was left lying about."""
+    from types import SimpleNamespace
+
+    from knownstate.chaos.soakreport import default_timeline
+
+    monkeypatch.chdir(tmp_path)
+    alone = default_timeline(SimpleNamespace(json=None, junit=None), "outbox", 7)
+    assert alone == ".knownstate/timelines/soak-outbox-7.html"
+    assert (tmp_path / ".knownstate" / "timelines").is_dir()
+    beside = default_timeline(SimpleNamespace(json="out/r.json", junit=None), "outbox", 7)
+    assert beside == "out/r.timeline.html"
