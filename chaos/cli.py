@@ -163,7 +163,7 @@ def plan(args, command: str) -> Plan:
         )
     base = args.seed if args.seed is not None else secrets.randbelow(2**32)
     seeds = [base + i for i in range(args.seeds or 1)]
-    wanted = args.mutant if isinstance(args.mutant, list) else [args.mutant] if args.mutant else []
+    wanted = args.mutant or []  # both parsers append
     if command == "verify" and wanted and len(selected) != 1:
         raise UsageError("--mutant needs exactly one KIND")
     if command == "verify" and len(wanted) > 1:  # it would run the last one only
