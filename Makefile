@@ -12,8 +12,9 @@ lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 
+# --durations: the 25 slowest tests, so the suite's time is measured where it goes.
 test: lint
-	.venv/bin/python -m pytest tests
+	.venv/bin/python -m pytest tests --durations=25
 
 test-fast: setup
 	.venv/bin/python -m pytest tests -m "not slow"
