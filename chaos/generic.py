@@ -190,6 +190,7 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
                         f"{', '.join(sorted(landed))})",
                     )
                 )
+        out += self._leases_cut_short(rows)
         keys = [r.key for r in rows]
         for key in sorted({k for k in keys if keys.count(k) > 1}, key=_order):
             out.append(
@@ -210,6 +211,30 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
                             "same key on every call lets the other side de-duplicate",
                         )
                     )
+        return out
+
+    def _leases_cut_short(self, rows) -> list[Violation]:
+        """A held run whose lease the database shows shorter than every possible model state
+        does: the system lost lease time its owner was granted (a heartbeat kept where a crash
+        empties it, ...), so its run may be taken back while the owner's lease is live."""
+        out = []
+        for r in rows:
+            if r.lease_left is None:
+                continue
+            granted = [
+                c.model.observe(c.model.runs[r.key]).lease_left
+                for c in self.candidates
+                if r.key in c.model.runs
+            ]
+            if granted and all(g is not None and g > r.lease_left for g in granted):
+                out.append(
+                    Violation(
+                        "lease",
+                        f"run {r.key}: its lease has {r.lease_left}s left in the database, "
+                        f"{min(granted)}s by its owner's last heartbeat: lease time lost, so "
+                        "the run can be taken back while its owner's lease is live",
+                    )
+                )
         return out
 
     def observed(self, m: generic.GenericModel) -> None:
@@ -360,7 +385,17 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
         return impl
 
     def _fence(self, h: Held):
-        return lambda: (h.job.key, h.job.token, self.model.owns(h.job))
+        """A write by an owner, judged by whether its holder still owned the run. A library
+        whose writes say nothing (``Fence(answers=False)``) answers None either way, so the
+        answer cannot show a refusal: a write the fence refuses, as the model predicts and the
+        rows read back confirm, is no stale write accepted."""
+
+        def judged() -> tuple[str, int | None, bool]:
+            silent = not self.description.fence.answers
+            refused = silent and not self.model.lands(h.job)
+            return h.job.key, h.job.token, self.model.owns(h.job) or refused
+
+        return judged
 
     def _tag(self, h: Held) -> str:
         """The holder's claim in a step's label: its attempt, or, when the library counts
@@ -417,7 +452,7 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
             return [self._reap(w)]
         out = []
         if self._waiting() < 3:
-            out.append(self._enqueue(w, self.model.next_key()))
+            out.append(self._enqueue(w, self._new_key(w)))
         if self.description.idempotency_key:
             out += [self._enqueue(w, k, "repeat") for k in sorted(self.model.runs, key=_order)]
         out += [self._claim(w, batch) for batch in self._batches()]
@@ -432,6 +467,12 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
         if self.n_workers > self.REAPER:
             out.append(self._reap(w))
         return out
+
+    def _new_key(self, w: int) -> str:
+        """The key of a new run worker ``w`` adds: the next one; a key of its own when the
+        system keeps none (``keys="producers"``: two producers never add under one key)."""
+        key = self.model.next_key()
+        return str(int(key) + w) if self.description.keys == "producers" else key
 
     def _enqueue(self, w: int, key: str, op: str = "enqueue") -> Action:
         worker = self.workers[w]
@@ -496,8 +537,15 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
 
     def offers(self, w: int) -> list[Action]:
         """A block schedules psycopg's connections, synchronous or asyncio: an adapter on a
-        driver of its own runs sequential steps (and the claim race) alone."""
-        return super().offers(w) if self.workers[w].mode != "own" else []
+        driver of its own runs sequential steps (and the claim race) alone. Two producers
+        with keys of their own meet on no row: which of their runs came first, which the
+        claim order reads, is then no race of the system's, and their adds are not offered."""
+        if self.workers[w].mode == "own":
+            return []
+        offered = super().offers(w)
+        if self.description.keys == "producers":
+            return [a for a in offered if a.op != "enqueue"]
+        return offered
 
     def _tokens(self, got: Won) -> Won:
         """A claim's outcome as the system can show it: no attempt when it keeps none."""

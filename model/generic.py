@@ -34,9 +34,10 @@ Attempts are counted as the library counts them (``Retry(counts=...)``): per cla
 retry. Ownership is apart from that count: every claim gives its holder a new token (the
 run's ``claims``), and :meth:`GenericModel.owns` compares the holder's with the run's.
 
-The fence decides which writes by an owner land: ``attempt`` and ``row-lock`` match the
-claimed attempt, ``status`` only the owned status, ``unless-terminal`` the run's id (a write
-lands unless the run ended; a heartbeat only stamps the lease), ``none`` nothing at all. The
+The fence decides which writes by an owner land: ``attempt``, ``claim`` (a claim id, set
+afresh by each claim) and ``row-lock`` match the holder's claim, ``status`` only the owned
+status, ``unless-terminal`` the run's id (a write lands unless the run ended; a heartbeat only
+stamps the lease), ``none`` nothing at all. The
 model predicts what the described system does, so a queue described with a weak fence is
 predicted to accept a stale owner's write — and the contract's ``lease-fence`` invariant,
 which judges every write by *ownership* (:meth:`GenericModel.owns`: still owned, under the
@@ -308,6 +309,10 @@ class GenericModel:
             return r if r.status == self.owned else None
         return r if self.owns(job) else None
 
+    def lands(self, job: Job) -> bool:
+        """Whether a write by ``job``'s holder lands, as the described fence decides."""
+        return self._fenced(job) is not None
+
     def _refused(self) -> Outcome:
         """A write its guard refused: a lost race, or, from a library whose writes say nothing
         (``Fence(answers=False)``), the same None as a write that landed."""
@@ -427,15 +432,16 @@ class GenericModel:
                 if dead and limit is not None and r.attempts >= limit:
                     self._move(r, RECLAIM_DEAD, lease_until=None)
                 else:
-                    self._move(r, RECLAIM, lease_until=None, due=self._requeued_due())
+                    self._move(r, RECLAIM, lease_until=None, due=self._requeued_due(r))
                 taken.append(r.key)
         return Won(tuple(taken))
 
-    def _requeued_due(self) -> int:
-        """When a run the reaper put back is due: now, or the application's now."""
-        if self.d.lease is not None and self.d.lease.requeue_clock == "application":
+    def _requeued_due(self, r: Run) -> int:
+        """When a run the reaper put back is due: now, the application's now, or when it was."""
+        clock = self.d.lease.requeue_clock if self.d.lease is not None else "database"
+        if clock == "application":
             return self.now + self.app_ahead
-        return self.now
+        return r.due if clock == "unchanged" else self.now
 
     def sent(self, key: str) -> None:
         """The external side received one call for this run (at-least-once)."""
