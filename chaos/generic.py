@@ -40,7 +40,7 @@ from knownstate.model.generic import Job, Observed, Timing
 from .adapter import OK, PERMANENT, Adapter, Claimed, as_row
 from .adapter import worker_class as adapter_worker
 from .check import QUANTUM, Action, FaultPolicy, KindCheck
-from .adaptercall import AdapterCalls
+from .adaptercall import AdapterCalls, Counted
 from .claimrace import ClaimRace
 from .genericbuild import (  # noqa: F401 (GUARDS, KindError: this module's public names too)
     GUARDS,
@@ -70,22 +70,6 @@ class Held:
 
 def _order(key: str) -> tuple:
     return (0, int(key), "") if key.isdigit() else (1, 0, key)
-
-
-@dataclass(frozen=True, eq=False)
-class Counted:
-    """A reaper's answer that says how many runs it took back (``n``), or nothing (None), not
-    which: equal to any model answer that took that many (or any). The rows read back decide."""
-
-    n: int | None
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, tuple):
-            return self.n is None or self.n == len(other)
-        return isinstance(other, Counted) and other.n == self.n
-
-    def __hash__(self) -> int:
-        return hash(self.n)
 
 
 class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
@@ -190,7 +174,7 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
                         f"{', '.join(sorted(landed))})",
                     )
                 )
-        out += self._leases_cut_short(rows)
+        out += generic.leases_cut_short(rows, [c.model for c in self.candidates])
         keys = [r.key for r in rows]
         for key in sorted({k for k in keys if keys.count(k) > 1}, key=_order):
             out.append(
@@ -211,30 +195,6 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
                             "same key on every call lets the other side de-duplicate",
                         )
                     )
-        return out
-
-    def _leases_cut_short(self, rows) -> list[Violation]:
-        """A held run whose lease the database shows shorter than every possible model state
-        does: the system lost lease time its owner was granted (a heartbeat kept where a crash
-        empties it, ...), so its run may be taken back while the owner's lease is live."""
-        out = []
-        for r in rows:
-            if r.lease_left is None:
-                continue
-            granted = [
-                c.model.observe(c.model.runs[r.key]).lease_left
-                for c in self.candidates
-                if r.key in c.model.runs
-            ]
-            if granted and all(g is not None and g > r.lease_left for g in granted):
-                out.append(
-                    Violation(
-                        "lease",
-                        f"run {r.key}: its lease has {r.lease_left}s left in the database, "
-                        f"{min(granted)}s by its owner's last heartbeat: lease time lost, so "
-                        "the run can be taken back while its owner's lease is live",
-                    )
-                )
         return out
 
     def observed(self, m: generic.GenericModel) -> None:
@@ -562,15 +522,18 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
         return Won(tuple(jobs))
 
     def _took(self, w: int):
-        """After a claim: the worker holds what it took, under the attempt the model gave it."""
+        """After a claim: the worker holds what it took, under the attempt the model gave it.
+        After a block the model is past every claim in it: a run another worker's claim in the
+        same block took after this one (a lease per worker names its holder) is held under
+        the claim before, no longer the run's."""
 
         def after(got) -> None:
-            runs = self.candidates[0].model.runs
+            runs, me = self.candidates[0].model.runs, self._holder(w)
             for job in got.value if isinstance(got, Won) else ():
                 claimed = self.handles[w].pop(job.key, None) or Claimed(job.key, job.attempt)
                 run = runs[job.key]
-                token = Job(job.key, run.attempts, run.claims, run.holder)
-                self.held[w][job.key] = Held(token, claimed)
+                claims = run.claims - 1 if me and run.holder != me else run.claims
+                self.held[w][job.key] = Held(Job(job.key, run.attempts, claims, me), claimed)
 
         return after
 

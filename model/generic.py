@@ -55,7 +55,7 @@ import copy
 import math
 from dataclasses import dataclass, field, replace
 
-from .contract import CREATED, LostRace, Outcome, RetryView, RunView, StepView, Won
+from .contract import CREATED, LostRace, Outcome, RetryView, RunView, StepView, Violation, Won
 from .describe import RunKind
 
 ENQUEUE, CLAIM, EXTEND = "enqueue", "claim", "extend_lease"
@@ -493,4 +493,26 @@ def views(
             # what the worker's last beat left it: the claim stamps nothing to judge)
             lease_granted=timing.lease if owned and not per_worker else None,
         )
+    return out
+
+
+def leases_cut_short(rows: tuple[Observed, ...], models: list[GenericModel]) -> list[Violation]:
+    """Held runs whose lease the database shows shorter than every possible model state does:
+    the system lost lease time their owners were granted (a heartbeat kept where a crash
+    empties it, ...), so a run may be taken back while its owner's lease is live: the
+    contract's ``lease`` guarantee, named where the rows first show it."""
+    out = []
+    for r in rows:
+        granted = [m.observe(m.runs[r.key]).lease_left for m in models if r.key in m.runs]
+        if r.lease_left is None or not granted:
+            continue
+        if all(g is not None and g > r.lease_left for g in granted):
+            out.append(
+                Violation(
+                    "lease",
+                    f"run {r.key}: its lease has {r.lease_left}s left in the database, "
+                    f"{min(granted)}s by its owner's last heartbeat: lease time lost, so "
+                    "the run can be taken back while its owner's lease is live",
+                )
+            )
     return out

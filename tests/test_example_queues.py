@@ -55,7 +55,7 @@ def knownstate(env, *args, cwd=None) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("queue", ["pgqueuer", "procrastinate"])
+@pytest.mark.parametrize("queue", ["chancy", "pgqueuer", "procrastinate"])
 def test_the_ground_truth_of_each_finding(queue):
     """Each finding reproduced by hand, on two connections, with the library's own calls."""
     run = subprocess.run(
@@ -122,3 +122,20 @@ def test_procrastinate_stale_finish_is_the_reported_counterexample(site, seed):
     shown = out.split("counterexample (")[1]
     assert "reclaim_stale(" in shown, out
     assert re.search(rf"(complete|fail)\((w\d, )?{key}, claim={token}[,)]", shown), out
+
+
+CHANCY_SEEDS = [1, 2]  # the crash finding is reported at each seed measured
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", CHANCY_SEEDS)
+def test_chancy_crash_finding_is_reported_naming_lease(site, seed):
+    """chancy fences on its claim id (no stale write lands); its UNLOGGED workers table makes
+    a crash cut every running job's lease short: reported naming lease, not lease-fence."""
+    run = knownstate(site, "verify", "chancy", "--seed", str(seed), "--no-example-db")
+    out = run.stdout
+    assert run.returncode == 1, out + run.stderr
+    failure = next(line for line in out.splitlines() if "failure:" in line)
+    assert "invariant violated: lease: " in failure and "lease-fence" not in failure, out
+    assert int(re.search(r"counterexample \((\d+) steps", out).group(1)) <= 10, out
+    assert "FAULT database crash" in out.split("counterexample (")[1], out

@@ -415,20 +415,15 @@ def test_producers_keys_never_meet_and_are_never_raced():
 
 
 def test_a_lease_the_database_shows_shorter_than_granted_is_named_lease():
-    from types import SimpleNamespace
-
-    from knownstate.chaos.generic import GenericCheck
-    from knownstate.chaos.steps import Candidate
-    from knownstate.model.generic import Observed
+    from knownstate.model.generic import Observed, leases_cut_short
 
     m = GenericModel(RunKind(**CHANCY_LIKE))
     m.enqueue("1")
     m.claim(1, holder="w0")
-    check = SimpleNamespace(candidates=[Candidate(m)])
     kept = (Observed("1", "running", lease_left=60),)
     lost = (Observed("1", "running", lease_left=0),)  # a crash emptied the workers' beats
-    assert GenericCheck._leases_cut_short(check, kept) == []
-    [found] = GenericCheck._leases_cut_short(check, lost)
+    assert leases_cut_short(kept, [m]) == []
+    [found] = leases_cut_short(lost, [m])
     assert found.invariant == "lease" and "0s left in the database, 60s" in found.message
 
 
