@@ -121,6 +121,14 @@ class Lease(BaseModel):
         "worker's first claim registers it; one beat extends every run it holds, and a claim "
         "stamps nothing: a run's lease lapses when its worker's last beat is that old)",
     )
+    lapsed_workers: Literal["kept", "forgotten"] = Field(
+        "kept",
+        description="with a lease per worker: what a worker's beat (or its first claim) does "
+        "to the other workers whose lease lapsed: keeps them (a later beat of theirs, or the "
+        "clock moving back, revives their runs' leases), or forgets them (chancy's "
+        "announce_worker deletes their rows: their runs stay lapsed whatever the clock does, "
+        "until they beat again)",
+    )
     taken_back_by: tuple[str, ...] = Field(
         (),
         description="the events by which a lapsed lease's run is taken back (the reaper's, or "

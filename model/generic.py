@@ -367,6 +367,8 @@ class GenericModel:
         lease = self.timing.lease
         stamp = self.now
         if self._per_worker():  # the worker's first claim registers it; a claim stamps nothing
+            if holder not in self.beats:
+                self._forget_lapsed(holder)
             stamp = self.beats.setdefault(holder, self.now)
         per_claim = self.d.retry is None or self.d.retry.counts == "claims"
         for r in runs:
@@ -382,10 +384,23 @@ class GenericModel:
             jobs.append(Job(r.key, attempts, r.claims + 1, holder))
         return Won(tuple(jobs))
 
+    def _forget_lapsed(self, beating: str) -> None:
+        """``Lease(lapsed_workers="forgotten")``: a worker's beat deletes every other worker
+        whose lease lapsed; their runs' leases stay lapsed whatever the clock does next."""
+        if self.d.lease.lapsed_workers != "forgotten":
+            return
+        for worker, beat in list(self.beats.items()):
+            if worker != beating and beat + self.timing.lease <= self.now:
+                self.beats[worker] = ALWAYS_DUE  # no row: lapsed at any time
+                for r in list(self.runs.values()):
+                    if r.status == self.owned and r.holder == worker:
+                        self.runs[r.key] = replace(r, lease_until=ALWAYS_DUE)
+
     def extend_lease(self, job: Job) -> Outcome:
         """The owner's heartbeat; with a lease per worker, its worker's: every run that worker
         holds is extended, whoever's job the beat was for (it names no run)."""
         if self._per_worker():
+            self._forget_lapsed(job.holder)
             self.beats[job.holder] = self.now
             for r in list(self.runs.values()):
                 if r.status == self.owned and r.holder == job.holder:  # logged: a transition

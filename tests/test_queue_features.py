@@ -445,3 +445,18 @@ def test_a_python_migration_is_recorded_as_the_sql_it_runs_on_an_empty_database(
         'CREATE UNLOGGED TABLE "app_jobs" (id int);\n'
         "INSERT INTO versions VALUES ('it''s', 1);\n"
     )
+
+
+def test_a_beat_that_forgets_lapsed_workers_keeps_their_runs_lapsed_whatever_the_clock():
+    for lapsed, left_after_moving_back in (("forgotten", 0), ("kept", 30)):
+        lease = CHANCY_LIKE["lease"].model_copy(update={"lapsed_workers": lapsed})
+        m = GenericModel(RunKind(**{**CHANCY_LIKE, "lease": lease}))
+        m.enqueue("1")
+        m.enqueue("2")
+        [first] = m.claim(1, holder="w0").value
+        m.advance(60)  # w0's lease lapsed
+        [other] = m.claim(1, holder="w1").value  # w1 starts: chancy deletes w0's row
+        m.advance(-30)  # the clock moves back
+        assert m.views()["1"].lease_left == left_after_moving_back
+        m.extend_lease(first)  # w0 beats again: its row is back
+        assert m.views()["1"].lease_left == 60

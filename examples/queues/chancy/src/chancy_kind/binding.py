@@ -31,15 +31,13 @@ CHANCY = RunKind(
         heartbeat="30s",
         per="worker",  # chancy_workers.last_seen, by announce_worker; Recovery reads it
         taken_back_by=("reclaim",),
+        lapsed_workers="forgotten",  # announce_worker deletes every expired worker's row
         requeue_clock="unchanged",  # Recovery leaves scheduled_at as it was
     ),
     fence=Fence(kind="claim", answers=False, how="each update matches the job id and its claim_id"),
     receipts="the job row",
     keys="producers",  # a job's kwargs hold the key; chancy keeps none (no unique_key given)
 )
-READ = """SELECT j.kwargs->>'key' AS key, j.state AS status, CASE WHEN j.state = 'running'
-    THEN COALESCE(w.expires_at, now()) END AS lease_until  -- no row: abandoned, for Recovery
-    FROM chancy_jobs j LEFT JOIN chancy_workers w ON w.worker_id = j.taken_by"""
 
 
 @contextlib.asynccontextmanager
@@ -49,7 +47,9 @@ async def lent(conn):  # what chancy's psycopg pool lends a query: a connection,
 
 
 class ChancyAdapter(Adapter):
-    read_query = READ
+    read_query = """SELECT j.kwargs->>'key' AS key, j.state AS status, CASE WHEN j.state = 'running'
+        THEN COALESCE(w.expires_at, now()) END AS lease_until  -- no row: abandoned, for Recovery
+        FROM chancy_jobs j LEFT JOIN chancy_workers w ON w.worker_id = j.taken_by"""
     schema = recorded_migration(Migrator("chancy", "chancy.migrations", prefix="chancy_").migrate)
 
     def worker(self, conn, worker_id: str) -> Worker:  # a chancy Worker whose pool is the gate's
