@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
 
 import psycopg
-from psycopg import pq
+from psycopg import pq, sql
 
 from knownstate.impl import queries as named_queries
 from knownstate.impl.errors import ConnectionLost, ExternalCallFailed, first_line
@@ -156,6 +156,52 @@ def load_queries(path: str | Path) -> dict[str, str]:
     expose them as ``Adapter.queries`` and the gate derives mutants from your guards."""
     path = Path(path)
     return named_queries.parse(path.read_text(), path.name)
+
+
+def recorded_migration(migrate) -> str:
+    """The SQL a library's migration written in Python runs on an empty database, as one
+    script for ``Adapter.schema``: ``migrate(conn)``, a coroutine function taking a psycopg
+    ``AsyncConnection``, is given one that records every statement its cursors execute
+    (parameters inlined) and answers every read with nothing, as an empty database does (no
+    version recorded yet, nothing to rename). A migration that branches on what a read
+    returns is recorded down the empty database's branch."""
+    recorder = _Recorder()
+    asyncio.run(migrate(recorder))
+    return "".join(f"{statement};\n" for statement in recorder.statements)
+
+
+class _Recorder:
+    """An async connection, its transactions and its cursors, recording what they execute."""
+
+    def __init__(self):
+        self.statements: list[str] = []
+
+    def cursor(self, *args, **kwargs) -> "_Recorder":
+        return self
+
+    def transaction(self, *args, **kwargs) -> "_Recorder":
+        return self
+
+    async def __aenter__(self) -> "_Recorder":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        return None
+
+    async def execute(self, query, params=None) -> "_Recorder":
+        text = query if isinstance(query, str) else query.as_string(None)
+        if isinstance(params, Mapping):
+            text = text % {k: sql.Literal(v).as_string(None) for k, v in params.items()}
+        elif params:
+            text = text % tuple(sql.Literal(v).as_string(None) for v in params)
+        self.statements.append(text.strip().rstrip(";").strip())
+        return self
+
+    async def fetchone(self) -> None:
+        return None
+
+    async def fetchall(self) -> list:
+        return []
 
 
 # ---------------------------------------------------------------------------------------

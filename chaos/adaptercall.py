@@ -10,6 +10,7 @@ refused, or the adapter's own bug, reported as its own.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from knownstate.impl.errors import (
@@ -75,3 +76,19 @@ class AdapterCalls:
             return CommitIndeterminate(f"{where}: {type(e).__name__}: {text}")
         worker.abandon()
         self.fail(f"{op}: the adapter raised {type(e).__name__}: {text}")
+
+
+@dataclass(frozen=True, eq=False)
+class Counted:
+    """A reaper's answer that says how many runs it took back (``n``), or nothing (None), not
+    which: equal to any model answer that took that many (or any). The rows read back decide."""
+
+    n: int | None
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, tuple):
+            return self.n is None or self.n == len(other)
+        return isinstance(other, Counted) and other.n == self.n
+
+    def __hash__(self) -> int:
+        return hash(self.n)

@@ -40,7 +40,7 @@ from knownstate.model.generic import Job, Observed, Timing
 from .adapter import OK, PERMANENT, Adapter, Claimed, as_row
 from .adapter import worker_class as adapter_worker
 from .check import QUANTUM, Action, FaultPolicy, KindCheck
-from .adaptercall import AdapterCalls
+from .adaptercall import AdapterCalls, Counted
 from .claimrace import ClaimRace
 from .genericbuild import (  # noqa: F401 (GUARDS, KindError: this module's public names too)
     GUARDS,
@@ -70,22 +70,6 @@ class Held:
 
 def _order(key: str) -> tuple:
     return (0, int(key), "") if key.isdigit() else (1, 0, key)
-
-
-@dataclass(frozen=True, eq=False)
-class Counted:
-    """A reaper's answer that says how many runs it took back (``n``), or nothing (None), not
-    which: equal to any model answer that took that many (or any). The rows read back decide."""
-
-    n: int | None
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, tuple):
-            return self.n is None or self.n == len(other)
-        return isinstance(other, Counted) and other.n == self.n
-
-    def __hash__(self) -> int:
-        return hash(self.n)
 
 
 class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
@@ -190,6 +174,7 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
                         f"{', '.join(sorted(landed))})",
                     )
                 )
+        out += generic.leases_cut_short(rows, [c.model for c in self.candidates])
         keys = [r.key for r in rows]
         for key in sorted({k for k in keys if keys.count(k) > 1}, key=_order):
             out.append(
@@ -360,7 +345,17 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
         return impl
 
     def _fence(self, h: Held):
-        return lambda: (h.job.key, h.job.token, self.model.owns(h.job))
+        """A write by an owner, judged by whether its holder still owned the run. A library
+        whose writes say nothing (``Fence(answers=False)``) answers None either way, so the
+        answer cannot show a refusal: a write the fence refuses, as the model predicts and the
+        rows read back confirm, is no stale write accepted."""
+
+        def judged() -> tuple[str, int | None, bool]:
+            silent = not self.description.fence.answers
+            refused = silent and not self.model.lands(h.job)
+            return h.job.key, h.job.token, self.model.owns(h.job) or refused
+
+        return judged
 
     def _tag(self, h: Held) -> str:
         """The holder's claim in a step's label: its attempt, or, when the library counts
@@ -417,7 +412,7 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
             return [self._reap(w)]
         out = []
         if self._waiting() < 3:
-            out.append(self._enqueue(w, self.model.next_key()))
+            out.append(self._enqueue(w, self._new_key(w)))
         if self.description.idempotency_key:
             out += [self._enqueue(w, k, "repeat") for k in sorted(self.model.runs, key=_order)]
         out += [self._claim(w, batch) for batch in self._batches()]
@@ -432,6 +427,12 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
         if self.n_workers > self.REAPER:
             out.append(self._reap(w))
         return out
+
+    def _new_key(self, w: int) -> str:
+        """The key of a new run worker ``w`` adds: the next one; a key of its own when the
+        system keeps none (``keys="producers"``: two producers never add under one key)."""
+        key = self.model.next_key()
+        return str(int(key) + w) if self.description.keys == "producers" else key
 
     def _enqueue(self, w: int, key: str, op: str = "enqueue") -> Action:
         worker = self.workers[w]
@@ -496,8 +497,15 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
 
     def offers(self, w: int) -> list[Action]:
         """A block schedules psycopg's connections, synchronous or asyncio: an adapter on a
-        driver of its own runs sequential steps (and the claim race) alone."""
-        return super().offers(w) if self.workers[w].mode != "own" else []
+        driver of its own runs sequential steps (and the claim race) alone. Two producers
+        with keys of their own meet on no row: which of their runs came first, which the
+        claim order reads, is then no race of the system's, and their adds are not offered."""
+        if self.workers[w].mode == "own":
+            return []
+        offered = super().offers(w)
+        if self.description.keys == "producers":
+            return [a for a in offered if a.op != "enqueue"]
+        return offered
 
     def _tokens(self, got: Won) -> Won:
         """A claim's outcome as the system can show it: no attempt when it keeps none."""
@@ -514,15 +522,18 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
         return Won(tuple(jobs))
 
     def _took(self, w: int):
-        """After a claim: the worker holds what it took, under the attempt the model gave it."""
+        """After a claim: the worker holds what it took, under the attempt the model gave it.
+        After a block the model is past every claim in it: a run another worker's claim in the
+        same block took after this one (a lease per worker names its holder) is held under
+        the claim before, no longer the run's."""
 
         def after(got) -> None:
-            runs = self.candidates[0].model.runs
+            runs, me = self.candidates[0].model.runs, self._holder(w)
             for job in got.value if isinstance(got, Won) else ():
                 claimed = self.handles[w].pop(job.key, None) or Claimed(job.key, job.attempt)
                 run = runs[job.key]
-                token = Job(job.key, run.attempts, run.claims, run.holder)
-                self.held[w][job.key] = Held(token, claimed)
+                claims = run.claims - 1 if me and run.holder != me else run.claims
+                self.held[w][job.key] = Held(Job(job.key, run.attempts, claims, me), claimed)
 
         return after
 

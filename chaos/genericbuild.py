@@ -123,8 +123,11 @@ def required_events(
                 ["extend_lease"] if generic.EXTEND in d.events() else []
             )
             out += [f"stale {w} on a re-claimed run" for w in writes]
-    if d.lease is not None and d.fence.kind in ("attempt", "row-lock") and not owners_only:
+    fencing = d.fence.kind in ("attempt", "claim", "row-lock") and d.fence.answers
+    if d.lease is not None and fencing and not owners_only:
         # each fenced write refused both on a run nobody holds now and on one another holds
+        # (a library whose writes say nothing shows no refusal: its stale writes, counted
+        # above, are judged by the rows read back)
         events = d.events()
         writes = ["complete"] + (["fail"] if d.retry is not None or generic.FAIL in events else [])
         writes += ["extend_lease"] if generic.EXTEND in events else []

@@ -121,17 +121,26 @@ class Lease(BaseModel):
         "worker's first claim registers it; one beat extends every run it holds, and a claim "
         "stamps nothing: a run's lease lapses when its worker's last beat is that old)",
     )
+    lapsed_workers: Literal["kept", "forgotten"] = Field(
+        "kept",
+        description="with a lease per worker: what a worker's beat (or its first claim) does "
+        "to the other workers whose lease lapsed: keeps them (a later beat of theirs, or the "
+        "clock moving back, revives their runs' leases), or forgets them (chancy's "
+        "announce_worker deletes their rows: their runs stay lapsed whatever the clock does, "
+        "until they beat again)",
+    )
     taken_back_by: tuple[str, ...] = Field(
         (),
         description="the events by which a lapsed lease's run is taken back (the reaper's, or "
         "a read's that heals); none when the claim itself re-picks it (Claim(reclaims=True))",
     )
-    requeue_clock: Literal["database", "application"] = Field(
+    requeue_clock: Literal["database", "application", "unchanged"] = Field(
         "database",
         description="whose clock schedules a run the reaper puts back: the database's (due at "
         "once), or the application's (a library that stamps its own now, as procrastinate's "
         "retry_job does): due when the database's clock reaches the application's, which "
-        "the gate keeps a week ahead (knownstate.model.generic.APP_AHEAD)",
+        "the gate keeps a week ahead (knownstate.model.generic.APP_AHEAD); or nobody's "
+        "(unchanged: the reaper leaves the schedule the run had, as chancy's Recovery does)",
     )
     how: str = Field("", description="the lease, in a sentence (default: from the fields)")
     reaper: str = Field("", description="the reaper, in a sentence (default: from the fields)")
@@ -141,9 +150,10 @@ class Fence(BaseModel):
     """What stops an owner that lost its lease from writing."""
 
     model_config = _STRICT
-    kind: Literal["attempt", "status", "row-lock", "unless-terminal", "none"] = Field(
-        description="attempt: writes match the claimed attempt; status: writes match only the "
-        "owned status; row-lock: each write locks the row and checks it is still "
+    kind: Literal["attempt", "claim", "status", "row-lock", "unless-terminal", "none"] = Field(
+        description="attempt: writes match the claimed attempt; claim: writes match a token "
+        "each claim sets afresh (a claim id: no count the rows show); status: writes match only "
+        "the owned status; row-lock: each write locks the row and checks it is still "
         "the caller's; unless-terminal: writes match the run's id only and land unless the "
         "run ended (a heartbeat only stamps the lease); none: nothing (checked for the "
         "violation that follows)"
@@ -245,6 +255,13 @@ class RunKind(BaseModel):
         None,
         description="a repeated request carrying the same "
         "key gets the existing run (where the key is unique)",
+    )
+    keys: Literal["deduplicated", "producers"] = Field(
+        "deduplicated",
+        description="what the system does with a run's key: deduplicated (a second run under "
+        "a key it holds is refused, or gets the existing run with an idempotency key), or "
+        "the producers' (it keeps no key of its own: each producer's keys are its own, and "
+        "two producers never add runs under one key)",
     )
     commits: Literal["transaction", "autocommit"] = Field(
         "transaction",
@@ -505,6 +522,7 @@ class RunKind(BaseModel):
             return self.fence.how
         return {
             "attempt": "every write by an owner matches the claimed attempt",
+            "claim": "every write by an owner matches the id its claim set (a new one per claim)",
             "status": f"every write by an owner is guarded on status = {self.owned[0]!r}",
             "row-lock": "each write locks the row and refuses unless it is still the caller's",
             "unless-terminal": "every write matches the run's id only: it lands unless the run "

@@ -34,9 +34,10 @@ Attempts are counted as the library counts them (``Retry(counts=...)``): per cla
 retry. Ownership is apart from that count: every claim gives its holder a new token (the
 run's ``claims``), and :meth:`GenericModel.owns` compares the holder's with the run's.
 
-The fence decides which writes by an owner land: ``attempt`` and ``row-lock`` match the
-claimed attempt, ``status`` only the owned status, ``unless-terminal`` the run's id (a write
-lands unless the run ended; a heartbeat only stamps the lease), ``none`` nothing at all. The
+The fence decides which writes by an owner land: ``attempt``, ``claim`` (a claim id, set
+afresh by each claim) and ``row-lock`` match the holder's claim, ``status`` only the owned
+status, ``unless-terminal`` the run's id (a write lands unless the run ended; a heartbeat only
+stamps the lease), ``none`` nothing at all. The
 model predicts what the described system does, so a queue described with a weak fence is
 predicted to accept a stale owner's write — and the contract's ``lease-fence`` invariant,
 which judges every write by *ownership* (:meth:`GenericModel.owns`: still owned, under the
@@ -54,7 +55,7 @@ import copy
 import math
 from dataclasses import dataclass, field, replace
 
-from .contract import CREATED, LostRace, Outcome, RetryView, RunView, StepView, Won
+from .contract import CREATED, LostRace, Outcome, RetryView, RunView, StepView, Violation, Won
 from .describe import RunKind
 
 ENQUEUE, CLAIM, EXTEND = "enqueue", "claim", "extend_lease"
@@ -308,6 +309,10 @@ class GenericModel:
             return r if r.status == self.owned else None
         return r if self.owns(job) else None
 
+    def lands(self, job: Job) -> bool:
+        """Whether a write by ``job``'s holder lands, as the described fence decides."""
+        return self._fenced(job) is not None
+
     def _refused(self) -> Outcome:
         """A write its guard refused: a lost race, or, from a library whose writes say nothing
         (``Fence(answers=False)``), the same None as a write that landed."""
@@ -362,6 +367,8 @@ class GenericModel:
         lease = self.timing.lease
         stamp = self.now
         if self._per_worker():  # the worker's first claim registers it; a claim stamps nothing
+            if holder not in self.beats:
+                self._forget_lapsed(holder)
             stamp = self.beats.setdefault(holder, self.now)
         per_claim = self.d.retry is None or self.d.retry.counts == "claims"
         for r in runs:
@@ -377,10 +384,23 @@ class GenericModel:
             jobs.append(Job(r.key, attempts, r.claims + 1, holder))
         return Won(tuple(jobs))
 
+    def _forget_lapsed(self, beating: str) -> None:
+        """``Lease(lapsed_workers="forgotten")``: a worker's beat deletes every other worker
+        whose lease lapsed; their runs' leases stay lapsed whatever the clock does next."""
+        if self.d.lease.lapsed_workers != "forgotten":
+            return
+        for worker, beat in list(self.beats.items()):
+            if worker != beating and beat + self.timing.lease <= self.now:
+                self.beats[worker] = ALWAYS_DUE  # no row: lapsed at any time
+                for r in list(self.runs.values()):
+                    if r.status == self.owned and r.holder == worker:
+                        self.runs[r.key] = replace(r, lease_until=ALWAYS_DUE)
+
     def extend_lease(self, job: Job) -> Outcome:
         """The owner's heartbeat; with a lease per worker, its worker's: every run that worker
         holds is extended, whoever's job the beat was for (it names no run)."""
         if self._per_worker():
+            self._forget_lapsed(job.holder)
             self.beats[job.holder] = self.now
             for r in list(self.runs.values()):
                 if r.status == self.owned and r.holder == job.holder:  # logged: a transition
@@ -427,15 +447,16 @@ class GenericModel:
                 if dead and limit is not None and r.attempts >= limit:
                     self._move(r, RECLAIM_DEAD, lease_until=None)
                 else:
-                    self._move(r, RECLAIM, lease_until=None, due=self._requeued_due())
+                    self._move(r, RECLAIM, lease_until=None, due=self._requeued_due(r))
                 taken.append(r.key)
         return Won(tuple(taken))
 
-    def _requeued_due(self) -> int:
-        """When a run the reaper put back is due: now, or the application's now."""
-        if self.d.lease is not None and self.d.lease.requeue_clock == "application":
+    def _requeued_due(self, r: Run) -> int:
+        """When a run the reaper put back is due: now, the application's now, or when it was."""
+        clock = self.d.lease.requeue_clock if self.d.lease is not None else "database"
+        if clock == "application":
             return self.now + self.app_ahead
-        return self.now
+        return r.due if clock == "unchanged" else self.now
 
     def sent(self, key: str) -> None:
         """The external side received one call for this run (at-least-once)."""
@@ -487,4 +508,26 @@ def views(
             # what the worker's last beat left it: the claim stamps nothing to judge)
             lease_granted=timing.lease if owned and not per_worker else None,
         )
+    return out
+
+
+def leases_cut_short(rows: tuple[Observed, ...], models: list[GenericModel]) -> list[Violation]:
+    """Held runs whose lease the database shows shorter than every possible model state does:
+    the system lost lease time their owners were granted (a heartbeat kept where a crash
+    empties it, ...), so a run may be taken back while its owner's lease is live: the
+    contract's ``lease`` guarantee, named where the rows first show it."""
+    out = []
+    for r in rows:
+        granted = [m.observe(m.runs[r.key]).lease_left for m in models if r.key in m.runs]
+        if r.lease_left is None or not granted:
+            continue
+        if all(g is not None and g > r.lease_left for g in granted):
+            out.append(
+                Violation(
+                    "lease",
+                    f"run {r.key}: its lease has {r.lease_left}s left in the database, "
+                    f"{min(granted)}s by its owner's last heartbeat: lease time lost, so "
+                    "the run can be taken back while its owner's lease is live",
+                )
+            )
     return out

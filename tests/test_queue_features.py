@@ -320,3 +320,143 @@ def test_a_run_with_no_schedule_is_due_whatever_the_clock():
     at_enqueue.enqueue("1")
     at_enqueue.advance(-60)
     assert at_enqueue.due() == []
+
+
+# -- chancy: a fence on a claim id, keys of the producers', a schedule the reaper leaves ------
+
+CHANCY_LIKE = dict(
+    REAPED,
+    transitions=(
+        "(new) -enqueue-> pending",
+        "pending -claim-> running",
+        "running -extend_lease-> running",
+        "running -complete-> succeeded",
+        "running -reclaim-> pending",
+    ),
+    owned=("running",),
+    claim=Claim(how="pending jobs", unscheduled="always"),
+    lease=Lease(seconds=60, heartbeat=30, per="worker", taken_back_by=("reclaim",)),
+    fence=Fence(kind="claim", answers=False),
+    keys="producers",
+)
+
+
+def reaped_and_reclaimed(d: RunKind):
+    """w0's job, its worker's lease lapsed, re-queued by the reaper and claimed by w1."""
+    m = GenericModel(d)
+    m.enqueue("1")
+    [first] = m.claim(1, holder="w0").value
+    m.advance(60)
+    assert m.reclaim_stale() == Won(("1",))
+    [second] = m.claim(1, holder="w1").value
+    return m, first, second
+
+
+def test_a_claim_id_fence_refuses_a_stale_holder_and_keeps_no_count():
+    m, first, second = reaped_and_reclaimed(RunKind(**CHANCY_LIKE))
+    assert not m.tracks_attempts()  # the rows show no count: the check compares none
+    assert (first.token, second.token) == (1, 2)  # each claim's id is new
+    assert not m.lands(first) and m.lands(second)
+    assert m.complete(first) == Won()  # silent: None either way
+    assert m.runs["1"].status == "running"  # and refused: the rows show it
+    assert m.complete(second) == Won() and m.runs["1"].status == "succeeded"
+
+
+def test_a_silent_fence_shows_no_refusal_and_its_stale_writes_are_required():
+    events = required_events(RunKind(**CHANCY_LIKE), "async")
+    assert "stale complete on a re-claimed run" in events
+    assert not any(str(e).startswith("fence refusal") for e in events)
+    answering = RunKind(**{**CHANCY_LIKE, "fence": Fence(kind="claim")})
+    assert "fence refusal: complete (no longer claimed)" in required_events(answering, "async")
+
+
+def test_a_stale_write_a_silent_fence_refused_is_not_judged_accepted():
+    from types import SimpleNamespace
+
+    from knownstate.chaos.adapter import Claimed
+    from knownstate.chaos.generic import GenericCheck, Held
+
+    d = RunKind(**CHANCY_LIKE)
+    m, first, second = reaped_and_reclaimed(d)
+    check = SimpleNamespace(description=d, model=m)
+    key, token, current = GenericCheck._fence(check, Held(first, Claimed("1")))()
+    # answered None, refused by the fence: no stale write was accepted
+    assert check_invariants(d.contract(), {}, {}, [Write(key, token, True, current)]) == []
+    weak = RunKind(**{**CHANCY_LIKE, "fence": Fence(kind="unless-terminal", answers=False)})
+    m, first, _ = reaped_and_reclaimed(weak)
+    check = SimpleNamespace(description=weak, model=m)
+    key, token, current = GenericCheck._fence(check, Held(first, Claimed("1")))()
+    [found] = check_invariants(weak.contract(), {}, {}, [Write(key, token, True, current)])
+    assert found.invariant == "lease-fence"  # an id-only write lands: still named
+
+
+def test_a_reaper_that_leaves_the_schedule_leaves_a_run_due_whatever_the_clock():
+    lease = Lease(seconds=60, heartbeat=30, per="worker", taken_back_by=("reclaim",))
+    for clock, due_after_moving_back in (("unchanged", ["1"]), ("database", [])):
+        d = RunKind(**{**CHANCY_LIKE, "lease": lease.model_copy(update={"requeue_clock": clock})})
+        m = GenericModel(d)
+        m.enqueue("1")
+        m.claim(1, holder="w0")
+        m.advance(60)
+        m.reclaim_stale()
+        m.advance(-60)
+        assert [r.key for r in m.due()] == due_after_moving_back
+
+
+def test_producers_keys_never_meet_and_are_never_raced():
+    from types import SimpleNamespace
+
+    from knownstate.chaos.generic import GenericCheck
+
+    for keys, expected in (("producers", ["1", "2"]), ("deduplicated", ["1", "1"])):
+        d = RunKind(**{**CHANCY_LIKE, "keys": keys})
+        check = SimpleNamespace(description=d, model=GenericModel(d))
+        assert [GenericCheck._new_key(check, w) for w in (0, 1)] == expected
+
+
+def test_a_lease_the_database_shows_shorter_than_granted_is_named_lease():
+    from knownstate.model.generic import Observed, leases_cut_short
+
+    m = GenericModel(RunKind(**CHANCY_LIKE))
+    m.enqueue("1")
+    m.claim(1, holder="w0")
+    kept = (Observed("1", "running", lease_left=60),)
+    lost = (Observed("1", "running", lease_left=0),)  # a crash emptied the workers' beats
+    assert leases_cut_short(kept, [m]) == []
+    [found] = leases_cut_short(lost, [m])
+    assert found.invariant == "lease" and "0s left in the database, 60s" in found.message
+
+
+def test_a_python_migration_is_recorded_as_the_sql_it_runs_on_an_empty_database():
+    from psycopg import sql
+
+    from knownstate.chaos.adapter import recorded_migration
+
+    async def migrate(conn):
+        async with conn.cursor() as cur, conn.transaction():
+            await cur.execute("SELECT version FROM versions WHERE app = %s", ["app"])
+            if await cur.fetchone() is None:  # an empty database: every migration runs
+                table = sql.Identifier("app_jobs")
+                await cur.execute(sql.SQL("CREATE UNLOGGED TABLE {} (id int)").format(table))
+                await cur.execute("INSERT INTO versions VALUES (%(app)s, 1);", {"app": "it's"})
+
+    assert recorded_migration(migrate) == (
+        "SELECT version FROM versions WHERE app = 'app';\n"
+        'CREATE UNLOGGED TABLE "app_jobs" (id int);\n'
+        "INSERT INTO versions VALUES ('it''s', 1);\n"
+    )
+
+
+def test_a_beat_that_forgets_lapsed_workers_keeps_their_runs_lapsed_whatever_the_clock():
+    for lapsed, left_after_moving_back in (("forgotten", 0), ("kept", 30)):
+        lease = CHANCY_LIKE["lease"].model_copy(update={"lapsed_workers": lapsed})
+        m = GenericModel(RunKind(**{**CHANCY_LIKE, "lease": lease}))
+        m.enqueue("1")
+        m.enqueue("2")
+        [first] = m.claim(1, holder="w0").value
+        m.advance(60)  # w0's lease lapsed
+        [other] = m.claim(1, holder="w1").value  # w1 starts: chancy deletes w0's row
+        m.advance(-30)  # the clock moves back
+        assert m.views()["1"].lease_left == left_after_moving_back
+        m.extend_lease(first)  # w0 beats again: its row is back
+        assert m.views()["1"].lease_left == 60

@@ -1,0 +1,90 @@
+"""chancy 0.26.0 as it is: its description and an adapter calling its own Worker and Recovery."""
+
+import asyncio
+import contextlib
+from types import SimpleNamespace
+from datetime import UTC, datetime
+
+from chancy import Chancy, Job, Queue, Worker
+from chancy.executors.asyncex import AsyncExecutor
+from chancy.migrate import Migrator
+from chancy.plugins.recovery import Recovery
+from psycopg.rows import dict_row
+
+from knownstate.chaos.adapter import Adapter, Claimed, recorded_migration
+from knownstate.chaos.generic import kind
+from knownstate.model.describe import Claim, Fence, Lease, RunKind
+
+CHANCY = RunKind(
+    name="chancy",
+    owned=("running",),
+    transitions=(
+        "(new) -enqueue-> pending",
+        "pending -claim-> running",
+        "running -extend_lease-> running",
+        "running -complete-> succeeded",
+        "running -reclaim-> pending",
+    ),
+    claim=Claim(how="pending jobs due, SKIP LOCKED, a new claim_id each", unscheduled="always"),
+    lease=Lease(
+        seconds="90s",
+        heartbeat="30s",
+        per="worker",  # chancy_workers.last_seen, by announce_worker; Recovery reads it
+        taken_back_by=("reclaim",),
+        lapsed_workers="forgotten",  # announce_worker deletes every expired worker's row
+        requeue_clock="unchanged",  # Recovery leaves scheduled_at as it was
+    ),
+    fence=Fence(kind="claim", answers=False, how="each update matches the job id and its claim_id"),
+    receipts="the job row",
+    keys="producers",  # a job's kwargs hold the key; chancy keeps none (no unique_key given)
+)
+
+
+@contextlib.asynccontextmanager
+async def lent(conn):  # what chancy's psycopg pool lends a query: a connection, committed after
+    async with conn.transaction():
+        yield conn
+
+
+class ChancyAdapter(Adapter):
+    read_query = """SELECT j.kwargs->>'key' AS key, j.state AS status, CASE WHEN j.state = 'running'
+        THEN COALESCE(w.expires_at, now()) END AS lease_until  -- no row: abandoned, for Recovery
+        FROM chancy_jobs j LEFT JOIN chancy_workers w ON w.worker_id = j.taken_by"""
+    schema = recorded_migration(Migrator("chancy", "chancy.migrations", prefix="chancy_").migrate)
+
+    def worker(self, conn, worker_id: str) -> Worker:  # a chancy Worker whose pool is the gate's
+        app = Chancy("", no_default_plugins=True)  # its pool: open, lending the gate's conn
+        app.pool = SimpleNamespace(open=lambda: asyncio.sleep(0), connection=lambda: lent(conn))
+        return Worker(app, worker_id=worker_id, heartbeat_timeout=self.timing.lease)
+
+    async def enqueue(self, conn, key):  # due whatever either clock says (README: the clocks)
+        job = Job(func="run", kwargs={"key": key}, scheduled_at=datetime(1970, 1, 1, tzinfo=UTC))
+        return (await self.worker(conn, "producer").chancy.push(job)).identifier
+
+    async def claim(self, conn, batch, worker):  # a Worker announces itself as it starts
+        me, started = self.worker(conn, worker), self.__dict__.setdefault("started", set())
+        await (me.announce_worker(conn) if worker not in started else asyncio.sleep(0))
+        jobs = await me.fetch_jobs(Queue("default"), conn, up_to=batch)
+        started.add(worker)
+        return [Claimed(j.kwargs["key"], None, (worker, j)) for j in jobs]
+
+    async def extend_lease(self, conn, job):  # the worker's beat, on its timer
+        await self.worker(conn, job.handle[0]).announce_worker(conn)
+
+    async def complete(self, conn, job):  # the executor's outcome, then the worker's flush
+        me = self.worker(conn, job.handle[0])
+        await AsyncExecutor(me, Queue("default")).on_job_completed(job=job.handle[1], exc=None)
+        await me.flush()
+
+    async def reclaim_stale(self, conn):  # the Recovery plugin's pass, on the leader
+        async with lent(conn), conn.cursor(row_factory=dict_row) as cur:
+            return await Recovery.recover(me := self.worker(conn, "leader"), me.chancy, cur)
+
+
+class KeptWorkers(ChancyAdapter):  # the control's: the workers table kept through a crash
+    schema = ChancyAdapter.schema + "ALTER TABLE chancy_workers SET LOGGED;\n"
+
+
+ChancyKind = kind(CHANCY, ChancyAdapter)
+OWNERS_ONLY = CHANCY.model_copy(update={"name": "chancy-owners-only"})
+ChancyOwnersOnly = kind(OWNERS_ONLY, KeptWorkers, owners_only=True)  # the control
