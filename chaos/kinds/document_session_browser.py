@@ -50,7 +50,6 @@ from knownstate.model.document import (
 )
 
 from .. import browser, browser_driver, browser_gateway
-from ..mutants import Mutant, with_attrs
 from ..replay import Exchange
 from .document_blocks import SERVER_BLOCKS
 from .document_judge import Seen
@@ -617,61 +616,5 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
         self._run(f"save {slot} while the document server restarts", script)
 
 
-# -- the client mutants (web/src/mutants.ts), each caught naming its invariant ------------------
-
-
-def _client(name: str, invariant: str, description: str) -> Mutant:
-    return Mutant(name, KIND, invariant, description, with_attrs(client_mutant=name))
-
-
-MUTANTS = [
-    _client(
-        "success-wipes-pending-edit",
-        "no-edit-lost-silently",
-        "a save's success replaces the local copy with the snapshot it sent: an edit typed "
-        "during the save is gone",
-    ),
-    _client(
-        "draft-cleared-when-save-starts",
-        "no-edit-lost-silently",
-        "the draft is removed as soon as a save starts: a save that gets no answer leaves the "
-        "edit in memory only",
-    ),
-    _client(
-        "conflict-resolved-by-overwrite",
-        "no-last-write-wins",
-        "a 409 is answered by putting the local copy on the stored version and saving it again",
-    ),
-    _client(
-        "sibling-draft-applied-silently",
-        "sibling-draft-offered-not-applied",
-        "on load, another tab's draft of the same user is restored as this tab's own",
-    ),
-    _client(
-        "reload-clears-before-fetch",
-        "no-edit-lost-silently",
-        "discardAndReload() drops the local copy and the draft before the fetch succeeded",
-    ),
-    _client(
-        "stale-read-applied",
-        "no-stale-read-applied",
-        "the read guard has no read sequence: a read answered after a newer one is applied",
-    ),
-    _client(
-        "read-that-raced-an-edit-applied",
-        "no-edit-lost-silently",
-        "a discard-and-reload ignores the edit generation: its late answer wipes an edit typed "
-        "meanwhile",
-    ),
-    _client(
-        "close-drops-pending-edit",
-        "close-flushes-never-drops",
-        "close() cancels the pending debounced save instead of flushing it",
-    ),
-    _client(
-        "draft-key-without-writer",
-        "unsaved-work-in-one-place",
-        "the localStorage key leaves out the writer id: a user's tabs overwrite each other's "
-        "drafts",
-    ),
-]
+# The catalogue, this kind's MUTANTS (web/src/mutants.ts); it needs nothing from here.
+from ..browser_mutants import MUTANTS  # noqa: E402, F401
