@@ -538,12 +538,12 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
         """The user leaves a conflict: discards it, discards and reloads, closes the tab (its
         work parked in the draft), rebases, or keeps the local copy as a new document (offline,
         the copy fails). A tab with unsaved work on a calm link is first put in conflict (the
-        server-side writer writes, then the tab saves; a budget per example) and left with the
-        network working; a tab already in conflict is left under the step's network fate
-        (``net``: offline, or the answer lost, for a way that sends). Reached on purpose: a
-        conflict has seven ways out, and a tab's link is often still down when the draw picks
-        one. (One rule for every way out: the browser's own faults take a share of the steps
-        the Python check's ``resolve`` and ``keep_copy`` would have.)"""
+        server-side writer writes, then the tab saves: a step of its own; a budget per example)
+        and left with the network working; a tab already in conflict is left under the step's
+        network fate (``net``: offline, or the answer lost, for a way that sends). Reached on
+        purpose: a conflict has seven ways out, and a tab's link is often still down when the
+        draw picks one. (One rule for every way out: the browser's own faults take a share of
+        the steps the Python check's ``resolve`` and ``keep_copy`` would have.)"""
         slot = self._pick(data, self._conflict_slots())
         make = self._state(slot) is State.DIRTY
         if make:
@@ -556,14 +556,22 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
         sends = how in ("discard and reload", "close", "keep a copy")
         fate = (slot, net) if sends and not make else None
 
-        def script(side):
-            if make:
-                side.server_write(patch)
-                side.tab(slot).tick(later)
-            return self._leave(slot, how, side)
+        def conflict(side):
+            side.server_write(patch)
+            return side.tab(slot).tick(later)
 
-        first = f"server-side write {fmt_patch(patch)}, {slot} saves, then " if make else ""
-        self._run(f"{first}{how} {slot}", script, fate)
+        made = f"server-side write {fmt_patch(patch)}, then {slot} saves" if make else ""
+        if made and not self._step_before(made, conflict, slot, State.CONFLICT):
+            return
+        self._run(f"{how} {slot}", lambda side: self._leave(slot, how, side), fate)
+
+    def _step_before(self, label: str, script, slot: str, state: State) -> bool:
+        """A rule's first step, which brings ``slot`` to ``state`` for the user to act on: it is
+        compared and judged as a step of its own (what the tab does on its way there is seen
+        before the user's next action can cover it). True when ``slot`` got there."""
+        self._run(label, script)
+        self.model_agrees()
+        return self._state(slot) is state
 
     # Listed twice (drawn twice as often while enabled; the budget still caps it): a tab is
     # calm and holds work for only part of an example, and a conflict has seven ways out.
@@ -574,23 +582,25 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
     def work_left(self, data, how: str, offline_first: bool) -> None:
         """The user leaves unsaved work: discards it, discards and reloads, or closes the tab
         (the close flushes). With ``offline_first`` the tab first saves while the browser is
-        offline (the save fails in the browser, the work waits to retry) and the close happens
-        still offline (its work parked in its draft). Reached on purpose: a tab with work saves
-        at its next tick, and its link is often down when the draw picks a way out."""
+        offline (a step of its own: the save fails in the browser, the work waits to retry) and
+        the close happens still offline (its work parked in its draft). Reached on purpose: a
+        tab with work saves at its next tick, and its link is often down when the draw picks a
+        way out."""
         slot = self._pick(data, self._calm_slots("work", *self.PENDING))
         self.budget["work"] -= 1
         now, way = self.clock, how if offline_first else how.split(",")[0]
 
-        def script(side):
+        def save_offline(side):
             t = side.tab(slot)
-            if offline_first:
-                with side.offline(slot):
-                    req = t.begin_save(now)
-                    t.finish_save(req, side.send(slot, req))
-            return self._leave(slot, way, side)
+            with side.offline(slot):
+                req = t.begin_save(now)
+                return t.finish_save(req, side.send(slot, req))
 
-        first = f"{slot} saves offline, then " if offline_first else ""
-        self._run(f"{first}{way} {slot}", script)
+        if offline_first and not self._step_before(
+            f"{slot} saves offline", save_offline, slot, State.OFFLINE
+        ):
+            return
+        self._run(f"{way} {slot}", lambda side: self._leave(slot, way, side))
 
     # Listed twice, like the Python check's busiest rules (the budget still caps each).
     work_left_more = work_left
