@@ -50,7 +50,6 @@ from knownstate.model.document import (
 )
 
 from .. import browser, browser_driver, browser_gateway
-from ..mutants import Mutant, with_attrs
 from ..replay import Exchange
 from .document_blocks import SERVER_BLOCKS
 from .document_judge import Seen
@@ -371,23 +370,6 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
             if slot in model.tabs and model.tabs[slot].next_seq > 1
         ]
 
-    @precondition(lambda self: self._slots(State.CONFLICT))
-    @rule(
-        data=st.data(),
-        how=st.sampled_from(["discard", "discard and reload", "close"]),
-        net=st.sampled_from(("ok", "ok", "offline", "answer lost")),
-    )
-    def leave_conflict(self, data, how: str, net: str) -> None:
-        """The user gives up on a conflict: takes the stored copy (discard, or discard and reload:
-        offline, nothing changes) or closes the tab (its work is parked in its draft). Drawn
-        besides the resolutions of the Python check, as the browser's own faults (reload,
-        restart) take a share of the steps."""
-        slot = self._pick(data, self._slots(State.CONFLICT))
-        if how == "close":
-            self._run(f"close {slot}", lambda side: side.tab(slot).close(), (slot, net))
-        else:
-            self._discard(slot, how.endswith("reload"), net)
-
     @precondition(lambda self: self._slots(*self.EDITABLE) and self.budget["reload"])
     @rule(data=st.data())
     def reload_page(self, data) -> None:
@@ -539,34 +521,57 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
         req = t.begin_read("replace")
         return t.finish_read(req, side.send(slot, req))
 
-    @precondition(lambda self: self._calm_slots("conflict", State.DIRTY, State.CONFLICT))
+    def _conflict_slots(self) -> list[str]:
+        """Tabs in conflict, and (while the budget lasts) calm tabs with unsaved work that the
+        server-side writer can put in conflict."""
+        calm = self._calm_slots("conflict", State.DIRTY)
+        return [slot for slot in SLOTS if self._state(slot) is State.CONFLICT or slot in calm]
+
+    @precondition(lambda self: self._conflict_slots())
     @rule(
-        data=st.data(), how=st.sampled_from(LEAVE_CONFLICT), attr=st.sampled_from(["title", "qty"])
+        data=st.data(),
+        how=st.sampled_from(LEAVE_CONFLICT),
+        attr=st.sampled_from(["title", "qty"]),
+        net=st.sampled_from(("ok", "ok", "offline", "answer lost")),
     )
-    def conflict_resolved(self, data, how: str, attr: str) -> None:
-        """A tab in conflict (or one with unsaved work, which the server-side writer puts in
-        conflict: it writes, then the tab saves), and the user resolves it while the network
-        works: discards it, discards and reloads, closes the tab (its work parked in the
-        draft), rebases, or keeps the local copy as a new document (offline, the copy fails).
-        Reached on purpose: a conflict has seven ways out, and its link is often still down
-        when the draw picks one."""
-        slot = self._pick(data, self._calm_slots("conflict", State.DIRTY, State.CONFLICT))
-        self.budget["conflict"] -= 1
+    def conflict_resolved(self, data, how: str, attr: str, net: str) -> None:
+        """The user leaves a conflict: discards it, discards and reloads, closes the tab (its
+        work parked in the draft), rebases, or keeps the local copy as a new document (offline,
+        the copy fails). A tab with unsaved work on a calm link is first put in conflict (the
+        server-side writer writes, then the tab saves: a step of its own; a budget per example)
+        and left with the network working; a tab already in conflict is left under the step's
+        network fate (``net``: offline, or the answer lost, for a way that sends). Reached on
+        purpose: a conflict has seven ways out, and a tab's link is often still down when the
+        draw picks one. (One rule for every way out: the browser's own faults take a share of
+        the steps the Python check's ``resolve`` and ``keep_copy`` would have.)"""
+        slot = self._pick(data, self._conflict_slots())
         make = self._state(slot) is State.DIRTY
-        self.edits += 1
-        k = self.edits
-        patch = {attr: {"title": f"ai.{k}", "qty": 1000 + k}[attr]}
-        self.clock += DEBOUNCE if make else 0.0
+        if make:
+            self.budget["conflict"] -= 1
+            self.edits += 1
+            k = self.edits
+            patch = {attr: {"title": f"ai.{k}", "qty": 1000 + k}[attr]}
+            self.clock += DEBOUNCE
         later = self.clock
+        sends = how in ("discard and reload", "close", "keep a copy")
+        fate = (slot, net) if sends and not make else None
 
-        def script(side):
-            if make:
-                side.server_write(patch)
-                side.tab(slot).tick(later)
-            return self._leave(slot, how, side)
+        def conflict(side):
+            side.server_write(patch)
+            return side.tab(slot).tick(later)
 
-        first = f"server-side write {fmt_patch(patch)}, {slot} saves, then " if make else ""
-        self._run(f"{first}{how} {slot}", script)
+        made = f"server-side write {fmt_patch(patch)}, then {slot} saves" if make else ""
+        if made and not self._step_before(made, conflict, slot, State.CONFLICT):
+            return
+        self._run(f"{how} {slot}", lambda side: self._leave(slot, how, side), fate)
+
+    def _step_before(self, label: str, script, slot: str, state: State) -> bool:
+        """A rule's first step, which brings ``slot`` to ``state`` for the user to act on: it is
+        compared and judged as a step of its own (what the tab does on its way there is seen
+        before the user's next action can cover it). True when ``slot`` got there."""
+        self._run(label, script)
+        self.model_agrees()
+        return self._state(slot) is state
 
     # Listed twice (drawn twice as often while enabled; the budget still caps it): a tab is
     # calm and holds work for only part of an example, and a conflict has seven ways out.
@@ -577,23 +582,25 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
     def work_left(self, data, how: str, offline_first: bool) -> None:
         """The user leaves unsaved work: discards it, discards and reloads, or closes the tab
         (the close flushes). With ``offline_first`` the tab first saves while the browser is
-        offline (the save fails in the browser, the work waits to retry) and the close happens
-        still offline (its work parked in its draft). Reached on purpose: a tab with work saves
-        at its next tick, and its link is often down when the draw picks a way out."""
+        offline (a step of its own: the save fails in the browser, the work waits to retry) and
+        the close happens still offline (its work parked in its draft). Reached on purpose: a
+        tab with work saves at its next tick, and its link is often down when the draw picks a
+        way out."""
         slot = self._pick(data, self._calm_slots("work", *self.PENDING))
         self.budget["work"] -= 1
         now, way = self.clock, how if offline_first else how.split(",")[0]
 
-        def script(side):
+        def save_offline(side):
             t = side.tab(slot)
-            if offline_first:
-                with side.offline(slot):
-                    req = t.begin_save(now)
-                    t.finish_save(req, side.send(slot, req))
-            return self._leave(slot, way, side)
+            with side.offline(slot):
+                req = t.begin_save(now)
+                return t.finish_save(req, side.send(slot, req))
 
-        first = f"{slot} saves offline, then " if offline_first else ""
-        self._run(f"{first}{way} {slot}", script)
+        if offline_first and not self._step_before(
+            f"{slot} saves offline", save_offline, slot, State.OFFLINE
+        ):
+            return
+        self._run(f"{way} {slot}", lambda side: self._leave(slot, way, side))
 
     # Listed twice, like the Python check's busiest rules (the budget still caps each).
     work_left_more = work_left
@@ -619,61 +626,5 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
         self._run(f"save {slot} while the document server restarts", script)
 
 
-# -- the client mutants (web/src/mutants.ts), each caught naming its invariant ------------------
-
-
-def _client(name: str, invariant: str, description: str) -> Mutant:
-    return Mutant(name, KIND, invariant, description, with_attrs(client_mutant=name))
-
-
-MUTANTS = [
-    _client(
-        "success-wipes-pending-edit",
-        "no-edit-lost-silently",
-        "a save's success replaces the local copy with the snapshot it sent: an edit typed "
-        "during the save is gone",
-    ),
-    _client(
-        "draft-cleared-when-save-starts",
-        "no-edit-lost-silently",
-        "the draft is removed as soon as a save starts: a save that gets no answer leaves the "
-        "edit in memory only",
-    ),
-    _client(
-        "conflict-resolved-by-overwrite",
-        "no-last-write-wins",
-        "a 409 is answered by putting the local copy on the stored version and saving it again",
-    ),
-    _client(
-        "sibling-draft-applied-silently",
-        "sibling-draft-offered-not-applied",
-        "on load, another tab's draft of the same user is restored as this tab's own",
-    ),
-    _client(
-        "reload-clears-before-fetch",
-        "no-edit-lost-silently",
-        "discardAndReload() drops the local copy and the draft before the fetch succeeded",
-    ),
-    _client(
-        "stale-read-applied",
-        "no-stale-read-applied",
-        "the read guard has no read sequence: a read answered after a newer one is applied",
-    ),
-    _client(
-        "read-that-raced-an-edit-applied",
-        "no-edit-lost-silently",
-        "a discard-and-reload ignores the edit generation: its late answer wipes an edit typed "
-        "meanwhile",
-    ),
-    _client(
-        "close-drops-pending-edit",
-        "close-flushes-never-drops",
-        "close() cancels the pending debounced save instead of flushing it",
-    ),
-    _client(
-        "draft-key-without-writer",
-        "unsaved-work-in-one-place",
-        "the localStorage key leaves out the writer id: a user's tabs overwrite each other's "
-        "drafts",
-    ),
-]
+# The catalogue, this kind's MUTANTS (web/src/mutants.ts); it needs nothing from here.
+from ..browser_mutants import MUTANTS  # noqa: E402, F401
