@@ -296,7 +296,7 @@ class Blocks:
         return choose
 
     @staticmethod
-    def _raced(names: list[str], offers: dict[str, Action], res, aimed: bool) -> set[str]:
+    def _pairs_raced(names: list[str], offers: dict[str, Action], res, aimed: bool) -> set[str]:
         """The *raced on one row* events of a block of ``names`` (``res``: its
         :class:`~.interleave.BlockResult`): the pair it aimed at, when the two operations
         overlapped (one ran a step between the other's first and last). A block not aimed at a
@@ -492,7 +492,7 @@ class Blocks:
         self.log("CONCURRENTLY " + " | ".join(f"{w.name} {offers[w.name].label}" for w in chosen))
         self.trace.extend(f"  {line}" for line in res.trace[1:])
         self.stats.events["concurrent block"] += 1
-        raced = self._raced(names, offers, res, aimed)
+        raced = self._pairs_raced(names, offers, res, aimed)
         self.event("lock wait in a block", res.waits)
         results = res.by_worker()
         for w in chosen:

@@ -269,10 +269,30 @@ def test_only_a_block_aimed_at_a_pair_counts_it_raced_and_only_when_they_overlap
     raced = BlockResult((), ("w0", "w1", "w1", "w0"), ())
     one_then_other = BlockResult((), ("w0", "w0", "w1", "w1"), ())
     names = ["w0", "w1"]
-    assert Blocks._raced(names, same, raced, aimed=True) == {pair_event("compensate", "compensate")}
-    assert Blocks._raced(names, same, raced, aimed=False) == set()
-    assert Blocks._raced(names, same, one_then_other, aimed=True) == set()
-    assert Blocks._raced(names, other_rows, raced, aimed=True) == set()
+    assert Blocks._pairs_raced(names, same, raced, aimed=True) == {
+        pair_event("compensate", "compensate")
+    }
+    assert Blocks._pairs_raced(names, same, raced, aimed=False) == set()
+    assert Blocks._pairs_raced(names, same, one_then_other, aimed=True) == set()
+    assert Blocks._pairs_raced(names, other_rows, raced, aimed=True) == set()
+
+
+def test_no_check_shadows_a_helper_of_the_blocks():
+    """The blocks' own helpers are the ones every check runs: a mixin's method of the same name
+    (ClaimRace's ``_raced``, once) would take the block's place in the generic kinds only."""
+    import inspect
+
+    from knownstate.chaos.blocks import Blocks
+    from knownstate.chaos.generic import GenericCheck
+    from knownstate.chaos.kinds.approved_plan import ApprovedPlanCheck
+    from knownstate.chaos.kinds.branch_reset import BranchResetCheck
+    from knownstate.chaos.kinds.document_session import DocumentSessionCheck
+
+    helpers = {n: v for n, v in vars(Blocks).items() if n.startswith("_") and n[1] != "_"}
+    assert "_pairs_raced" in helpers and "_block" in helpers
+    for check in (GenericCheck, ApprovedPlanCheck, BranchResetCheck, DocumentSessionCheck):
+        shadowed = [n for n, v in helpers.items() if inspect.getattr_static(check, n) is not v]
+        assert not shadowed, (check.__name__, shadowed)
 
 
 def test_a_drawn_pair_means_the_same_two_operations_whatever_else_can_race_now():
