@@ -379,15 +379,24 @@ class Blocks:
         """What a block that is not linearizable breaks: what the operations refused after its
         longest linearizable prefix break; only when they name nothing, what those refused in
         any order of the block break (a stale owner's unfenced write is named lease-fence, not
-        also what the reaper and the new claim racing it guarantee)."""
+        also what the reaper and the new claim racing it guarantee). Besides the prefix's, what
+        the operation that ended last breaks where some order refuses it: it ran after every
+        other had committed, yet of several longest prefixes the search finds one, maybe the
+        one that puts it first (a heartbeat that wrote by id after a read healed its run was
+        read before the heal, naming only the heal's ``lease``, at 5 seeds of 5)."""
         anywhere = {id(op): states for op, _, states in verdict.refused_anywhere}
         at_prefix = tuple(
             (op, answers, anywhere.get(id(op), ()))
             for (op, _), answers in zip(verdict.next_refused, verdict.next_answers)
         )
-        return self._broken(at_prefix, offers, real) or self._broken(
-            verdict.refused_anywhere, offers, real
-        )
+        named = self._broken(at_prefix, offers, real)
+        if not named:
+            return self._broken(verdict.refused_anywhere, offers, real)
+        ended = [r for r in verdict.refused_anywhere if r[0].ret is not None]
+        last = max(ended, key=lambda r: r[0].ret, default=None)
+        if last is not None:
+            named += tuple(n for n in self._broken((last,), offers, real) if n not in named)
+        return named
 
     def _broken(self, refused, offers: dict[str, Action], real: Any) -> tuple[str, ...]:
         """What the ``refused`` operations of a block that is not linearizable break: ``(op,
