@@ -5,6 +5,8 @@ a count of replays (never by time), so the same seed gives the same counterexamp
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from knownstate.chaos.check import KindCheck, Profile, broken_by, run_check
@@ -173,3 +175,37 @@ def test_a_block_names_what_the_operations_refused_after_its_longest_prefix_brea
         refused_anywhere=verdict.refused_anywhere,
     )
     assert chk._named(nothing_at_prefix, offers, None) == ("lease-fence", "claim")
+
+
+def test_a_block_names_also_what_the_operation_that_ended_last_breaks():
+    """Of two longest prefixes the search may find the one that reads a stale owner's write
+    (ended last, after the heal committed) before the heal: the heal refused after it names
+    lease, and the write, refused in the other order, names lease-fence too."""
+    from knownstate.chaos import linearize
+    from knownstate.chaos.steps import Action
+    from knownstate.model.contract import LostRace, Won
+
+    heal = linearize.Operation("w1", "read(1)", lambda m: None, 0, 4, Won("failed"))
+    write = linearize.Operation("w0", "heartbeat(1)", lambda m: None, 0, 6, Won(None))
+    offers = {
+        "w0": Action("heartbeat", "heartbeat(1)", None, None, fence=lambda: ("1", 1, False)),
+        "w1": Action("read", "read(1)", None, None, guarantee="lease"),
+    }
+    verdict = linearize.Verdict(
+        False,
+        (write, heal),
+        order=(write,),
+        next_refused=((heal, "the model answers executing"),),
+        next_answers=((Won("executing"),),),
+        refused_anywhere=((heal, (Won("executing"),), ()), (write, (LostRace("fenced"),), ())),
+    )
+    assert _bare_outbox_check(None)._named(verdict, offers, None) == ("lease", "lease-fence")
+    ended_first = dataclasses.replace(
+        verdict,
+        history=(dataclasses.replace(write, ret=2), heal),
+        refused_anywhere=(
+            (heal, (Won("executing"),), ()),
+            (dataclasses.replace(write, ret=2), (LostRace("fenced"),), ()),
+        ),
+    )
+    assert _bare_outbox_check(None)._named(ended_first, offers, None) == ("lease",)

@@ -253,6 +253,48 @@ def test_two_operations_raced_only_when_one_stepped_between_the_others_first_and
     assert overlapped("w0", "w1", "w0", "w1")
 
 
+def test_only_a_block_aimed_at_a_pair_counts_it_raced_and_only_when_they_overlapped():
+    """A pair's requirement is met by races drawn for it: a block not aimed at a pair (its
+    change points anywhere, or none, maybe a fault) counts no pair, however its operations
+    overlapped; an aimed one counts its pair when the two overlapped, on a row both touch."""
+    from knownstate.chaos.blocks import Blocks, pair_event
+    from knownstate.chaos.interleave import BlockResult
+    from knownstate.chaos.steps import Action
+
+    def offer(op, run):
+        return Action(op, f"{op}({run})", lambda m: None, lambda c: None, runs=frozenset({run}))
+
+    same = {"w0": offer("compensate", 1), "w1": offer("compensate", 1)}
+    other_rows = {"w0": offer("compensate", 1), "w1": offer("repeat", 2)}
+    raced = BlockResult((), ("w0", "w1", "w1", "w0"), ())
+    one_then_other = BlockResult((), ("w0", "w0", "w1", "w1"), ())
+    names = ["w0", "w1"]
+    assert Blocks._pairs_raced(names, same, raced, aimed=True) == {
+        pair_event("compensate", "compensate")
+    }
+    assert Blocks._pairs_raced(names, same, raced, aimed=False) == set()
+    assert Blocks._pairs_raced(names, same, one_then_other, aimed=True) == set()
+    assert Blocks._pairs_raced(names, other_rows, raced, aimed=True) == set()
+
+
+def test_no_check_shadows_a_helper_of_the_blocks():
+    """The blocks' own helpers are the ones every check runs: a mixin's method of the same name
+    (ClaimRace's ``_raced``, once) would take the block's place in the generic kinds only."""
+    import inspect
+
+    from knownstate.chaos.blocks import Blocks
+    from knownstate.chaos.generic import GenericCheck
+    from knownstate.chaos.kinds.approved_plan import ApprovedPlanCheck
+    from knownstate.chaos.kinds.branch_reset import BranchResetCheck
+    from knownstate.chaos.kinds.document_session import DocumentSessionCheck
+
+    helpers = {n: v for n, v in vars(Blocks).items() if n.startswith("_") and n[1] != "_"}
+    assert "_pairs_raced" in helpers and "_block" in helpers
+    for check in (GenericCheck, ApprovedPlanCheck, BranchResetCheck, DocumentSessionCheck):
+        shadowed = [n for n, v in helpers.items() if inspect.getattr_static(check, n) is not v]
+        assert not shadowed, (check.__name__, shadowed)
+
+
 def test_a_drawn_pair_means_the_same_two_operations_whatever_else_can_race_now():
     """The pair a block races is drawn by its place in the kind's fixed list of pairs, not in
     the list of pairs available now: replayed after the steps before it were shrunk away (other
