@@ -48,6 +48,10 @@ def raced(*pairs: tuple[str, str]) -> tuple[Requirement, ...]:
 class Blocks:
     """The base's concurrent-block rule, mixed into :class:`~.check.KindCheck`."""
 
+    met: dict[str, tuple[Any, ...]] = {}
+    """While a block's after hooks run: the model states each worker's operation met in the order
+    that explains the block (:func:`.linearize.states_met`); empty outside them."""
+
     def offers(self, w: int) -> list[Action]:
         """What worker ``w`` can start now in a concurrent block: each of its actions that is one
         transaction on its connection (``Action.run`` unset)."""
@@ -542,9 +546,10 @@ class Blocks:
         ]
         self._after_block = True  # a run may have moved twice: the linearization judges moves
         real = self.observe_impl()
+        before = [c.model for c in self.candidates]
         verdict = linearize.check(
             history,
-            [c.model for c in self.candidates],
+            before,
             fingerprint=self.fingerprint,
             final=linearize.FinalState(real, self.observe_model),
         )
@@ -555,6 +560,8 @@ class Blocks:
                 otherwise=self._named(verdict, offers, real) or ("conditional-transition",),
             )
         self.candidates = [Candidate(m) for m in verdict.final_states]
+        # what each operation met in the order found: an after hook judges its outcome by it
+        self.met = linearize.states_met(verdict.order, before, fingerprint=self.fingerprint)
         for event in sorted(raced):
             self.event(event)
         if any(op.ret is None for op in history):
@@ -566,3 +573,4 @@ class Blocks:
                     self.event("lost race")
                 if offers[w.name].after is not None:
                     offers[w.name].after(r.value)
+        self.met = {}

@@ -248,6 +248,25 @@ def _step(
     return _States(out) if out else None
 
 
+def states_met(
+    order: Sequence[Operation],
+    initial: Sequence[Any],
+    *,
+    fingerprint: Callable[[Any], Hashable] = default_fingerprint,
+    copy: Callable[[Any], Any] = lambda model: model.copy(),
+) -> dict[str, tuple[Any, ...]]:
+    """For an order that explains a history (a verdict's ``order``, from the states it started
+    in): the model states each client's first operation met, just before it applied. A check's
+    judgment of an outcome that depends on what came before it in a block reads these, not the
+    state before the block."""
+    state = _States({fingerprint(m): m for m in initial})
+    met: dict[str, tuple[Any, ...]] = {}
+    for op in order:
+        met.setdefault(op.client, tuple(state.models.values()))
+        state = _step(state, op, fingerprint, copy) or state
+    return met
+
+
 class _Budget(Exception):
     pass
 

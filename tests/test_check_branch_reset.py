@@ -8,7 +8,8 @@ import pytest
 
 from knownstate.chaos.check import run_check
 from knownstate.chaos.kinds.branch_reset import BOUND, LEASE, MARGIN, MUTANTS, BranchResetCheck
-from knownstate.model.branch_reset import skew_bound
+from knownstate.model.branch_reset import BranchResetModel, skew_bound
+from knownstate.model.contract import Won
 
 pytestmark = pytest.mark.slow
 
@@ -83,3 +84,32 @@ def test_a_seed_replays_the_same_run(knownstate_env):
             traces=kept,
         )
     assert traces[0] and traces[0] == traces[1]
+
+
+def test_a_poll_refused_in_a_block_is_judged_by_the_stamp_it_met_not_the_one_before_the_block():
+    """Seed 1 once failed correct code this way: w1 (clock +300 s) started b#1; in a block w0
+    (clock on time) polled it first, re-stamping the lease 300 s earlier, then w1's poll found it
+    lapsed. Against w0's stamp, the one w1 met, w1's clock is past the bound: the known deviation.
+    Against w1's own stamp from before the block it looked like a refusal by an equal clock."""
+    check = object.__new__(BranchResetCheck)  # the judgment alone: no database needed
+    check.lease, check.margin = LEASE, MARGIN
+    failures: list[str] = []
+    check.fail = lambda problem, violations: failures.append(violations[0].invariant)
+    check.log = lambda line: None
+    check.model = BranchResetModel(LEASE)
+    check.model.skew("w1", BOUND + 60)
+    check.model.request("b", "k")
+    run_id = next(iter(check.model.runs))
+    check.model.start(run_id, "w1")
+    check.stamps = {run_id: (check.model.runs[run_id].lease_until, 0, BOUND + 60)}
+    met = check.model.copy()
+    assert met.poll(run_id, "w0") == Won("running")  # w0 re-stamped it, in the block
+    drawn = check._live(run_id)
+    assert drawn == (0, BOUND + 60)
+    check.met = {"w1": (met,)}
+    assert check._live_met("w1", run_id, drawn) == [(0, 0)]
+    check._judge_skew(run_id, "w1", check._live_met("w1", run_id, drawn), "poll refused")
+    assert failures == []
+    check.met = {}  # in a step of its own, the stamp from before is the one it met
+    check._judge_skew(run_id, "w1", check._live_met("w1", run_id, drawn), "poll refused")
+    assert failures == ["skew-bound"]

@@ -80,6 +80,21 @@ def test_two_overlapping_claims_of_one_row_cannot_both_win_it():
     assert "observed Won(value=(Claim(id=1, attempt=1),)), the model answers Won(value=())" in text
 
 
+def test_the_states_an_operation_met_are_those_of_the_order_found_not_of_the_start():
+    """w1's read overlaps w0's put and saw its value: in the order that explains it, the read met
+    the state after the put (a judgment of the read by the state before the block would be
+    wrong). Started from two possible states, the first operation may have met either."""
+    model = Registers({"x": 0})
+    history = [put("w0", "x", 1, 0, 5), get("w1", "x", 1, 1, 4)]
+    verdict = check(history, model)
+    met = lin.states_met(verdict.order, [model])
+    assert [m.values for m in met["w0"]] == [{"x": 0}]
+    assert [m.values for m in met["w1"]] == [{"x": 1}]
+    either = [model, Registers({"x": 2})]
+    met = lin.states_met(check(history, either).order, either)
+    assert sorted(m.values["x"] for m in met["w0"]) == [0, 2]
+
+
 def test_real_time_order_is_respected():
     """A get that returned before the put was called cannot see the put's value; overlapping,
     it can."""

@@ -241,30 +241,37 @@ class BranchResetCheck(KindCheck):
     def _skew(self, worker: str) -> int:
         return self.model.app_skew.get(worker, 0)
 
-    def _live(self, run_id: str) -> tuple[int, int] | None:
-        """(stamped at, stamper's skew) when the running run's last stamp is at most M old: its
-        poller is on schedule, so the run is live."""
-        run = self.model.runs.get(run_id)
-        stamp = self.stamps.get(run_id)
-        if (
-            run is None
-            or run.status is not Status.RUNNING
-            or stamp is None
-            or stamp[0] != run.lease_until
-        ):
+    def _live(self, run_id: str, m: model.BranchResetModel | None = None) -> tuple[int, int] | None:
+        """(stamped at, stamper's skew) when the running run's last stamp in state ``m`` (default:
+        the model's) is at most M old: its poller is on schedule, so the run is live. A stamp
+        that is not the recorded one was made in the block ``m`` is part of, at ``m.now``."""
+        m = self.model if m is None else m
+        run = m.runs.get(run_id)
+        if run is None or run.status is not Status.RUNNING:
             return None
+        stamp = self.stamps.get(run_id)
+        if stamp is None or stamp[0] != run.lease_until:
+            return m.now, run.lease_until - self.lease - m.now
         _, at, skew = stamp
-        return (at, skew) if self.model.now - at <= self.margin else None
+        return (at, skew) if m.now - at <= self.margin else None
+
+    def _live_met(self, worker: str, run_id: str, drawn: tuple[int, int] | None) -> list:
+        """The run's liveness as ``worker``'s operation met it: in a block, in each state the
+        order that explains the block gave it (an operation before it may have stamped the run);
+        in a step, as it was when the step was drawn."""
+        states = self.met.get(worker)
+        return [drawn] if states is None else [self._live(run_id, m) for m in states]
 
     def _record(self, writes=(), repeats=()) -> None:
         """Record a step's guarded writes and repeat requests: the invariants judge them."""
         self.writes.extend(writes)
         self.repeats.extend(repeats)
 
-    def _judge_skew(self, run_id: str, worker: str, live: tuple[int, int], what: str) -> None:
-        """A live run was ended (reap) or refused (poll) by ``worker``'s clock: only a clock at or
-        past the bound ahead of its last poller's may do that."""
-        at, poller_skew = live
+    def _judge_skew(self, run_id: str, worker: str, lives: list, what: str) -> None:
+        """A run live in every state ``worker``'s operation may have met (``lives``) was ended
+        (reap) or refused (poll) by its clock: only a clock at or past the bound ahead of its
+        last poller's may do that (the most lenient of the states decides)."""
+        at, poller_skew = min(lives, key=lambda lv: lv[1])
         rel = self._skew(worker) - poller_skew
         if rel < BOUND:
             problem = (
@@ -405,8 +412,9 @@ class BranchResetCheck(KindCheck):
                 self.event("poll saw the operation end")
             elif got == LostRace(model.LEASE_LAPSED):
                 self.event("lease refusal")
-                if live is not None:
-                    self._judge_skew(run_id, name, live, "poll refused")
+                lives = self._live_met(name, run_id, live)
+                if None not in lives:
+                    self._judge_skew(run_id, name, lives, "poll refused")
                     self.event("poll refused live run under skew past bound (known deviation)")
             elif isinstance(got, LostRace) and run.status in TERMINAL:
                 self.event("fence refusal")
@@ -452,11 +460,13 @@ class BranchResetCheck(KindCheck):
             if not isinstance(got, Won):
                 return
             self.event("reap", len(got.value))
-            for run_id, lv in sorted(live.items()):
-                if run_id in got.value:
-                    self._judge_skew(run_id, name, lv, "reaped")
+            for run_id in got.value:
+                lives = self._live_met(name, run_id, live.get(run_id))
+                if None not in lives:
+                    self._judge_skew(run_id, name, lives, "reaped")
                     self.event("reaped live run under skew past bound (known deviation)")
-                elif self._skew(name) > lv[1]:
+            for run_id, lv in sorted(live.items()):
+                if run_id not in got.value and self._skew(name) > lv[1]:
                     self.event("live run spared by a reaper ahead within bound")
 
         return Action(
