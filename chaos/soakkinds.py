@@ -169,9 +169,9 @@ def _contract(name: str) -> Contract:
 
 
 def _built_in(name: str) -> RunKind:
-    from knownstate.model.descriptions import BUILT_IN
+    from . import kinds
 
-    return next(d for d in BUILT_IN if d.name == name)
+    return next(d for d in kinds.described() if d.name == name)
 
 
 def _recording(store_class: type, log):

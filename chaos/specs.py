@@ -1,5 +1,5 @@
 """specs/ generated from model/: each protocol's state diagram, and the contract side by side
-(from each durable kind's description, :mod:`knownstate.model.descriptions`).
+(from each durable kind's description, its model module's ``DESCRIPTION``).
 
 A spec file holds prose written by people and blocks generated from the models, fenced by
 ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``. ``knownstate specs`` rewrites
@@ -13,8 +13,7 @@ import importlib
 import re
 
 from knownstate.model.contract import Contract, TransitionTable
-from knownstate.model.descriptions import BUILT_IN
-
+from . import kinds
 from .tools import PROJECT_ROOT
 
 SPECS = PROJECT_ROOT / "specs"
@@ -22,12 +21,12 @@ SPECS = PROJECT_ROOT / "specs"
 PROTOCOLS = {"document-session.md": "knownstate.model.document"}
 """The client protocols' specs: spec file -> model module whose ``TABLE`` is its diagram. A
 durable kind's spec is ``<its name>.md``, its diagram its description's table: a new kind is
-its description in ``BUILT_IN``, nothing here."""
+its model module's ``DESCRIPTION`` (found through the kind registry), nothing here."""
 
 
 def diagrams() -> dict[str, TransitionTable]:
     """Spec file -> the table its diagram is generated from."""
-    out = {f"{d.name}.md": d.contract().table for d in BUILT_IN}
+    out = {f"{d.name}.md": d.contract().table for d in kinds.described()}
     for file, module in PROTOCOLS.items():
         out[file] = importlib.import_module(module).TABLE
     return out
@@ -46,7 +45,7 @@ def _status_machine(c: Contract) -> str:
 def contract_table() -> str:
     """The seed's contract table, one column per durable kind, generated from each kind's
     description (which a drift test holds equal to its model's CONTRACT)."""
-    contracts: list[Contract] = [d.contract() for d in BUILT_IN]
+    contracts: list[Contract] = [d.contract() for d in kinds.described()]
     rows = [
         (
             "Status machine",
@@ -83,8 +82,8 @@ def contract_table() -> str:
         ),
         (
             "Described as",
-            "the description's structured facts (model/descriptions.py)",
-            [d.summary() for d in BUILT_IN],
+            "the description's structured facts (DESCRIPTION in model/<kind>.py)",
+            [d.summary() for d in kinds.described()],
         ),
     ]
     head = "| Element | What it guarantees | " + " | ".join(f"`{c.kind}`" for c in contracts) + " |"

@@ -56,7 +56,6 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
-from knownstate.model import descriptions
 from knownstate.model.contract import (
     CREATED,
     IllegalTransition,
@@ -67,6 +66,7 @@ from knownstate.model.contract import (
     StepView,
     Won,
 )
+from .describe import Claim, Fence, Lease, RunKind
 
 KIND = "approved-plan"
 HEARTBEAT_S = 120
@@ -85,8 +85,56 @@ class Status(enum.StrEnum):
     REJECTED = "rejected"
 
 
-CONTRACT = descriptions.APPROVED_PLAN.contract()
-"""The kind's contract, computed from its description (``model/descriptions.py``)."""
+DESCRIPTION = RunKind(
+    name="approved-plan",
+    statuses=("pending", "approved", "executing", "executed", "failed", "expired", "rejected"),
+    initial="pending",
+    owned=("executing",),
+    terminal=("executed", "failed", "expired", "rejected"),
+    transitions=(
+        "(new) -propose-> pending",
+        "(new) -compensate-> pending",
+        "pending -revise-> pending",
+        "pending -approve-> approved",
+        "pending -reject-> rejected",
+        "pending -expire-> expired",
+        "approved -expire-> expired",
+        "approved -mark_executing-> executing",
+        "executing -heartbeat-> executing",
+        "executing -step_ok-> executing",
+        "executing -last_step_ok-> executed",
+        "executing -step_failed-> failed",
+        "executing -mark_interrupted_if_stale-> failed",
+    ),
+    claim=Claim(
+        how="mark_executing: the conditional approved -> executing; exactly one caller "
+        "wins the claim token",
+        skip_locked=False,
+    ),
+    lease=Lease(
+        seconds="120s",
+        taken_back_by=("mark_interrupted_if_stale",),
+        how="120 s per-step heartbeat, stamped with the database's now() by the claim "
+        "and by every step",
+        reaper="none in the background: mark_interrupted_if_stale heals a stale "
+        "executing run to failed on the next read (read, repeat, compensate)",
+    ),
+    fence=Fence(
+        kind="row-lock",
+        how="lock_executing: each step's transaction locks the run row and refuses "
+        "unless it is still executing under the caller's token",
+    ),
+    receipts="agent_proposal_step, primary key (proposal_id, step_index), written in the step's "
+    "own transaction together with the step's database effect",
+    retry_prose="none: a failed step is a receipt and a new plan is a new proposal; undoing "
+    "committed steps is a separate compensating proposal with its own receipts",
+    external="none",
+)
+"""The kind, described as data: its contract and transition table are computed from it, and
+its column of ``specs/contract.md`` is generated from it."""
+
+CONTRACT = DESCRIPTION.contract()
+"""The kind's contract, computed from its description."""
 TABLE = CONTRACT.table
 """``(source, event) -> target``: the whole status machine, and every operation's guard."""
 

@@ -101,7 +101,6 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from . import descriptions
 from .contract import (
     CREATED,
     IllegalTransition,
@@ -112,6 +111,7 @@ from .contract import (
     StepView,
     Won,
 )
+from .describe import Claim, Fence, Lease, RunKind
 
 KIND = "branch-reset"
 
@@ -148,8 +148,62 @@ class ExternalStatus(enum.StrEnum):
     FAILED = "failed"
 
 
-CONTRACT = descriptions.BRANCH_RESET.contract()
-"""The kind's contract, computed from its description (``model/descriptions.py``)."""
+DESCRIPTION = RunKind(
+    name="branch-reset",
+    statuses=("queued", "running", "succeeded", "failed", "canceled"),
+    initial="queued",
+    owned=("running",),
+    terminal=("succeeded", "failed", "canceled"),
+    transitions=(
+        "(new) -request-> queued",
+        "queued -start-> running",
+        "running -poll_in_progress-> running",
+        "running -poll_succeeded-> succeeded",
+        "running -poll_failed-> failed",
+        "running -cancel-> canceled",
+        "running -reap-> failed",
+    ),
+    claim=Claim(
+        how="one run in flight per branch (partial unique index over queued|running) + "
+        "idempotency_key under a unique index: a repeated request with the same key "
+        "returns the existing run",
+        skip_locked=False,
+    ),
+    lease=Lease(
+        seconds="10m",
+        clock="application",
+        taken_back_by=("reap",),
+        how="lease_until = app_now + 600 s, stamped by start and by every in-progress "
+        "poll; checked on every poll, and a poll that finds it lapsed writes nothing",
+        reaper="dbops-reaper job: reap fails every running run whose lease lapsed, "
+        "judged by the reaper's app clock",
+    ),
+    fence=Fence(
+        kind="status",
+        how="every transition out of running, and every lease extension, is guarded on "
+        "status = 'running'",
+    ),
+    receipts="the external operation id and the observed operation statuses (op_statuses, "
+    "dbops' neonOpStatuses) on the run row, written with the transition they cause",
+    retry_prose="none: the external operation is polled, never re-issued",
+    external="create-once-then-poll",
+    external_key=True,
+    idempotency_key="idempotency_key under a unique index: a repeated request with the same key "
+    "gets the existing run",
+    deviations=(
+        "lease in application time, not database now(): each worker's clock judges the lease, "
+        "so an app-clock skew of L - M or more (reaper ahead of the last poller; 540 s with the "
+        "defaults) can reap a live run. Below that bound no live run is reaped. Accepted "
+        "because the lease is generous and only guards crashes.",
+        "the POST that creates the operation is at least once; the creation is exactly once "
+        "because the operations API takes an idempotency key (the run id).",
+    ),
+)
+"""The kind, described as data: its contract and transition table are computed from it, and
+its column of ``specs/contract.md`` is generated from it."""
+
+CONTRACT = DESCRIPTION.contract()
+"""The kind's contract, computed from its description."""
 TABLE = CONTRACT.table
 
 IN_FLIGHT = frozenset({Status.QUEUED, Status.RUNNING})

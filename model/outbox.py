@@ -42,8 +42,8 @@ import enum
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from . import descriptions
 from .contract import CREATED, LostRace, Outcome, Rejected, RunView, StepView, Won
+from .describe import Claim, Fence, Lease, Retry, RunKind
 
 
 class Status(enum.StrEnum):
@@ -54,7 +54,48 @@ class Status(enum.StrEnum):
     DEAD = "dead"
 
 
-CONTRACT = descriptions.OUTBOX.contract()
+DESCRIPTION = RunKind(
+    name="outbox",
+    statuses=("pending", "processing", "sent", "failed", "dead"),
+    initial="pending",
+    owned=("processing",),
+    terminal=("sent", "failed", "dead"),
+    transitions=(
+        "(new) -enqueue-> pending",
+        "pending -claim-> processing",
+        "processing -extend_lease-> processing",
+        "processing -complete-> sent",
+        "processing -fail_permanent-> failed",
+        "processing -retry-> pending",
+        "processing -give_up-> dead",
+        "processing -reclaim-> pending",
+        "processing -reclaim_dead-> dead",
+    ),
+    claim=Claim(how="FOR UPDATE SKIP LOCKED claim of due rows that bumps attempts"),
+    lease=Lease(
+        seconds="5m",
+        taken_back_by=("reclaim", "reclaim_dead"),
+        how="claim lease (default 5 min) stamped with the database's now()",
+        reaper="reclaim_stale: processing rows whose lease lapsed go back to pending "
+        "(dead at the limit)",
+    ),
+    fence=Fence(
+        kind="attempt",
+        how="terminal writes and lease extensions match attempts = <claimed attempt>",
+    ),
+    receipts="the delivery row itself",
+    retry=Retry(
+        max_attempts=3,
+        base="1m",
+        cap="1h",
+        how="exponential backoff on next_attempt_at with a cap; dead after max attempts",
+    ),
+    external="at-least-once",
+)
+"""The kind, described as data: its contract and transition table are computed from it, and
+its column of ``specs/contract.md`` is generated from it."""
+
+CONTRACT = DESCRIPTION.contract()
 TABLE = CONTRACT.table
 
 STEP = "deliver"  # the outbox's single step; its identity is the row id

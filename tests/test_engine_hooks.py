@@ -59,7 +59,7 @@ def test_every_built_in_model_is_a_run_model():
     from knownstate.model.approved_plan import ApprovedPlanModel
     from knownstate.model.branch_reset import BranchResetModel
     from knownstate.model.contract import RunModel
-    from knownstate.model.descriptions import OUTBOX
+    from knownstate.model.outbox import DESCRIPTION as OUTBOX
     from knownstate.model.generic import GenericModel
     from knownstate.model.outbox import OutboxModel
 

@@ -20,7 +20,7 @@ from knownstate.chaos.generic import KindError, kind
 from knownstate.chaos.kinds.outbox import OutboxAdapter
 from knownstate.impl import outbox as impl
 from knownstate.model.describe import Retry
-from knownstate.model.descriptions import OUTBOX
+from knownstate.model.outbox import DESCRIPTION as OUTBOX
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from knownstate.model import generic, outbox
 from knownstate.model.contract import LostRace, Won, Write, check_invariants
 from knownstate.model.describe import Fence, Lease, Retry
-from knownstate.model.descriptions import APPROVED_PLAN, OUTBOX
+from knownstate.model.approved_plan import DESCRIPTION as APPROVED_PLAN
+from knownstate.model.outbox import DESCRIPTION as OUTBOX
 from knownstate.model.generic import GenericModel, Job, Timing
 
 

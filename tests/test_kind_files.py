@@ -11,7 +11,6 @@ import pytest
 
 from knownstate.chaos import kinds
 from knownstate.impl import loops
-from knownstate.model import descriptions
 
 ROOT = Path(loops.__file__).resolve().parents[1]
 SHARED = ("impl/loops.py", "chaos/specs.py")
@@ -22,7 +21,7 @@ def kind_words() -> set[str]:
     """What names a built-in durable kind: its name, its modules' names, its tables (a client
     protocol is not a durable kind: ``chaos/specs.py`` lists its spec by name)."""
     words: set[str] = set()
-    for d in descriptions.BUILT_IN:
+    for d in kinds.described():
         words |= {d.name, d.name.replace("-", "_"), kinds.REGISTRY[d.name].module}
     words |= {"agent_proposal", "branch_reset", "outbox"}
     return words
@@ -66,7 +65,7 @@ def test_a_shared_module_names_no_kind(module):
 
 def test_every_sql_file_is_one_kinds_and_each_loop_reads_its_kinds():
     """No shared query file a new kind would add its reads to (there was ``loops.sql``)."""
-    owners = {kinds.REGISTRY[d.name].module for d in descriptions.BUILT_IN} | {"documents"}
+    owners = {kinds.REGISTRY[d.name].module for d in kinds.described()} | {"documents"}
     for path in (ROOT / "impl" / "sql").glob("*.sql"):
         assert path.stem.removesuffix("_schema") in owners, f"impl/sql/{path.name} is no kind's"
     from knownstate.impl import approved_plan, branch_reset

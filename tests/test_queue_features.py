@@ -16,7 +16,7 @@ from knownstate.chaos.genericbuild import required_events
 from knownstate.model import generic
 from knownstate.model.contract import LostRace, Won, Write, check_invariants
 from knownstate.model.describe import Claim, Fence, Lease, Retry, RunKind
-from knownstate.model.descriptions import OUTBOX
+from knownstate.model.outbox import DESCRIPTION as OUTBOX
 from knownstate.model.generic import GenericModel
 
 QUEUE = dict(

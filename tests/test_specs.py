@@ -1,6 +1,6 @@
 """Drift: each fact that lives in specs/ and in model/ must agree (diagrams, the contract table)."""
 
-from knownstate.chaos import specs
+from knownstate.chaos import kinds, specs
 
 
 def test_specs_agree_with_models():
@@ -25,11 +25,11 @@ def test_drift_is_detected(tmp_path, monkeypatch):
 
 def test_the_contract_table_is_generated_from_the_descriptions(monkeypatch):
     """A description that changes (the outbox's fence, say) makes specs/contract.md drift."""
-    from knownstate.model import descriptions
     from knownstate.model.describe import Fence
 
-    changed = descriptions.OUTBOX.model_copy(update={"fence": Fence(kind="status")})
-    monkeypatch.setattr(specs, "BUILT_IN", (changed, *descriptions.BUILT_IN[1:]))
+    built_in = kinds.described()
+    changed = built_in[0].model_copy(update={"fence": Fence(kind="status")})
+    monkeypatch.setattr(kinds, "described", lambda: [changed, *built_in[1:]])
     assert "fence: status" in specs.contract_table()
     assert any("contract.md" in p for p in specs.drift())
 
@@ -37,18 +37,15 @@ def test_the_contract_table_is_generated_from_the_descriptions(monkeypatch):
 def test_every_spec_is_generated_and_a_durable_kind_needs_no_entry_in_chaos_specs():
     """specs/ holds a spec per built-in description, per client protocol and the contract, and
     nothing else (that chaos/specs.py names no durable kind is test_kind_files.py's)."""
-    from knownstate.model import descriptions
-
-    described = {f"{d.name}.md" for d in descriptions.BUILT_IN}
+    described = {f"{d.name}.md" for d in kinds.described()}
     assert set(specs.diagrams()) == described | set(specs.PROTOCOLS)
     on_disk = {p.name for p in specs.SPECS.glob("*.md")}
     assert on_disk == described | set(specs.PROTOCOLS) | {"contract.md"}
 
 
 def test_a_new_description_gets_its_diagram(monkeypatch):
-    from knownstate.model import descriptions
-
-    jobs = descriptions.OUTBOX.model_copy(update={"name": "jobs"})
-    monkeypatch.setattr(specs, "BUILT_IN", (*descriptions.BUILT_IN, jobs))
+    built_in = kinds.described()
+    jobs = built_in[0].model_copy(update={"name": "jobs"})
+    monkeypatch.setattr(kinds, "described", lambda: [*built_in, jobs])
     assert "jobs.md" in specs.diagrams()
     assert any("specs/jobs.md is missing" in p for p in specs.drift())

@@ -52,6 +52,25 @@ REGISTRY: dict[str, Entry] = {
     "document-session-browser": Entry("document_session_browser", "BrowserDocumentSessionCheck"),
 }
 
+
+def described() -> list:
+    """The built-in durable kinds' descriptions (:class:`~knownstate.model.describe.RunKind`), in
+    the registry's order: each kind's model module (``knownstate.model.<module>``) states its own
+    as ``DESCRIPTION``; a client protocol has none."""
+    out = []
+    for entry in REGISTRY.values():
+        name = f"knownstate.model.{entry.module}"
+        try:
+            found = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            continue
+        if hasattr(found, "DESCRIPTION"):
+            out.append(found.DESCRIPTION)
+    return out
+
+
 _named: dict[str, tuple[type, str]] = {}  # kinds loaded from --kind: name -> (check, spec)
 _arguments: dict[str, str] = {}  # how a replay command names a kind run with options of its own
 

@@ -20,15 +20,14 @@ from hypothesis.stateful import precondition, rule
 
 from knownstate.impl import errors
 from knownstate.impl import outbox as impl
-from knownstate.model import descriptions
 from knownstate.model import outbox as model
 from knownstate.model.contract import LostRace, Rejected, Won, Write
 
 from ..adapter import OK, PERMANENT, RETRY, Adapter, Claimed
 from ..generic import kind, required_events
 
-CHECKED = descriptions.OUTBOX.model_copy(
-    update={"retry": descriptions.OUTBOX.retry.model_copy(update={"max_attempts": 2})}
+CHECKED = model.DESCRIPTION.model_copy(
+    update={"retry": model.DESCRIPTION.retry.model_copy(update={"max_attempts": 2})}
 )
 """The outbox as the check runs it: two attempts at most keep "dead" within reach of a short
 program (the reference default is three)."""
