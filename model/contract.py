@@ -129,12 +129,12 @@ class TransitionTable:
         return "\n".join(lines)
 
 
-class LeaseClock(enum.Enum):
+class LeaseClock(enum.StrEnum):
     DATABASE = "database now()"
     APPLICATION = "application time"
 
 
-class ExternalEffect(enum.Enum):
+class ExternalEffect(enum.StrEnum):
     NONE = "none: every effect is a database mutation, exactly once per step"
     AT_LEAST_ONCE = "at-least-once: a reclaimed run can repeat the external call"
     CREATE_ONCE_THEN_POLL = (
