@@ -4,8 +4,8 @@ Each feature with its model semantics: a claim that re-picks lapsed work itself 
 reaper that does not know the retry policy, attempts counted as retries, a give-up decided on
 the worker's count, a guard by id only ("unless terminal"), writes that answer nothing, a
 heartbeat per worker (the adapter's claim is told its worker), a claim of one job at a time, a
-reaper that re-queues without a retry policy, a re-queue stamped by the application's clock,
-and a library in autocommit (no COMMIT for a fault to meet).
+reaper that re-queues without a retry policy, a re-queue or a new run's schedule stamped by
+the application's clock, and a library in autocommit (no COMMIT for a fault to meet).
 """
 
 from __future__ import annotations
@@ -320,6 +320,35 @@ def test_a_run_with_no_schedule_is_due_whatever_the_clock():
     at_enqueue.enqueue("1")
     at_enqueue.advance(-60)
     assert at_enqueue.due() == []
+
+
+def test_a_schedule_the_application_stamps_is_due_when_the_database_reaches_it():
+    app = GenericModel(RunKind(**{**REAPED, "claim": Claim(how="one", unscheduled="application")}))
+    app.advance(-60)  # the database's clock moved back; the application's did not
+    app.enqueue("1")
+    assert app.due() == []  # stamped a minute in the database's future
+    app.advance(60)
+    assert [r.key for r in app.due()] == ["1"]
+    app.advance(60)  # now the database's clock is ahead: a new run is due at once
+    app.enqueue("2")
+    assert [r.key for r in app.due()] == ["1", "2"]
+    at_enqueue = GenericModel(RunKind(**REAPED))
+    at_enqueue.advance(-60)
+    at_enqueue.enqueue("1")
+    assert [r.key for r in at_enqueue.due()] == ["1"]  # the database's now: due at once
+
+
+def test_the_application_clock_the_gate_hands_an_adapter_starts_where_the_databases_does():
+    from datetime import UTC, datetime, timedelta
+
+    from knownstate.chaos.adapter import Adapter
+    from knownstate.chaos.harness import CLOCK_BASE
+
+    timing = generic.Timing.of(RunKind(**REAPED))
+    week_back = datetime.now(UTC) + timedelta(seconds=CLOCK_BASE)
+    assert abs(Adapter(timing).now() - week_back) < timedelta(seconds=5)
+    assert abs(Adapter(timing, fake_clock=False).now() - datetime.now(UTC)) < timedelta(seconds=5)
+    assert GenericModel(RunKind(**REAPED)).app_now() == 0  # model time: the database's start
 
 
 # -- chancy: a fence on a claim id, keys of the producers', a schedule the reaper leaves ------
