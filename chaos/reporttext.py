@@ -89,10 +89,14 @@ def _others(r: dict) -> list[str]:
         "  shortest failure seen per invariant: "
         + ", ".join(f"{name} {s['steps']} steps" for name, s in seen.items())
     ]
+    examples: dict[tuple, list[str]] = {}  # one example may be the shortest of several
     for name, s in seen.items():
         if name not in r["invariants"]:
-            out.append(f"  {name} ({s['steps']} steps, seen, not shrunk): {s['failure']}")
-            out += [f"    {line}" for line in s["counterexample"]]
+            examples.setdefault((s["failure"], tuple(s["counterexample"])), []).append(name)
+    for (failure, trace), names in examples.items():
+        steps = seen[names[0]]["steps"]
+        out.append(f"  {', '.join(names)} ({steps} steps, seen, not shrunk): {failure}")
+        out += [f"    {line}" for line in trace]
     return out
 
 

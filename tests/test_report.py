@@ -183,6 +183,7 @@ def test_a_failure_shows_the_shortest_failure_seen_of_each_other_invariant():
     r.stats.saw_failure(stale, ("lease-fence",), ["a", "b", "c", "d", "e", "f"])
     r.stats.saw_failure(stale, ("lease-fence",), ["a", "b", "  (w0 resumes)", "c"])
     r.stats.saw_failure(stale, ("lease-fence",), ["x", "y", "z"])  # a tie: the first stays
+    r.stats.saw_failure(stale, ("lease-fence", "claim"), ["a", "b", "  (w0 resumes)", "c"])
     r.stats.saw_failure("invariant violated: lease: cut short", ("lease",), ["a", "b"])
     unit = Unit(0, "outbox", 1, None)
     rec = finished_record(unit, r, REPLAY)
@@ -190,8 +191,11 @@ def test_a_failure_shows_the_shortest_failure_seen_of_each_other_invariant():
     assert rec["shortest"]["lease-fence"]["steps"] == 3
     assert rec["shortest"]["lease-fence"]["counterexample"][:2] == ["a", "b"]
     lines = run_lines(rec)
-    assert "  shortest failure seen per invariant: lease 2 steps, lease-fence 3 steps" in lines
-    at = lines.index(f"  lease-fence (3 steps, seen, not shrunk): {stale}")
+    assert (
+        "  shortest failure seen per invariant: claim 3 steps, lease 2 steps, lease-fence 3 steps"
+        in lines
+    )
+    at = lines.index(f"  claim, lease-fence (3 steps, seen, not shrunk): {stale}")  # shown once
     assert lines[at + 1 : at + 5] == ["    a", "    b", "      (w0 resumes)", "    c"]
     assert rec["invariants"] == ["lease"] and rec["status"] == "failed"
     alone = result(failure="invariant violated: lease: cut short", invariants=("lease",))
