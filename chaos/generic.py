@@ -100,7 +100,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
             self.adapter.queries = dict(self.queries)
         self.held: list[dict[str, Held]] = [{} for _ in self.workers]
         self.owing: frozenset[str] = frozenset()
-        self._unsure: tuple[str, int] | None = None  # a stale owner's write, answer lost
+        self._unsure: tuple[str, int, frozenset] | None = None  # a stale write, answer lost
         self.handles: list[dict[str, Claimed]] = [{} for _ in self.workers]  # claimed, not held
         self._duplicates = 0
         for w in self.workers:
@@ -165,10 +165,12 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
         rows, _ = real
         out = []
         if self._unsure is not None:
-            key, token = self._unsure
+            key, token, before = self._unsure
             landed = {r.status for r in rows if r.key == key}
             possible = {c.model.runs[key].status for c in self.candidates if key in c.model.runs}
-            if landed and not landed <= possible:
+            # landed where the fence should have refused it, or (a fence that lets it land:
+            # id only) moved the run to what only the write would have made of it
+            if landed and (not landed <= possible or landed & (possible - before)):
                 out.append(
                     Violation(
                         "lease-fence",
@@ -285,7 +287,11 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
         def lost() -> None:
             self.forget(worker)
             if not self.model.owns(h.job):
-                self._unsure = (h.job.key, h.job.token)
+                run = h.job.key  # its statuses as the write found them (none applied yet)
+                before = frozenset(
+                    c.model.runs[run].status for c in self.candidates if run in c.model.runs
+                )
+                self._unsure = (run, h.job.token, before)
 
         return lost
 

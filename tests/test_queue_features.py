@@ -489,3 +489,38 @@ def test_a_beat_that_forgets_lapsed_workers_keeps_their_runs_lapsed_whatever_the
         assert m.views()["1"].lease_left == left_after_moving_back
         m.extend_lease(first)  # w0 beats again: its row is back
         assert m.views()["1"].lease_left == 60
+
+
+# -- a stale write whose answer was lost: judged by the rows read back ------------------------
+
+
+def judged_after_a_lost_answer(status: str) -> list[str]:
+    """A stale holder's complete behind an id-only fence, its answer lost: the world is either
+    state (the write committed or not); the rows read back show ``status``."""
+    from types import SimpleNamespace
+
+    from knownstate.chaos.generic import GenericCheck
+
+    m = GenericModel(RunKind(**REAPED))  # fence: unless terminal (a write by id only)
+    m.enqueue("1")
+    [first] = m.claim(1).value
+    m.advance(60)
+    m.reclaim_stale()  # the run is waiting again; the first holder does not know
+    before = frozenset({m.runs["1"].status})
+    wrote = m.copy()
+    assert wrote.complete(first) == Won() and wrote.runs["1"].status == "succeeded"
+    check = SimpleNamespace(
+        _unsure=("1", first.token, before),
+        candidates=[SimpleNamespace(model=m), SimpleNamespace(model=wrote)],
+        receiver=None,
+        description=m.d,
+    )
+    rows = (generic.Observed("1", status, None, None, None),)
+    return [v.invariant for v in GenericCheck.kind_violations(check, (rows, ()))]
+
+
+def test_a_stale_write_that_landed_with_its_answer_lost_names_the_fence():
+    """The model's candidates explain both rows (id only lets the write land), so only what
+    the write found tells them apart: the run moved to what the stale write makes of it."""
+    assert judged_after_a_lost_answer("succeeded") == ["lease-fence"]
+    assert judged_after_a_lost_answer("todo") == []  # it did not land: nothing to name
