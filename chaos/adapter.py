@@ -51,7 +51,7 @@ from knownstate.model.contract import LostRace, Won
 from knownstate.model.generic import Timing
 
 from . import timings
-from .harness import EnvironmentFault, Worker, cut_socket
+from .harness import CLOCK_BASE, EnvironmentFault, Worker, cut_socket
 from .interleave import AsyncScheduledConnection, ScheduledConnection
 
 OK, RETRY, PERMANENT = "ok", "retry", "permanent"
@@ -235,8 +235,15 @@ class Adapter:
     connection_errors: ClassVar[tuple[type[BaseException], ...]] = ()
     """A driver of your own: its exceptions for a lost connection (psycopg's are known)."""
 
-    def __init__(self, timing: Timing):
+    def __init__(self, timing: Timing, fake_clock: bool = True):
         self.timing = timing
+        self.clock_base = CLOCK_BASE if fake_clock else 0
+
+    def now(self) -> dt.datetime:
+        """The application's clock, as the gate runs it: where the database's clock starts each
+        example (a week behind real time under the fake clock), moved by none of its jumps.
+        Pass it where the library stamps its own now (``Claim(unscheduled="application")``)."""
+        return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self.clock_base)
 
     # -- the operations (implement those your description has) --------------------------------
     def enqueue(self, conn, key: str) -> Any:

@@ -340,4 +340,5 @@ class Engine(FaultRules, Blocks, RuleBasedStateMachine):
                 f"{type(self).__name__} judged invariant(s) {sorted(unknown)} "
                 "that it does not declare: add them to own_invariants"
             )
+        self.stats.saw_failure(message, names, self.trace)
         self.run.failed(message, names, self.trace)

@@ -19,9 +19,9 @@ containing it gets a mutant without it, which must be caught naming the invarian
 stands for. A user adds hand-written ones with ``kind(..., mutants=[...])``.
 
 The parts live beside it: the external side in :mod:`.receiver`, the claim race rule in
-:mod:`.claimrace`, calling the adapter in :mod:`.adaptercall`, what a description and an
-adapter must give each other (the adapter's problems, the derived mutants, the required
-events) in :mod:`.genericbuild`.
+:mod:`.claimrace`, the fault policy's questions in :mod:`.genericfaults`, calling the adapter
+in :mod:`.adaptercall`, what a description and an adapter must give each other (the
+adapter's problems, the derived mutants, the required events) in :mod:`.genericbuild`.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from .adapter import worker_class as adapter_worker
 from .check import QUANTUM, Action, FaultPolicy, KindCheck
 from .adaptercall import AdapterCalls, Counted
 from .claimrace import ClaimRace
+from .cluster import DbClock
+from .genericfaults import FaultAnswers
 from .genericbuild import (  # noqa: F401 (GUARDS, KindError: this module's public names too)
     GUARDS,
     KindError,
@@ -72,7 +74,7 @@ def _order(key: str) -> tuple:
     return (0, int(key), "") if key.isdigit() else (1, 0, key)
 
 
-class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
+class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindCheck):
     """The check of a described queue. Built by :func:`kind`; not subclassed by hand."""
 
     description: ClassVar[RunKind]
@@ -92,12 +94,13 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
 
     # -- set-up -------------------------------------------------------------------------------
     def reset_example(self) -> None:
-        self.adapter = self.adapter_class(self.timing)
+        fake = isinstance(self.env.clock, DbClock)  # else now() is real time: no base to match
+        self.adapter = self.adapter_class(self.timing, fake_clock=fake)
         if self.queries is not None:
             self.adapter.queries = dict(self.queries)
         self.held: list[dict[str, Held]] = [{} for _ in self.workers]
         self.owing: frozenset[str] = frozenset()
-        self._unsure: tuple[str, int] | None = None  # a stale owner's write, answer lost
+        self._unsure: tuple[str, int, frozenset] | None = None  # a stale write, answer lost
         self.handles: list[dict[str, Claimed]] = [{} for _ in self.workers]  # claimed, not held
         self._duplicates = 0
         for w in self.workers:
@@ -162,10 +165,12 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
         rows, _ = real
         out = []
         if self._unsure is not None:
-            key, token = self._unsure
+            key, token, before = self._unsure
             landed = {r.status for r in rows if r.key == key}
             possible = {c.model.runs[key].status for c in self.candidates if key in c.model.runs}
-            if landed and not landed <= possible:
+            # landed where the fence should have refused it, or (a fence that lets it land:
+            # id only) moved the run to what only the write would have made of it
+            if landed and (not landed <= possible or landed & (possible - before)):
                 out.append(
                     Violation(
                         "lease-fence",
@@ -213,97 +218,6 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
     def forget(self, worker) -> None:
         self.held[worker.index].clear()
         self.handles[worker.index].clear()
-
-    # -- the fault policy's questions ------------------------------------------------------------
-    def clock_matters(self) -> bool:
-        held = {key for _, key in self._holding()}
-        m = self.model
-        return any(
-            (r.status == m.owned and r.key not in held)
-            or (r.status == self.description.initial and r.due > m.now)
-            for r in m.runs.values()
-        )
-
-    def turns(self, w: int) -> list[str]:
-        """What ``w`` can do next: record an outcome, make the external call, claim; and, while
-        it holds runs, its heartbeat, whose timer may fire first (after a stall it is overdue)."""
-        ops = {a.op for a in self.actions(w)}
-        return [op for op in ("record", "send", "claim", self.heartbeat_op) if op in ops]
-
-    def turn(self, w: int, data) -> None:
-        """The step that meets the fault armed for it: a lost reply meets the external call,
-        a COMMIT fault a step that commits; or the heartbeat, when its timer fires first."""
-        options = self.turns(w)
-        step = options[0]
-        if self.reply_lost_armed == w and "send" in options:
-            step = "send"
-        elif self.workers[w].before_commit is not None:
-            step = next((o for o in options if o != "send"), step)
-        beat = self.heartbeat_op
-        if beat in options and step != beat and self.reply_lost_armed != w:
-            if data.draw(st.booleans(), label="its heartbeat fires first"):
-                step = beat
-        if step == "claim":
-            self.do(w, self._claim(w, self._batches()[-1]))
-            return
-        if step == beat:
-            key = data.draw(st.sampled_from(self._mine(w, sent=None)), label="run")
-            self.do(w, self._extend(w, key))
-            return
-        key = data.draw(
-            st.sampled_from(self._mine(w, sent=step == "record" and self.receiver is not None)),
-            label="run",
-        )
-        if step == "send":
-            commit_armed = self.workers[w].before_commit is not None
-            answer = data.draw(st.sampled_from(self._answers()), label="answer")
-            self.do(w, self._send(w, key, answer))
-            if not commit_armed or key not in self.held[w]:
-                return
-            # A COMMIT fault was armed and the worker's next step is its call: its loop goes on
-            # to the write that commits, so the fault meets a COMMIT, not nothing.
-        self.do(w, data.draw(st.sampled_from(self._records(w, key)), label="work"))
-
-    def leases(self) -> list[int]:
-        """Workers holding a live lease; those that called out and have not recorded it yet when
-        there are any: a stall between the call and the record is where a stale owner's write
-        meets the reaper and a new owner."""
-        m = self.model
-        live = {
-            r.key
-            for r in m.runs.values()
-            if r.status == m.owned and r.lease_until is not None and r.lease_until > m.now
-        }
-        holding = [(w, k) for w, k in self._holding() if k in live and m.owns(self.held[w][k].job)]
-        sent = {w for w, k in holding if self.held[w][k].result is not None}
-        return sorted(sent or {w for w, _ in holding})
-
-    def next_write(self, w: int, data) -> frozenset:
-        """The write a worker's loop makes next is the record of a run it called out for: one
-        that called for none yet makes its call first. The runs: those it called for."""
-        if self.receiver is not None and not self._mine(w, sent=True) and self._mine(w, False):
-            key = data.draw(st.sampled_from(self._mine(w, sent=False)), label="run")
-            self.do(
-                w, self._send(w, key, data.draw(st.sampled_from(self._answers()), label="answer"))
-            )
-        return frozenset(self._mine(w, sent=True if self.receiver is not None else None))
-
-    def meanwhile(self, w: int, data, retake: bool = False) -> None:
-        """While ``w`` is frozen the reaper runs, or not, and the other worker claims again, or
-        not: a stale owner resumes on a run still waiting, re-claimed, or never taken back. With
-        ``retake`` both happen, the claim taking as many due runs as reaches ``w``'s."""
-        if not self.description.lease:
-            return
-        reaper = self.n_workers > self.REAPER
-        if not reaper or retake or data.draw(st.booleans(), label="reaper runs"):
-            if reaper:
-                self.do(self.REAPER, self._reap(self.REAPER))
-            if retake or data.draw(st.booleans(), label="the other worker claims"):
-                due = [r.key for r in self.model.due()]
-                mine = [due.index(k) + 1 for k in self.held[w] if k in due]
-                most = self._batches()[-1]
-                batch = min(most, max(mine)) if retake and mine else most
-                self.do(1 - w, self._claim(1 - w, batch))
 
     # -- helpers --------------------------------------------------------------------------------
     def _holding(self, sent: bool | None = None) -> list[tuple[int, str]]:
@@ -373,7 +287,11 @@ class GenericCheck(ClaimRace, ExternalCall, AdapterCalls, KindCheck):
         def lost() -> None:
             self.forget(worker)
             if not self.model.owns(h.job):
-                self._unsure = (h.job.key, h.job.token)
+                run = h.job.key  # its statuses as the write found them (none applied yet)
+                before = frozenset(
+                    c.model.runs[run].status for c in self.candidates if run in c.model.runs
+                )
+                self._unsure = (run, h.job.token, before)
 
         return lost
 

@@ -438,6 +438,17 @@ class Stats:
     faults: Counter = field(default_factory=Counter)
     events: Counter = field(default_factory=Counter)
     transitions: Counter = field(default_factory=Counter)
+    shortest: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
+    """Per invariant, the shortest failing example seen naming it (its failure and trace):
+    a run shrinks the first bug it finds, and this keeps what else it met on the way."""
+
+    def saw_failure(self, message: str, names: tuple[str, ...], trace: list[str]) -> None:
+        """A failing example: for each invariant it names, kept when shorter than any before
+        (in steps, a continuation line not counted; the first seen wins a tie)."""
+        for name in names:
+            kept = self.shortest.get(name)
+            if kept is None or _steps(trace) < _steps(kept[1]):
+                self.shortest[name] = (message, list(trace))
 
     def as_dict(self) -> dict:
         return {
@@ -447,4 +458,12 @@ class Stats:
             "faults": dict(self.faults),
             "events": dict(self.events),
             "transitions": {f"{s} -{e}-> {t}": n for (s, e, t), n in self.transitions.items()},
+            "shortest": {
+                name: {"failure": m, "counterexample": t, "steps": _steps(t)}
+                for name, (m, t) in sorted(self.shortest.items())
+            },
         }
+
+
+def _steps(trace: list[str]) -> int:
+    return sum(1 for line in trace if not line.startswith("  "))

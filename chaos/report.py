@@ -155,6 +155,7 @@ def _empty(unit: Unit, profile: str, status: str) -> dict:
         "faults": {},
         "events": {},
         "transitions": {},
+        "shortest": {},
         "coverage": {},
         "not_covered": [],
         "unavailable": [],
@@ -179,6 +180,7 @@ def _stats(rec: dict, stats) -> None:
         faults=d["faults"],
         events=d["events"],
         transitions=d["transitions"],
+        shortest=d.get("shortest", {}),
     )
 
 

@@ -68,6 +68,7 @@ def run_lines(r: dict) -> list[str]:
                 f"and {k['replays']} replays "
                 f"(from {k['steps_before']} rule steps to {k['steps_after']})"
             )
+        out += _others(r)
         out.append(f"  replay: {r['replay']}")
     elif r["vacuous"]:
         out.append("  vacuous: the run never observed " + "; ".join(r["vacuous"]))
@@ -75,6 +76,27 @@ def run_lines(r: dict) -> list[str]:
             "  (a gate that never reached these proves nothing about them: raise "
             "--examples/--steps, or try another seed)"
         )
+    return out
+
+
+def _others(r: dict) -> list[str]:
+    """The shortest failure seen per invariant, when the run met more than the one it shrank:
+    each other invariant's failing example as it was seen (not shrunk), in full."""
+    seen = r.get("shortest") or {}
+    if not set(seen) - set(r["invariants"]):
+        return []
+    out = [
+        "  shortest failure seen per invariant: "
+        + ", ".join(f"{name} {s['steps']} steps" for name, s in seen.items())
+    ]
+    examples: dict[tuple, list[str]] = {}  # one example may be the shortest of several
+    for name, s in seen.items():
+        if name not in r["invariants"]:
+            examples.setdefault((s["failure"], tuple(s["counterexample"])), []).append(name)
+    for (failure, trace), names in examples.items():
+        steps = seen[names[0]]["steps"]
+        out.append(f"  {', '.join(names)} ({steps} steps, seen, not shrunk): {failure}")
+        out += [f"    {line}" for line in trace]
     return out
 
 

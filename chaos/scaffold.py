@@ -228,16 +228,26 @@ broken — under a minute, for the loop of changing the adapter and running the 
 for CI, is ``knownstate verify $name``: each observed three times, mutants caught.
 """
 
+import pytest
+
 from $package.binding import $title
+
+FENCE = [m.name for m in $title.mutants if m.invariant == "lease-fence"]
 
 
 def test_the_queue_meets_the_contract(check_run_kind):
     check_run_kind($title, profile="quick")
 
 
-def test_the_gate_catches_a_terminal_write_without_the_fence(check_run_kind):
+def test_the_gate_catches_a_write_without_the_fence(check_run_kind):
+    if not FENCE:
+        pytest.skip(
+            "no mutant of the fence: the gate derives them from the SQL the adapter names "
+            "(Adapter.queries with Adapter.guards); a library that runs SQL of its own names "
+            "none: give one with kind(..., mutants=[...])"
+        )
     # caught (the failure names lease-fence) is all this test asks: no shrinking
-    check_run_kind($title, mutant="no-fence-in-done", profile="quick", shrinks=0)
+    check_run_kind($title, mutant=FENCE[0], profile="quick", shrinks=0)
 ''')
 
 README = Template("""\

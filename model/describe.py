@@ -91,10 +91,14 @@ class Claim(BaseModel):
         "that re-picks stale work itself, with no reaper between): needs "
         "'<owned> -claim-> <owned>'",
     )
-    unscheduled: Literal["at-enqueue", "always"] = Field(
+    unscheduled: Literal["at-enqueue", "always", "application"] = Field(
         "at-enqueue",
         description="when a run added without a schedule is due: from the database's now at "
-        "enqueue, or always (a NULL schedule, due whatever the clock says, even moved back)",
+        "enqueue, or always (a NULL schedule, due whatever the clock says, even moved back), or "
+        "from the application's now at enqueue (chancy's Job.scheduled_at): due when the "
+        "database's clock reaches it. The application's clock is the one the gate hands the "
+        "adapter (Adapter.now()): it starts where the database's does and none of the gate's "
+        "database clock jumps move it, so the skew between them is at most the jumps drawn",
     )
     most: int | None = Field(
         None,

@@ -253,6 +253,12 @@ class GenericModel:
         self.now += seconds
         self.app_ahead -= seconds  # the database's clock moved, not the application's
 
+    def app_now(self) -> int:
+        """The application's clock the gate hands the adapter (``Adapter.now()``), in database
+        time: it started where the database's did, and the gate's clock jumps moved the
+        database's only (the library's own clock, real time, is ``APP_AHEAD`` further on)."""
+        return self.now + self.app_ahead - APP_AHEAD
+
     def next_key(self) -> str:
         return str(self._next)
 
@@ -324,8 +330,8 @@ class GenericModel:
         without one a lost race (another producer created it first)."""
         if key in self.runs:
             return Won(key) if self.d.idempotency_key else LostRace(KEY_TAKEN)
-        always = self.d.claim.unscheduled == "always"  # a NULL schedule: due whatever the clock
-        r = Run(key, self._next, CREATED, 0, ALWAYS_DUE if always else self.now)
+        due = {"always": ALWAYS_DUE, "application": self.app_now()}  # a NULL schedule: always
+        r = Run(key, self._next, CREATED, 0, due.get(self.d.claim.unscheduled, self.now))
         self._next = max(self._next, int(key) + 1) if key.isdigit() else self._next + 1
         self._move(r, ENQUEUE)
         return Won(key)

@@ -7,6 +7,7 @@ test with the gate's report — used from a user's test file.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -76,6 +77,29 @@ def test_init_kind_scaffolds_a_package_whose_tests_pass_and_the_fixtures_work(tm
     assert run.returncode == 0 and "4 passed" in run.stdout, run.stdout[-4000:] + run.stderr
     # progress reaches the terminal while pytest captures the test's output
     assert "demo-queue seed 1: " in run.stdout and "still to observe" in run.stdout, run.stdout
+
+
+def test_the_scaffolds_mutant_test_says_what_to_do_for_a_library_with_no_named_sql(tmp_path):
+    """A library runs SQL of its own: its adapter names no queries, so the gate derives no
+    mutant of the fence. The scaffold's test then skips, saying how to give one, and does not
+    fail asking for a mutant that does not exist (issue 20, item 10)."""
+    assert main(["init-kind", "lib-queue", "--dir", str(tmp_path)]) == 0
+    root = tmp_path / "lib-queue"
+    binding = root / "lib_queue_kind" / "binding.py"
+    named = re.compile(r"    queries = queue\.QUERIES.*?\n    guards = \{.*?\}\n", re.S)
+    text, n = named.subn("", binding.read_text())  # no named SQL, no guard in it: a library's
+    assert n == 1
+    binding.write_text(text)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", "fence"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode == 0 and "1 skipped" in run.stdout, out[-4000:]
+    assert "no mutant of the fence" in run.stdout and "kind(..., mutants=[...])" in run.stdout
 
 
 def test_init_kind_refuses_a_bad_name_or_an_existing_folder(tmp_path, capsys):

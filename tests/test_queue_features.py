@@ -4,8 +4,8 @@ Each feature with its model semantics: a claim that re-picks lapsed work itself 
 reaper that does not know the retry policy, attempts counted as retries, a give-up decided on
 the worker's count, a guard by id only ("unless terminal"), writes that answer nothing, a
 heartbeat per worker (the adapter's claim is told its worker), a claim of one job at a time, a
-reaper that re-queues without a retry policy, a re-queue stamped by the application's clock,
-and a library in autocommit (no COMMIT for a fault to meet).
+reaper that re-queues without a retry policy, a re-queue or a new run's schedule stamped by
+the application's clock, and a library in autocommit (no COMMIT for a fault to meet).
 """
 
 from __future__ import annotations
@@ -322,6 +322,35 @@ def test_a_run_with_no_schedule_is_due_whatever_the_clock():
     assert at_enqueue.due() == []
 
 
+def test_a_schedule_the_application_stamps_is_due_when_the_database_reaches_it():
+    app = GenericModel(RunKind(**{**REAPED, "claim": Claim(how="one", unscheduled="application")}))
+    app.advance(-60)  # the database's clock moved back; the application's did not
+    app.enqueue("1")
+    assert app.due() == []  # stamped a minute in the database's future
+    app.advance(60)
+    assert [r.key for r in app.due()] == ["1"]
+    app.advance(60)  # now the database's clock is ahead: a new run is due at once
+    app.enqueue("2")
+    assert [r.key for r in app.due()] == ["1", "2"]
+    at_enqueue = GenericModel(RunKind(**REAPED))
+    at_enqueue.advance(-60)
+    at_enqueue.enqueue("1")
+    assert [r.key for r in at_enqueue.due()] == ["1"]  # the database's now: due at once
+
+
+def test_the_application_clock_the_gate_hands_an_adapter_starts_where_the_databases_does():
+    from datetime import UTC, datetime, timedelta
+
+    from knownstate.chaos.adapter import Adapter
+    from knownstate.chaos.harness import CLOCK_BASE
+
+    timing = generic.Timing.of(RunKind(**REAPED))
+    week_back = datetime.now(UTC) + timedelta(seconds=CLOCK_BASE)
+    assert abs(Adapter(timing).now() - week_back) < timedelta(seconds=5)
+    assert abs(Adapter(timing, fake_clock=False).now() - datetime.now(UTC)) < timedelta(seconds=5)
+    assert GenericModel(RunKind(**REAPED)).app_now() == 0  # model time: the database's start
+
+
 # -- chancy: a fence on a claim id, keys of the producers', a schedule the reaper leaves ------
 
 CHANCY_LIKE = dict(
@@ -460,3 +489,38 @@ def test_a_beat_that_forgets_lapsed_workers_keeps_their_runs_lapsed_whatever_the
         assert m.views()["1"].lease_left == left_after_moving_back
         m.extend_lease(first)  # w0 beats again: its row is back
         assert m.views()["1"].lease_left == 60
+
+
+# -- a stale write whose answer was lost: judged by the rows read back ------------------------
+
+
+def judged_after_a_lost_answer(status: str) -> list[str]:
+    """A stale holder's complete behind an id-only fence, its answer lost: the world is either
+    state (the write committed or not); the rows read back show ``status``."""
+    from types import SimpleNamespace
+
+    from knownstate.chaos.generic import GenericCheck
+
+    m = GenericModel(RunKind(**REAPED))  # fence: unless terminal (a write by id only)
+    m.enqueue("1")
+    [first] = m.claim(1).value
+    m.advance(60)
+    m.reclaim_stale()  # the run is waiting again; the first holder does not know
+    before = frozenset({m.runs["1"].status})
+    wrote = m.copy()
+    assert wrote.complete(first) == Won() and wrote.runs["1"].status == "succeeded"
+    check = SimpleNamespace(
+        _unsure=("1", first.token, before),
+        candidates=[SimpleNamespace(model=m), SimpleNamespace(model=wrote)],
+        receiver=None,
+        description=m.d,
+    )
+    rows = (generic.Observed("1", status, None, None, None),)
+    return [v.invariant for v in GenericCheck.kind_violations(check, (rows, ()))]
+
+
+def test_a_stale_write_that_landed_with_its_answer_lost_names_the_fence():
+    """The model's candidates explain both rows (id only lets the write land), so only what
+    the write found tells them apart: the run moved to what the stale write makes of it."""
+    assert judged_after_a_lost_answer("succeeded") == ["lease-fence"]
+    assert judged_after_a_lost_answer("todo") == []  # it did not land: nothing to name

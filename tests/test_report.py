@@ -174,6 +174,44 @@ def test_a_failure_says_how_long_finding_and_shrinking_it_took():
     )
 
 
+def test_a_failure_shows_the_shortest_failure_seen_of_each_other_invariant():
+    """A run shrinks the first bug it finds; another invariant's failure met on the way is
+    reported too, the shortest seen of each, as seen (issue 20, item 2). Reported only: the
+    verdict and the counterexample are the shrunk one's."""
+    r = result(failure="invariant violated: lease: cut short", invariants=("lease",))
+    stale = "invariant violated: lease-fence: a stale write landed"
+    r.stats.saw_failure(stale, ("lease-fence",), ["a", "b", "c", "d", "e", "f"])
+    r.stats.saw_failure(stale, ("lease-fence",), ["a", "b", "  (w0 resumes)", "c"])
+    r.stats.saw_failure(stale, ("lease-fence",), ["x", "y", "z"])  # a tie: the first stays
+    r.stats.saw_failure(stale, ("lease-fence", "claim"), ["a", "b", "  (w0 resumes)", "c"])
+    r.stats.saw_failure("invariant violated: lease: cut short", ("lease",), ["a", "b"])
+    unit = Unit(0, "outbox", 1, None)
+    rec = finished_record(unit, r, REPLAY)
+    validate(report_of(unit, rec))
+    assert rec["shortest"]["lease-fence"]["steps"] == 3
+    assert rec["shortest"]["lease-fence"]["counterexample"][:2] == ["a", "b"]
+    lines = run_lines(rec)
+    assert (
+        "  shortest failure seen per invariant: claim 3 steps, lease 2 steps, lease-fence 3 steps"
+        in lines
+    )
+    at = lines.index(f"  claim, lease-fence (3 steps, seen, not shrunk): {stale}")  # shown once
+    assert lines[at + 1 : at + 5] == ["    a", "    b", "      (w0 resumes)", "    c"]
+    assert rec["invariants"] == ["lease"] and rec["status"] == "failed"
+    alone = result(failure="invariant violated: lease: cut short", invariants=("lease",))
+    alone.stats.saw_failure("invariant violated: lease: cut short", ("lease",), ["a"])
+    assert not any(
+        "per invariant" in line for line in run_lines(finished_record(unit, alone, REPLAY))
+    )
+
+
+def report_of(unit: Unit, rec: dict) -> dict:
+    rep = report([unit])
+    rep.start(unit)
+    rep.finish(unit, rec)
+    return rep.document()
+
+
 def test_an_environment_fault_marks_the_run_in_progress_not_a_failure():
     doc = _cut("environment", None)
     assert [r["status"] for r in doc["runs"]] == ["passed", "environment", "not run"]

@@ -3,7 +3,6 @@
 import asyncio
 import contextlib
 from types import SimpleNamespace
-from datetime import UTC, datetime
 
 from chancy import Chancy, Job, Queue, Worker
 from chancy.executors.asyncex import AsyncExecutor
@@ -25,7 +24,7 @@ CHANCY = RunKind(
         "running -complete-> succeeded",
         "running -reclaim-> pending",
     ),
-    claim=Claim(how="pending jobs due, SKIP LOCKED, a new claim_id each", unscheduled="always"),
+    claim=Claim(how="pending jobs due, SKIP LOCKED, new claim_id", unscheduled="application"),
     lease=Lease(
         seconds="90s",
         heartbeat="30s",
@@ -57,8 +56,8 @@ class ChancyAdapter(Adapter):
         app.pool = SimpleNamespace(open=lambda: asyncio.sleep(0), connection=lambda: lent(conn))
         return Worker(app, worker_id=worker_id, heartbeat_timeout=self.timing.lease)
 
-    async def enqueue(self, conn, key):  # due whatever either clock says (README: the clocks)
-        job = Job(func="run", kwargs={"key": key}, scheduled_at=datetime(1970, 1, 1, tzinfo=UTC))
+    async def enqueue(self, conn, key):  # stamped by the application's clock, the gate's
+        job = Job(func="run", kwargs={"key": key}, scheduled_at=self.now())
         return (await self.worker(conn, "producer").chancy.push(job)).identifier
 
     async def claim(self, conn, batch, worker):  # a Worker announces itself as it starts

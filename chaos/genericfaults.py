@@ -1,0 +1,107 @@
+"""The fault policy's questions, answered for a described queue: a mixin of
+:class:`~.generic.GenericCheck`.
+
+The base's fault policy asks a kind when the clock matters, what a worker does next (and which
+step meets an armed fault), who holds a live lease, which write a worker makes next, and what
+happens while a worker is frozen. A described queue answers from its model and the runs its
+workers hold, with the generic check's helpers (``_holding``, ``_mine``, ``_claim``, ``_send``,
+``_records``, ``_extend``, ``_reap``).
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+
+class FaultAnswers:
+    """The generic check's answers to the fault policy."""
+
+    def clock_matters(self) -> bool:
+        held = {key for _, key in self._holding()}
+        m = self.model
+        return any(
+            (r.status == m.owned and r.key not in held)
+            or (r.status == self.description.initial and r.due > m.now)
+            for r in m.runs.values()
+        )
+
+    def turns(self, w: int) -> list[str]:
+        """What ``w`` can do next: record an outcome, make the external call, claim; and, while
+        it holds runs, its heartbeat, whose timer may fire first (after a stall it is overdue)."""
+        ops = {a.op for a in self.actions(w)}
+        return [op for op in ("record", "send", "claim", self.heartbeat_op) if op in ops]
+
+    def turn(self, w: int, data) -> None:
+        """The step that meets the fault armed for it: a lost reply meets the external call,
+        a COMMIT fault a step that commits; or the heartbeat, when its timer fires first."""
+        options = self.turns(w)
+        step = options[0]
+        if self.reply_lost_armed == w and "send" in options:
+            step = "send"
+        elif self.workers[w].before_commit is not None:
+            step = next((o for o in options if o != "send"), step)
+        beat = self.heartbeat_op
+        if beat in options and step != beat and self.reply_lost_armed != w:
+            if data.draw(st.booleans(), label="its heartbeat fires first"):
+                step = beat
+        if step == "claim":
+            self.do(w, self._claim(w, self._batches()[-1]))
+            return
+        if step == beat:
+            key = data.draw(st.sampled_from(self._mine(w, sent=None)), label="run")
+            self.do(w, self._extend(w, key))
+            return
+        key = data.draw(
+            st.sampled_from(self._mine(w, sent=step == "record" and self.receiver is not None)),
+            label="run",
+        )
+        if step == "send":
+            commit_armed = self.workers[w].before_commit is not None
+            answer = data.draw(st.sampled_from(self._answers()), label="answer")
+            self.do(w, self._send(w, key, answer))
+            if not commit_armed or key not in self.held[w]:
+                return
+            # A COMMIT fault was armed and the worker's next step is its call: its loop goes on
+            # to the write that commits, so the fault meets a COMMIT, not nothing.
+        self.do(w, data.draw(st.sampled_from(self._records(w, key)), label="work"))
+
+    def leases(self) -> list[int]:
+        """Workers holding a live lease; those that called out and have not recorded it yet when
+        there are any: a stall between the call and the record is where a stale owner's write
+        meets the reaper and a new owner."""
+        m = self.model
+        live = {
+            r.key
+            for r in m.runs.values()
+            if r.status == m.owned and r.lease_until is not None and r.lease_until > m.now
+        }
+        holding = [(w, k) for w, k in self._holding() if k in live and m.owns(self.held[w][k].job)]
+        sent = {w for w, k in holding if self.held[w][k].result is not None}
+        return sorted(sent or {w for w, _ in holding})
+
+    def next_write(self, w: int, data) -> frozenset:
+        """The write a worker's loop makes next is the record of a run it called out for: one
+        that called for none yet makes its call first. The runs: those it called for."""
+        if self.receiver is not None and not self._mine(w, sent=True) and self._mine(w, False):
+            key = data.draw(st.sampled_from(self._mine(w, sent=False)), label="run")
+            self.do(
+                w, self._send(w, key, data.draw(st.sampled_from(self._answers()), label="answer"))
+            )
+        return frozenset(self._mine(w, sent=True if self.receiver is not None else None))
+
+    def meanwhile(self, w: int, data, retake: bool = False) -> None:
+        """While ``w`` is frozen the reaper runs, or not, and the other worker claims again, or
+        not: a stale owner resumes on a run still waiting, re-claimed, or never taken back. With
+        ``retake`` both happen, the claim taking as many due runs as reaches ``w``'s."""
+        if not self.description.lease:
+            return
+        reaper = self.n_workers > self.REAPER
+        if not reaper or retake or data.draw(st.booleans(), label="reaper runs"):
+            if reaper:
+                self.do(self.REAPER, self._reap(self.REAPER))
+            if retake or data.draw(st.booleans(), label="the other worker claims"):
+                due = [r.key for r in self.model.due()]
+                mine = [due.index(k) + 1 for k in self.held[w] if k in due]
+                most = self._batches()[-1]
+                batch = min(most, max(mine)) if retake and mine else most
+                self.do(1 - w, self._claim(1 - w, batch))
