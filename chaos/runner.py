@@ -358,6 +358,45 @@ def _step_pass(shrinker):
     return ShrinkPass(delete_step)
 
 
+def _delete_steps(shrinker) -> None:
+    """Before Hypothesis's passes: delete whole steps until none goes, one at a time (last
+    first), then two at once (the later one last first) when no single one goes, each deletion
+    one replay. A later step draws its row as a place in a list of the rows it can act on now,
+    so deleting one earlier step (a block that moved a run) may make a later one draw another
+    row and the race never happen, while deleting it with the step that then moves the other
+    row keeps every later draw where it was (compensate-outside-run-lock at seed 3: two blocks
+    moving runs the race never touches, each needed while the other stayed, kept it at 12
+    steps). Inside Hypothesis's rounds a pass stops after 20 failures and its own passes then
+    spend the stall budget, so pairs were hardly tried there. Bounded by the same counts
+    (:data:`STEP_STALL`, the replay budget)."""
+    from hypothesis.internal.conjecture.shrinker import StopShrinking
+
+    def without(*spans) -> bool:
+        nodes, kept, start = shrinker.nodes, [], 0
+        for span in sorted(spans, key=lambda s: s.start):
+            kept += nodes[start : span.start]
+            start = span.end
+        return shrinker.consider_new_nodes(kept + list(nodes[start:]))
+
+    def one() -> bool:
+        steps = _step_spans(shrinker.shrink_target)
+        return any(without(steps[i]) for i in reversed(range(len(steps))))
+
+    def two() -> bool:
+        steps = _step_spans(shrinker.shrink_target)
+        return any(
+            without(steps[i], steps[j])
+            for j in reversed(range(len(steps)))
+            for i in reversed(range(j))
+        )
+
+    try:
+        while one() or two():
+            pass
+    except StopShrinking:
+        pass
+
+
 STEP_STALL = 200
 """Replays Hypothesis's passes may go on without deleting a step before shrinking stops: its
 later passes lower the values a step draws (a smaller id, an earlier rule), which reads a little
@@ -450,6 +489,7 @@ def shrink_budget(replays: int, run: RunState | None = None):
         s = self.new_shrinker(initial, predicate, allow_transition)
         s.shrink_passes.insert(0, _step_pass(s))
         _stop_when_no_step_goes(s)
+        _delete_steps(s)
         s.shrink()
         run.shrinking.steps = (_steps(initial), _steps(s.shrink_target))
         return s.shrink_target
