@@ -341,35 +341,21 @@ def batch_seed(seed: int, batch: int) -> int:
 
 
 def _step_pass(shrinker):
-    """Our own shrink pass, first of Hypothesis's and run in each of its rounds: delete one whole
-    step (an operation, a fault, a block), last first, in one replay. Hypothesis's passes delete
-    a few choices at a time, so a step that draws many (a block, a fault with its parameters)
-    took them many replays to remove, or none did; after its passes lower a step's values (an
-    earlier rule, a smaller id), a step that was needed often no longer is."""
-    from hypothesis.internal.conjecture.shrinker import ShrinkPass
+    """Our own shrink pass, first of Hypothesis's: delete whole steps (an operation, a fault, a
+    block) until none goes, one at a time (last first), then two at once (the later one last
+    first) when no single one goes, each deletion one replay. It runs once for each new target
+    in each of Hypothesis's rounds: after its passes lower a step's values (an earlier rule, a
+    smaller id), a step that was needed often no longer is. Hypothesis's passes delete a few
+    choices at a time, so a step that draws many (a block, a fault with its parameters) took
+    them many replays to remove, or none did.
 
-    def delete_step(chooser) -> None:
-        steps = _step_spans(shrinker.shrink_target)
-        if steps:
-            span = steps[-1 - chooser.choose(range(len(steps)))]
-            nodes = shrinker.nodes
-            shrinker.consider_new_nodes(nodes[: span.start] + nodes[span.end :])
-
-    return ShrinkPass(delete_step)
-
-
-def _delete_steps(shrinker) -> None:
-    """Before Hypothesis's passes: delete whole steps until none goes, one at a time (last
-    first), then two at once (the later one last first) when no single one goes, each deletion
-    one replay. A later step draws its row as a place in a list of the rows it can act on now,
+    Two at once: a later step draws its row as a place in a list of the rows it can act on now,
     so deleting one earlier step (a block that moved a run) may make a later one draw another
     row and the race never happen, while deleting it with the step that then moves the other
     row keeps every later draw where it was (compensate-outside-run-lock at seed 3: two blocks
     moving runs the race never touches, each needed while the other stayed, kept it at 12
-    steps). Inside Hypothesis's rounds a pass stops after 20 failures and its own passes then
-    spend the stall budget, so pairs were hardly tried there. Bounded by the same counts
-    (:data:`STEP_STALL`, the replay budget)."""
-    from hypothesis.internal.conjecture.shrinker import StopShrinking
+    steps). Bounded by the same counts (:data:`STEP_STALL`, the replay budget)."""
+    from hypothesis.internal.conjecture.shrinker import ShrinkPass
 
     def without(*spans) -> bool:
         nodes, kept, start = shrinker.nodes, [], 0
@@ -390,11 +376,11 @@ def _delete_steps(shrinker) -> None:
             for i in reversed(range(j))
         )
 
-    try:
+    def delete_steps(chooser) -> None:
         while one() or two():
             pass
-    except StopShrinking:
-        pass
+
+    return ShrinkPass(delete_steps)
 
 
 STEP_STALL = 200
@@ -489,7 +475,6 @@ def shrink_budget(replays: int, run: RunState | None = None):
         s = self.new_shrinker(initial, predicate, allow_transition)
         s.shrink_passes.insert(0, _step_pass(s))
         _stop_when_no_step_goes(s)
-        _delete_steps(s)
         s.shrink()
         run.shrinking.steps = (_steps(initial), _steps(s.shrink_target))
         return s.shrink_target
