@@ -352,9 +352,10 @@ def _step_pass(shrinker):
     Two at once: a later step draws its row as a place in a list of the rows it can act on now,
     so deleting one earlier step (a block that moved a run) may make a later one draw another
     row and the race never happen, while deleting it with the step that then moves the other
-    row keeps every later draw where it was (compensate-outside-run-lock at seed 3: two blocks
-    moving runs the race never touches, each needed while the other stayed, kept it at 12
-    steps). Bounded by the same counts (:data:`STEP_STALL`, the replay budget)."""
+    row keeps every later draw where it was (a step up and a step down between two ticks that
+    must both see 0: ``tests/test_shrinking.py``). Three that only go together stay
+    (compensate-outside-run-lock at seed 3 keeps 12 steps). Bounded by the same counts
+    (:data:`STEP_STALL`, the replay budget)."""
     from hypothesis.internal.conjecture.shrinker import ShrinkPass
 
     def without(*spans) -> bool:
