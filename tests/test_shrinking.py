@@ -101,3 +101,44 @@ def test_shrinking_stops_at_its_count_of_replays():
     run, message = shrunk(replays=3)
     assert run.shrinking.replays == 3
     assert message == "alpha"  # past the budget, the smallest failure so far is the answer
+
+
+def test_the_step_pass_deletes_two_steps_when_no_single_one_goes():
+    """A step up and a step down between the two ticks a failure needs: deleting either alone
+    moves the second tick off 0 (as deleting one block that moved a run makes a later step draw
+    another row), deleting both keeps it there. The pass alone, none of Hypothesis's: one at a
+    time it stopped at five steps."""
+    from random import Random
+
+    from hypothesis.internal.conjecture.data import Status
+    from hypothesis.internal.conjecture.engine import ConjectureRunner
+    from hypothesis.stateful import STATE_MACHINE_RUN_LABEL
+
+    tick, mark, up, down = range(4)
+
+    def steps(data) -> None:
+        level = ticks = marks = 0
+        while True:
+            data.start_span(STATE_MACHINE_RUN_LABEL)
+            if not data.draw_boolean():
+                data.stop_span()
+                return
+            step = data.draw_integer(0, 3)
+            level += (step == up) - (step == down)
+            marks += step == mark
+            ticks += step == tick and level == 0
+            data.stop_span()
+            if ticks >= 2 and marks:
+                data.mark_interesting(("alpha",))
+
+    drawn = [tick, up, mark, up, down, tick, down, tick]
+    engine = ConjectureRunner(
+        steps,
+        settings=settings(database=None, suppress_health_check=list(HealthCheck)),
+        random=Random(0),
+    )
+    initial = engine.cached_test_function([c for s in drawn for c in (True, s)] + [False])
+    assert initial.status == Status.INTERESTING
+    shrinker = engine.new_shrinker(initial, lambda d: d.status == Status.INTERESTING)
+    shrinker.fixate_shrink_passes([runner._step_pass(shrinker)])
+    assert shrinker.shrink_target.choices == (True, tick, True, mark, True, tick)
