@@ -26,9 +26,12 @@ MUTANTS = [
         "a save's success replaces the local copy with the snapshot it sent: an edit typed "
         "during the save is gone",
     ),
+    # the seed's "nothing deletes [unsaved work] until a save of that work succeeded": the
+    # draft goes before the save's answer, whether the save then lands (the edit is stored, no
+    # edit lost) or not (then the edit is lost too)
     _client(
         "draft-cleared-when-save-starts",
-        "no-edit-lost-silently",
+        "unsaved-work-in-one-place",
         "the draft is removed as soon as a save starts: a save that gets no answer leaves the "
         "edit in memory only",
     ),

@@ -153,6 +153,7 @@ def test_client_options_are_checked_before_anything_starts(argv, message, capsys
 
 @slow
 def test_the_reference_client_passes_a_small_run(knownstate_env):
+    traces: list[list[str]] = []
     r = run_check(
         BrowserDocumentSessionCheck,
         knownstate_env,
@@ -160,6 +161,7 @@ def test_the_reference_client_passes_a_small_run(knownstate_env):
         steps=30,
         seed=3,
         require_all=False,
+        traces=traces,
     )
     assert r.failure is None, f"{r.failure}\n" + "\n".join(r.counterexample)
     assert r.steps > 100 and r.stats.transitions
@@ -167,6 +169,12 @@ def test_the_reference_client_passes_a_small_run(knownstate_env):
     # the rare situations are reached on purpose (a seed's length is set by its rarest one)
     aimed = ("sibling draft adopted", "sibling draft discarded", "two tabs of one user raced")
     assert all(r.stats.events[e] for e in aimed), {e: r.stats.events[e] for e in aimed}
+    # a sibling draft's offer is judged before the user chooses: the new tab's load and her
+    # choice are steps of their own (one step could cover what the load did)
+    lines = [line for t in traces for line in t]
+    loads = [x for x in lines if re.match(r"a[12] opens \(alice, writer a[12]-\d+\) beside", x)]
+    chose = [x for x in lines if re.match(r"a[12] (adopts|discards) the sibling draft of", x)]
+    assert loads and chose, "\n".join(lines[-20:])
     left = [("conflict", "discard_reloaded", "clean"), ("offline", "discard_reloaded", "clean")]
     left += [("offline", "close", "closed")]
     assert all(r.stats.transitions[t] for t in left), {t: r.stats.transitions[t] for t in left}

@@ -445,7 +445,9 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
         A new tab of hers (where her other tab was, closed first if it was open) opens as a
         fresh writer: the draft is offered, never applied; she adopts it (a clean tab can) or
         discards it. Reached on purpose: it takes a tab with work, a free slot beside it, a
-        fresh open and the choice, in that order."""
+        fresh open and the choice, in that order. Each is a step of its own, compared and
+        judged before the next (``_judged``): what the leaving tab left, and what the new tab
+        did on load, are seen before the user's choice can cover them."""
         free, other = data.draw(st.sampled_from(self._sibling_scenes()), label="tabs")
         self.budget["sibling"] -= 1
         now = self.clock
@@ -456,7 +458,7 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
         self.writer_n[free] += 1
         writer, theirs = f"{free}-{self.writer_n[free]}", self.sessions[other].writer_id
 
-        def script(side):
+        def leave(side):
             if close_first:
                 side.tab(free).close()
             if patch is not None:
@@ -467,25 +469,32 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
                     if leaves.endswith("after the request"):
                         side.send(other, req)
                 side.crash(other)
+
+        def load(side):
             t = side.open(free, "alice", writer)
             req = t.begin_read("load")
-            t.finish_read(req, side.send(free, req))
-            offered = [d["writerId"] for d in t.siblings]
-            if not offered:
-                return None
-            chosen = theirs if theirs in offered else min(offered)
-            if adopt and t.state is State.CLEAN:
-                return t.adopt(chosen)
-            return t.discard_sibling(chosen)
+            return t.finish_read(req, side.send(free, req))
 
         steps = [f"close {free}"] if close_first else []
         steps += [f"edit {other} {fmt_patch(patch)}"] if patch is not None else []
-        steps += [
-            f"{other} {leaves}",
-            f"{free} opens (alice, writer {writer}) and {'adopts' if adopt else 'discards'} "
-            "the sibling draft it is offered (discards it when it cannot adopt)",
-        ]
-        self._run(", ".join(steps), script)
+        steps += [] if leaves == "stays open" else [f"{other} {leaves}"]
+        if steps:
+            self._judged(", ".join(steps), leave)
+        self._judged(f"{free} opens (alice, writer {writer}) beside {other}'s draft", load)
+        t = self.sessions.get(free)
+        offered = [d["writerId"] for d in t.siblings] if t is not None else []
+        if not offered:
+            return
+        chosen = theirs if theirs in offered else min(offered)
+        if adopt and t.state is State.CLEAN:
+            self._run(
+                f"{free} adopts the sibling draft of {chosen}", lambda s: s.tab(free).adopt(chosen)
+            )
+        else:
+            self._run(
+                f"{free} discards the sibling draft of {chosen}",
+                lambda s: s.tab(free).discard_sibling(chosen),
+            )
 
     def _calm_slots(self, budget: str, *states: State) -> list[str]:
         """Tabs in ``states`` whose way to the server works (no fault on their link nor on the
@@ -569,9 +578,13 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
         """A rule's first step, which brings ``slot`` to ``state`` for the user to act on: it is
         compared and judged as a step of its own (what the tab does on its way there is seen
         before the user's next action can cover it). True when ``slot`` got there."""
+        self._judged(label, script)
+        return self._state(slot) is state
+
+    def _judged(self, label: str, script) -> None:
+        """A step the rule's next one must not cover: run, compared and judged on its own."""
         self._run(label, script)
         self.model_agrees()
-        return self._state(slot) is state
 
     # Listed twice (drawn twice as often while enabled; the budget still caps it): a tab is
     # calm and holds work for only part of an example, and a conflict has seven ways out.
