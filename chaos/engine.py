@@ -317,11 +317,10 @@ class Engine(FaultRules, Blocks, RuleBasedStateMachine):
         alone. Several guarantees may be named where which one broke depends on the order the
         operations are read in (a concurrent block)."""
         self.env.ensure_alive()
-        judged = violations is None
-        if judged:
+        if violations is None:
             violations = self.judged(real)
         names = list(dict.fromkeys((otherwise,) if isinstance(otherwise, str) else otherwise or ()))
-        extra = [n for n in names if n not in {v.invariant for v in violations}] if judged else []
+        extra = [n for n in names if n not in {v.invariant for v in violations}]
         if violations:
             message = "invariant violated: " + "; ".join(map(str, violations))
             if extra:
