@@ -144,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
         "exits 1",
     )
     v.add_argument(
+        "--invariant",
+        metavar="NAME",
+        help="look for a failure naming this invariant and shrink it: failures naming only "
+        "others are kept in the report's shortest failures seen but do not end the run (when "
+        "none names it, the shortest of them is the verdict's, unshrunk)",
+    )
+    v.add_argument(
         "--timings",
         action="store_true",
         help="print per run where its time went (crash and restart, Toxiproxy, new "
