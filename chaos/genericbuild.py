@@ -158,3 +158,11 @@ def required_events(
     if d.idempotency_key:
         out.append("repeat answered")
     return tuple(out)
+
+
+def reaping(d: RunKind, w: int) -> bool:
+    """Whether worker ``w`` runs the reaper: w2, the reaper process, when the lease is taken
+    back by one; the loop's workers w0 and w1 too, unless one reaper runs at a time
+    (``Lease(reapers="one")``: then no block races two)."""
+    taken_back = d.lease is not None and bool(d.lease.taken_back_by)
+    return taken_back and (w == 2 or d.lease.reapers == "any")

@@ -243,6 +243,19 @@ REAPED = dict(
 )
 
 
+def test_one_reaper_at_a_time_is_the_reaper_process_alone():
+    """``Lease(reapers="one")``: only w2, the reaper process, reaps, so no block races two
+    reapers; by default the loop's workers reap too; without a reaper nobody does."""
+    from knownstate.chaos.genericbuild import reaping
+
+    one = described(
+        **{**REAPED, "lease": Lease(seconds=60, taken_back_by=("reclaim",), reapers="one")}
+    )
+    assert [reaping(one, w) for w in range(3)] == [False, False, True]
+    assert [reaping(described(**REAPED), w) for w in range(3)] == [True, True, True]
+    assert not any(reaping(described(), w) for w in range(3))
+
+
 def test_a_claim_of_one_job_at_a_time_asks_for_one():
     from knownstate.chaos.adapter import Adapter
     from knownstate.chaos.generic import kind
