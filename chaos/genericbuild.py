@@ -110,10 +110,13 @@ def required_events(
     d: RunKind, mode: str, owners_only: bool | str = False
 ) -> tuple[str | Requirement, ...]:
     """What a run must observe to count. A fence whose writes say nothing (``answers=False``)
-    shows no refusal, and an owners-only control makes no stale write: neither is required."""
+    shows no refusal, and an owners-only control makes no stale write: neither is required (nor,
+    behind an ``unless-terminal`` fence, a refusal in a control: only a stale write meets one)."""
     out: list[str | Requirement] = ["connection lost"]
     if d.fence.kind != "none" and d.fence.answers:
-        out += ["lost race", "fence rejection"]
+        out.append("lost race")
+        if not (owners_only and d.fence.kind == "unless-terminal"):  # it refuses a write only
+            out.append("fence rejection")  # on an ended run: a stale holder's, none in a control
     if d.lease is not None:
         out.append("reclaim")
         requeues = any(e == generic.RECLAIM and t == d.initial for _, e, t in d.transitions)

@@ -74,7 +74,8 @@ def test_the_ground_truth_of_each_finding(queue):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
 def test_pgqueuer_stale_finish_is_the_reported_counterexample(site, tmp_path, seed):
-    run = knownstate(site, "verify", "pgqueuer", "--seed", str(seed), "--no-example-db")
+    args = ("--invariant", "lease-fence", "--seed", str(seed), "--no-example-db")
+    run = knownstate(site, "verify", "pgqueuer", *args)
     out = run.stdout
     assert run.returncode == 1, out + run.stderr
     found = re.search(
@@ -106,16 +107,14 @@ def test_pgqueuer_owners_only_control_passes(site, tmp_path, seed):
     assert result["status"] == "passed" and result["events"]["reclaim"] >= 3
 
 
-PROCRASTINATE_SEEDS = [
-    1,
-    2,
-]  # the stale finish is reported at 1, 2, 5; at 3, 4 the re-queued failure
+PROCRASTINATE_SEEDS = [1, 3]  # at 3 the re-queued failed job is met first and passed over
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", PROCRASTINATE_SEEDS)
 def test_procrastinate_stale_finish_is_the_reported_counterexample(site, seed):
-    run = knownstate(site, "verify", "procrastinate", "--seed", str(seed), "--no-example-db")
+    args = ("--invariant", "lease-fence", "--seed", str(seed), "--no-example-db")
+    run = knownstate(site, "verify", "procrastinate", *args)
     out = run.stdout
     assert run.returncode == 1, out + run.stderr
     found = re.search(r"lease-fence: run (\d+): a write with stale token (\d+) was accepted", out)

@@ -307,6 +307,11 @@ def test_an_under_lease_control_requires_no_stale_write():
     d = RunKind(**REAPED)
     assert "stale complete on a re-claimed run" in required_events(d, "async")
     assert not any("stale" in str(e) for e in required_events(d, "async", "under-lease"))
+    # behind an id-only fence a write is refused only on an ended run: a stale holder's write
+    assert "fence rejection" in required_events(d, "async")
+    for control in (True, "under-lease"):
+        assert "fence rejection" not in required_events(d, "async", control)
+        assert "lost race" in required_events(d, "async", control)
 
 
 # -- autocommit: nothing a COMMIT fault causes is required -----------------------------------
