@@ -154,3 +154,16 @@ def test_chancy_owners_only_control_passes(site, tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr  # VACUOUS would not be 0
     result = json.loads(report.read_text())["runs"][0]
     assert result["status"] == "passed" and result["events"]["reclaim"] >= 3
+
+
+@pytest.mark.slow
+def test_procrastinate_owners_only_control_passes(site, tmp_path):
+    """No write once a worker's beat lapsed, one stalled-jobs task at a time (what the control
+    leaves out, and why: examples/queues/procrastinate/README.md): nothing is found."""
+    report = tmp_path / "r.json"
+    kind = "procrastinate_kind.binding:ProcrastinateOwnersOnly"
+    args = ("--seed", "1", "--no-example-db", "--json", str(report))
+    run = knownstate(site, "verify", "--kind", kind, *args, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr  # VACUOUS would not be 0
+    result = json.loads(report.read_text())["runs"][0]
+    assert result["status"] == "passed" and result["events"]["reclaim"] >= 3
