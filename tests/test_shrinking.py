@@ -185,3 +185,10 @@ def test_the_step_pass_deletes_two_steps_when_no_single_one_goes():
     shrinker = engine.new_shrinker(initial, lambda d: d.status == Status.INTERESTING)
     shrinker.fixate_shrink_passes([runner._step_pass(shrinker)])
     assert shrinker.shrink_target.choices == (True, tick, True, mark, True, tick)
+
+
+def test_a_budget_over_the_default_lets_shrinking_go_on_longer_without_deleting_a_step():
+    """The default budget and smaller ones keep 200 replays; a larger one a fifth of itself
+    (pgqueuer's stale finish at seed 5: 12 steps at 200, 5 at 400)."""
+    assert runner.step_stall(runner.SHRINKS) == runner.STEP_STALL == 200
+    assert runner.step_stall(100) == 200 and runner.step_stall(2000) == 400
