@@ -171,6 +171,7 @@ def plan(args, command: str) -> Plan:
             f"verify checks one mutant, not {len(wanted)}: for several, run knownstate mutants "
             f"{selected[0]} " + " ".join(f"--mutant {n}" for n in wanted)
         )
+    _check_invariant(getattr(args, "invariant", None), selected)
     catalogue = {k: kinds.mutants(k) for k in selected}
     for name in wanted:
         if not any(m.name == name for ms in catalogue.values() for m in ms):
@@ -205,8 +206,19 @@ def plan(args, command: str) -> Plan:
         example_db=explicit_db if explicit_db != memory.DEFAULT_DIR else None,
         no_example_db=command == "mutants" or bool(args.no_example_db),
         dsn=bool(args.dsn),
+        invariant=getattr(args, "invariant", None),
     )
     return Plan(command, units, planned, seeds, shard, replay, mem, len(seeds) == 1, notes)
+
+
+def _check_invariant(name: str | None, selected: list[str]) -> None:
+    for kind in selected if name else ():
+        known = kinds.check(kind).named_invariants()
+        if name not in known:
+            raise UsageError(
+                f"--invariant {name}: kind {kind} has no such invariant: choose from "
+                + ", ".join(sorted(known))
+            )
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -374,6 +386,7 @@ def _run_unit(args, p: Plan, report: Report, env, unit: Unit) -> None:
             database_key=memory.key(unit.kind, unit.mutant and unit.mutant.name),
             start_batch=args.batch,
             timings=getattr(args, "timings", False),
+            invariant=getattr(args, "invariant", None),
         )
     finally:
         progress.done()

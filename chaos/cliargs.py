@@ -89,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
             type=int,
             default=DEFAULT_SHRINKS,
             help="replays at most, shrinking a failure to its shortest "
-            f"counterexample (default {DEFAULT_SHRINKS}; a count, never a time)",
+            f"counterexample (default {DEFAULT_SHRINKS}; a count, never a time); shrinking "
+            "stops sooner after 200 replays that delete no step, or a fifth of a budget over "
+            "1000",
         )
         sp.add_argument(
             "--batch",
@@ -142,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="check a named mutant instead of the reference (one KIND, one mutant: for "
         "several, knownstate mutants KIND --mutant A --mutant B): CAUGHT exits 0, NOT CAUGHT "
         "exits 1",
+    )
+    v.add_argument(
+        "--invariant",
+        metavar="NAME",
+        help="look for a failure naming this invariant and shrink it: failures naming only "
+        "others are kept in the report's shortest failures seen but do not end the run (when "
+        "none names it, the shortest of them is the verdict's, unshrunk)",
     )
     v.add_argument(
         "--timings",

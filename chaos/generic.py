@@ -49,6 +49,7 @@ from .genericbuild import (  # noqa: F401 (GUARDS, KindError: this module's publ
     KindError,
     adapter_problems,
     derived_mutants,
+    reaping,
     required_events,
 )
 from .mutants import Mutant
@@ -342,7 +343,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
                 out += self._records(w, key)
             if generic.EXTEND in self.description.events():
                 out.append(self._extend(w, key))
-        if self.n_workers > self.REAPER:
+        if reaping(self.description, w):
             out.append(self._reap(w))
         return out
 

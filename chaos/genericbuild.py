@@ -110,10 +110,13 @@ def required_events(
     d: RunKind, mode: str, owners_only: bool | str = False
 ) -> tuple[str | Requirement, ...]:
     """What a run must observe to count. A fence whose writes say nothing (``answers=False``)
-    shows no refusal, and an owners-only control makes no stale write: neither is required."""
+    shows no refusal, and an owners-only control makes no stale write: neither is required (nor,
+    behind an ``unless-terminal`` fence, a refusal in a control: only a stale write meets one)."""
     out: list[str | Requirement] = ["connection lost"]
     if d.fence.kind != "none" and d.fence.answers:
-        out += ["lost race", "fence rejection"]
+        out.append("lost race")
+        if not (owners_only and d.fence.kind == "unless-terminal"):  # it refuses a write only
+            out.append("fence rejection")  # on an ended run: a stale holder's, none in a control
     if d.lease is not None:
         out.append("reclaim")
         requeues = any(e == generic.RECLAIM and t == d.initial for _, e, t in d.transitions)
@@ -158,3 +161,11 @@ def required_events(
     if d.idempotency_key:
         out.append("repeat answered")
     return tuple(out)
+
+
+def reaping(d: RunKind, w: int) -> bool:
+    """Whether worker ``w`` runs the reaper: w2, the reaper process, when the lease is taken
+    back by one; the loop's workers w0 and w1 too, unless one reaper runs at a time
+    (``Lease(reapers="one")``: then no block races two)."""
+    taken_back = d.lease is not None and bool(d.lease.taken_back_by)
+    return taken_back and (w == 2 or d.lease.reapers == "any")

@@ -100,6 +100,7 @@ class Replay:
     example_db: str | None = None  # a directory other than the default
     no_example_db: bool = False
     dsn: bool = False
+    invariant: str | None = None  # --invariant: the failure looked for
 
     def command(self, kind: str, seed: int, batch: int = 0, mutant: str | None = None) -> str:
         from . import kinds  # a kind named with --kind is named so again
@@ -118,6 +119,7 @@ class Replay:
         words += ["--steps", str(self.steps)] if self.steps else []
         words += ["--shrinks", str(self.shrinks)] if self.shrinks != DEFAULT_SHRINKS else []
         words += ["--mutant", mutant] if mutant else []
+        words += ["--invariant", self.invariant] if self.invariant else []
         words += ["--no-example-db"] if self.no_example_db else []
         words += ["--example-db", self.example_db] if self.example_db else []
         cmd = " ".join(shlex.quote(w) for w in words)

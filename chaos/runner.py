@@ -25,9 +25,11 @@ from typing import TYPE_CHECKING, Callable, NoReturn
 from hypothesis import HealthCheck, Phase, Verbosity, reject, settings
 from hypothesis import seed as hyp_seed
 from hypothesis.database import ExampleDatabase
+from hypothesis.errors import Unsatisfiable
 from hypothesis.stateful import get_state_machine_test
 
 from . import timings as timing
+from .exampledb import GateDatabase, SaveOnly
 from .harness import Env, EnvironmentFault, SchemaRefused, Stats, Workspace
 from .steps import Failure
 
@@ -161,11 +163,20 @@ class RunState:
     allow_save: bool = False
     timings: timing.Timings | None = None  # --timings: where the run's time went
     shrinking: Shrinking = field(default_factory=Shrinking)
+    target: str | None = None
+    """--invariant: only a failure naming it ends the search and is shrunk; others are passed
+    over (each kept in ``stats.shortest`` by the engine, the shortest in ``passed_over``)."""
+    passed_over: tuple[str, tuple[str, ...], list[str]] | None = None
 
     def failed(self, message: str, names: tuple[str, ...], trace: list[str]) -> NoReturn:
         """Record a failing example and fail it; once the run has failed, a failure that breaks
         none of the first one's invariants is no failing example of it: shrinking keeps to the
-        bug it was given (:meth:`Shrinking.another_bug`)."""
+        bug it was given (:meth:`Shrinking.another_bug`). With a ``target``, a failure not
+        naming it is passed over: the search goes on, as if the example had not been drawn."""
+        if self.target and self.target not in names:
+            if self.passed_over is None or _length(trace) < _length(self.passed_over[2]):
+                self.passed_over = (message, names, list(trace))
+            reject()
         if self.shrinking.another_bug(names):
             reject()
         if self.shrinking.broke is None:
@@ -221,56 +232,6 @@ class RunState:
             f"{len(self.missing(p.times_each))} requirement(s) still short of "
             f"{p.times_each}: rerun on a less loaded machine, or with --examples N (a count)"
         )
-
-
-class GateDatabase(ExampleDatabase):
-    """Hypothesis's example database, keeping only genuine failures: an example stopped by the
-    run (coverage reached, environment fault) is never saved as one. Replayed first next time."""
-
-    def __init__(self, inner: ExampleDatabase, run: RunState):
-        super().__init__()
-        self.inner, self.run = inner, run
-
-    def save(self, key: bytes, value: bytes) -> None:
-        if self.run.allow_save and not key.endswith(b".pareto"):
-            self.inner.save(key, value)
-
-    def fetch(self, key: bytes):
-        return self.inner.fetch(key)
-
-    def delete(self, key: bytes, value: bytes) -> None:
-        self.inner.delete(key, value)
-
-    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-        if self.run.allow_save or dest.startswith(src):
-            self.inner.move(src, dest, value)
-
-    def add_listener(self, f) -> None:  # pragma: no cover - no live listeners here
-        pass
-
-    def remove_listener(self, f) -> None:  # pragma: no cover
-        pass
-
-
-class SaveOnly(ExampleDatabase):
-    """An example database that keeps new failures but hands none out for replay: for the
-    batches after the first (the stored examples were replayed there) and for measurements."""
-
-    def __init__(self, inner: ExampleDatabase):
-        super().__init__()
-        self.inner = inner
-
-    def fetch(self, key: bytes):
-        return iter(())
-
-    def save(self, key: bytes, value: bytes) -> None:
-        self.inner.save(key, value)
-
-    def delete(self, key: bytes, value: bytes) -> None:
-        self.inner.delete(key, value)
-
-    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-        self.inner.move(src, dest, value)
 
 
 # ---------------------------------------------------------------------------------------
@@ -388,7 +349,14 @@ STEP_STALL = 200
 """Replays Hypothesis's passes may go on without deleting a step before shrinking stops: its
 later passes lower the values a step draws (a smaller id, an earlier rule), which reads a little
 simpler, at hundreds of replays on real parts. At 100, 4 of 20 catalogue runs stopped one to four
-steps longer than before; at 200, 2 stopped one step longer, with about half the replays."""
+steps longer than before; at 200, 2 stopped one step longer, with about half the replays. A
+budget over 1,000 (``--shrinks``) raises it to a fifth of the budget (:func:`step_stall`):
+pgqueuer's stale finish at seed 5 stops at 12 steps at 200, and reaches 5 at 400 (805 replays);
+the default budget keeps 200."""
+
+
+def step_stall(replays: int) -> int:
+    return max(STEP_STALL, replays // 5)
 
 
 def _step_spans(result) -> list:
@@ -402,8 +370,8 @@ def _steps(result) -> int:
     return len(_step_spans(result))
 
 
-def _stop_when_no_step_goes(shrinker) -> None:
-    """Stop ``shrinker`` after :data:`STEP_STALL` replays that deleted no step (a count, so the
+def _stop_when_no_step_goes(shrinker, stall: int = STEP_STALL) -> None:
+    """Stop ``shrinker`` after ``stall`` replays that deleted no step (a count, so the
     same seed shrinks to the same counterexample on any machine)."""
     from hypothesis.internal.conjecture.shrinker import StopShrinking
 
@@ -417,7 +385,7 @@ def _stop_when_no_step_goes(shrinker) -> None:
 
     def checked() -> None:
         check()
-        if shrinker.calls - best[1] >= STEP_STALL:
+        if shrinker.calls - best[1] >= stall:
             raise StopShrinking
 
     shrinker.update_shrink_target, shrinker.check_calls = updated, checked
@@ -451,7 +419,7 @@ def shrink_budget(replays: int, run: RunState | None = None):
     here. Past the budget the smallest failing example found so far is the counterexample.
 
     With ``run``, shrinking starts with our own pass (:func:`_step_pass`), stops after
-    :data:`STEP_STALL` replays that deleted no step, and ``run.shrinking`` says how long it took
+    :func:`step_stall` replays that deleted no step, and ``run.shrinking`` says how long it took
     and how many replays. (It keeps to the bug it was given through :meth:`RunState.failed`.)"""
     from hypothesis.internal.conjecture import engine
 
@@ -475,7 +443,7 @@ def shrink_budget(replays: int, run: RunState | None = None):
     def shrink(self, initial, predicate=None, allow_transition=None):
         s = self.new_shrinker(initial, predicate, allow_transition)
         s.shrink_passes.insert(0, _step_pass(s))
-        _stop_when_no_step_goes(s)
+        _stop_when_no_step_goes(s, step_stall(replays))
         s.shrink()
         run.shrinking.steps = (_steps(initial), _steps(s.shrink_target))
         return s.shrink_target
@@ -507,12 +475,15 @@ def run_check(
     traces: list[list[str]] | None = None,
     start_batch: int = 0,
     timings: bool = False,
+    invariant: str | None = None,
 ) -> CheckResult:
     """Run one kind's check against the real parts. ``examples`` fixes the number of examples
     (one batch, no coverage stop); otherwise the profile directs the run, batch after batch from
     ``start_batch``. Raises EnvironmentFault when a real part dies, carrying what the run had
     done so far in its ``partial`` (a CheckResult; ``stopped`` says why). With ``timings``
-    the result says where the run's time went (its ``timings``; never part of a verdict)."""
+    the result says where the run's time went (its ``timings``; never part of a verdict). With
+    ``invariant`` the run looks for, and shrinks, a failure naming it (:attr:`RunState.target`);
+    when none is found, the shortest other failure passed over is the verdict's, unshrunk."""
     with timing.collecting() if timings else contextlib.nullcontext() as collector:
         return _run_check(
             machine,
@@ -529,6 +500,7 @@ def run_check(
             traces=traces,
             start_batch=start_batch,
             collector=collector,
+            invariant=invariant,
         )
 
 
@@ -548,6 +520,7 @@ def _run_check(
     traces: list[list[str]] | None,
     start_batch: int,
     collector: timing.Timings | None,
+    invariant: str | None,
 ) -> CheckResult:
     prof = PROFILES[profile] if isinstance(profile, str) else profile
     run = RunState(
@@ -558,6 +531,7 @@ def _run_check(
         progress=progress,
         all_traces=traces,
         timings=collector,
+        target=invariant,
     )
     try:
         ws = env.workspace(machine.kind, machine.schema)
@@ -588,7 +562,7 @@ def _run_check(
             test.hypothesis.inner_test._hypothesis_internal_add_digest = key.encode()
             try:
                 test()
-            except GoalMet:
+            except (GoalMet, Unsatisfiable):  # Unsatisfiable: each example passed over (target)
                 pass
             except EnvironmentFault as e:
                 raise _interrupted(e, machine, env, seed, run, prof)
@@ -611,6 +585,9 @@ def _run_check(
     problem = env.health()
     if problem:
         raise _interrupted(EnvironmentFault(problem), machine, env, seed, run, prof)
+    if failure is None and run.passed_over is not None:
+        failure, invariants, trace = run.passed_over
+        run.stopped += f"; no failure naming {run.target}: the shortest other one seen, unshrunk"
     result = _result(machine, env, seed, run, prof, failure, invariants, trace)
     if failure is None and require_all:
         result.vacuous = [
@@ -669,11 +646,12 @@ def _result(
     )
 
 
+def _length(trace: list[str]) -> tuple[int, int]:
+    return sum(1 for line in trace if not line.startswith("  ")), len(trace)
+
+
 def _shortest(run: RunState) -> tuple[str, tuple[str, ...], list[str]]:
-    message, names, trace = min(
-        run.failures, key=lambda f: (len([l for l in f[2] if not l.startswith("  ")]), len(f[2]))
-    )
-    return message, names, trace
+    return min(run.failures, key=lambda f: _length(f[2]))
 
 
 def _failure_of(e: BaseException, run: RunState) -> tuple[str, tuple[str, ...], list[str]]:

@@ -146,6 +146,12 @@ class Lease(BaseModel):
         "the gate keeps a week ahead (knownstate.model.generic.APP_AHEAD); or nobody's "
         "(unchanged: the reaper leaves the schedule the run had, as chancy's Recovery does)",
     )
+    reapers: Literal["any", "one"] = Field(
+        "any",
+        description="how many reapers run at once: any worker may reap (the gate races two or "
+        "three), or one at a time (a single reaper process, or a periodic task with a lock: "
+        "procrastinate's stalled-jobs task deployed with lock=...)",
+    )
     how: str = Field("", description="the lease, in a sentence (default: from the fields)")
     reaper: str = Field("", description="the reaper, in a sentence (default: from the fields)")
 

@@ -74,7 +74,8 @@ def test_the_ground_truth_of_each_finding(queue):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
 def test_pgqueuer_stale_finish_is_the_reported_counterexample(site, tmp_path, seed):
-    run = knownstate(site, "verify", "pgqueuer", "--seed", str(seed), "--no-example-db")
+    args = ("--invariant", "lease-fence", "--seed", str(seed), "--no-example-db")
+    run = knownstate(site, "verify", "pgqueuer", *args)
     out = run.stdout
     assert run.returncode == 1, out + run.stderr
     found = re.search(
@@ -106,16 +107,14 @@ def test_pgqueuer_owners_only_control_passes(site, tmp_path, seed):
     assert result["status"] == "passed" and result["events"]["reclaim"] >= 3
 
 
-PROCRASTINATE_SEEDS = [
-    1,
-    2,
-]  # the stale finish is reported at 1, 2, 5; at 3, 4 the re-queued failure
+PROCRASTINATE_SEEDS = [1, 3]  # at 3 the re-queued failed job is met first and passed over
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", PROCRASTINATE_SEEDS)
 def test_procrastinate_stale_finish_is_the_reported_counterexample(site, seed):
-    run = knownstate(site, "verify", "procrastinate", "--seed", str(seed), "--no-example-db")
+    args = ("--invariant", "lease-fence", "--seed", str(seed), "--no-example-db")
+    run = knownstate(site, "verify", "procrastinate", *args)
     out = run.stdout
     assert run.returncode == 1, out + run.stderr
     found = re.search(r"lease-fence: run (\d+): a write with stale token (\d+) was accepted", out)
@@ -150,6 +149,19 @@ def test_chancy_owners_only_control_passes(site, tmp_path):
     (measured at seed 1 only: about 1,200 examples, minutes on two cores)."""
     report = tmp_path / "r.json"
     kind = "chancy_kind.binding:ChancyOwnersOnly"
+    args = ("--seed", "1", "--no-example-db", "--json", str(report))
+    run = knownstate(site, "verify", "--kind", kind, *args, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr  # VACUOUS would not be 0
+    result = json.loads(report.read_text())["runs"][0]
+    assert result["status"] == "passed" and result["events"]["reclaim"] >= 3
+
+
+@pytest.mark.slow
+def test_procrastinate_owners_only_control_passes(site, tmp_path):
+    """No write once a worker's beat lapsed, one stalled-jobs task at a time (what the control
+    leaves out, and why: examples/queues/procrastinate/README.md): nothing is found."""
+    report = tmp_path / "r.json"
+    kind = "procrastinate_kind.binding:ProcrastinateOwnersOnly"
     args = ("--seed", "1", "--no-example-db", "--json", str(report))
     run = knownstate(site, "verify", "--kind", kind, *args, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr  # VACUOUS would not be 0

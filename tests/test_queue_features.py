@@ -243,6 +243,19 @@ REAPED = dict(
 )
 
 
+def test_one_reaper_at_a_time_is_the_reaper_process_alone():
+    """``Lease(reapers="one")``: only w2, the reaper process, reaps, so no block races two
+    reapers; by default the loop's workers reap too; without a reaper nobody does."""
+    from knownstate.chaos.genericbuild import reaping
+
+    one = described(
+        **{**REAPED, "lease": Lease(seconds=60, taken_back_by=("reclaim",), reapers="one")}
+    )
+    assert [reaping(one, w) for w in range(3)] == [False, False, True]
+    assert [reaping(described(**REAPED), w) for w in range(3)] == [True, True, True]
+    assert not any(reaping(described(), w) for w in range(3))
+
+
 def test_a_claim_of_one_job_at_a_time_asks_for_one():
     from knownstate.chaos.adapter import Adapter
     from knownstate.chaos.generic import kind
@@ -294,6 +307,11 @@ def test_an_under_lease_control_requires_no_stale_write():
     d = RunKind(**REAPED)
     assert "stale complete on a re-claimed run" in required_events(d, "async")
     assert not any("stale" in str(e) for e in required_events(d, "async", "under-lease"))
+    # behind an id-only fence a write is refused only on an ended run: a stale holder's write
+    assert "fence rejection" in required_events(d, "async")
+    for control in (True, "under-lease"):
+        assert "fence rejection" not in required_events(d, "async", control)
+        assert "lost race" in required_events(d, "async", control)
 
 
 # -- autocommit: nothing a COMMIT fault causes is required -----------------------------------

@@ -13,8 +13,8 @@ from knownstate.chaos import runner
 from knownstate.chaos.steps import Failure
 
 
-def new_run() -> runner.RunState:
-    return runner.RunState(runner.PROFILES["ci"], (), frozenset())
+def new_run(target: str | None = None) -> runner.RunState:
+    return runner.RunState(runner.PROFILES["ci"], (), frozenset(), target=target)
 
 
 def machine(run: runner.RunState):
@@ -51,10 +51,38 @@ SEED = 1
 """A seed whose first failure is "alpha" (random examples find either first)."""
 
 
-def shrunk(replays: int = 1000, seed: int = SEED) -> tuple[runner.RunState, str]:
-    run = new_run()
+def two_bugs(run: runner.RunState):
+    class Two(RuleBasedStateMachine):
+        """Two bumps of ``a`` break "alpha", three of ``b`` "beta": random examples meet both,
+        "alpha" (shorter) first more often."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = self.b = 0
+
+        @rule()
+        def bump_a(self) -> None:
+            self.a += 1
+
+        @rule()
+        def bump_b(self) -> None:
+            self.b += 1
+
+        @invariant()
+        def judged(self) -> None:
+            if self.a >= 2 or self.b >= 3:
+                name = "alpha" if self.a >= 2 else "beta"
+                run.failed(name, (name,), [])
+
+    return Two
+
+
+def shrunk(
+    replays: int = 1000, seed: int = SEED, target: str | None = None, toy=machine
+) -> tuple[runner.RunState, str]:
+    run = new_run(target)
     test = get_state_machine_test(
-        hyp_seed(seed)(machine(run)),
+        hyp_seed(seed)(toy(run)),
         settings=settings(
             max_examples=200,
             stateful_step_count=30,
@@ -81,6 +109,21 @@ def test_shrinking_keeps_to_the_invariant_the_first_failure_broke():
     assert run.failures[0][1] == ("alpha",)
     assert message == "alpha"
     assert run.shrinking.steps[1] == 3
+
+
+def test_a_target_invariant_is_looked_for_and_shrunk_past_the_first_failure():
+    """``--invariant beta``: "alpha", found first, is passed over (kept as the shortest other
+    failure seen) and does not end the search; "beta" is found, and shrunk to its own shortest,
+    three bumps of ``b``. Without a target the same seed reports "alpha", in two steps."""
+    run, message = shrunk(toy=two_bugs)
+    assert message == "alpha" and run.shrinking.steps[1] == 2
+    run, message = shrunk(target="beta", toy=two_bugs)
+    assert message == "beta"
+    assert {names for _, names, _ in run.failures} == {("beta",)}
+    assert run.passed_over is not None and run.passed_over[1] == ("alpha",)
+    assert run.shrinking.steps[1] == 3
+    again, _ = shrunk(target="beta", toy=two_bugs)  # the same seed, the same search and shrink
+    assert again.shrinking.as_dict()["replays"] == run.shrinking.as_dict()["replays"]
 
 
 def test_shrinking_deletes_steps_and_says_how_long_it_took():
@@ -142,3 +185,10 @@ def test_the_step_pass_deletes_two_steps_when_no_single_one_goes():
     shrinker = engine.new_shrinker(initial, lambda d: d.status == Status.INTERESTING)
     shrinker.fixate_shrink_passes([runner._step_pass(shrinker)])
     assert shrinker.shrink_target.choices == (True, tick, True, mark, True, tick)
+
+
+def test_a_budget_over_the_default_lets_shrinking_go_on_longer_without_deleting_a_step():
+    """The default budget and smaller ones keep 200 replays; a larger one a fifth of itself
+    (pgqueuer's stale finish at seed 5: 12 steps at 200, 5 at 400)."""
+    assert runner.step_stall(runner.SHRINKS) == runner.STEP_STALL == 200
+    assert runner.step_stall(100) == 200 and runner.step_stall(2000) == 400

@@ -84,7 +84,7 @@ class ProcrastinateAdapter(Adapter):
 
 
 ProcrastinateKind = kind(PROCRASTINATE, ProcrastinateAdapter)
-OWNERS_ONLY = PROCRASTINATE.model_copy(update={"name": "procrastinate-owners-only"})
-ProcrastinateOwnersOnly = kind(OWNERS_ONLY, ProcrastinateAdapter, owners_only=True)  # control
-UNDER_LEASE = PROCRASTINATE.model_copy(update={"name": "procrastinate-under-lease"})
-ProcrastinateUnderLease = kind(UNDER_LEASE, ProcrastinateAdapter, owners_only="under-lease")
+ONE_TASK = PROCRASTINATE.lease.model_copy(update={"reapers": "one"})  # its task with lock=...
+CONTROL = {"name": "procrastinate-owners-only", "lease": ONE_TASK}  # stale holders never write
+OWNERS_ONLY = PROCRASTINATE.model_copy(update=CONTROL)  # (under-lease: a lapsed beat is stale)
+ProcrastinateOwnersOnly = kind(OWNERS_ONLY, ProcrastinateAdapter, owners_only="under-lease")
