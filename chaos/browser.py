@@ -97,14 +97,14 @@ def on_a_thread_of_its_own(fn):
 
 
 def chromium_path() -> str:
-    """Debian's Chromium, or ``KNOWNSTATE_CHROMIUM``; EnvironmentFault (exit 3) saying what to do
-    when there is none."""
+    """Debian's Chromium (``chromium`` on PATH: the package puts it in /usr/bin), or
+    ``KNOWNSTATE_CHROMIUM``; EnvironmentFault (exit 3) saying what to do when there is none."""
     given = os.environ.get("KNOWNSTATE_CHROMIUM")
     if given:
         if os.access(given, os.X_OK):
             return given
         raise EnvironmentFault(f"KNOWNSTATE_CHROMIUM={given} is not an executable Chromium")
-    for name in ("/usr/bin/chromium", "chromium", "chromium-browser"):
+    for name in ("chromium", "chromium-browser"):
         found = shutil.which(name)
         if found:
             return found

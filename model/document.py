@@ -140,6 +140,10 @@ class DocumentModel:
         # accepted save, user discard or user resolution has covered yet.
         self.unsaved: dict[WriterKey, dict[str, object]] = {}
         self.lost_visibly: dict[WriterKey, dict[str, object]] = {}
+        # undrafted[(user, doc, writer)] = its draft slot: a sibling tab discarded the draft of a
+        # writer whose tab is live; its edits stay unsaved work, held by that tab's memory until
+        # it writes its draft again (see :meth:`sibling_discarded`)
+        self.undrafted: dict[WriterKey, str] = {}
         self._edit_gen: dict[tuple[WriterKey, str], int] = {}
 
     # -- server side ---------------------------------------------------------------------
@@ -162,6 +166,7 @@ class DocumentModel:
     ) -> SessionCore:
         if tab in self.tabs and self.tabs[tab].state is not State.CLOSED:
             raise ValueError(f"tab {tab!r} is open")
+        self._settle_undrafted()
         t = self.tabs[tab] = SessionCore(
             doc_id,
             user=user,
@@ -189,6 +194,7 @@ class DocumentModel:
                 del led[k]
         if not led:
             self.unsaved.pop(wk, None)
+        self.undrafted.pop(wk, None)
 
     # -- the ledger: what each tab tells about the user's work ---------------------------------
     @staticmethod
@@ -251,7 +257,34 @@ class DocumentModel:
                 self._edit_gen[(self._wk(t), k)] = t.generation
 
     def sibling_discarded(self, t: SessionCore, writer_id: str) -> None:
-        self.unsaved.pop((t.user, t.doc_id, writer_id), None)
+        """The user discarded another writer's draft, offered on load. The seed offers the drafts
+        tabs left behind ("one tab never erases another's draft"): where that writer's tab is
+        gone, the draft held its only copy and the discard covers its edits. Where its tab is
+        live, the user discarded a copy, not the work that tab still shows and will save: its
+        edits stay unsaved, and need no draft until that tab writes one again. If the tab ends
+        first, nothing holds them any more: the discard covers them then."""
+        wk = (t.user, t.doc_id, writer_id)
+        if self._live(wk):
+            self.undrafted[wk] = self.drafts.key(t.kind, *wk)
+        else:
+            self.unsaved.pop(wk, None)
+
+    def _live(self, wk: WriterKey) -> bool:
+        return any(
+            self._wk(t) == wk and t.state not in (State.CLOSED, State.LOADING)
+            for t in self.tabs.values()
+        )
+
+    def _settle_undrafted(self) -> None:
+        """A writer whose draft a sibling discarded is undrafted until its tab writes the draft
+        again (from then on the draft must hold its work) or ends without (the discard covers
+        the work then)."""
+        for wk, key in list(self.undrafted.items()):
+            if self.drafts.read(key) is not None:
+                del self.undrafted[wk]
+            elif not self._live(wk):
+                del self.undrafted[wk]
+                self.unsaved.pop(wk, None)
 
     # -- the world, as the invariants read it ----------------------------------------------------
     def world(self) -> World:
@@ -264,7 +297,10 @@ class DocumentModel:
         return World(docs, drafts, tabs)
 
     def ledger(self) -> Ledger:
+        """The ledger as of now (a writer undrafted until this step is settled first)."""
+        self._settle_undrafted()
         return Ledger(
             {k: dict(v) for k, v in self.unsaved.items() if v},
             {k: dict(v) for k, v in self.lost_visibly.items() if v},
+            frozenset(self.undrafted),
         )

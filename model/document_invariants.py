@@ -82,6 +82,9 @@ class Ledger:
 
     unsaved: Mapping[WriterKey, Mapping[str, object]]
     lost_visibly: Mapping[WriterKey, Mapping[str, object]] = field(default_factory=dict)
+    # writers whose draft a sibling tab discarded while their tab lived, and whose tab has not
+    # written it again: their unsaved edits are in that tab's memory only, by the user's doing
+    undrafted: frozenset[WriterKey] = frozenset()
 
 
 # ---------------------------------------------------------------------------------------
@@ -215,6 +218,8 @@ def unsaved_work_in_one_place(world: World, ledger: Ledger) -> list[Violation]:
     tabs = _writer_tabs(world)
     for wk, edits in ledger.unsaved.items():
         t = tabs.get(wk)
+        if wk in ledger.undrafted:
+            continue  # a sibling discarded its draft: its live tab holds the work
         if (
             t is not None
             and t.state not in (State.CLOSED, State.LOADING)
@@ -260,7 +265,7 @@ def no_edit_lost_silently(world: World, ledger: Ledger) -> list[Violation]:
                             "copy though no save, discard or resolution covered it",
                         )
                     )
-                elif not in_draft and t.draft_status != "failing":
+                elif not in_draft and t.draft_status != "failing" and wk not in ledger.undrafted:
                     out.append(
                         Violation(
                             "no-edit-lost-silently",
@@ -297,10 +302,9 @@ def close_flushes_never_drops(world: World, ledger: Ledger) -> list[Violation]:
             continue  # the writer reopened the document: its live tab holds the work now
         edits = ledger.unsaved.get(wk, {})
         slot = slots.get(wk)
-        doc = world.docs.get(t.doc_id)
+        # no exception for a value the stored copy happens to hold: a close flushes what its
+        # session has not seen saved (the save's answer, or the idempotent one to its retry)
         for k, v in sorted(edits.items()):
-            if doc is not None and same(doc.content.get(k), v):
-                continue
             if slot is None or not same(slot.content.get(k), v):
                 out.append(
                     Violation(

@@ -26,6 +26,7 @@ from polling import poll
 from knownstate.chaos import browser
 from knownstate.chaos.check import run_check
 from knownstate.chaos.cli import main
+from knownstate.chaos.envfaults import EnvironmentFault
 from knownstate.chaos.kinds.document_session_browser import MUTANTS, BrowserDocumentSessionCheck
 from knownstate.model.document_session import TABLE
 
@@ -135,6 +136,16 @@ def test_without_chromium_the_browser_check_says_so_and_exits_3(tmp_path):
     )
     assert out.returncode == 3, out.stdout + out.stderr
     assert "not an executable Chromium" in out.stdout + out.stderr
+
+
+def test_without_chromium_installed_the_check_says_what_to_do(tmp_path, monkeypatch):
+    """No KNOWNSTATE_CHROMIUM and no chromium on PATH: the environment's fault (exit 3, as the
+    test above shows for a bad KNOWNSTATE_CHROMIUM), saying what to do."""
+    monkeypatch.delenv("KNOWNSTATE_CHROMIUM", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(EnvironmentFault) as e:
+        browser.chromium_path()
+    assert "Chromium is not installed" in str(e.value) and "make setup" in str(e.value)
 
 
 @pytest.mark.parametrize(

@@ -405,6 +405,63 @@ def test_siblings_are_offered_not_applied(m):
     assert m.tabs["t3"].discard_sibling("w-t2") == Won("w-t2")
 
 
+def test_an_adopted_save_that_landed_unanswered_is_flushed_on_close(m):
+    """alice's tab dies after its save reached the server; her new tab adopts the draft. Until
+    it sees that save succeed the work is unsaved, though the stored copy holds its value: its
+    close retries the save (answered idempotently) and leaves nothing unsaved."""
+    t1 = open_tab(m, "t1")
+    t1.edit({"title": "x"}, 0)
+    m.deliver(t1.begin_save(1))  # lands; the answer dies with the tab
+    m.crash_tab("t1")
+    t2 = open_tab(m, "t2")
+    assert m.server.docs["r1"].content == {"title": "x"}
+    assert t2.adopt("w-t1") == Won("w-t1")
+    assert m.ledger().unsaved == {("alice", "r1", "w-t2"): {"title": "x"}}
+    assert t2.close().flushed and world_with(m) == [] and not m.ledger().unsaved
+
+
+def test_a_sibling_discards_a_copy_not_the_work_of_a_live_tab(m):
+    """A fresh tab discards the draft of alice's tab that is still open: that tab still shows
+    the edit and will save it, so it stays unsaved work, held in memory until the tab writes
+    its draft again; a draft removed after that is caught."""
+    t1 = open_tab(m, "t1")
+    t1.edit({"title": "x"}, 0)
+    t2 = open_tab(m, "t2")
+    assert t2.discard_sibling("w-t1") == Won("w-t1")
+    assert m.ledger().unsaved == {("alice", "r1", "w-t1"): {"title": "x"}}
+    assert m.ledger().undrafted == {("alice", "r1", "w-t1")}
+    assert world_with(m) == []  # no draft is owed until the tab writes one
+    req = t1.begin_save(1)  # writes the draft again, the save in flight
+    assert m.ledger().undrafted == frozenset() and world_with(m) == []
+    w = m.world()
+    cleared = World(w.docs, {}, w.tabs)  # a client that drops its draft when a save starts
+    assert "unsaved-work-in-one-place" in _names(check_invariants(cleared, m.ledger()))
+    assert isinstance(t1.finish_save(req, m.deliver(req)), Won)
+    assert world_with(m) == [] and not m.ledger().unsaved
+
+
+def test_a_discarded_draft_covers_the_work_once_its_live_tab_ends(m):
+    """The tab whose draft a sibling discarded ends before writing it again (killed, or closed
+    from a conflict it had parked in that draft): nothing holds the edit any more, and the
+    user's discard covers it. A tab already gone when its draft is discarded: the same."""
+    t1 = open_tab(m, "t1")
+    t1.edit({"title": "x"}, 0)
+    m.server_write("r1", {"title": "theirs"})
+    req = t1.begin_save(1)
+    assert t1.finish_save(req, m.deliver(req)) and t1.state is State.CONFLICT
+    t2 = open_tab(m, "t2")
+    assert t2.discard_sibling("w-t1") == Won("w-t1")
+    assert world_with(m) == [] and m.ledger().unsaved
+    t1.close()
+    assert world_with(m) == [] and not m.ledger().unsaved
+    t3 = open_tab(m, "t3")
+    t3.edit({"title": "y"}, 0)
+    m.crash_tab("t3")
+    t4 = open_tab(m, "t4")
+    assert t4.discard_sibling("w-t3") == Won("w-t3")
+    assert world_with(m) == [] and not m.ledger().unsaved
+
+
 # -- the invariants catch what they name -------------------------------------------------------
 
 
@@ -456,6 +513,31 @@ def test_close_that_drops_is_caught():
         (("clean", "close", "closed"),),
     )
     w = World(_doc([HistoryEntry(1, 0, "a")]), {}, {"t": tab})
+    ledger = Ledger({("alice", "r1", "w1"): {"title": "x"}})
+    assert "close-flushes-never-drops" in _names(check_invariants(w, ledger))
+
+
+def test_close_that_drops_a_value_the_stored_copy_holds_is_caught():
+    """The stored copy holds the value (another save put it there), but the closing tab never
+    saw its own save of it succeed: dropping it is still a close that drops."""
+    tab = TabView(
+        "t",
+        "alice",
+        "r1",
+        "w1",
+        "record",
+        "closed",
+        {"title": "x"},
+        1,
+        1,
+        "ok",
+        (("dirty", "close", "closed"),),
+    )
+    w = World(
+        _doc([HistoryEntry(1, 0, "a"), HistoryEntry(2, 1, "b")], content={"title": "x"}),
+        {},
+        {"t": tab},
+    )
     ledger = Ledger({("alice", "r1", "w1"): {"title": "x"}})
     assert "close-flushes-never-drops" in _names(check_invariants(w, ledger))
 
