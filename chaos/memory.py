@@ -33,34 +33,25 @@ from hypothesis.database import (
     ReadOnlyDatabase,
 )
 
-from .check import SaveOnly
+from .exampledb import SaveOnly, Wrapped
 
 DEFAULT_DIR = ".knownstate/examples"
 ARTIFACT = "knownstate-examples"
 
 
-class Counted(ExampleDatabase):
+class Counted(Wrapped):
     """Passes everything through, and counts the stored failing examples handed out for replay
     (the primary key's, not Hypothesis's secondary or pareto corpora)."""
 
     def __init__(self, inner: ExampleDatabase):
-        super().__init__()
-        self.inner, self.stored = inner, 0
+        super().__init__(inner)
+        self.stored = 0
 
     def fetch(self, key: bytes):
         for value in self.inner.fetch(key):
             if not key.endswith((b".secondary", b".pareto")):
                 self.stored += 1
             yield value
-
-    def save(self, key: bytes, value: bytes) -> None:
-        self.inner.save(key, value)
-
-    def delete(self, key: bytes, value: bytes) -> None:
-        self.inner.delete(key, value)
-
-    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-        self.inner.move(src, dest, value)
 
 
 def key(kind: str, mutant: str | None = None) -> str:
