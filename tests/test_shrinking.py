@@ -192,3 +192,17 @@ def test_a_budget_over_the_default_lets_shrinking_go_on_longer_without_deleting_
     (pgqueuer's stale finish at seed 5: 12 steps at 200, 5 at 400)."""
     assert runner.step_stall(runner.SHRINKS) == runner.STEP_STALL == 200
     assert runner.step_stall(100) == 200 and runner.step_stall(2000) == 400
+
+
+def test_the_step_pass_runs_before_hypothesis_lowers_anything(monkeypatch):
+    """Hypothesis's shrinker starts by lowering each small number that may choose a branch
+    (every rule and row drawn), a replay each, deleting no step: on a long failure it took the
+    whole idle stop, and the 35 steps found were the counterexample. Our pass runs first, so
+    with an idle stop of 5 replays every seed still shrinks to the three steps it needs."""
+    monkeypatch.setattr(runner, "step_stall", lambda replays: 5)
+    longer = 0
+    for seed in range(1, 6):
+        run, _ = shrunk(seed=seed)
+        assert run.shrinking.steps[1] == 3, (seed, run.shrinking.steps)
+        longer += run.shrinking.steps[0] > 3
+    assert longer
