@@ -301,7 +301,7 @@ def batch_seed(seed: int, batch: int) -> int:
     return int.from_bytes(digest[:4], "big")
 
 
-def _step_pass(shrinker):
+def _step_pass(shrinker, pairs: bool = True):
     """Our own shrink pass, first of Hypothesis's: delete whole steps (an operation, a fault, a
     block) until none goes, one at a time (last first), then two at once (the later one last
     first) when no single one goes, each deletion one replay. It runs once for each new target
@@ -316,7 +316,8 @@ def _step_pass(shrinker):
     row keeps every later draw where it was (a step up and a step down between two ticks that
     must both see 0: ``tests/test_shrinking.py``). Three that only go together stay
     (compensate-outside-run-lock at seed 3 keeps 12 steps). Bounded by the same counts
-    (:data:`STEP_STALL`, the replay budget)."""
+    (:data:`STEP_STALL`, the replay budget). ``pairs=False``: single steps only (the pass run
+    once before Hypothesis's coarse reduction)."""
     from hypothesis.internal.conjecture.shrinker import ShrinkPass
 
     def without(*spans) -> bool:
@@ -339,7 +340,7 @@ def _step_pass(shrinker):
         )
 
     def delete_steps(chooser) -> None:
-        while one() or two():
+        while one() or (pairs and two()):
             pass
 
     return ShrinkPass(delete_steps)
@@ -442,14 +443,15 @@ def shrink_budget(replays: int, run: RunState | None = None):
 
     def shrink(self, initial, predicate=None, allow_transition=None):
         s = self.new_shrinker(initial, predicate, allow_transition)
-        ours = _step_pass(s)
-        s.shrink_passes.insert(0, ours)
-        # ours before anything of Hypothesis's: its coarse reduction (lowering each small number
-        # that may choose a branch: every rule, row and fault drawn) took the whole idle stop on
-        # a long failure before one step was deleted (outbox, complete-reads-attempt-first at
-        # seed 2 with rows drawn by name: 35 steps; ours first: 5)
+        s.shrink_passes.insert(0, _step_pass(s))
+        # single steps deleted before anything of Hypothesis's: its coarse reduction (lowering
+        # each small number that may choose a branch: every rule, row and fault drawn) took the
+        # whole idle stop on a long failure before one step was deleted (outbox,
+        # complete-reads-attempt-first at seed 2, rows drawn by name: 35 steps; so: 5). Pairs
+        # wait for the passes: tried first, their n² replays took the idle stop instead
+        # (approved-plan, count-before-lock-wait at seed 2: 23 steps; so: 8)
         coarse = s.initial_coarse_reduction
-        s.initial_coarse_reduction = lambda: (ours.function(None), coarse())
+        s.initial_coarse_reduction = lambda: (_step_pass(s, pairs=False).function(None), coarse())
         _stop_when_no_step_goes(s, step_stall(replays))
         s.shrink()
         run.shrinking.steps = (_steps(initial), _steps(s.shrink_target))
