@@ -21,7 +21,7 @@ from hypothesis.stateful import precondition, rule
 from knownstate.impl.errors import ClientError, ConnectionLost, ExternalCallFailed
 from knownstate.model.contract import LostRace, Won, check_invariants
 
-from . import interleave, linearize
+from . import interleave, linearize, rows
 from .harness import EnvironmentFault, Worker, WorkerDied
 from .interleave import Op, SchedulerEnvironmentError
 from .runner import Requirement, needs
@@ -43,6 +43,12 @@ def raced(*pairs: tuple[str, str]) -> tuple[Requirement, ...]:
     touch one row raced on one in a block, where the database allows blocks (a database that
     does not lists them as not covered)."""
     return tuple(needs(pair_event(a, b), "concurrency") for a, b in pairs)
+
+
+def _raced_name(w: Worker, a: Action, x: Worker, b: Action, run: Any) -> str:
+    """What names a way to race a pair on one row whatever came before: who does which
+    operation, on which row."""
+    return f"{w.name} {a.op} | {x.name} {b.op} | {run!r}"
 
 
 class Blocks:
@@ -132,7 +138,9 @@ class Blocks:
         pairs = self._pairs() if aim == "pair" else {}
         if pairs:
             key = self._draw_pair(data, pairs)
-            w, a, x, b, run = data.draw(st.sampled_from(pairs[key]), label="who, on which row")
+            w, a, x, b, run = rows.row(
+                data, pairs[key], "who, on which row", name=lambda p: _raced_name(*p)
+            )
             self._block(
                 data,
                 [w, x],
@@ -155,20 +163,16 @@ class Blocks:
                 for run, able in contested.items()
                 if any(o.fenced and run in o.runs for w in able for o in self.offers(w.index))
             ]
-            run = data.draw(st.sampled_from(fenced + list(contested)), label="the run they contest")
+            run = rows.row(
+                data,
+                list(contested),
+                "the run they contest",
+                weight=lambda run: 2 if run in fenced else 1,
+            )
             able = contested[run]
         else:
             run, able = None, self._able()
-        n = data.draw(st.integers(2, min(3, len(able))), label="workers in the block")
-        chosen = sorted(
-            data.draw(
-                st.lists(
-                    st.sampled_from(able), min_size=n, max_size=n, unique_by=lambda w: w.index
-                ),
-                label="who",
-            ),
-            key=lambda w: w.index,
-        )
+        chosen = rows.rows(data, able, 2, 3, "who", name=lambda w: w.name)
         self._block(data, chosen, run)
 
     def race(self, data, w: int, frozen: bool = False, due: frozenset = frozenset()) -> bool:
@@ -194,18 +198,12 @@ class Blocks:
             or len(self.candidates) > 1
         ):
             return False
-        run = data.draw(st.sampled_from(list(contested)), label="the run they race on")
+        run = rows.row(data, list(contested), "the run they race on")
         others = [x for x in contested[run] if x.index != w]
         if frozen:
             racers = others
         else:
-            n = data.draw(st.integers(1, min(2, len(others))), label="how many race it")
-            racers = data.draw(
-                st.lists(
-                    st.sampled_from(others), min_size=n, max_size=n, unique_by=lambda x: x.index
-                ),
-                label="who races it",
-            )
+            racers = rows.rows(data, others, 1, 2, "who races it", name=lambda x: x.name)
         stalled = self.workers[w]
         writes = [o for o in self.offers(w) if o.fenced and run in o.runs]
         schedule = None
@@ -446,7 +444,8 @@ class Blocks:
             return aimed or mine
 
         offers = {
-            w.name: data.draw(st.sampled_from(choices(w)), label=f"{w.name} does") for w in chosen
+            w.name: rows.row(data, choices(w), f"{w.name} does", name=rows.row_names)
+            for w in chosen
         }
         self.start_step(len(chosen))
         for w in chosen:
@@ -467,11 +466,11 @@ class Blocks:
             steps += 1
             if struck or steps != when:
                 return
-            fate = data.draw(
-                st.sampled_from(
-                    [f"cut {w.name}" for w in chosen] + (["crash"] if self._may_crash() else [])
-                ),
-                label="fault in the block",
+            fate = rows.row(
+                data,
+                [f"cut {w.name}" for w in chosen] + (["crash"] if self._may_crash() else []),
+                "fault in the block",
+                name=str,
             )
             if fate == "crash":
                 self.crashes += 1

@@ -54,7 +54,7 @@ from knownstate.model.contract import (
     check_invariants,
 )
 
-from . import timings
+from . import rows, timings
 from .engine import Engine
 from .faults import FaultPolicy, toxics
 from .harness import QUANTUM, Env, EnvironmentFault, Stats, Worker, WorkerDied, watch
@@ -74,6 +74,7 @@ from .runner import (
     run_check,
     shrink_budget,
 )
+from .rows import row_names
 from .steps import Action, Candidate, Failure, broken_by, diff, fmt
 
 __all__ = [
@@ -212,8 +213,10 @@ class KindCheck(Engine):
         pairs = self.doable(op)
         likely = [p for p in pairs if p[1].likely]
         rest = [p for p in pairs if not p[1].likely]
-        options = [st.sampled_from(ps) for ps in (likely, likely, rest) if ps]
-        w, action = data.draw(st.one_of(options), label=op)
+        # the row drawn by its name, so that shrinking the steps before leaves it on that row
+        w, action = rows.one_of_classes(
+            data, (likely, likely, rest), op, name=lambda p: f"w{p[0]} {row_names(p[1])}"
+        )
         return self.do(w, action)
 
     def do(self, w: int, action: Action) -> Any:

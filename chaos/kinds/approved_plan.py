@@ -39,6 +39,7 @@ from knownstate.model import approved_plan as model
 from knownstate.model.approved_plan import Status
 from knownstate.model.contract import LostRace, Repeat, Won
 
+from .. import rows
 from ..blocks import raced
 from ..check import QUANTUM, FaultPolicy, KindCheck, Action, Worker, WorkerDied, needs
 
@@ -197,11 +198,11 @@ class ApprovedPlanCheck(KindCheck):
 
     def _pick(self, data, prefer) -> int:
         """A proposal: two times in three one in a status where the operation can win, else one
-        where it cannot (a lost race or a refusal, which the contract must get right too)."""
+        where it cannot (a lost race or a refusal, which the contract must get right too); drawn
+        by its id, so that shrinking the steps before leaves it on that proposal (:mod:`..rows`)."""
         preferred = self._with_status(prefer)
         others = [p.proposal_id for p in self._proposals() if p.proposal_id not in preferred]
-        options = [st.sampled_from(ids) for ids in (preferred, preferred, others) if ids]
-        return data.draw(st.one_of(options), label="proposal")
+        return rows.one_of_classes(data, (preferred, preferred, others), "proposal")
 
     def _claims(self, executing_only: bool = False) -> list[tuple[int, int]]:
         executing = set(self._with_status({Status.EXECUTING}))
@@ -396,7 +397,7 @@ class ApprovedPlanCheck(KindCheck):
         was running, which may have committed), asks again for the one before (answered from its
         receipt, never re-applied), asks for one too far (refused), or renews its heartbeat. A
         holder refused by the fence lets go of the run."""
-        w, pid = data.draw(st.sampled_from(self._claims()), label="worker, proposal")
+        w, pid = rows.row(data, self._claims(), "worker, proposal")
         self._execute(w, pid, action)
 
     def _execute(self, w: int, pid: int, action: str) -> None:
@@ -425,7 +426,7 @@ class ApprovedPlanCheck(KindCheck):
     def read(self, w: int, data) -> None:
         """A reader of an executing run: it heals the run first if its heartbeat is stale
         (markInterruptedIfStale), then reports it."""
-        self.do(w, self._read(w, data.draw(st.sampled_from(self._unread()), label="proposal")))
+        self.do(w, self._read(w, rows.row(data, self._unread(), "proposal")))
 
     def _unrepeated(self) -> list[int]:
         return [pid for pid in self._with_status(model.TERMINAL) if pid not in self.repeated]
@@ -436,7 +437,7 @@ class ApprovedPlanCheck(KindCheck):
         """The execute request arrives again. It heals a stale run too, and a terminal run answers
         from its receipts. A repeat the model answers as terminal is recorded as a Repeat,
         re-executed if the run's receipts or effects changed under it."""
-        pid = data.draw(st.sampled_from(self._unrepeated()), label="proposal")
+        pid = rows.row(data, self._unrepeated(), "proposal")
         self.repeated.add(pid)
         label = f"repeat(w{w}, {pid})"
 
@@ -467,14 +468,8 @@ class ApprovedPlanCheck(KindCheck):
         executed like any plan, with its own receipts. Drawn for a run that has none yet, or
         any run (the existing compensation is found; a run with nothing to undo is refused)."""
         compensable = self._compensable()
-        pid = data.draw(
-            st.one_of(
-                st.sampled_from(compensable),
-                st.sampled_from(compensable),
-                st.sampled_from([p.proposal_id for p in self._proposals()]),
-            ),
-            label="proposal",
-        )
+        every = [p.proposal_id for p in self._proposals()]
+        pid = rows.one_of_classes(data, (compensable, compensable, every), "proposal")
         self._op(w, "compensate", pid)
 
     # -- the fault policy's questions -----------------------------------------------------------
@@ -483,7 +478,7 @@ class ApprovedPlanCheck(KindCheck):
         return [pid for x, pid in self._claims(executing_only=True) if x == w]
 
     def turn(self, w: int, data) -> None:
-        pid = data.draw(st.sampled_from(self.turns(w)), label="proposal")
+        pid = rows.row(data, self.turns(w), "proposal")
         self._execute(w, pid, data.draw(st.sampled_from(("next", "heartbeat")), label="action"))
 
     def leases(self) -> list[int]:
@@ -526,7 +521,7 @@ class ApprovedPlanCheck(KindCheck):
         for pid in self.turns(w):
             self.held[w][pid].stalled = True
         if retake or data.draw(st.booleans(), label="read meanwhile"):
-            pid = data.draw(st.sampled_from(self.turns(w)), label="proposal read")
+            pid = rows.row(data, self.turns(w), "proposal read")
             self.do(1 - w, self._read(1 - w, pid))
 
 

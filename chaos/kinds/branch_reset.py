@@ -50,6 +50,7 @@ from knownstate.model import branch_reset as model
 from knownstate.model.branch_reset import ExternalOp, ExternalState, ExternalStatus, Status
 from knownstate.model.contract import LostRace, Rejected, Repeat, Violation, Won, Write
 
+from .. import rows
 from ..blocks import raced
 from ..check import QUANTUM, FaultPolicy, KindCheck, Action, needs
 from ..interleave import ScheduledCalls
@@ -511,16 +512,14 @@ class BranchResetCheck(KindCheck):
     def worker_loop(self, w: int, data) -> None:
         """One turn of a poller's loop: start a queued run or poll a running one. (The start and
         poll rules act on any run, lost races included; this rule keeps work flowing.)"""
-        op, run_id = data.draw(st.sampled_from(self._next_work()), label="work")
+        op, run_id = rows.row(data, self._next_work(), "work")
         self.do(w, (self._start if op == "start" else self._poll)(w, run_id))
 
     @precondition(lambda self: self.model.runs)
     @rule(w=st.sampled_from(POLLERS), data=st.data())
     def start(self, w: int, data) -> None:
         """A poller takes a run: claims it and creates its external operation, once."""
-        run_id = data.draw(
-            st.sampled_from(self._runs(Status.QUEUED) * 3 + self._runs()), label="run"
-        )
+        run_id = rows.row(data, self._runs(Status.QUEUED) * 3 + self._runs(), "run")
         self.do(w, self._start(w, run_id))
 
     @precondition(lambda self: self._past_queued())
@@ -529,13 +528,13 @@ class BranchResetCheck(KindCheck):
         """A poller polls a run's operation: records what it saw, ends the run or extends the
         lease."""
         runs = self._ended() * 4 + self._past_queued(running=4)
-        self.do(w, self._poll(w, data.draw(st.sampled_from(runs), label="run")))
+        self.do(w, self._poll(w, rows.row(data, runs, "run")))
 
     @precondition(lambda self: self._past_queued())
     @rule(w=st.sampled_from(POLLERS), data=st.data())
     def cancel(self, w: int, data) -> None:
         """Someone cancels a run (through a poller's connection). The operation is left alone."""
-        self.do(w, self._cancel(w, data.draw(st.sampled_from(self._past_queued()), label="run")))
+        self.do(w, self._cancel(w, rows.row(data, self._past_queued(), "run")))
 
     @precondition(lambda self: self._runs(Status.RUNNING))
     @rule(skew=st.sampled_from([s for s in SKEWS if s > 0]))
@@ -572,7 +571,7 @@ class BranchResetCheck(KindCheck):
         self._finish(data, ok=False)
 
     def _finish(self, data, ok: bool) -> None:
-        op_id = data.draw(st.sampled_from(self._in_progress()), label="operation")
+        op_id = rows.row(data, self._in_progress(), "operation")
         for c in self.candidates:
             c.model.external_finish(op_id, ok)
         self.ops.finish(op_id, ok)
@@ -593,7 +592,7 @@ class BranchResetCheck(KindCheck):
     def turn(self, w: int, data) -> None:
         work = self.turns(w)
         starts = [x for x in work if x[0] == "start"]  # a start's outcome is always observable
-        op, run_id = data.draw(st.sampled_from(starts or work), label="work")
+        op, run_id = rows.row(data, starts or work, "work")
         self.do(w, (self._start if op == "start" else self._poll)(w, run_id))
 
     def leases(self) -> list[int]:
@@ -674,7 +673,7 @@ class BranchResetCheck(KindCheck):
         self.fault(
             "stand-in-refuses", f"operations API answers the next {n} request(s) 503", pace=False
         )
-        self.turn(data.draw(st.sampled_from(POLLERS), label="poller"), data)
+        self.turn(rows.row(data, POLLERS, "poller"), data)
 
 
 from .branch_reset_mutants import MUTANTS  # noqa: E402, F401  (the kind's catalogue)

@@ -23,6 +23,7 @@ from knownstate.impl import outbox as impl
 from knownstate.model import outbox as model
 from knownstate.model.contract import LostRace, Rejected, Won, Write
 
+from .. import rows
 from ..adapter import OK, PERMANENT, RETRY, Adapter, Claimed
 from ..generic import kind, required_events
 
@@ -98,7 +99,7 @@ class OutboxCheck(kind(CHECKED, OutboxAdapter)):
     def record_batch(self, data) -> None:
         """The batched fenced write: a worker records every delivery it has sent (two or more)
         in one statement, each row fenced on its own claimed attempt; a stale row loses alone."""
-        self._record_batch(data, data.draw(st.sampled_from(self._batch_holders()), label="worker"))
+        self._record_batch(data, rows.row(data, self._batch_holders(), "worker"))
 
     def _mixed_due(self) -> list[int]:
         """Idle workers, when a claim of three would take deliveries at different attempts (a
@@ -113,10 +114,10 @@ class OutboxCheck(kind(CHECKED, OutboxAdapter)):
         """A worker's loop over a batch whose rows were claimed at different attempts: claim,
         send each, record them in one statement. Each row must be fenced on its own attempt;
         reached on purpose, since it takes a retry due beside a first try."""
-        w = data.draw(st.sampled_from(self._mixed_due()), label="worker")
+        w = rows.row(data, self._mixed_due(), "worker")
         self.do(w, self._claim(w, 3))
         for key in self._mine(w, sent=False):
-            answer = data.draw(st.sampled_from(self._answers()), label="sink answers")
+            answer = rows.row(data, self._answers(), "sink answers")
             self.do(w, self._send(w, key, answer))
         if len(self._mine(w, sent=True)) > 1:
             self._record_batch(data, w)
