@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
-from . import timings
+from . import rows, timings
 from .harness import QUANTUM, HookedConnection, Worker, WorkerDied, cut_socket
 from .toxi import Link, Toxic, ToxiproxyError
 
@@ -385,7 +385,7 @@ class FaultRules:
         allowed = self._commit_faults()
         if kind not in allowed:
             kind = allowed[COMMIT_FAULTS.index(kind) % len(allowed)]
-        w = data.draw(st.sampled_from(self._turners()), label="worker")
+        w = rows.row(data, self._turners(), "worker")
         self.arm_commit_fault(self.workers[w], kind)
         self.fault(kind, f"{kind} at w{w}'s next COMMIT", pace=False)
         self.turn(w, data)
@@ -423,7 +423,7 @@ class FaultRules:
         """A stand-in acts on the worker's next request, and its answer never arrives; the worker
         takes its turn at once."""
         able = [w for w in self._turners() if self.external_links(self.workers[w])]
-        w = data.draw(st.sampled_from(able), label="worker")
+        w = rows.row(data, able, "worker")
         self.reply_lost_armed = w
         self.fault("reply-lost", f"stand-in answer lost at w{w}'s next call", pace=False)
         self.turn(w, data)
@@ -464,7 +464,7 @@ class FaultRules:
         runs resumes at once after the world went on. One stall in six is aimed at what a fence
         is for: meanwhile its runs are taken back and claimed again (the kind's ``meanwhile``
         with ``retake``), and it resumes at once. Its writes must be fenced either way."""
-        w = data.draw(st.sampled_from(self.leases()), label="worker")
+        w = rows.row(data, self.leases(), "worker")
         frozen = resume == "inside its write" or (
             resume == "racing the others" and data.draw(st.booleans(), label="or froze inside")
         )

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from . import rows
+
 
 class FaultAnswers:
     """The generic check's answers to the fault policy."""
@@ -48,22 +50,21 @@ class FaultAnswers:
             self.do(w, self._claim(w, self._batches()[-1]))
             return
         if step == beat:
-            key = data.draw(st.sampled_from(self._mine(w, sent=None)), label="run")
+            key = rows.row(data, self._mine(w, sent=None), "run")
             self.do(w, self._extend(w, key))
             return
-        key = data.draw(
-            st.sampled_from(self._mine(w, sent=step == "record" and self.receiver is not None)),
-            label="run",
+        key = rows.row(
+            data, self._mine(w, sent=step == "record" and self.receiver is not None), "run"
         )
         if step == "send":
             commit_armed = self.workers[w].before_commit is not None
-            answer = data.draw(st.sampled_from(self._answers()), label="answer")
+            answer = rows.row(data, self._answers(), "answer")
             self.do(w, self._send(w, key, answer))
             if not commit_armed or key not in self.held[w]:
                 return
             # A COMMIT fault was armed and the worker's next step is its call: its loop goes on
             # to the write that commits, so the fault meets a COMMIT, not nothing.
-        self.do(w, data.draw(st.sampled_from(self._records(w, key)), label="work"))
+        self.do(w, rows.row(data, self._records(w, key), "work", name=rows.row_names))
 
     def leases(self) -> list[int]:
         """Workers holding a live lease; those that called out and have not recorded it yet when
@@ -83,10 +84,8 @@ class FaultAnswers:
         """The write a worker's loop makes next is the record of a run it called out for: one
         that called for none yet makes its call first. The runs: those it called for."""
         if self.receiver is not None and not self._mine(w, sent=True) and self._mine(w, False):
-            key = data.draw(st.sampled_from(self._mine(w, sent=False)), label="run")
-            self.do(
-                w, self._send(w, key, data.draw(st.sampled_from(self._answers()), label="answer"))
-            )
+            key = rows.row(data, self._mine(w, sent=False), "run")
+            self.do(w, self._send(w, key, rows.row(data, self._answers(), "answer")))
         return frozenset(self._mine(w, sent=True if self.receiver is not None else None))
 
     def meanwhile(self, w: int, data, retake: bool = False) -> None:

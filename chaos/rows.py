@@ -51,6 +51,8 @@ def rank(
     named = []
     for o in options:
         base = str(name(o))
+        if " at 0x" in base:  # an address differs between processes: the seed would not replay
+            raise ValueError(f"{base[:60]}...: a row's name must not depend on the process")
         seen[base] = seen.get(base, -1) + 1
         named.append(f"{base}~{seen[base]}" if seen[base] else base)
 
