@@ -58,7 +58,7 @@ class FaultAnswers:
         )
         if step == "send":
             commit_armed = self.workers[w].before_commit is not None
-            answer = rows.row(data, self._answers(), "answer")
+            answer = data.draw(st.sampled_from(self._answers()), label="answer")
             self.do(w, self._send(w, key, answer))
             if not commit_armed or key not in self.held[w]:
                 return
@@ -85,7 +85,9 @@ class FaultAnswers:
         that called for none yet makes its call first. The runs: those it called for."""
         if self.receiver is not None and not self._mine(w, sent=True) and self._mine(w, False):
             key = rows.row(data, self._mine(w, sent=False), "run")
-            self.do(w, self._send(w, key, rows.row(data, self._answers(), "answer")))
+            self.do(
+                w, self._send(w, key, data.draw(st.sampled_from(self._answers()), label="answer"))
+            )
         return frozenset(self._mine(w, sent=True if self.receiver is not None else None))
 
     def meanwhile(self, w: int, data, retake: bool = False) -> None:

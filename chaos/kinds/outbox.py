@@ -117,7 +117,7 @@ class OutboxCheck(kind(CHECKED, OutboxAdapter)):
         w = rows.row(data, self._mixed_due(), "worker")
         self.do(w, self._claim(w, 3))
         for key in self._mine(w, sent=False):
-            answer = rows.row(data, self._answers(), "sink answers")
+            answer = data.draw(st.sampled_from(self._answers()), label="sink answers")
             self.do(w, self._send(w, key, answer))
         if len(self._mine(w, sent=True)) > 1:
             self._record_batch(data, w)
