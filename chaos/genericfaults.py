@@ -64,7 +64,7 @@ class FaultAnswers:
                 return
             # A COMMIT fault was armed and the worker's next step is its call: its loop goes on
             # to the write that commits, so the fault meets a COMMIT, not nothing.
-        self.do(w, rows.row(data, self._records(w, key), "work", name=rows.row_names))
+        self.do(w, data.draw(st.sampled_from(self._records(w, key)), label="work"))
 
     def leases(self) -> list[int]:
         """Workers holding a live lease; those that called out and have not recorded it yet when
