@@ -38,6 +38,9 @@ def pair_event(a: str, b: str) -> str:
     return f"{PAIR}{first} × {second}"
 
 
+FROZEN_RETAKEN = "frozen write: its run taken back and claimed meanwhile"
+
+
 def raced(*pairs: tuple[str, str]) -> tuple[Requirement, ...]:
     """Required events for a kind's ``required_events``: each pair of its operations that can
     touch one row raced on one in a block, where the database allows blocks (a database that
@@ -205,24 +208,46 @@ class Blocks:
         else:
             racers = rows.rows(data, others, 1, 2, "who races it", name=lambda x: x.name)
         stalled = self.workers[w]
-        writes = [o for o in self.offers(w) if o.fenced and run in o.runs]
+        only = {stalled.name: [o for o in self.offers(w) if o.fenced and run in o.runs]}
         schedule = None
+        retaken = False
+        if frozen and data.draw(st.booleans(), label="meanwhile its run is taken back, claimed"):
+            # what its fence is for, aimed at: a reaper takes the run back and another worker
+            # claims it while the write is frozen (either alone changes nothing it writes; a
+            # write whose first statement locks the row makes them wait, one that reads first
+            # lets them in)
+            reap = {x.name: self._takes(x, run, lambda o: o.guarantee == "lease") for x in others}
+            claim = {x.name: self._takes(x, run, lambda o: run in o.once_freed) for x in others}
+            reapers = [x for x in others if reap[x.name]]
+            if reapers:  # one takes it back, the others claim (two reapers: nobody claims)
+                reaper = rows.row(data, reapers, "who takes it back", name=lambda x: x.name)
+                claimers = [x for x in others if x is not reaper and claim[x.name]]
+                retaken = bool(claimers)
+            if retaken:
+                only[reaper.name] = reap[reaper.name]
+                only.update({x.name: claim[x.name] for x in claimers})
         if frozen:
-            schedule = lambda data, names, offers, _: self._frozen(  # noqa: E731
+            schedule = lambda data, names, offers, pending: self._frozen(  # noqa: E731
                 data,
                 stalled.name,
                 [n for n in names if n != stalled.name],
                 [n for n in names if run in offers[n].once_freed],
+                pending,
             )
         self._block(
             data,
             sorted([stalled, *racers], key=lambda x: x.index),
             run,
-            only={stalled.name: writes},
+            only=only,
             schedule=schedule,
             faults=not frozen,
         )
+        if retaken:
+            self.event(FROZEN_RETAKEN)
         return True
+
+    def _takes(self, x: Worker, run: Any, which: Callable[[Action], bool]) -> list[Action]:
+        return [o for o in self.offers(x.index) if run in o.runs and which(o)]
 
     def _client_side(self, w: Worker, action: Action, error, healthy: bool) -> None:
         """A driver error that no schedule explains is the implementation's, as in a step of its
@@ -318,16 +343,21 @@ class Blocks:
 
     @staticmethod
     def _frozen(
-        data, stalled: str, others: list[str], later: list[str] = ()
+        data,
+        stalled: str,
+        others: list[str],
+        later: list[str] = (),
+        pending: Callable[[str], str | None] = lambda _: None,
     ) -> Callable[[list[str]], str]:
         """The schedule of a worker frozen inside its operation (a GC pause, a suspended VM,
         between two statements of its transaction, holding what it locked): it runs its first
-        statements (after each one, whether it freezes there is drawn: after the first, three
-        times in four), then the others run their whole operations one after another (one that
-        waits on a lock the frozen worker holds steps aside), then it finishes. The others' order is
-        drawn, except that those in ``later`` (which can write the run only once another
-        operation freed it: a claim of a row whose lease lapsed) come after the rest. Shrinks
-        towards never freezing: the stalled worker's whole write, then the others'."""
+        statements (after each one but a BEGIN or SAVEPOINT, whether it freezes there is drawn:
+        after the first, three times in four; frozen after a BEGIN it has read nothing, so it
+        would only run after the others), then the others run their whole operations one after
+        another (one that waits on a lock the frozen worker holds steps aside), then it finishes.
+        The others' order is drawn, except that those in ``later`` (which can write the run only
+        once another operation freed it: a claim of a row whose lease lapsed) come after the rest.
+        Shrinks towards never freezing: the stalled worker's whole write, then the others'."""
         drawn = data.draw(st.permutations(others), label="the others' order")
         order = sorted(drawn, key=lambda n: n in later)
         frozen = False
@@ -335,6 +365,8 @@ class Blocks:
         def choose(options: list[str]) -> str:
             nonlocal frozen
             if not frozen and stalled in options:
+                if (pending(stalled) or "").startswith(("BEGIN", "SAVEPOINT")):
+                    return stalled
                 frozen = (
                     data.draw(
                         st.integers(0, 3), label=f"{stalled} freezes after this step (unless 0)"

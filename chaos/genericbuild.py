@@ -14,6 +14,7 @@ from knownstate.model import generic
 from knownstate.model.describe import RunKind
 
 from .adapter import Adapter
+from .blocks import FROZEN_RETAKEN
 from .check import needs
 from .mutants import Mutant, sql_edit, with_attrs
 from .runner import Requirement
@@ -154,6 +155,8 @@ def required_events(
         out.append(needs("concurrent block", "concurrency"))
         if d.lease is not None and commits:  # the take-back and a holder's write meet on a row
             out.append(needs("lock wait in a block", "concurrency"))
+            if again and not owners_only:  # a holder's write frozen while its run changes hands
+                out.append(needs(FROZEN_RETAKEN, "concurrency"))
     if d.external != "none":
         out.append("external reply lost")
     if d.external == "at-least-once":
