@@ -294,7 +294,9 @@ def test_leases_lapse_under_the_time_shift_and_the_reference_passes(server):
     assert r.failure is None, "\n".join([r.failure or "", *r.counterexample])
     shifts = r.stats.faults["db-clock-jump"] + r.stats.faults["worker-stall"]
     assert shifts > 0 and r.stats.events["reclaim"] > 0 and r.stats.events["fence rejection"] > 0
-    assert r.not_covered == [] or all("block" in n for n in r.not_covered)
+    # what a database that allows no blocks cannot cover: the requirements that need them
+    blocks = {q.key for q in OutboxCheck.requirements() if "concurrency" in q.needs}
+    assert set(r.not_covered) <= blocks
 
 
 def test_closing_a_run_ends_only_its_sessions_and_drops_only_its_schemas(server):
