@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn
 from hypothesis import HealthCheck, Phase, Verbosity, reject, settings
 from hypothesis import seed as hyp_seed
 from hypothesis.database import ExampleDatabase
-from hypothesis.errors import Unsatisfiable
+from hypothesis.errors import Flaky, Unsatisfiable
 from hypothesis.stateful import get_state_machine_test
 
 from . import timings as timing
@@ -664,15 +664,25 @@ def _shortest(run: RunState) -> tuple[str, tuple[str, ...], list[str]]:
 
 
 def _failure_of(e: BaseException, run: RunState) -> tuple[str, tuple[str, ...], list[str]]:
+    flaky = isinstance(e, Flaky)  # Hypothesis's: a replay did not reproduce exactly
     if isinstance(e, BaseExceptionGroup):
         e = e.exceptions[0]
     if isinstance(e, Failure) and run.failures and run.failures[-1][0] == str(e):
         return run.failures[-1]
-    if run.failures:  # a replay that did not reproduce exactly (Flaky): the shortest seen
+    if run.failures:  # shrinking stopped before its end: the shortest failure seen
         message, names, trace = _shortest(run)
-        if not isinstance(e, Failure):
+        if flaky:
             message += "\n(shrinking stopped: a replay did not reproduce exactly)"
+        elif not isinstance(e, Failure):  # not a replay's verdict: an error while replaying
+            message += (
+                f"\n(shrinking stopped: {_raised(e)} was raised while it replayed; this is the "
+                "shortest failure seen before it)"
+            )
         return message, names, trace
+    return _raised(e), (), list(run.last_trace)
+
+
+def _raised(e: BaseException) -> str:
     tb = traceback.extract_tb(e.__traceback__)
     where = f" at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
-    return f"{type(e).__name__}{where}: {e}", (), list(run.last_trace)
+    return f"{type(e).__name__}{where}: {e}"

@@ -206,3 +206,20 @@ def test_the_step_pass_runs_before_hypothesis_lowers_anything(monkeypatch):
         assert run.shrinking.steps[1] == 3, (seed, run.shrinking.steps)
         longer += run.shrinking.steps[0] > 3
     assert longer
+
+
+def test_a_shrink_stopped_by_an_error_says_so_and_not_that_a_replay_did_not_reproduce():
+    """Shrinking that stops early reports the shortest failure seen, and why it stopped: a
+    replay Hypothesis found inconsistent (Flaky), or an error raised while replaying (before,
+    such an error was reported as a replay that did not reproduce, and a Flaky as nothing)."""
+    from hypothesis.errors import FlakyFailure
+
+    run = new_run()
+    run.failures += [("alpha broke", ("alpha",), ["a", "b", "c"]), ("alpha", ("alpha",), ["a"])]
+    message, names, trace = runner._failure_of(RuntimeError("no such pass"), run)
+    assert (names, trace) == (("alpha",), ["a"])
+    assert "RuntimeError" in message and "no such pass" in message
+    assert "did not reproduce" not in message
+    flaky = FlakyFailure("inconsistent", [Failure("alpha, otherwise", ("alpha",))])
+    message, _, _ = runner._failure_of(flaky, run)
+    assert message.startswith("alpha\n") and "did not reproduce exactly" in message
