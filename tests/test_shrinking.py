@@ -94,7 +94,9 @@ def shrunk(
             phases=(Phase.generate, Phase.shrink),
         ),
     )
-    with runner.shrink_budget(replays, run):
+    # as a check runs: drawing no constants from the modules imported so far (which differ with
+    # the tests run before this one)
+    with runner.no_local_constants(), runner.shrink_budget(replays, run):
         try:
             test()
         except Failure as e:
@@ -198,14 +200,17 @@ def test_the_step_pass_runs_before_hypothesis_lowers_anything(monkeypatch):
     """Hypothesis's shrinker starts by lowering each small number that may choose a branch
     (every rule and row drawn), a replay each, deleting no step: on a long failure it took the
     whole idle stop, and the 35 steps found were the counterexample. Our pass runs first, so
-    with an idle stop of 5 replays every seed still shrinks to the three steps it needs."""
+    with an idle stop of 5 replays every seed whose first failure had more than the three steps
+    it needs still shrinks to them."""
     monkeypatch.setattr(runner, "step_stall", lambda replays: 5)
     longer = 0
-    for seed in range(1, 6):
+    for seed in range(1, 11):
         run, _ = shrunk(seed=seed)
-        assert run.shrinking.steps[1] == 3, (seed, run.shrinking.steps)
-        longer += run.shrinking.steps[0] > 3
-    assert longer
+        before, after = run.shrinking.steps
+        if before > 3:
+            assert after == 3, (seed, run.shrinking.steps)
+            longer += 1
+    assert longer >= 3
 
 
 def test_a_shrink_stopped_by_an_error_says_so_and_not_that_a_replay_did_not_reproduce():
