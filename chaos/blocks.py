@@ -216,8 +216,9 @@ class Blocks:
             # claims it while the write is frozen (either alone changes nothing it writes; a
             # write whose first statement locks the row makes them wait, one that reads first
             # lets them in)
-            reap = {x.name: self._takes(x, run, lambda o: o.guarantee == "lease") for x in others}
-            claim = {x.name: self._takes(x, run, lambda o: run in o.once_freed) for x in others}
+            on_run = {x.name: [o for o in self.offers(x.index) if run in o.runs] for x in others}
+            reap = {n: [o for o in os if o.guarantee == "lease"] for n, os in on_run.items()}
+            claim = {n: [o for o in os if run in o.once_freed] for n, os in on_run.items()}
             reapers = [x for x in others if reap[x.name]]
             if reapers:  # one takes it back, the others claim (two reapers: nobody claims)
                 reaper = rows.row(data, reapers, "who takes it back", name=lambda x: x.name)
@@ -245,9 +246,6 @@ class Blocks:
         if retaken:
             self.event(FROZEN_RETAKEN)
         return True
-
-    def _takes(self, x: Worker, run: Any, which: Callable[[Action], bool]) -> list[Action]:
-        return [o for o in self.offers(x.index) if run in o.runs and which(o)]
 
     def _client_side(self, w: Worker, action: Action, error, healthy: bool) -> None:
         """A driver error that no schedule explains is the implementation's, as in a step of its

@@ -302,7 +302,7 @@ def batch_seed(seed: int, batch: int) -> int:
 
 
 def _step_pass(shrinker, pairs: bool = True):
-    """Our own shrink pass, first of Hypothesis's: delete whole steps (an operation, a fault, a
+    """Our own shrink pass, first of all: delete whole steps (an operation, a fault, a
     block) until none goes, one at a time (last first), then two at once (the later one last
     first) when no single one goes, each deletion one replay. It runs once for each new target
     in each of Hypothesis's rounds: after its passes lower a step's values (an earlier rule, a
@@ -314,10 +314,9 @@ def _step_pass(shrinker, pairs: bool = True):
     so deleting one earlier step (a block that moved a run) may make a later one draw another
     row and the race never happen, while deleting it with the step that then moves the other
     row keeps every later draw where it was (a step up and a step down between two ticks that
-    must both see 0: ``tests/test_shrinking.py``). Three that only go together stay
-    (compensate-outside-run-lock at seed 3 keeps 12 steps). Bounded by the same counts
-    (:data:`STEP_STALL`, the replay budget). ``pairs=False``: single steps only (the pass run
-    once before Hypothesis's coarse reduction)."""
+    must both see 0: ``tests/test_shrinking.py``). Three that only go together stay. Bounded by
+    the same counts (:data:`STEP_STALL`, the replay budget). ``pairs=False``: single steps only
+    (the pass run once before Hypothesis's coarse reduction)."""
     from hypothesis.internal.conjecture.shrinker import ShrinkPass
 
     def without(*spans) -> bool:
@@ -451,7 +450,12 @@ def shrink_budget(replays: int, run: RunState | None = None):
         # wait for the passes: tried first, their n² replays took the idle stop instead
         # (approved-plan, count-before-lock-wait at seed 2: 23 steps; so: 8)
         coarse = s.initial_coarse_reduction
-        s.initial_coarse_reduction = lambda: (_step_pass(s, pairs=False).function(None), coarse())
+
+        def singles_then_coarse() -> None:
+            _step_pass(s, pairs=False).function(None)
+            coarse()
+
+        s.initial_coarse_reduction = singles_then_coarse
         _stop_when_no_step_goes(s, step_stall(replays))
         s.shrink()
         run.shrinking.steps = (_steps(initial), _steps(s.shrink_target))
