@@ -285,13 +285,16 @@ def test_the_page_flushes_when_hidden_and_a_closed_tabs_work_is_offered(knownsta
             return next(iter(store.documents().values())).content.get("title")
 
     def in_chromium():
+        # the pages reach the server over a Toxiproxy link, so that the test can cut it (below)
+        link = knownstate_env.api.link("document-page-life", server.host, server.port)
+        app = f"http://{link.host}:{link.port}/app/?user=alice"
         with sync_playwright() as pw:
             b = pw.chromium.launch(
                 executable_path=browser.chromium_path(), args=browser.CHROMIUM_ARGS
             )
             ctx = b.new_context()
             page = ctx.new_page()
-            page.goto(f"{server.url}/app/?user=alice")
+            page.goto(app)
             page.click("#new-record")
             page.wait_for_selector("#record-state:text('clean')")
             doc = page.url.split("doc=")[1]
@@ -303,11 +306,13 @@ def test_the_page_flushes_when_hidden_and_a_closed_tabs_work_is_offered(knownsta
             page.wait_for_selector("#record-state:text('clean')")
             page.close()
             page = ctx.new_page()
-            page.goto(f"{server.url}/app/?user=alice&doc={doc}")
+            page.goto(f"{app}&doc={doc}")
             page.wait_for_selector("#record-state:text('clean')")
-            # offline before the edit, so that neither its debounced save nor the flush on hiding
-            # the closing page gets an answer, however loaded the machine
-            ctx.set_offline(True)
+            # the link cut before the edit, so that neither its debounced save nor the flush on
+            # hiding the closing page reaches the server, however loaded the machine (the
+            # browser's offline emulation is not enough: in CI a request sent while the page
+            # closed escaped it and landed)
+            link.down()
             page.evaluate(
                 "() => { const i = document.querySelector('[data-id=title]'); i.value = 'unsaved';"
                 " i.dispatchEvent(new Event('change')); }"
@@ -316,9 +321,9 @@ def test_the_page_flushes_when_hidden_and_a_closed_tabs_work_is_offered(knownsta
                 "() => Object.values(localStorage).some(v => v.includes('unsaved'))"
             )
             page.close()  # the edit is in the writer's draft only
-            ctx.set_offline(False)
+            link.up()
             other = ctx.new_page()
-            other.goto(f"{server.url}/app/?user=alice&doc={doc}")
+            other.goto(f"{app}&doc={doc}")
             other.wait_for_selector(".banner.siblings")
             # offered, not applied: the page shows what the server holds
             assert other.input_value("[data-id=title]") == "saved when hidden"
