@@ -48,10 +48,10 @@ def raced(*pairs: tuple[str, str]) -> tuple[Requirement, ...]:
     return tuple(needs(pair_event(a, b), "concurrency") for a, b in pairs)
 
 
-def _raced_name(w: Worker, a: Action, x: Worker, b: Action, run: Any) -> str:
+def _raced_name(w: Worker, a: Action, x: Worker, b: Action, run: str) -> str:
     """What names a way to race a pair on one row whatever came before: who does which
-    operation, on which row."""
-    return f"{w.name} {a.op} | {x.name} {b.op} | {run!r}"
+    operation, on which row (named by the check's ``row_name``)."""
+    return f"{w.name} {a.op} | {x.name} {b.op} | {run}"
 
 
 class Blocks:
@@ -142,7 +142,10 @@ class Blocks:
         if pairs:
             key = self._draw_pair(data, pairs)
             w, a, x, b, run = rows.row(
-                data, pairs[key], "who, on which row", name=lambda p: _raced_name(*p)
+                data,
+                pairs[key],
+                "who, on which row",
+                name=lambda p: _raced_name(*p[:4], self.row_name(p[4])),
             )
             self._block(
                 data,
@@ -170,6 +173,7 @@ class Blocks:
                 data,
                 list(contested),
                 "the run they contest",
+                name=self.row_name,
                 weight=lambda run: 2 if run in fenced else 1,
             )
             able = contested[run]
@@ -201,7 +205,7 @@ class Blocks:
             or len(self.candidates) > 1
         ):
             return False
-        run = rows.row(data, list(contested), "the run they race on")
+        run = rows.row(data, list(contested), "the run they race on", name=self.row_name)
         others = [x for x in contested[run] if x.index != w]
         if frozen:
             racers = others
@@ -474,7 +478,9 @@ class Blocks:
             return aimed or mine
 
         offers = {
-            w.name: rows.row(data, choices(w), f"{w.name} does", name=rows.row_names)
+            w.name: rows.row(
+                data, choices(w), f"{w.name} does", name=lambda a: rows.row_names(a, self.row_name)
+            )
             for w in chosen
         }
         self.start_step(len(chosen))

@@ -215,7 +215,10 @@ class KindCheck(Engine):
         rest = [p for p in pairs if not p[1].likely]
         # the row drawn by its name, so that shrinking the steps before leaves it on that row
         w, action = rows.one_of_classes(
-            data, (likely, likely, rest), op, name=lambda p: f"w{p[0]} {row_names(p[1])}"
+            data,
+            (likely, likely, rest),
+            op,
+            name=lambda p: f"w{p[0]} {row_names(p[1], self.row_name)}",
         )
         return self.do(w, action)
 

@@ -216,6 +216,7 @@ class Engine(FaultRules, Blocks, RuleBasedStateMachine):
         self.model = self.new_model()
         self.candidates = [Candidate(self.model)]
         self._struck = False
+        self.run_names: dict[Any, str] = {}
         self.begin_example()
         run.stats.examples += 1
         if run.progress is not None:
@@ -223,6 +224,18 @@ class Engine(FaultRules, Blocks, RuleBasedStateMachine):
 
     def begin_example(self) -> None:
         """The engine's own state of a new example, once the model is made."""
+
+    def row_name(self, run: Any) -> str:
+        """What names run ``run`` whatever came before (:mod:`.rows`): its key, unless the kind
+        named it when it created it (:meth:`name_run`)."""
+        return self.run_names.get(run, repr(run))
+
+    def name_run(self, run: Any, name: int) -> None:
+        """Name a run the database keyed (a serial id) by a number its creating step drew: an
+        id is renumbered when shrinking deletes a step that created a run before it, so a step
+        drawn by id would act on another run and the deletion be refused (approved-plan,
+        heartbeat-owner-read-first at seed 1 kept 16 steps)."""
+        self.run_names[run] = f"#{name}"
 
     def _workers(self) -> list[Worker]:
         """The run's workers, kept from one example to the next with their connections when

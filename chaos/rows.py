@@ -30,6 +30,11 @@ WIDE = 2**32 - 1
 """The drawn number's range: wide, so that every option can win and Hypothesis's preference
 for small numbers does not favour any."""
 
+NAME = st.integers(0, WIDE)
+"""A run's name, drawn by the step that creates it when the database keys the run (a serial
+id, renumbered when shrinking deletes a step that created another run before it):
+``KindCheck.name_run``."""
+
 
 def score(n: int, name: str) -> int:
     """The rendezvous score of the option named ``name`` under the drawn number ``n``
@@ -64,12 +69,13 @@ def rank(
     return [options[i] for i in order]
 
 
-def row_names(action) -> str:
+def row_names(action, run_name: Callable[[Any], str] = repr) -> str:
     """What names an action whatever came before: its operation and its row when it touches one
-    (not its label, whose arguments, an attempt or a token, depend on the steps before); its
-    label when it touches several or none (a claim of the due runs, the reaper)."""
+    (not its label, whose arguments, an attempt or a token, depend on the steps before; the row
+    by ``run_name``); its label when it touches several or none (a claim of the due runs, the
+    reaper)."""
     if len(action.runs) == 1:
-        return f"{action.op} {next(iter(action.runs))!r}"
+        return f"{action.op} {run_name(next(iter(action.runs)))}"
     return action.label
 
 

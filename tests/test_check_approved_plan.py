@@ -69,3 +69,16 @@ def test_a_seed_replays_the_same_run(knownstate_env):
             traces=kept,
         )
     assert traces[0] and traces[0] == traces[1]
+
+
+@pytest.mark.slow
+def test_a_proposal_keeps_its_name_when_shrinking_deletes_one_proposed_before_it(knownstate_env):
+    # proposals are keyed by the database's serial: drawn by id, a step acted on another proposal
+    # once an earlier propose was deleted, so no such deletion was kept (16 steps at seed 1, the
+    # race needing 5); each is named by its creating step's draw instead
+    name = "heartbeat-owner-read-first"
+    r = run_check(
+        MUTANT[name].machine(ApprovedPlanCheck), knownstate_env, seed=1, require_all=False
+    )
+    assert r.failure is not None and MUTANT_INVARIANT[name] in r.invariants, r.failure
+    assert r.counterexample_steps <= 10, "\n".join(r.counterexample)

@@ -202,7 +202,9 @@ class ApprovedPlanCheck(KindCheck):
         by its id, so that shrinking the steps before leaves it on that proposal (:mod:`..rows`)."""
         preferred = self._with_status(prefer)
         others = [p.proposal_id for p in self._proposals() if p.proposal_id not in preferred]
-        return rows.one_of_classes(data, (preferred, preferred, others), "proposal")
+        return rows.one_of_classes(
+            data, (preferred, preferred, others), "proposal", name=self.row_name
+        )
 
     def _claims(self, executing_only: bool = False) -> list[tuple[int, int]]:
         executing = set(self._with_status({Status.EXECUTING}))
@@ -338,12 +340,13 @@ class ApprovedPlanCheck(KindCheck):
         first=plans(),
         more=st.lists(plans(), max_size=1),
         stage=st.sampled_from(("executing", "executing", "approved", "pending")),
+        names=st.tuples(rows.NAME, rows.NAME),
     )
-    def seed_work(self, first, more, stage: str) -> None:
+    def seed_work(self, first, more, stage: str, names: tuple[int, int]) -> None:
         """Every example starts with a plan already approved or claimed by w0 (as drawn), so
         execution starts at once, and maybe a second one pending. The invariants compare
         consecutive states, so each operation here is checked on its own."""
-        pid = self._op(0, "propose", first, shown=show(first)).value
+        pid = self._propose(0, first, names[0])
         for op in {
             "executing": ("approve", "mark_executing"),
             "approved": ("approve",),
@@ -354,7 +357,7 @@ class ApprovedPlanCheck(KindCheck):
             else:
                 self.do(0, self._mark_executing(0, pid))
         for steps in more:
-            self._op(0, "propose", steps, shown=show(steps))
+            self._propose(0, steps, names[1])
 
     # -- operations ----------------------------------------------------------------------------
     # Few rules, each drawing which operation of its family to run: Hypothesis picks uniformly
@@ -363,9 +366,18 @@ class ApprovedPlanCheck(KindCheck):
     # while it could only repeat itself. propose or review is always possible, so an example
     # never runs out of rules.
     @precondition(lambda self: len(self._with_status({Status.PENDING, Status.APPROVED})) < 3)
-    @rule(w=st.integers(0, 1), steps=plans())
-    def propose(self, w: int, steps) -> None:
-        self._op(w, "propose", steps, shown=show(steps))
+    @rule(w=st.integers(0, 1), steps=plans(), name=rows.NAME)
+    def propose(self, w: int, steps, name: int) -> None:
+        self._propose(w, steps, name)
+
+    def _propose(self, w: int, steps, name: int) -> int | None:
+        """A plan proposed by worker ``w``, named ``name`` (:meth:`name_run`: its id is the
+        database's serial): the new proposal's id, None when it failed on a fault."""
+        got = self._op(w, "propose", steps, shown=show(steps))
+        if isinstance(got, Won):
+            self.name_run(got.value, name)
+            return got.value
+        return None
 
     @precondition(lambda self: self._with_status({Status.PENDING, Status.APPROVED}))
     @rule(
@@ -397,7 +409,12 @@ class ApprovedPlanCheck(KindCheck):
         was running, which may have committed), asks again for the one before (answered from its
         receipt, never re-applied), asks for one too far (refused), or renews its heartbeat. A
         holder refused by the fence lets go of the run."""
-        w, pid = rows.row(data, self._claims(), "worker, proposal")
+        w, pid = rows.row(
+            data,
+            self._claims(),
+            "worker, proposal",
+            name=lambda c: f"w{c[0]} {self.row_name(c[1])}",
+        )
         self._execute(w, pid, action)
 
     def _execute(self, w: int, pid: int, action: str) -> None:
@@ -426,7 +443,7 @@ class ApprovedPlanCheck(KindCheck):
     def read(self, w: int, data) -> None:
         """A reader of an executing run: it heals the run first if its heartbeat is stale
         (markInterruptedIfStale), then reports it."""
-        self.do(w, self._read(w, rows.row(data, self._unread(), "proposal")))
+        self.do(w, self._read(w, rows.row(data, self._unread(), "proposal", name=self.row_name)))
 
     def _unrepeated(self) -> list[int]:
         return [pid for pid in self._with_status(model.TERMINAL) if pid not in self.repeated]
@@ -437,7 +454,7 @@ class ApprovedPlanCheck(KindCheck):
         """The execute request arrives again. It heals a stale run too, and a terminal run answers
         from its receipts. A repeat the model answers as terminal is recorded as a Repeat,
         re-executed if the run's receipts or effects changed under it."""
-        pid = rows.row(data, self._unrepeated(), "proposal")
+        pid = rows.row(data, self._unrepeated(), "proposal", name=self.row_name)
         self.repeated.add(pid)
         label = f"repeat(w{w}, {pid})"
 
@@ -469,7 +486,9 @@ class ApprovedPlanCheck(KindCheck):
         any run (the existing compensation is found; a run with nothing to undo is refused)."""
         compensable = self._compensable()
         every = [p.proposal_id for p in self._proposals()]
-        pid = rows.one_of_classes(data, (compensable, compensable, every), "proposal")
+        pid = rows.one_of_classes(
+            data, (compensable, compensable, every), "proposal", name=self.row_name
+        )
         self._op(w, "compensate", pid)
 
     # -- the fault policy's questions -----------------------------------------------------------
@@ -478,7 +497,7 @@ class ApprovedPlanCheck(KindCheck):
         return [pid for x, pid in self._claims(executing_only=True) if x == w]
 
     def turn(self, w: int, data) -> None:
-        pid = rows.row(data, self.turns(w), "proposal")
+        pid = rows.row(data, self.turns(w), "proposal", name=self.row_name)
         self._execute(w, pid, data.draw(st.sampled_from(("next", "heartbeat")), label="action"))
 
     def leases(self) -> list[int]:
@@ -521,7 +540,7 @@ class ApprovedPlanCheck(KindCheck):
         for pid in self.turns(w):
             self.held[w][pid].stalled = True
         if retake or data.draw(st.booleans(), label="read meanwhile"):
-            pid = rows.row(data, self.turns(w), "proposal read")
+            pid = rows.row(data, self.turns(w), "proposal read", name=self.row_name)
             self.do(1 - w, self._read(1 - w, pid))
 
 
