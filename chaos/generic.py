@@ -92,6 +92,10 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
     write after the lease lapsed meets — a reaper at work on the run — happens either."""
     lock_wait_breaks = "claim"
     own_invariants: ClassVar[dict[str, str]] = {}
+    current_token: ClassVar[bool] = False
+    """The derived mutant ``stale-write-takes-current-token``: a holder writes with the handle
+    of the run's newest claim, another worker's once the run was claimed again (the bug of a
+    write that reads its fence token back from the row instead of carrying its own)."""
 
     # -- set-up -------------------------------------------------------------------------------
     def reset_example(self) -> None:
@@ -296,6 +300,14 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
 
         return lost
 
+    def _handle(self, w: int, key: str) -> Claimed:
+        """The handle worker ``w`` writes run ``key`` with: its own claim's (with
+        ``current_token``, the newest claim's of any worker)."""
+        if not self.current_token:
+            return self.held[w][key].claimed
+        holders = [held[key] for held in self.held if key in held]
+        return max(holders, key=lambda h: h.job.token or 0).claimed
+
     def _stale(self, h: Held) -> bool:
         """Whether ``h``'s holder writes on a run another claim took since: what a fence is
         for. Counted per write, so a run goes on until each write met it often enough."""
@@ -472,7 +484,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
             def model_op(m):
                 return m.complete(h.job)
 
-            impl = self._write("complete", model_op)(worker, h.claimed)
+            impl = self._write("complete", model_op)(worker, self._handle(w, key))
         else:
             permanent = result == PERMANENT
             label = f"fail({key}, {self._tag(h)}, permanent={permanent})"
@@ -481,7 +493,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
                 self.owing = frozenset({key})  # judged after this step: it owes its backoff
                 return m.fail(h.job, permanent)
 
-            impl = self._write("fail", model_op)(worker, h.claimed, permanent)
+            impl = self._write("fail", model_op)(worker, self._handle(w, key), permanent)
         stale = self._stale(h)
 
         def after(got) -> None:
@@ -526,7 +538,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
             self.heartbeat_op,
             f"extend_lease({key}, {self._tag(h)})",
             model_op,
-            self._write("extend_lease", model_op)(worker, h.claimed),
+            self._write("extend_lease", model_op)(worker, self._handle(w, key)),
             after=after,
             on_error=self._unanswered(worker, h),
             fence=self._fence(h) if judged else None,

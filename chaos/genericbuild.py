@@ -88,8 +88,17 @@ def adapter_problems(d: RunKind, adapter: type[Adapter]) -> list[str]:
     return out
 
 
+def claimed_again(d: RunKind) -> bool:
+    """Whether a run a lease lapsed on is claimed again (by a retry, by a claim that takes
+    lapsed runs, or back in the waiting status): where a stale holder meets a new owner."""
+    requeues = any(e == generic.RECLAIM and t == d.initial for _, e, t in d.transitions)
+    return d.lease is not None and (d.retry is not None or d.claim.reclaims or requeues)
+
+
 def derived_mutants(d: RunKind, adapter: type[Adapter]) -> list[Mutant]:
-    """For each guard the adapter names, a mutant of each query containing it, without it."""
+    """For each guard the adapter names, a mutant of each query containing it, without it;
+    and, behind a fence on a claim's token, a stale write carrying the newest claim's token
+    (made by the check, so derived for a library that names no SQL as well)."""
     out = []
     for guard, text in adapter.guards.items():
         for query, sql in adapter.queries.items():
@@ -104,6 +113,17 @@ def derived_mutants(d: RunKind, adapter: type[Adapter]) -> list[Mutant]:
                         with_attrs(queries=edited),
                     )
                 )
+    if claimed_again(d) and d.fence.kind in ("attempt", "claim"):
+        out.append(
+            Mutant(
+                "stale-write-takes-current-token",
+                d.name,
+                "lease-fence",
+                "a stale holder's write carries the token of the run's newest claim, as a write "
+                "that reads its fence token back from the row instead of carrying its own",
+                with_attrs(current_token=True),
+            )
+        )
     return out
 
 
@@ -114,14 +134,13 @@ def required_events(
     shows no refusal, and an owners-only control makes no stale write: neither is required (nor,
     behind an ``unless-terminal`` fence, a refusal in a control: only a stale write meets one)."""
     out: list[str | Requirement] = ["connection lost"]
+    again = claimed_again(d)
     if d.fence.kind != "none" and d.fence.answers:
         out.append("lost race")
         if not (owners_only and d.fence.kind == "unless-terminal"):  # it refuses a write only
             out.append("fence rejection")  # on an ended run: a stale holder's, none in a control
     if d.lease is not None:
         out.append("reclaim")
-        requeues = any(e == generic.RECLAIM and t == d.initial for _, e, t in d.transitions)
-        again = d.retry is not None or d.claim.reclaims or requeues
         if again and not owners_only:  # a run taken back is claimed again: each write meets it
             writes = ["complete", "fail"] + (
                 ["extend_lease"] if generic.EXTEND in d.events() else []

@@ -243,8 +243,9 @@ def test_the_gate_catches_a_write_without_the_fence(check_run_kind):
     if not FENCE:
         pytest.skip(
             "no mutant of the fence: the gate derives them from the SQL the adapter names "
-            "(Adapter.queries with Adapter.guards); a library that runs SQL of its own names "
-            "none: give one with kind(..., mutants=[...])"
+            "(Adapter.queries with Adapter.guards), and one of its own behind a fence on a "
+            "claim's token (attempt, claim) that a lapsed run is claimed again under; give "
+            "one with kind(..., mutants=[...])"
         )
     # caught (the failure names lease-fence) is all this test asks: no shrinking
     check_run_kind($title, mutant=FENCE[0], profile="quick", shrinks=0)

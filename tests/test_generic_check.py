@@ -56,7 +56,13 @@ def test_the_reference_outbox_bound_through_its_description_passes(knownstate_en
 
 
 @pytest.mark.parametrize(
-    "name", ["no-fence-in-complete", "no-skip-locked-in-claim-due", "no-lease-in-reclaim-stale"]
+    "name",
+    [
+        "no-fence-in-complete",
+        "no-skip-locked-in-claim-due",
+        "no-lease-in-reclaim-stale",
+        "stale-write-takes-current-token",
+    ],
 )
 def test_the_mutants_derived_from_the_adapters_guards_are_caught(knownstate_env, name):
     mutant = {m.name: m for m in OutboxKind.mutants}[name]

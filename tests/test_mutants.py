@@ -23,3 +23,22 @@ def test_a_declared_invariant_the_check_never_names_is_refused():
     bogus = Mutant("x", "outbox", "retry-politeness", "a typo", lambda c: c)
     [problem] = catalogue_problems(check, [bogus])
     assert "retry-politeness" in problem and "retry-policy" in problem
+
+
+def test_a_stale_write_carrying_the_newest_token_is_derived_where_a_fence_on_a_token_is():
+    """Derived by the check, not from SQL: a library that names none gets it too, behind a
+    fence on the claim's token that a lapsed run meets again; not where nothing is claimed
+    again, nor behind a fence without a token (which would let the write land anyway)."""
+    from knownstate.chaos.adapter import Adapter
+    from knownstate.chaos.genericbuild import derived_mutants
+    from knownstate.model.describe import Fence
+    from knownstate.model.outbox import DESCRIPTION
+
+    def names(**update):
+        return [m.name for m in derived_mutants(DESCRIPTION.model_copy(update=update), Adapter)]
+
+    assert names() == ["stale-write-takes-current-token"]
+    assert names(fence=Fence(kind="claim")) == ["stale-write-takes-current-token"]
+    for kind in ("status", "row-lock", "unless-terminal", "none"):
+        assert names(fence=Fence(kind=kind)) == [], kind
+    assert names(lease=None) == []
