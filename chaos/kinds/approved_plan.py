@@ -199,7 +199,8 @@ class ApprovedPlanCheck(KindCheck):
     def _pick(self, data, prefer) -> int:
         """A proposal: two times in three one in a status where the operation can win, else one
         where it cannot (a lost race or a refusal, which the contract must get right too); drawn
-        by its id, so that shrinking the steps before leaves it on that proposal (:mod:`..rows`)."""
+        by its name (:meth:`name_run`), so that shrinking the steps before leaves it on that
+        proposal (:mod:`..rows`)."""
         preferred = self._with_status(prefer)
         others = [p.proposal_id for p in self._proposals() if p.proposal_id not in preferred]
         return rows.one_of_classes(
