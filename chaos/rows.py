@@ -33,7 +33,7 @@ for small numbers does not favour any."""
 NAME = st.integers(0, WIDE)
 """A run's name, drawn by the step that creates it when the database keys the run (a serial
 id, renumbered when shrinking deletes a step that created another run before it):
-``KindCheck.name_run``."""
+``Engine.name_run``."""
 
 
 def score(n: int, name: str) -> int:
