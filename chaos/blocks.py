@@ -40,6 +40,19 @@ def pair_event(a: str, b: str) -> str:
 
 FROZEN_RETAKEN = "frozen write: its run taken back and claimed meanwhile"
 
+WHOLE_CALL = "CALL "
+"""How the step of an operation that is one external call begins (``CALL POST /runs/3``): its
+only step, so its last, where a block aimed at a pair must preempt it as before a COMMIT."""
+
+IN_A_BLOCK = "in a block: "
+
+
+def _last_step(label: str | None) -> bool:
+    """Whether a worker parked before ``label`` ends its operation with it (COMMIT, ROLLBACK,
+    or the one step of an external call made as a whole operation)."""
+    text = label or ""
+    return text.split(" (")[0] in ("COMMIT", "ROLLBACK") or text.startswith(WHOLE_CALL)
+
 
 def raced(*pairs: tuple[str, str]) -> tuple[Requirement, ...]:
     """Required events for a kind's ``required_events``: each pair of its operations that can
@@ -62,9 +75,10 @@ class Blocks:
     that explains the block (:func:`.linearize.states_met`); empty outside them."""
 
     def offers(self, w: int) -> list[Action]:
-        """What worker ``w`` can start now in a concurrent block: each of its actions that is one
-        transaction on its connection (``Action.run`` unset)."""
-        return [a for a in self.actions(w) if a.run is None]
+        """What worker ``w`` can start now in a concurrent block: each of its actions that runs
+        on its connection (``Action.impl_op``: one transaction, or an external call made as one
+        step of the schedule)."""
+        return [a for a in self.actions(w) if a.impl_op is not None]
 
     def fingerprint(self, model: Any) -> Any:
         """A hashable value equal for model states that act the same (the search's cache key)."""
@@ -246,6 +260,7 @@ class Blocks:
             only=only,
             schedule=schedule,
             faults=not frozen,
+            aimed=frozen,
         )
         if retaken:
             self.event(FROZEN_RETAKEN)
@@ -311,10 +326,7 @@ class Blocks:
             step += 1
             top = next(n for n in order if n in options)
             due = step - 1 in changes or (
-                interleaved
-                and not changed
-                and len(options) > 1
-                and (pending(top) or "").split(" (")[0] in ("COMMIT", "ROLLBACK")
+                interleaved and not changed and len(options) > 1 and _last_step(pending(top))
             )
             if due:
                 changed = True
@@ -328,7 +340,9 @@ class Blocks:
     def _pairs_raced(names: list[str], offers: dict[str, Action], res, aimed: bool) -> set[str]:
         """The *raced on one row* events of a block of ``names`` (``res``: its
         :class:`~.interleave.BlockResult`): the pair it aimed at, when the two operations
-        overlapped (one ran a step between the other's first and last). A block not aimed at a
+        overlapped (one ran a step between the other's first and last); a write frozen inside
+        its transaction while the others ran whole operations on its run (:meth:`race`) is
+        aimed at that race too, and counts each pair it froze across. A block not aimed at a
         pair counts none: its operations may overlap too, but under a schedule not drawn for a
         race (a change point anywhere, or none) and maybe a fault. Counted, such blocks met a
         pair's requirement with races that could not reveal its bug (approved-plan, seed 4: 6
@@ -467,8 +481,8 @@ class Blocks:
         offers, pending)`` (``pending(worker)``: the statement it is parked before; default:
         drawn as :meth:`_schedule` draws it); a fault may strike inside it unless ``faults`` is
         False. ``aimed``: the block races a pair of operations on one row, drawn so that they do
-        (:meth:`concurrently`); only such a block counts as *raced on one row*, when the two
-        overlapped."""
+        (:meth:`concurrently`), or a frozen write against the others (:meth:`race`); only such a
+        block counts as *raced on one row*, when the two overlapped."""
 
         def choices(w: Worker) -> list[Action]:
             if only and only.get(w.name):
@@ -540,6 +554,8 @@ class Blocks:
         self.log("CONCURRENTLY " + " | ".join(f"{w.name} {offers[w.name].label}" for w in chosen))
         self.trace.extend(f"  {line}" for line in res.trace[1:])
         self.stats.events["concurrent block"] += 1
+        for op in sorted({offers[w.name].op for w in chosen}):
+            self.event(IN_A_BLOCK + op)
         raced = self._pairs_raced(names, offers, res, aimed)
         self.event("lock wait in a block", res.waits)
         results = res.by_worker()

@@ -49,6 +49,7 @@ from .genericbuild import (  # noqa: F401 (GUARDS, KindError: this module's publ
     KindError,
     adapter_problems,
     derived_mutants,
+    heartbeat_op,
     reaping,
     required_events,
 )
@@ -584,10 +585,9 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
 def _heartbeat_last(d: RunKind) -> dict[str, Any]:
     """Behind an id-only fence, the heartbeat's rule named after the record's (see
     :attr:`GenericCheck.heartbeat_op`); elsewhere nothing changes."""
-    if d.fence.kind not in ("unless-terminal", "none"):
-        return {}
-    ops = tuple("renew_lease" if op == "extend_lease" else op for op in GenericCheck.operations)
-    return {"heartbeat_op": "renew_lease", "operations": ops}
+    beat = heartbeat_op(d)
+    ops = tuple(beat if op == "extend_lease" else op for op in GenericCheck.operations)
+    return {"heartbeat_op": beat, "operations": ops}
 
 
 def kind(

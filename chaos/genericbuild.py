@@ -14,7 +14,7 @@ from knownstate.model import generic
 from knownstate.model.describe import RunKind
 
 from .adapter import Adapter
-from .blocks import FROZEN_RETAKEN
+from .blocks import FROZEN_RETAKEN, IN_A_BLOCK, raced
 from .check import needs
 from .mutants import Mutant, sql_edit, with_attrs
 from .runner import Requirement
@@ -176,6 +176,12 @@ def required_events(
             out.append(needs("lock wait in a block", "concurrency"))
             if again and not owners_only:  # a holder's write frozen while its run changes hands
                 out.append(needs(FROZEN_RETAKEN, "concurrency"))
+        # each pair that can meet on a row, raced on one; in autocommit an operation of one
+        # statement is one step, inside which no other runs: counted where they do, not required
+        if commits:
+            out += raced(*raced_pairs(d, owners_only))
+        if d.external != "none":  # the call, one step of a block's schedule, like a statement
+            out.append(needs(IN_A_BLOCK + "send", "concurrency"))
     if d.external != "none":
         out.append("external reply lost")
     if d.external == "at-least-once":
@@ -183,6 +189,39 @@ def required_events(
     if d.idempotency_key:
         out.append("repeat answered")
     return tuple(out)
+
+
+def heartbeat_op(d: RunKind) -> str:
+    """The name the check gives the heartbeat: ``renew_lease`` behind an id-only fence (or
+    none), where a stale beat lands like a stale outcome and, drawn by name after the record's,
+    the shrinker shows the stale outcome of two equally short counterexamples."""
+    return "renew_lease" if d.fence.kind in ("unless-terminal", "none") else "extend_lease"
+
+
+def raced_pairs(d: RunKind, owners_only: bool | str = False) -> list[tuple[str, str]]:
+    """The pairs of operations that can touch one row, each to be raced on one in a block
+    (:func:`~.blocks.raced`): two claims of a due run; two adds under one key (unless every
+    producer keeps keys of its own); with a reaper, the take-back against a claim, a second
+    reaper (unless one runs at a time) and the holder's writes (its outcome, its heartbeat:
+    unless a control stops writing once the lease lapsed); and, where a lapsed run is claimed
+    again, a stale holder's outcome against the new claim (not in a control: it makes no stale
+    write). Named as the check names its operations (a heartbeat behind an id-only fence is
+    ``renew_lease``)."""
+    pairs = [("claim", "claim")]
+    if d.keys != "producers":
+        pairs.append(("enqueue", "enqueue"))
+    if d.lease is None or not d.lease.taken_back_by:
+        return pairs
+    pairs.append(("claim", "reclaim_stale"))
+    if d.lease.reapers == "any":
+        pairs.append(("reclaim_stale", "reclaim_stale"))
+    if owners_only != "under-lease":
+        pairs.append(("reclaim_stale", "record"))
+        if generic.EXTEND in d.events():
+            pairs.append(("reclaim_stale", heartbeat_op(d)))
+    if claimed_again(d) and not owners_only:
+        pairs.append(("claim", "record"))
+    return pairs
 
 
 def reaping(d: RunKind, w: int) -> bool:

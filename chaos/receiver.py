@@ -1,8 +1,11 @@
 """The external side of a described kind: a real HTTP server on loopback, and the worker's
 call to it (:class:`ExternalCall`, a part of :class:`~.generic.GenericCheck`).
 
-``POST /runs/<key>`` answers what the check planned (200, a retryable 503, a permanent 422) and
-records every call with its ``Idempotency-Key`` header, so duplicates are counted (allowed
+``POST /runs/<key>/<code>`` answers the code its URL asks for (the check writes it in the URL
+it hands the adapter's ``send``: 200, a retryable 503, a permanent 422; an adapter may add a path
+of its own after it; without one, what the check planned, then 200), so several calls at once,
+in a concurrent block, each get their own answer whatever order they arrive in. It records
+every call with its ``Idempotency-Key`` header, so duplicates are counted (allowed
 at-least-once) and every call for one run can be checked to carry the same key.
 """
 
@@ -10,16 +13,18 @@ from __future__ import annotations
 
 import re
 
+from knownstate.impl.errors import ExternalCallFailed
 from knownstate.model import generic
 
 from .adapter import OK, PERMANENT, RETRY, no_answer_errors
+from .blocks import WHOLE_CALL
 from .check import Action, Candidate, Failure
 from .harness import EnvironmentFault, WorkerDied
 from .sink import JsonHandler, NotificationSink
 
 ANSWERS = {200: OK, 503: RETRY, 422: PERMANENT}
 
-_RUN_PATH = re.compile(r"^/runs/([^/?#]+)")
+_RUN_PATH = re.compile(r"^/runs/([^/?#]+)(?:/(200|503|422)(?:[/?#]|$))?")
 
 
 class _RunsHandler(JsonHandler):
@@ -33,6 +38,7 @@ class _RunsHandler(JsonHandler):
             return self._answer(404, {"error": "POST /runs/<key>"})
         key = (m.group(1), self.headers.get("Idempotency-Key") or "")
         code = self.server.sink._record(key)  # type: ignore[attr-defined]
+        code = int(m.group(2)) if m.group(2) else code
         self._answer(code, {"received": True} if code == 200 else {"error": f"planned {code}"})
 
 
@@ -71,20 +77,50 @@ class ExternalCall:
 
     def _send(self, w: int, key: str, answer: int) -> Action:
         """The external call for a claimed run, through the worker's own link (at-least-once),
-        the stand-in answering ``answer``. Driven by the check (not one transaction)."""
+        the stand-in answering ``answer``. As a step of its own the check drives it (a lost
+        reply armed for it, the adapter's reading of the answer judged); in a block the call is
+        one step of the schedule, like a statement (:meth:`_posted`), its outcome the adapter's
+        reading of the answer, which the model's must equal."""
         h = self.held[w][key]
         label = f"send({key}, attempt={h.job.attempt}) answers {answer}"
+
+        def model_op(m):
+            m.sent(key)
+            return ANSWERS[answer]
+
+        def after(got) -> None:
+            h.result = got
+
         return Action(
-            "send", label, lambda m: m.sent(key), None, run=lambda: self._call_out(w, key, answer)
+            "send",
+            label,
+            model_op,
+            lambda conn: self._posted(w, key, answer, conn),
+            after=after,
+            external_maybe=lambda m: m.sent(key),
+            runs=frozenset({key}),
+            run=lambda: self._call_out(w, key, answer),
         )
+
+    def _url(self, w: int, key: str, answer: int) -> str:
+        return f"http://127.0.0.1:{self.workers[w].ext_link.port}/runs/{key}/{answer}"
+
+    def _posted(self, w: int, key: str, answer: int, conn) -> str:
+        """The call in a block: one step of the schedule, on the worker's thread. No answer (a
+        fault struck its link) is an external call failed: it may have arrived."""
+        h, worker = self.held[w][key], self.workers[w]
+        with conn.step(f"{WHOLE_CALL}POST /runs/{key} (answers {answer})"):
+            try:
+                return worker.run(self.adapter.send(h.claimed, self._url(w, key, answer)))
+            except no_answer_errors(self.adapter_class) as e:
+                raise ExternalCallFailed(f"send({key}): {type(e).__name__}") from e
 
     def _call_out(self, w: int, key: str, answer: int) -> None:
         h, worker = self.held[w][key], self.workers[w]
         self.start_step()
         trial = self.model.copy()
         trial.sent(key)
-        self.receiver.plan(answer)
-        url = f"http://127.0.0.1:{worker.ext_link.port}/runs/{key}"
+        url = self._url(w, key, answer)
         label = f"send(w{w}, {key}, attempt={h.job.attempt}) answers {answer}"
         try:
             with self.external_call(worker):
@@ -106,5 +142,3 @@ class ExternalCall:
                 )
             self.model = trial
             self.candidates = [Candidate(trial)]
-        finally:
-            self.receiver.reset_plan()

@@ -71,9 +71,10 @@ class Action:
     """It calls an external side through the worker's own link inside its transaction: a lost
     reply armed for the worker's next call acts on that call (default: no such call)."""
     run: Callable[[], Any] | None = None
-    """How the engine runs it when it is not one transaction on the worker's connection (an
-    external call, driven by the kind): default None, through :meth:`.check.KindCheck.apply`.
-    Such an action is a step of its own and a fault's turn, not yet raced in a block."""
+    """How the engine runs it as a step of its own when that is not one transaction on the
+    worker's connection (an external call, driven by the kind): default None, through
+    :meth:`.check.KindCheck.apply`. In a block such an action runs its ``impl_op`` when it has
+    one (the call as one step of the schedule), and is not offered when it has none."""
     likely: bool = True
     """False for an action expected to lose (a lost race or a refusal, which the contract must
     get right too): drawn one time in three against the likely ones of its operation."""

@@ -480,6 +480,22 @@ def test_the_sink_records_answers_as_planned_and_counts_duplicates():
     assert not [t for t in threading.enumerate() if t.name == "notification-sink"]
 
 
+def test_the_receiver_answers_what_each_calls_url_asks_whatever_the_order():
+    from knownstate.chaos.receiver import Receiver
+
+    with Receiver() as receiver:
+        # two calls of one block, their answers in their URLs, arriving in either order; an
+        # adapter's own path after the code (the outbox adds /deliveries) changes nothing
+        assert send_to_sink(f"{receiver.url}/runs/1/422", Claim(1, 1)) == PERMANENT
+        assert send_to_sink(f"{receiver.url}/runs/2/503", Claim(2, 1)) == RETRYABLE
+        assert send_to_sink(f"{receiver.url}/runs/2/200", Claim(2, 2)) == OK
+        receiver.plan(503)  # no code in the URL: what the check planned, then 200
+        assert send_to_sink(f"{receiver.url}/runs/3", Claim(3, 1)) == RETRYABLE
+        assert send_to_sink(f"{receiver.url}/runs/3", Claim(3, 1)) == OK
+        assert send_to_sink(f"{receiver.url}/runs/3/404", Claim(3, 1)) == OK  # not a code it plans
+        assert receiver.received() == {"1": 1, "2": 2, "3": 3}
+
+
 def test_the_sink_records_a_delivery_whose_answer_was_lost(toxiproxy):
     with NotificationSink() as sink:
         link = toxiproxy.link("parts-sink-reply-lost", sink.host, sink.port)

@@ -53,6 +53,10 @@ def test_the_reference_outbox_bound_through_its_description_passes(knownstate_en
     assert r.passed, r.failure or r.vacuous
     assert r.coverage["stale complete on a re-claimed run"] >= 1 and r.coverage["skip locked"] >= 1
     assert r.coverage["transition processing -reclaim_dead-> dead"] >= 1
+    # every operation raced: the call to the external side, a step of a block's schedule, too;
+    # and a holder's write against the reaper on its run
+    assert r.coverage["in a block: send"] >= 1
+    assert r.coverage["raced on one row: reclaim_stale × record"] >= 1
 
 
 @pytest.mark.parametrize(

@@ -306,7 +306,7 @@ def test_the_gate_keeps_the_application_clock_as_far_ahead_as_the_model_says():
 def test_an_under_lease_control_requires_no_stale_write():
     d = RunKind(**REAPED)
     assert "stale complete on a re-claimed run" in required_events(d, "async")
-    assert not any("stale" in str(e) for e in required_events(d, "async", "under-lease"))
+    assert not any(str(e).startswith("stale ") for e in required_events(d, "async", "under-lease"))
     # behind an id-only fence a write is refused only on an ended run: a stale holder's write
     assert "fence rejection" in required_events(d, "async")
     for control in (True, "under-lease"):
@@ -459,6 +459,37 @@ def test_producers_keys_never_meet_and_are_never_raced():
         d = RunKind(**{**CHANCY_LIKE, "keys": keys})
         check = SimpleNamespace(description=d, model=GenericModel(d))
         assert [GenericCheck._new_key(check, w) for w in (0, 1)] == expected
+
+
+def test_every_pair_that_can_meet_on_one_row_is_required_raced_and_no_other():
+    from knownstate.chaos.blocks import pair_event
+
+    def raced(d, owners_only=False, commits="transaction"):
+        events = required_events(RunKind(**{**d, "commits": commits}), "async", owners_only)
+        return {str(e.label) for e in events if "raced on one row" in str(e)}
+
+    def pairs(*ps):
+        return {pair_event(a, b) for a, b in ps}
+
+    core = pairs(("claim", "claim"), ("claim", "reclaim_stale"), ("reclaim_stale", "reclaim_stale"))
+    # chancy-like: producers keep their own keys (never raced), a beat behind a claim fence
+    holder = pairs(("reclaim_stale", "record"), ("reclaim_stale", "extend_lease"))
+    assert raced(CHANCY_LIKE) == core | holder | pairs(("claim", "record"))
+    # a control that never writes once its lease lapsed meets the reaper with no write
+    assert raced(CHANCY_LIKE, "under-lease") == core
+    # behind an id-only fence the heartbeat is named renew_lease; keys the system dedupes meet
+    unless_terminal = {
+        **CHANCY_LIKE,
+        "fence": Fence(kind="unless-terminal"),
+        "keys": "deduplicated",
+    }
+    assert pairs(("reclaim_stale", "renew_lease"), ("enqueue", "enqueue")) <= raced(unless_terminal)
+    # one reaper at a time races no other reaper; no reaper, nothing to race it
+    one = {**CHANCY_LIKE, "lease": CHANCY_LIKE["lease"].model_copy(update={"reapers": "one"})}
+    assert pair_event("reclaim_stale", "reclaim_stale") not in raced(one)
+    assert raced({**QUEUE, "keys": "producers"}) == pairs(("claim", "claim"))
+    # in autocommit a one-statement operation is one step: no pair is required to overlap
+    assert raced(CHANCY_LIKE, commits="autocommit") == set()
 
 
 def test_a_lease_the_database_shows_shorter_than_granted_is_named_lease():
