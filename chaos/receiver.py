@@ -37,8 +37,8 @@ class _RunsHandler(JsonHandler):
         if m is None:
             return self._answer(404, {"error": "POST /runs/<key>"})
         key = (m.group(1), self.headers.get("Idempotency-Key") or "")
-        code = self.server.sink._record(key)  # type: ignore[attr-defined]
-        code = int(m.group(2)) if m.group(2) else code
+        asked = int(m.group(2)) if m.group(2) else None
+        code = self.server.sink._record(key, asked)  # type: ignore[attr-defined]
         self._answer(code, {"received": True} if code == 200 else {"error": f"planned {code}"})
 
 

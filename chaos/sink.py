@@ -107,9 +107,12 @@ class NotificationSink:
         with self._lock:
             self._planned.clear()
 
-    def _record(self, key: tuple[int, int]) -> int:
+    def _record(self, key: tuple[int, int], asked: int | None = None) -> int:
+        """Log a request and answer it: the code it ``asked`` for, else the next planned."""
         with self._lock:
             self.log.append(key)
+            if asked is not None:
+                return asked
             return self._planned.popleft() if self._planned else 200
 
     def received(self) -> Counter:

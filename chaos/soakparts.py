@@ -95,8 +95,8 @@ class RecordingSink(_Recording, NotificationSink):
         super().reset()
         self.timed: list[tuple[float, int, int, int, str | None]] = []
 
-    def _record(self, key: tuple[int, int]) -> int:
-        code = super()._record(key)
+    def _record(self, key: tuple[int, int], asked: int | None = None) -> int:
+        code = super()._record(key, asked)
         with self._lock:
             self.timed.append((time.time(), key[0], key[1], code, getattr(_request, "op", None)))
         return code
@@ -122,8 +122,8 @@ class RecordingReceiver(_Recording, Receiver):
         super().reset()
         self.timed: list[tuple[float, str, int | None, int, str | None]] = []
 
-    def _record(self, key: tuple[str, str]) -> int:
-        code = super()._record(key)
+    def _record(self, key: tuple[str, str], asked: int | None = None) -> int:
+        code = super()._record(key, asked)
         token = getattr(_request, "token", None)
         with self._lock:
             self.timed.append(
