@@ -76,13 +76,15 @@ class Claimed:
 class Row:
     """One run as the system keeps it: ``due`` (when a waiting run may be claimed) and
     ``lease_until`` (when its lease lapses: compute it in the query when the table keeps the
-    heartbeat's time instead) are database timestamps, or None."""
+    heartbeat's time instead) are database timestamps, or None; ``holder``, with
+    ``Adapter.holders``, the worker whose claim holds it."""
 
     key: str
     status: str
     attempts: int | None = None
     due: dt.datetime | None = None
     lease_until: dt.datetime | None = None
+    holder: str | None = None
 
 
 def merge_log(live: Iterable[Row | Mapping], finished: Iterable[Row | Mapping]) -> list[Row]:
@@ -96,7 +98,7 @@ def merge_log(live: Iterable[Row | Mapping], finished: Iterable[Row | Mapping]) 
 def as_row(r: Row | Mapping) -> Row:
     if isinstance(r, Row):
         return r
-    known = {k: r[k] for k in ("attempts", "due", "lease_until") if k in r}
+    known = {k: r[k] for k in ("attempts", "due", "lease_until", "holder") if k in r}
     return Row(str(r["key"]), str(r["status"]), **known)
 
 
@@ -220,6 +222,11 @@ class Adapter:
     read_query: ClassVar[str] = ""
     """One query reading every run back, with columns ``key, status`` and, as the system has
     them, ``attempts, due, lease_until``. Or override :meth:`read`."""
+    holders: ClassVar[bool] = False
+    """Whether ``read`` gives each held run's ``holder``: the ``worker`` name the gate passed
+    the claim that took it. With a lease per worker, who holds a run decides whose beat keeps
+    it, and two claims of one run in a block (a reaper between them) leave rows that only the
+    holder tells apart: set it when the rows show it, so the block's order is judged by it."""
     queries: ClassVar[dict[str, str]] = {}
     """Named SQL the operations run (``self.queries[name]``); mutants edit copies of it."""
     guards: ClassVar[dict[str, str]] = {}

@@ -125,7 +125,8 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
         return generic.GenericModel(self.description, self.timing)
 
     def observe_model(self, m: generic.GenericModel):
-        return m.state(), tuple(sorted(m.received.items(), key=lambda kv: _order(kv[0])))
+        received = sorted(m.received.items(), key=lambda kv: _order(kv[0]))
+        return m.state(self.adapter_class.holders), tuple(received)
 
     def observe_impl(self):
         try:
@@ -150,9 +151,9 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
             due = 0 if r.due is None else max(0, self._time(r.due, "due") - now)
         if d.lease is not None and r.status in d.owned and r.lease_until is not None:
             lease = max(0, self._time(r.lease_until, "lease_until") - now)
-        return Observed(
-            r.key, r.status, r.attempts if model.tracks_attempts() else None, due, lease
-        )
+        holder = r.holder if self.adapter_class.holders and r.status in d.owned else None
+        attempts = r.attempts if model.tracks_attempts() else None
+        return Observed(r.key, r.status, attempts, due, lease, holder)
 
     def _time(self, ts, column: str) -> int:
         if getattr(ts, "tzinfo", None) is None:

@@ -113,7 +113,9 @@ class Verdict:
     """(model, observed) rows when every outcome is explained but no order produces the rows."""
     final_states: tuple[Any, ...] = ()
     """When ok: the model states the history can have ended in (several after indeterminate
-    operations), for a check that continues from them."""
+    operations), for a check that continues from them. Those of the first order found that
+    the final rows accept: another order's end states are not among them, so the rows must
+    show what tells such orders apart when a later step reads it (``Adapter.holders``)."""
     partitions: int = 1
     seconds: float = 0.0
     next_answers: tuple[tuple[Any, ...], ...] = ()

@@ -217,13 +217,15 @@ class Job:
 @dataclass(frozen=True)
 class Observed:
     """A run as the check compares it: the fields the description says the system keeps, in
-    relative time (``due_in``: seconds until due, ``lease_left``: until the lease lapses)."""
+    relative time (``due_in``: seconds until due, ``lease_left``: until the lease lapses);
+    ``holder``: the worker holding it, when the lease is per worker and the rows show it."""
 
     key: str
     status: str
     attempts: int | None = None
     due_in: int | None = None
     lease_left: int | None = None
+    holder: str | None = None
 
 
 class GenericModel:
@@ -269,17 +271,21 @@ class GenericModel:
         """Whether the system's rows keep the attempt count (its fence or its retries need it)."""
         return self.d.fence.kind == "attempt" or self.d.retry is not None
 
-    def state(self) -> tuple[Observed, ...]:
-        return tuple(self.observe(r) for r in sorted(self.runs.values(), key=lambda r: r.seq))
+    def state(self, holders: bool = False) -> tuple[Observed, ...]:
+        """Every run as observed; ``holders``: with who holds each held run (the rows show it)."""
+        runs = sorted(self.runs.values(), key=lambda r: r.seq)
+        return tuple(self.observe(r, holders) for r in runs)
 
-    def observe(self, r: Run) -> Observed:
+    def observe(self, r: Run, holders: bool = False) -> Observed:
         due = max(0, r.due - self.now) if self.d.retry and r.status == self.d.initial else None
         lease = (
             max(0, r.lease_until - self.now)
             if r.status == self.owned and r.lease_until is not None
             else None
         )
-        return Observed(r.key, r.status, r.attempts if self.tracks_attempts() else None, due, lease)
+        holder = (r.holder or None) if holders and r.status == self.owned else None
+        attempts = r.attempts if self.tracks_attempts() else None
+        return Observed(r.key, r.status, attempts, due, lease, holder)
 
     def _move(self, r: Run, event: str, **changes) -> Run:
         unguarded = self.d.fence.kind in ("none", "unless-terminal")

@@ -540,6 +540,39 @@ def test_a_beat_that_forgets_lapsed_workers_keeps_their_runs_lapsed_whatever_the
         assert m.views()["1"].lease_left == 60
 
 
+def test_a_block_whose_orders_differ_only_in_the_holder_is_judged_by_the_holder_the_rows_show():
+    """w0's and w1's claims of one run, the reaper between them, in one block: both orders
+    leave the run held, its lease lapsed (both workers' beats are old); only who holds it
+    differs, and so whose next beat keeps it. The search keeps the first order it finds:
+    the rows must tell the holder, or a later beat is judged against the other order."""
+    from knownstate.chaos.linearize import FinalState, Operation, check
+
+    m = GenericModel(RunKind(**CHANCY_LIKE))
+    m.enqueue("0")
+    [done] = m.claim(1, holder="w0").value
+    m.claim(1, holder="w1")  # w1 started too
+    m.complete(done)
+    m.advance(60)  # both workers' leases lapsed
+    m.enqueue("1")
+    took = Won((generic.Job("1", None),))
+
+    def claim(holder):
+        return lambda s: Won(tuple(generic.Job(j.key, None) for j in s.claim(1, holder).value))
+
+    history = [
+        Operation("w0", "claim", claim("w0"), 0, 3, took),
+        Operation("w1", "claim", claim("w1"), 0, 3, took),
+        Operation("w2", "reap", lambda s: s.reclaim_stale(), 0, 3, Won(("1",))),
+    ]
+    for holder in ("w0", "w1"):  # the claim the rows show last
+        rows = (
+            m.observe(m.runs["0"]),
+            generic.Observed("1", "running", lease_left=0, holder=holder),
+        )
+        verdict = check(history, m, final=FinalState(rows, lambda s: s.state(holders=True)))
+        assert verdict.ok and {s.runs["1"].holder for s in verdict.final_states} == {holder}
+
+
 # -- a stale write whose answer was lost: judged by the rows read back ------------------------
 
 

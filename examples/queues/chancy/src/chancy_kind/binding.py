@@ -46,9 +46,10 @@ async def lent(conn):  # what chancy's psycopg pool lends a query: a connection,
 
 
 class ChancyAdapter(Adapter):
-    read_query = """SELECT j.kwargs->>'key' AS key, j.state AS status, CASE WHEN j.state = 'running'
-        THEN COALESCE(w.expires_at, now()) END AS lease_until  -- no row: abandoned, for Recovery
+    read_query = """SELECT j.kwargs->>'key' AS key, j.state AS status, j.taken_by AS holder,
+        CASE WHEN j.state = 'running' THEN COALESCE(w.expires_at, now()) END AS lease_until
         FROM chancy_jobs j LEFT JOIN chancy_workers w ON w.worker_id = j.taken_by"""
+    holders = True
     schema = recorded_migration(Migrator("chancy", "chancy.migrations", prefix="chancy_").migrate)
 
     def worker(self, conn, worker_id: str) -> Worker:  # a chancy Worker whose pool is the gate's
