@@ -99,6 +99,9 @@ class TransitionTable:
                 raise ValueError(f"{kind}: two targets for {key}")
             self._next[key] = t.target
 
+    def __deepcopy__(self, memo: dict) -> "TransitionTable":
+        return self  # immutable: every copy of a model shares its kind's table
+
     def next(self, status: str, event: str) -> str:
         try:
             return self._next[(status, event)]
