@@ -74,6 +74,7 @@ from .runner import (
     run_check,
     shrink_budget,
 )
+from .linearize import UNKNOWN
 from .rows import row_names
 from .steps import Action, Candidate, Failure, broken_by, diff, fmt
 
@@ -260,19 +261,23 @@ class KindCheck(Engine):
         Returns the implementation's outcome, or None when the operation failed on a fault; then
         the model keeps every possible state — both when COMMIT was in flight, and, with
         ``external_maybe``, each of those with and without the external side having acted — and
-        the next observation decides. With ``fenced=(run_id, token, owner)`` the operation is a
-        write by an owner (``owner``: whether the model says the writer still owns the run):
-        judged as a :class:`Write` — did the database let it write? — before the outcomes are
-        compared. With ``guarantee`` (``claim``, ``lease``), the operation's outcome *is* that
-        guarantee of the contract (which runs a claim takes, which runs a reaper takes back): an
-        outcome that differs from the model's breaks it. Every operation is judged on its own: a
-        second operation in one rule first has the one before it observed."""
+        the next observation decides. States the rows cannot tell apart (a heartbeat's lease on
+        a worker that holds no run) are all kept: the operation is applied to each, and its
+        answer keeps those that expect it (an answer that says nothing, ``UNKNOWN``, keeps all).
+        With ``fenced=(run_id, token, owner)`` the operation is a write by an owner (``owner``:
+        whether the model says the writer still owns the run): judged as a :class:`Write` — did
+        the database let it write? — before the outcomes are compared. With ``guarantee``
+        (``claim``, ``lease``), the operation's outcome *is* that guarantee of the contract
+        (which runs a claim takes, which runs a reaper takes back): an outcome that differs from
+        the model's breaks it. Every operation is judged on its own: a second operation in one
+        rule first has the one before it observed."""
         self.start_step()
         self.env.ensure_alive()
-        base = self.model
-        trial = base.copy()
+        bases = [c.model for c in self.candidates]  # more than one where the rows cannot tell
+        trials = [b.copy() for b in bases]
         with timings.span("check"):
-            expected = model_op(trial)
+            expecteds = [model_op(t) for t in trials]
+        expected = expecteds[0]
         struck_before, self._struck = self._struck, False
         faulted = worker is not None and worker.faulted()
         others = [w for w in self.workers if w is not worker]
@@ -295,7 +300,12 @@ class KindCheck(Engine):
                 else ()
             )
             self.candidates = self._with_external(
-                [Candidate(base, committed=False), Candidate(trial, committed=True)], external_maybe
+                [
+                    Candidate(m, committed=landed)
+                    for b, t in zip(bases, trials)
+                    for m, landed in ((b, False), (t, True))
+                ],
+                external_maybe,
             )
             return None
         except (ConnectionLost, WorkerDied, ExternalCallFailed, psycopg.OperationalError) as e:
@@ -329,7 +339,7 @@ class KindCheck(Engine):
                 )
             self.event(name)
             self._lost_connection(worker, on_error, e)
-            self.candidates = self._with_external([Candidate(base)], external_maybe)
+            self.candidates = self._with_external([Candidate(b) for b in bases], external_maybe)
             return None
         except TransactionAborted as e:
             self._lost_connection(worker, on_error)
@@ -358,6 +368,11 @@ class KindCheck(Engine):
                 f"{label}: the implementation raised {type(e).__name__}: "
                 f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}"
             )
+        # the states whose answer this is (a call that says nothing, UNKNOWN, is each one's)
+        alive = [i for i, e in enumerate(expecteds) if got is UNKNOWN or e == got] or [0]
+        # the fence judges the write on a state it came from
+        self.model, trial, expected = bases[alive[0]], trials[alive[0]], expecteds[alive[0]]
+        got = expected if got is UNKNOWN else got
         self.log(f"{label} -> {fmt(got)}")
         if fenced is not None and isinstance(got, (Won, LostRace)):
             run_id, token, owner = fenced() if callable(fenced) else fenced
@@ -376,7 +391,7 @@ class KindCheck(Engine):
         if isinstance(got, LostRace):
             self.event("lost race")
         self.model = trial
-        self.candidates = [Candidate(trial)]
+        self.candidates = [Candidate(trials[i]) for i in alive]
         return got
 
     def _count_refusal(self, label: str, run_id: str) -> None:
@@ -470,10 +485,16 @@ class KindCheck(Engine):
         self.observed(chosen.model)
         for t in getattr(chosen.model, "transitions", []):
             self.stats.transitions[t[1:]] += 1
-        if hasattr(chosen.model, "transitions"):
-            chosen.model.transitions.clear()
         self.model = chosen.model
-        self.candidates = [Candidate(chosen.model)]
+        # every state the rows leave possible is kept, once each: a state they cannot show (a
+        # worker's own lease while it holds no run) is decided by the answers that follow
+        kept: dict[Any, Any] = {}
+        for c in matching:
+            kept.setdefault(self.fingerprint(c.model), c.model)
+        self.candidates = [Candidate(m) for m in kept.values()]
+        for m in kept.values():
+            if hasattr(m, "transitions"):
+                m.transitions.clear()
         if self.contract is not None:
             self.prev_views = self.views(real)
         self.writes, self.repeats = [], []

@@ -29,10 +29,12 @@ class ClaimRace:
     """The claim race rule (and its precondition) of the generic check."""
 
     def _may_race(self) -> bool:
-        """Two clean workers, two due runs; with a lease per worker, both workers registered
-        (a worker registers when it starts, before its first claim)."""
+        """Two clean workers, two due runs, one possible state (the race's claims are judged on
+        it); with a lease per worker, both workers registered (a worker registers when it
+        starts, before its first claim)."""
         return (
             self.description.claim.skip_locked
+            and len(self.candidates) == 1
             and self.workers[0].mode != "own"
             and all(w.clean() for w in self.workers)
             and len(self.model.due()) >= 2

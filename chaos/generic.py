@@ -44,6 +44,7 @@ from .adaptercall import AdapterCalls, Counted
 from .claimrace import ClaimRace
 from .cluster import DbClock
 from .genericfaults import FaultAnswers
+from .linearize import UNKNOWN
 from .genericbuild import (  # noqa: F401 (GUARDS, KindError: this module's public names too)
     GUARDS,
     KindError,
@@ -249,16 +250,16 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
     def _mine(self, w: int, sent: bool | None) -> list[str]:
         return [k for x, k in self._holding(sent) if x == w]
 
-    def _write(self, op: str, model_op=None):
+    def _write(self, op: str):
         """impl_op of a fenced write: Won, or LostRace('fenced'). A library whose writes say
-        nothing (``Fence(answers=False)``) answers what the model expects of it: the rows read
-        back after the step judge whether it landed."""
+        nothing (``Fence(answers=False)``) answers UNKNOWN: the rows read back after the step
+        judge whether it landed."""
 
         def impl(worker, *args):
             def run(conn):
                 _, lost = self._call(worker, op, conn, *args)
                 if not self.description.fence.answers:
-                    return model_op(self.model.copy())
+                    return UNKNOWN
                 return LostRace("fenced") if lost else Won()
 
             return run
@@ -486,7 +487,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
             def model_op(m):
                 return m.complete(h.job)
 
-            impl = self._write("complete", model_op)(worker, self._handle(w, key))
+            impl = self._write("complete")(worker, self._handle(w, key))
         else:
             permanent = result == PERMANENT
             label = f"fail({key}, {self._tag(h)}, permanent={permanent})"
@@ -495,7 +496,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
                 self.owing = frozenset({key})  # judged after this step: it owes its backoff
                 return m.fail(h.job, permanent)
 
-            impl = self._write("fail", model_op)(worker, self._handle(w, key), permanent)
+            impl = self._write("fail")(worker, self._handle(w, key), permanent)
         stale = self._stale(h)
 
         def after(got) -> None:
@@ -540,7 +541,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
             self.heartbeat_op,
             f"extend_lease({key}, {self._tag(h)})",
             model_op,
-            self._write("extend_lease", model_op)(worker, self._handle(w, key)),
+            self._write("extend_lease")(worker, self._handle(w, key)),
             after=after,
             on_error=self._unanswered(worker, h),
             fence=self._fence(h) if judged else None,

@@ -118,8 +118,10 @@ class ExternalCall:
     def _call_out(self, w: int, key: str, answer: int) -> None:
         h, worker = self.held[w][key], self.workers[w]
         self.start_step()
-        trial = self.model.copy()
-        trial.sent(key)
+        bases = [c.model for c in self.candidates]
+        trials = [b.copy() for b in bases]
+        for t in trials:
+            t.sent(key)
         url = self._url(w, key, answer)
         label = f"send(w{w}, {key}, attempt={h.job.attempt}) answers {answer}"
         try:
@@ -129,7 +131,10 @@ class ExternalCall:
             h.result = RETRY
             self.log(f"{label} -> no answer ({type(e).__name__}); it may have arrived")
             self.event("external reply lost")
-            self.maybe(Candidate(self.model, external=False), Candidate(trial, external=True))
+            self.maybe(
+                *(Candidate(b, external=False) for b in bases),
+                *(Candidate(t, external=True) for t in trials),
+            )
         except (WorkerDied, EnvironmentFault, Failure):
             raise
         except Exception as e:
@@ -140,5 +145,5 @@ class ExternalCall:
                 self.fail(
                     f"{label}: the adapter read the answer as {h.result!r}, not {ANSWERS[answer]!r}"
                 )
-            self.model = trial
-            self.candidates = [Candidate(trial)]
+            self.model = trials[0]
+            self.candidates = [Candidate(t) for t in trials]

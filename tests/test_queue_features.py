@@ -573,6 +573,24 @@ def test_a_block_whose_orders_differ_only_in_the_holder_is_judged_by_the_holder_
         assert verdict.ok and {s.runs["1"].holder for s in verdict.final_states} == {holder}
 
 
+def test_copies_of_one_state_are_one_state_and_a_hidden_difference_is_two():
+    """The check keeps every state the rows leave possible, once each (by fingerprint): a copy
+    of a state is the same state (its kind's table is shared, not copied), and a worker's beat
+    while it holds no run is another state, which no row shows."""
+    from knownstate.chaos.linearize import default_fingerprint as fp
+
+    m = generic.GenericModel(RunKind(**CHANCY_LIKE))
+    m.enqueue("1")
+    [job] = m.claim(1, holder="w0").value
+    m.complete(job)
+    assert fp(m.copy()) == fp(m) and m.copy().table is m.table
+    beat = m.copy()
+    m.advance(30)
+    beat.advance(30)
+    beat.extend_lease(job)  # its answer lost: the beat may have landed
+    assert beat.state(holders=True) == m.state(holders=True) and fp(beat) != fp(m)
+
+
 # -- a stale write whose answer was lost: judged by the rows read back ------------------------
 
 
