@@ -38,7 +38,16 @@ def pair_event(a: str, b: str) -> str:
     return f"{PAIR}{first} × {second}"
 
 
-FROZEN_RETAKEN = "frozen write: its run taken back and claimed meanwhile"
+def frozen_retaken(write: str) -> str:
+    """The event of a stalled worker's ``write`` (its name: ``complete``) frozen between two of
+    its statements while the reaper took its run back and another worker claimed it."""
+    return f"frozen {write}: its run taken back and claimed meanwhile"
+
+
+def write_name(action: Action) -> str:
+    """What a write is whatever its arguments: its label up to the first parenthesis."""
+    return action.label.split("(")[0]
+
 
 WHOLE_CALL = "CALL "
 """How the step of an operation that is one external call begins (``CALL POST /runs/3``): its
@@ -73,6 +82,11 @@ class Blocks:
     met: dict[str, tuple[Any, ...]] = {}
     """While a block's after hooks run: the model states each worker's operation met in the order
     that explains the block (:func:`.linearize.states_met`); empty outside them."""
+
+    frozen_aim: str | None = None
+    """The write (its name: ``complete``) a stalled worker frozen inside its write makes twice
+    as often as all its other writes together when its run is taken back and claimed meanwhile
+    (:meth:`race`): the write whose fence that race tests (default None: each as likely)."""
 
     def offers(self, w: int) -> list[Action]:
         """What worker ``w`` can start now in a concurrent block: each of its actions that runs
@@ -202,7 +216,9 @@ class Blocks:
         run (the reaper taking it back, a new owner claiming or writing it), scheduled as any
         block's (:meth:`_schedule`). ``frozen``: it froze *inside* that write (:meth:`_frozen`:
         a pause between two statements of its transaction while every other worker on the run
-        does a whole operation; the pause is the block's fault, no other strikes inside it).
+        does a whole operation; the pause is the block's fault, no other strikes inside it;
+        when a reaper takes the run back and another worker claims it meanwhile, its write is
+        the kind's ``frozen_aim`` twice as often as all its other writes together).
         ``due``: the runs of the write it was about to make (empty: any it holds). False when no
         other worker can touch its runs."""
         mine = {run for o in self.offers(w) if o.fenced for run in o.runs}  # the runs it holds
@@ -226,7 +242,8 @@ class Blocks:
         else:
             racers = rows.rows(data, others, 1, 2, "who races it", name=lambda x: x.name)
         stalled = self.workers[w]
-        only = {stalled.name: [o for o in self.offers(w) if o.fenced and run in o.runs]}
+        writes = [o for o in self.offers(w) if o.fenced and run in o.runs]
+        only = {stalled.name: writes}
         schedule = None
         retaken = False
         if frozen and data.draw(st.booleans(), label="meanwhile its run is taken back, claimed"):
@@ -245,6 +262,17 @@ class Blocks:
             if retaken:
                 only[reaper.name] = reap[reaper.name]
                 only.update({x.name: claim[x.name] for x in claimers})
+            aim = self.frozen_aim
+            if retaken and aim is not None:  # the write aimed at: twice the others together
+                rest = sum(write_name(o) != aim for o in writes)
+                write = rows.row(
+                    data,
+                    writes,
+                    f"{stalled.name} does",
+                    name=lambda a: rows.row_names(a, self.row_name),
+                    weight=lambda a: 2 * max(rest, 1) if write_name(a) == aim else 1,
+                )
+                only[stalled.name] = [write]
         if frozen:
             schedule = lambda data, names, offers, pending: self._frozen(  # noqa: E731
                 data,
@@ -253,7 +281,7 @@ class Blocks:
                 [n for n in names if run in offers[n].once_freed],
                 pending,
             )
-        self._block(
+        offers = self._block(
             data,
             sorted([stalled, *racers], key=lambda x: x.index),
             run,
@@ -263,7 +291,7 @@ class Blocks:
             aimed=frozen,
         )
         if retaken:
-            self.event(FROZEN_RETAKEN)
+            self.event(frozen_retaken(write_name(offers[stalled.name])))
         return True
 
     def _client_side(self, w: Worker, action: Action, error, healthy: bool) -> None:
@@ -475,14 +503,14 @@ class Blocks:
         schedule: Callable[..., Callable[[list[str]], str]] | None = None,
         faults: bool = True,
         aimed: bool = False,
-    ) -> None:
+    ) -> dict[str, Action]:
         """Run one block of ``chosen`` workers' operations (aimed at ``run`` when given; a worker
         named in ``only`` does one of those offers), scheduled by ``schedule(data, names,
         offers, pending)`` (``pending(worker)``: the statement it is parked before; default:
         drawn as :meth:`_schedule` draws it); a fault may strike inside it unless ``faults`` is
         False. ``aimed``: the block races a pair of operations on one row, drawn so that they do
         (:meth:`concurrently`), or a frozen write against the others (:meth:`race`); only such a
-        block counts as *raced on one row*, when the two overlapped."""
+        block counts as *raced on one row*, when the two overlapped. Returns what each did."""
 
         def choices(w: Worker) -> list[Action]:
             if only and only.get(w.name):
@@ -625,3 +653,4 @@ class Blocks:
                 if offers[w.name].after is not None:
                     offers[w.name].after(r.value)
         self.met = {}
+        return offers

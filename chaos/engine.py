@@ -72,6 +72,10 @@ hook                        for   read / called                          default
                                   states                                 transition log
 ``kind_violations(real)``   T     after every step: the kind's own       ``[]``
                                   named properties
+``frozen_aim``              T     a stall frozen inside a write whose    None (each write as
+                                  run is taken back and claimed: the     likely)
+                                  write drawn twice as often as the
+                                  others together
 ``lock_wait_breaks``        T     a wait on another worker's lock        None (a failure naming
                                                                          nothing)
 ``observed(m)``             T     after a step the rows agreed with      nothing

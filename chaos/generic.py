@@ -405,12 +405,8 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
         another claim holds: any due runs, in order, are then a right answer."""
         worker, m, holder = self.workers[w], self.model, self._holder(w)
         due = [r.key for r in m.due()]
-        lapsed = frozenset(
-            r.key
-            for r in m.runs.values()
-            if r.status == m.owned and r.lease_until is not None and r.lease_until <= m.now
-        )
-        reach = frozenset(sorted({*due, *lapsed}, key=_order)[:batch]) & lapsed
+        freed = frozenset(r.key for r in m.runs.values() if m.claimable_once_reaped(r))
+        reach = frozenset(sorted({*due, *freed}, key=_order)[:batch]) & freed
 
         def among_others(m, got):
             taken = tuple(j.key for j in got.value) if isinstance(got, Won) else ()
@@ -552,11 +548,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
         """The reaper. An adapter that answers how many runs it took back, or nothing, is
         judged by the rows read back (:class:`Counted`)."""
         worker, m = self.workers[w], self.model
-        lapsed = frozenset(
-            r.key
-            for r in m.runs.values()
-            if r.status == m.owned and r.lease_until is not None and r.lease_until <= m.now
-        )
+        lapsed = frozenset(r.key for r in m.runs.values() if m.lapsed(r))
 
         def impl(conn):
             result, _ = self._call(worker, "reclaim_stale", conn)

@@ -14,8 +14,9 @@ from knownstate.model import generic
 from knownstate.model.describe import RunKind
 
 from .adapter import Adapter
-from .blocks import FROZEN_RETAKEN, IN_A_BLOCK, raced
+from .blocks import IN_A_BLOCK, frozen_retaken, raced
 from .check import needs
+from .genericfaults import FaultAnswers
 from .mutants import Mutant, sql_edit, with_attrs
 from .runner import Requirement
 
@@ -174,8 +175,8 @@ def required_events(
         out.append(needs("concurrent block", "concurrency"))
         if d.lease is not None and commits:  # the take-back and a holder's write meet on a row
             out.append(needs("lock wait in a block", "concurrency"))
-            if again and not owners_only:  # a holder's write frozen while its run changes hands
-                out.append(needs(FROZEN_RETAKEN, "concurrency"))
+            if again and not owners_only:  # a holder's completion frozen as its run changes hands
+                out.append(needs(frozen_retaken(FaultAnswers.frozen_aim), "concurrency"))
         # each pair that can meet on a row, raced on one; in autocommit an operation of one
         # statement is one step, inside which no other runs: counted where they do, not required
         if commits:

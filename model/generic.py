@@ -452,16 +452,26 @@ class GenericModel:
 
     def reclaim_stale(self) -> Outcome:
         taken = []
-        dead = RECLAIM_DEAD in self.d.events()  # a reaper that knows the retry policy
         for r in sorted(self.runs.values(), key=lambda r: r.seq):
             if self.lapsed(r):
-                limit = self.timing.max_attempts
-                if dead and limit is not None and r.attempts >= limit:
-                    self._move(r, RECLAIM_DEAD, lease_until=None)
-                else:
+                if self.requeues(r):
                     self._move(r, RECLAIM, lease_until=None, due=self._requeued_due(r))
+                else:
+                    self._move(r, RECLAIM_DEAD, lease_until=None)
                 taken.append(r.key)
         return Won(tuple(taken))
+
+    def requeues(self, r: Run) -> bool:
+        """Whether the reaper puts run ``r`` back to be claimed again: not when it knows the
+        retry policy and ``r``'s attempts are spent (it ends the run)."""
+        limit = self.timing.max_attempts
+        dead = RECLAIM_DEAD in self.d.events() and limit is not None and r.attempts >= limit
+        return not dead
+
+    def claimable_once_reaped(self, r: Run) -> bool:
+        """Whether a claim can take run ``r``, whose lease lapsed, as soon as the reaper took it
+        back: the reaper puts it back (not ends it), due at once."""
+        return self.lapsed(r) and self.requeues(r) and self._requeued_due(r) <= self.now
 
     def _requeued_due(self, r: Run) -> int:
         """When a run the reaper put back is due: now, the application's now, or when it was."""

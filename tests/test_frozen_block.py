@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from knownstate.chaos.blocks import FROZEN_RETAKEN, Blocks
+from knownstate.chaos.blocks import Blocks, frozen_retaken
 from knownstate.chaos.genericbuild import required_events
 from knownstate.chaos.kinds.outbox import CHECKED, OutboxAdapter
 
@@ -36,14 +36,17 @@ def test_a_write_never_freezes_right_after_its_begin():
     assert sum("freezes" in label for label in data.labels) == 1
 
 
-def test_a_frozen_write_whose_run_is_taken_back_and_claimed_is_required_of_a_fenced_kind():
+def test_a_frozen_completion_whose_run_is_taken_back_and_claimed_is_required_of_a_fenced_kind():
     """A run of a kind whose holders' writes are fenced by a lease does not pass without a
-    frozen write whose run another worker took back and claimed meanwhile; an owners-only
-    control (no stale holder writes) is not asked for one."""
+    frozen completion whose run another worker took back and claimed meanwhile (a frozen
+    heartbeat does not stand for it); an owners-only control (no stale holder writes) is not
+    asked for one."""
 
     def labels(events) -> set[str]:
         return {getattr(e, "label", e) for e in events}
 
     mode = OutboxAdapter.mode()
-    assert FROZEN_RETAKEN in labels(required_events(CHECKED, mode))
-    assert FROZEN_RETAKEN not in labels(required_events(CHECKED, mode, True))
+    required = labels(required_events(CHECKED, mode))
+    assert frozen_retaken("complete") in required
+    assert frozen_retaken("extend_lease") not in required
+    assert frozen_retaken("complete") not in labels(required_events(CHECKED, mode, True))

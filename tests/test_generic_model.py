@@ -208,3 +208,23 @@ def test_durations_are_scaled_to_whole_quanta(lease, base, cap, scale):
     assert t.scale == scale
     assert all(v % 60 == 0 for v in (t.lease, t.backoff_base, t.backoff_cap or 60))
     assert t.lease * d.retry.base == t.backoff_base * d.lease.seconds  # ratios kept
+
+
+def test_a_lapsed_run_is_claimable_once_reaped_only_while_it_has_attempts_left():
+    """A run whose lease lapsed can be claimed again once the reaper took it back, unless the
+    reaper ends it, its attempts spent: a block that freezes its holder's write while the run
+    is 'taken back and claimed' must not aim at one the claim can never take (it was counted
+    so, and a completion that reads its attempt first passed outbox seed 3)."""
+    d = OUTBOX.model_copy(update={"retry": OUTBOX.retry.model_copy(update={"max_attempts": 2})})
+    m = GenericModel(d)
+    m.enqueue("1")
+    m.enqueue("2")
+    m.claim(1)  # run 1, attempt 1
+    m.advance(300)
+    assert [m.claimable_once_reaped(r) for r in m.runs.values()] == [True, False]  # 2 waits
+    m.reclaim_stale()
+    m.claim(2)  # run 1 at attempt 2, its last; run 2 at attempt 1
+    m.advance(300)
+    assert {k: m.claimable_once_reaped(r) for k, r in m.runs.items()} == {"1": False, "2": True}
+    assert m.reclaim_stale() == Won(("1", "2"))
+    assert m.runs["1"].status == "dead" and m.claim(2) == Won((Job("2", 2),))
