@@ -235,6 +235,12 @@ class Blocks:
             or len(self.candidates) > 1
         ):
             return False
+        retake = False
+        if frozen and self.frozen_aim is not None:
+            # aimed at what its fence is for: its run taken back and claimed, where one can be
+            takeable = {r: ws for r, ws in contested.items() if self._retakers(r, ws, w)}
+            retake = bool(takeable) and data.draw(st.booleans(), label="aimed at a run retaken")
+            contested = takeable if retake else contested
         run = rows.row(data, list(contested), "the run they race on", name=self.row_name)
         others = [x for x in contested[run] if x.index != w]
         if frozen:
@@ -246,14 +252,14 @@ class Blocks:
         only = {stalled.name: writes}
         schedule = None
         retaken = False
-        if frozen and data.draw(st.booleans(), label="meanwhile its run is taken back, claimed"):
+        if frozen and (
+            retake or data.draw(st.booleans(), label="meanwhile its run is taken back, claimed")
+        ):
             # what its fence is for, aimed at: a reaper takes the run back and another worker
             # claims it while the write is frozen (either alone changes nothing it writes; a
             # write whose first statement locks the row makes them wait, one that reads first
             # lets them in)
-            on_run = {x.name: [o for o in self.offers(x.index) if run in o.runs] for x in others}
-            reap = {n: [o for o in os if o.guarantee == "lease"] for n, os in on_run.items()}
-            claim = {n: [o for o in os if run in o.once_freed] for n, os in on_run.items()}
+            reap, claim = self._takers(run, others)
             reapers = [x for x in others if reap[x.name]]
             if reapers:  # one takes it back, the others claim (two reapers: nobody claims)
                 reaper = rows.row(data, reapers, "who takes it back", name=lambda x: x.name)
@@ -262,17 +268,12 @@ class Blocks:
             if retaken:
                 only[reaper.name] = reap[reaper.name]
                 only.update({x.name: claim[x.name] for x in claimers})
-            aim = self.frozen_aim
-            if retaken and aim is not None:  # the write aimed at: twice the others together
-                rest = sum(write_name(o) != aim for o in writes)
-                write = rows.row(
-                    data,
-                    writes,
-                    f"{stalled.name} does",
-                    name=lambda a: rows.row_names(a, self.row_name),
-                    weight=lambda a: 2 * max(rest, 1) if write_name(a) == aim else 1,
-                )
-                only[stalled.name] = [write]
+            aim = [o for o in writes if write_name(o) == self.frozen_aim]
+            if retaken and aim and len(aim) < len(writes):
+                # the write aimed at twice as often as the others together (drawn as a number:
+                # a row's score is not uniform over the few numbers Hypothesis draws most)
+                aimed = data.draw(st.integers(0, 2), label=f"{stalled.name} makes its aimed write")
+                only[stalled.name] = aim if aimed < 2 else [o for o in writes if o not in aim]
         if frozen:
             schedule = lambda data, names, offers, pending: self._frozen(  # noqa: E731
                 data,
@@ -280,6 +281,7 @@ class Blocks:
                 [n for n in names if n != stalled.name],
                 [n for n in names if run in offers[n].once_freed],
                 pending,
+                first=retake,
             )
         offers = self._block(
             data,
@@ -293,6 +295,20 @@ class Blocks:
         if retaken:
             self.event(frozen_retaken(write_name(offers[stalled.name])))
         return True
+
+    def _takers(self, run: Any, others: list[Worker]) -> tuple[dict, dict]:
+        """Of ``others``' offers on ``run``: each one's take-backs (the reaper's) and its claims
+        that can take the run once it was taken back, by worker name."""
+        on_run = {x.name: [o for o in self.offers(x.index) if run in o.runs] for x in others}
+        reap = {n: [o for o in os if o.guarantee == "lease"] for n, os in on_run.items()}
+        claim = {n: [o for o in os if run in o.once_freed] for n, os in on_run.items()}
+        return reap, claim
+
+    def _retakers(self, run: Any, workers: list[Worker], w: int) -> bool:
+        """Whether, of ``workers`` but ``w``, one can take ``run`` back and another claim it."""
+        others = [x for x in workers if x.index != w]
+        reap, claim = self._takers(run, others)
+        return any(reap[x.name] and any(claim[y.name] for y in others if y != x) for x in others)
 
     def _client_side(self, w: Worker, action: Action, error, healthy: bool) -> None:
         """A driver error that no schedule explains is the implementation's, as in a step of its
@@ -392,6 +408,7 @@ class Blocks:
         others: list[str],
         later: list[str] = (),
         pending: Callable[[str], str | None] = lambda _: None,
+        first: bool = False,
     ) -> Callable[[list[str]], str]:
         """The schedule of a worker frozen inside its operation (a GC pause, a suspended VM,
         between two statements of its transaction, holding what it locked): it runs its first
@@ -401,7 +418,9 @@ class Blocks:
         another (one that waits on a lock the frozen worker holds steps aside), then it finishes.
         The others' order is drawn, except that those in ``later`` (which can write the run only
         once another operation freed it: a claim of a row whose lease lapsed) come after the rest.
-        Shrinks towards never freezing: the stalled worker's whole write, then the others'."""
+        ``first``: it freezes right after its first statement (a block aimed at its run taken
+        back and claimed: the widest gap between what it read and what it writes). Shrinks
+        towards never freezing: the stalled worker's whole write, then the others'."""
         drawn = data.draw(st.permutations(others), label="the others' order")
         order = sorted(drawn, key=lambda n: n in later)
         frozen = False
@@ -412,7 +431,8 @@ class Blocks:
                 if (pending(stalled) or "").startswith(("BEGIN", "SAVEPOINT")):
                     return stalled
                 frozen = (
-                    data.draw(
+                    first
+                    or data.draw(
                         st.integers(0, 3), label=f"{stalled} freezes after this step (unless 0)"
                     )
                     > 0
