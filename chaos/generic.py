@@ -405,8 +405,10 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
         another claim holds: any due runs, in order, are then a right answer."""
         worker, m, holder = self.workers[w], self.model, self._holder(w)
         due = [r.key for r in m.due()]
-        freed = frozenset(r.key for r in m.runs.values() if m.claimable_once_reaped(r))
-        reach = frozenset(sorted({*due, *freed}, key=_order)[:batch]) & freed
+        lapsed = frozenset(r.key for r in m.runs.values() if m.lapsed(r))
+        reach = frozenset(sorted({*due, *lapsed}, key=_order)[:batch]) & lapsed
+        # of those, the runs it takes once the reaper put them back (not: ended, or due later)
+        freed = frozenset(k for k in reach if m.claimable_once_reaped(m.runs[k]))
 
         def among_others(m, got):
             taken = tuple(j.key for j in got.value) if isinstance(got, Won) else ()
@@ -422,7 +424,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
             guarantee="claim",
             among_others=among_others if self.description.claim.skip_locked else None,
             runs=frozenset(due) | reach,
-            once_freed=reach,
+            once_freed=freed,
         )
 
     def offers(self, w: int) -> list[Action]:
