@@ -44,7 +44,6 @@ from .adaptercall import AdapterCalls, Counted
 from .claimrace import ClaimRace
 from .cluster import DbClock
 from .genericfaults import FaultAnswers
-from .linearize import UNKNOWN
 from .genericbuild import (  # noqa: F401 (GUARDS, KindError: this module's public names too)
     GUARDS,
     KindError,
@@ -54,6 +53,7 @@ from .genericbuild import (  # noqa: F401 (GUARDS, KindError: this module's publ
     reaping,
     required_events,
 )
+from .linearize import UNKNOWN
 from .mutants import Mutant
 from .receiver import ANSWERS, ExternalCall, Receiver
 
