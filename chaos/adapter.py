@@ -51,7 +51,7 @@ from knownstate.model.contract import LostRace, Won
 from knownstate.model.generic import Timing
 
 from . import timings
-from .harness import CLOCK_BASE, EnvironmentFault, Worker, cut_socket
+from .harness import EnvironmentFault, Worker, cut_socket
 from .interleave import AsyncScheduledConnection, ScheduledConnection
 
 OK, RETRY, PERMANENT = "ok", "retry", "permanent"
@@ -242,15 +242,17 @@ class Adapter:
     connection_errors: ClassVar[tuple[type[BaseException], ...]] = ()
     """A driver of your own: its exceptions for a lost connection (psycopg's are known)."""
 
-    def __init__(self, timing: Timing, fake_clock: bool = True):
+    def __init__(self, timing: Timing, clock: Any = None):
         self.timing = timing
-        self.clock_base = CLOCK_BASE if fake_clock else 0
+        self.clock = clock  # the run's database clock (``Env.clock``); None: real time
 
     def now(self) -> dt.datetime:
         """The application's clock, as the gate runs it: where the database's clock starts each
-        example (a week behind real time under the fake clock), moved by none of its jumps.
-        Pass it where the library stamps its own now (``Claim(unscheduled="application")``)."""
-        return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self.clock_base)
+        example (a week behind real time under the fake clock), moved by none of its jumps and
+        standing still between steps as the database's does. Pass it where the library stamps
+        its own now (``Claim(unscheduled="application")``)."""
+        offset = self.clock.app_offset if self.clock is not None else 0.0
+        return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset)
 
     # -- the operations (implement those your description has) --------------------------------
     def enqueue(self, conn, key: str) -> Any:

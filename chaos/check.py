@@ -450,6 +450,7 @@ class KindCheck(Engine):
         if not hasattr(self, "candidates"):
             return
         self._unobserved = False
+        self.clock_runs()
         real = self.observe_impl()
         matching = [c for c in self.candidates if self.observe_model(c.model) == real]
         if not matching:
@@ -499,6 +500,7 @@ class KindCheck(Engine):
             self.prev_views = self.views(real)
         self.writes, self.repeats = [], []
         self._after_block = False
+        self.clock_stands()
 
 
 def _rule_for(op: str):

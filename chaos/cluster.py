@@ -145,10 +145,18 @@ def _zombie(pid: int) -> bool:
 class DbClock:
     """The database server's clock, moved through libfaketime's timestamp file.
 
-    The file holds a relative offset (``+300`` = five minutes ahead). libfaketime re-reads it on
-    every time call (``FAKETIME_NO_CACHE``), so a jump takes effect at once in every backend,
-    without changing any SQL. The clock keeps ticking; only the offset moves. Stored timestamps
-    never move (``shifted`` is always 0; compare :class:`~.timeshift.TimeShift`)."""
+    The file holds a relative offset (``+300`` = five minutes ahead; fractions of a second
+    too). libfaketime re-reads it on every time call (``FAKETIME_NO_CACHE``), so a jump takes
+    effect at once in every backend, without changing any SQL. Stored timestamps never move
+    (``shifted`` is always 0; compare :class:`~.timeshift.TimeShift`).
+
+    The clock stands still between steps: :meth:`hold` marks the end of a step, and
+    :meth:`release`, before the next one touches the database, moves the offset back by the
+    real time that passed in between. So the server's ``now()`` advances only while steps run
+    (plus the jumps), however long the checker, Hypothesis or a loaded machine takes between
+    them, and it never goes back past a time a step could have seen: a row stamped in one step
+    is never younger than ``now()`` in the next. ``held_total`` is how far the holds have set it
+    back since the last :meth:`reset`."""
 
     label = "db clock jump"
     shifted = 0
@@ -156,6 +164,9 @@ class DbClock:
     def __init__(self, path: Path):
         self.path = path
         self._offset = 0.0
+        self._base = 0.0
+        self._held_at: float | None = None
+        self.held_total = 0.0
         self._write()
 
     @property
@@ -163,19 +174,40 @@ class DbClock:
         """Seconds the server's clock is ahead of real time (negative: behind)."""
         return self._offset
 
+    @property
+    def app_offset(self) -> float:
+        """Where an application clock that started with the database's and is moved by none of
+        its jumps stands, in seconds from real time: the base, less the time held."""
+        return self._base - self.held_total
+
     def jump(self, seconds: float) -> None:
         self._offset += seconds
         self._write()
 
+    def hold(self) -> None:
+        """A step ended: the real time from now until :meth:`release` will not count."""
+        if self._held_at is None:
+            self._held_at = time.monotonic()
+
+    def release(self) -> None:
+        """A step is about to touch the database: the clock goes on from where it was held."""
+        if self._held_at is not None:
+            gap = time.monotonic() - self._held_at
+            self._held_at = None
+            self.held_total += gap
+            self._offset -= gap
+            self._write()
+
     def reset(self, to: float = 0.0) -> None:
         """Back to ``to`` seconds from real time (the harness starts every example a week back)."""
+        self._base, self._held_at, self.held_total = to, None, 0.0
         if self._offset != to:
             self._offset = to
             self._write()
 
     def _write(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(f"{self._offset:+.0f}\n")
+        tmp.write_text(f"{self._offset:+.6f}\n")
         os.chmod(tmp, 0o644)
         os.replace(tmp, self.path)
 

@@ -42,7 +42,6 @@ from .adapter import worker_class as adapter_worker
 from .check import QUANTUM, Action, FaultPolicy, KindCheck
 from .adaptercall import AdapterCalls, Counted
 from .claimrace import ClaimRace
-from .cluster import DbClock
 from .genericfaults import FaultAnswers
 from .genericbuild import (  # noqa: F401 (GUARDS, KindError: this module's public names too)
     GUARDS,
@@ -101,8 +100,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
 
     # -- set-up -------------------------------------------------------------------------------
     def reset_example(self) -> None:
-        fake = isinstance(self.env.clock, DbClock)  # else now() is real time: no base to match
-        self.adapter = self.adapter_class(self.timing, fake_clock=fake)
+        self.adapter = self.adapter_class(self.timing, self.env.clock)
         if self.queries is not None:
             self.adapter.queries = dict(self.queries)
         self.held: list[dict[str, Held]] = [{} for _ in self.workers]

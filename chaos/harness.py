@@ -74,8 +74,10 @@ there. Under libfaketime a server clock *ahead* of real time delays its lock-wai
 
 QUANTUM = 60
 """Model time is whole seconds, and every duration a check uses is a multiple of this. The
-database clock keeps ticking in real time during an example; projecting its timestamps to the
-nearest quantum is exact while an example lasts less than QUANTUM / 2 seconds of real time."""
+database clock ticks in real time while a step runs and stands still between steps
+(:class:`~.cluster.DbClock`); projecting its timestamps to the nearest quantum is exact while
+the steps of one example together last less than QUANTUM / 2 seconds of real time (on a
+database whose clock cannot stand still, the whole example)."""
 
 
 # ---------------------------------------------------------------------------------------

@@ -305,6 +305,7 @@ class ReplayCheck(Engine):
         invariant it broke."""
         if not getattr(self, "worlds", None):
             return
+        self.clock_runs()
         real = self.observe_impl()
         matching = [w for w in self.worlds if self.observe_model(w.model) == real]
         exchanges, self.step_exchanges = self.step_exchanges, []
@@ -335,3 +336,4 @@ class ReplayCheck(Engine):
         violations = self.judge(real, chosen.model, exchanges)
         if violations:
             self.fail("", violations)
+        self.clock_stands()

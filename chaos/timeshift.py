@@ -25,6 +25,10 @@ What it cannot reach
       inside a JSON or text column, a ``date`` column. And the clock moving while a transaction
       is open (jumps happen between steps, as with libfaketime here).
     - A crash of the server (``db-crash``): nothing here can do that.
+    - A clock that stands still between steps (:class:`~.cluster.DbClock`): here ``now()`` runs
+      on in real time, so an example must last less than the clock tolerance
+      (``Engine.to_model_time``); on a slow or loaded machine a long one is the environment's
+      failure (exit 3), never a verdict.
 
 What it costs
     One transaction per jump, one UPDATE per table with timestamp columns (the workspace holds a
@@ -65,6 +69,16 @@ class TimeShift:
         if ws is None:
             raise RuntimeError("a time shift needs a workspace: Env.workspace() creates one")
         ws.shift(seconds)
+
+    held_total = 0.0
+    app_offset = 0.0  # no base to match: now() is the server's real time
+
+    def hold(self) -> None:
+        """Nothing: the server's clock cannot stand still between steps here, so an example's
+        real length counts against the clock tolerance (``Engine.to_model_time``)."""
+
+    def release(self) -> None:
+        """Nothing (see :meth:`hold`)."""
 
     def reset(self, to: float = 0.0) -> None:
         """The stored timestamps back where they were. ``to`` (where a libfaketime clock starts

@@ -188,9 +188,44 @@ def test_db_clock_jumps_move_now_of_an_open_connection(knownstate_cluster):
             clock.jump(-7200)
             assert clock.offset == -3600
             assert abs(db_ahead(conn) + 3600) < 2
-            assert clock.path.read_text().strip() == "-3600"
+            assert float(clock.path.read_text()) == -3600
             clock.reset()
             assert clock.offset == 0 and abs(db_ahead(conn)) < 2
+    finally:
+        clock.reset()
+
+
+def db_clock(conn: psycopg.Connection) -> float:
+    (t,) = conn.execute("select extract(epoch from clock_timestamp())::float8").fetchone()
+    return t
+
+
+def test_db_clock_stands_still_between_hold_and_release(knownstate_cluster):
+    """The real time between a hold and its release does not reach the server's clock, and the
+    clock never goes back past what a step saw before the hold. Bounds from the monotonic clock
+    around each read, so the assertions hold however slow the machine is."""
+    clock = knownstate_cluster.clock
+    assert clock is not None
+    try:
+        with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as conn:
+            clock.reset(-86_400)
+            start = time.monotonic()
+            seen = db_clock(conn)  # the last time a step saw
+            clock.hold()
+            held = time.monotonic()
+            while time.monotonic() - held < 2.0:  # real time passes while the clock is held
+                db_clock(conn)
+            released = time.monotonic()
+            clock.release()
+            after = db_clock(conn)
+            end = time.monotonic()
+            assert clock.held_total >= released - held >= 2.0
+            assert seen <= after  # never back past what was seen
+            # it moved at most by the real time outside the hold
+            assert after - seen <= (end - start) - (released - held) + 0.05
+            assert clock.app_offset == -86_400 - clock.held_total
+            clock.reset(-86_400)
+            assert clock.held_total == 0 and clock.app_offset == -86_400
     finally:
         clock.reset()
 

@@ -3,9 +3,11 @@ with short counterexamples, and a seed replays the same run."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from knownstate.chaos.check import run_check
+from knownstate.chaos.check import QUANTUM, run_check
 from knownstate.chaos.kinds.outbox import MUTANTS, OutboxCheck
 
 pytestmark = pytest.mark.slow
@@ -45,3 +47,29 @@ def test_a_seed_replays_the_same_run(knownstate_env):
             traces=kept,
         )
     assert traces[0] and traces[0] == traces[1]
+
+
+class _SlowBetweenSteps(OutboxCheck):
+    """The outbox's check on a machine so loaded that, once, the time between two steps is
+    longer than the clock tolerance (the checker and Hypothesis are what was slow: no step)."""
+
+    def model_agrees(self) -> None:
+        super().model_agrees()
+        self.observed_steps = getattr(self, "observed_steps", 0) + 1
+        if self.observed_steps == 1:
+            time.sleep(QUANTUM / 2)  # load simulated between steps: not a wait for any state
+
+
+def test_time_between_steps_never_ages_a_lease_nor_decides_a_verdict(knownstate_env):
+    """The database's clock stands still between steps, so the same seed gives the same run
+    however long the machine takes between them (before, this raised the clock tolerance's
+    EnvironmentFault, or read a lease as lapsed that the model still held)."""
+    traces: list[list[list[str]]] = [[], []]
+    for machine, kept in zip((OutboxCheck, _SlowBetweenSteps), traces):
+        r = run_check(
+            machine, knownstate_env, examples=1, steps=12, seed=4, require_all=False, traces=kept
+        )
+        assert r.failure is None, "\n".join([r.failure or "", *r.counterexample])
+    assert traces[0] == traces[1]
+    first, *after = traces[0][0]
+    assert first.startswith("enqueue") and any("Job(" in line for line in after), traces[0][0]

@@ -356,16 +356,20 @@ def test_a_schedule_the_application_stamps_is_due_when_the_database_reaches_it()
     assert [r.key for r in at_enqueue.due()] == ["1"]  # the database's now: due at once
 
 
-def test_the_application_clock_the_gate_hands_an_adapter_starts_where_the_databases_does():
+def test_the_application_clock_the_gate_hands_an_adapter_starts_where_the_databases_does(tmp_path):
     from datetime import UTC, datetime, timedelta
 
     from knownstate.chaos.adapter import Adapter
+    from knownstate.chaos.cluster import DbClock
     from knownstate.chaos.harness import CLOCK_BASE
 
     timing = generic.Timing.of(RunKind(**REAPED))
+    clock = DbClock(tmp_path / "faketime")
+    clock.reset(CLOCK_BASE)
+    clock.jump(3600)  # the database's clock moves; the application's does not
     week_back = datetime.now(UTC) + timedelta(seconds=CLOCK_BASE)
-    assert abs(Adapter(timing).now() - week_back) < timedelta(seconds=5)
-    assert abs(Adapter(timing, fake_clock=False).now() - datetime.now(UTC)) < timedelta(seconds=5)
+    assert abs(Adapter(timing, clock).now() - week_back) < timedelta(seconds=5)
+    assert abs(Adapter(timing).now() - datetime.now(UTC)) < timedelta(seconds=5)
     assert GenericModel(RunKind(**REAPED)).app_now() == 0  # model time: the database's start
 
 
