@@ -251,6 +251,22 @@ class GenericModel:
     def copy(self) -> "GenericModel":
         return copy.deepcopy(self)
 
+    _SHARED = frozenset({"d", "timing", "table"})  # immutable: every copy shares them
+
+    def __deepcopy__(self, memo: dict) -> "GenericModel":
+        """A copy of the state; the description, its timing and its table are shared (copying
+        the description was most of a copy's cost, and a check copies a model at every step)."""
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            if name in self._SHARED:
+                new.__dict__[name] = value
+            elif name == "runs":  # a Run's fields are immutable values: a shallow copy each
+                new.runs = {key: copy.copy(r) for key, r in value.items()}
+            else:
+                new.__dict__[name] = copy.deepcopy(value, memo)
+        return new
+
     def advance(self, seconds: int) -> None:
         self.now += seconds
         self.app_ahead -= seconds  # the database's clock moved, not the application's
