@@ -228,3 +228,17 @@ def test_a_lapsed_run_is_claimable_once_reaped_only_while_it_has_attempts_left()
     assert {k: m.claimable_once_reaped(r) for k, r in m.runs.items()} == {"1": False, "2": True}
     assert m.reclaim_stale() == Won(("1", "2"))
     assert m.runs["1"].status == "dead" and m.claim(2) == Won((Job("2", 2),))
+
+
+def test_a_copy_is_a_state_of_its_own_sharing_only_what_never_changes():
+    m = GenericModel(OUTBOX)
+    m.enqueue("1")
+    m.claim(1)
+    c = m.copy()
+    assert (c.d, c.timing, c.table) == (m.d, m.timing, m.table)
+    assert c.d is m.d and c.table is m.table  # immutable: shared, not copied at every step
+    assert c.runs == m.runs and c.runs["1"] is not m.runs["1"]
+    c.advance(3600)
+    c.reclaim_stale()
+    c.enqueue("2")
+    assert m.runs["1"].status == OUTBOX.owned[0] and "2" not in m.runs and m.now == 0
