@@ -54,6 +54,8 @@ class TimeShift:
     :class:`~.cluster.DbClock`."""
 
     label = "time shift"
+    held_total = 0.0  # it never holds (see hold)
+    app_offset = 0.0  # no base to match: now() is the server's real time
 
     def __init__(self, env: "Env"):
         self.env = env
@@ -69,9 +71,6 @@ class TimeShift:
         if ws is None:
             raise RuntimeError("a time shift needs a workspace: Env.workspace() creates one")
         ws.shift(seconds)
-
-    held_total = 0.0
-    app_offset = 0.0  # no base to match: now() is the server's real time
 
     def hold(self) -> None:
         """Nothing: the server's clock cannot stand still between steps here, so an example's
