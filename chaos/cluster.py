@@ -142,8 +142,8 @@ def _zombie(pid: int) -> bool:
         return False
 
 
-HOLD_GRAIN = 0.5
-"""Seconds of held time :meth:`DbClock.release` lets add up before it moves the clock back."""
+HOLD_GRAIN = 0.05
+"""The shortest hold :meth:`DbClock.release` takes back; a shorter one the clock runs through."""
 
 
 class DbClock:
@@ -170,7 +170,6 @@ class DbClock:
         self._offset = 0.0
         self._base = 0.0
         self._held_at: float | None = None
-        self._pending = 0.0  # held, not yet taken back
         self.held_total = 0.0
         self._write()
 
@@ -196,21 +195,21 @@ class DbClock:
 
     def release(self) -> None:
         """A step is about to touch the database: the clock goes on from where it was held.
-        Gaps are taken back once they add up to :data:`HOLD_GRAIN` (a write of the file each
-        time would cost more than the steps); until then the clock has run ahead by them, never
-        back."""
+        A hold shorter than :data:`HOLD_GRAIN` is not taken back (a write of the file at every
+        step would cost more than the steps): the clock ran on through it, and stays ahead by
+        it. Only the hold just ended is ever taken back, never one before it: a step since then
+        may have seen the clock ahead by that one, and the clock would go back past it."""
         if self._held_at is not None:
-            self._pending += time.monotonic() - self._held_at
+            gap = time.monotonic() - self._held_at
             self._held_at = None
-            if self._pending >= HOLD_GRAIN:
-                self.held_total += self._pending
-                self._offset -= self._pending
-                self._pending = 0.0
+            if gap >= HOLD_GRAIN:
+                self.held_total += gap
+                self._offset -= gap
                 self._write()
 
     def reset(self, to: float = 0.0) -> None:
         """Back to ``to`` seconds from real time (the harness starts every example a week back)."""
-        self._base, self._held_at, self._pending, self.held_total = to, None, 0.0, 0.0
+        self._base, self._held_at, self.held_total = to, None, 0.0
         if self._offset != to:
             self._offset = to
             self._write()

@@ -230,6 +230,31 @@ def test_db_clock_stands_still_between_hold_and_release(knownstate_cluster):
         clock.reset()
 
 
+def test_db_clock_never_goes_back_past_a_read_over_holds_short_and_long(knownstate_cluster):
+    """Steps between holds of every length, shorter than HOLD_GRAIN (which the clock runs
+    through) and longer (which it takes back): every read the server answers is at or after the
+    one before it. A clock that took back a short hold later, with a long one, went back past the
+    steps in between (by up to the holds it had let add up)."""
+    clock = knownstate_cluster.clock
+    assert clock is not None
+    holds = [0.6, 0.8, 1.5, 0.3, 1.2, 0.9, 2.0] * 2  # in HOLD_GRAIN
+    try:
+        with psycopg.connect(knownstate_cluster.dsn(), autocommit=True) as conn:
+            clock.reset(-86_400)
+            seen = [db_clock(conn)]
+            for n in holds:
+                clock.hold()
+                held = time.monotonic()
+                while time.monotonic() - held < n * cluster_mod.HOLD_GRAIN:
+                    pass  # real time passes while the clock is held
+                clock.release()
+                seen.append(db_clock(conn))
+            assert seen == sorted(seen), [b - a for a, b in zip(seen, seen[1:])]
+            assert clock.held_total >= sum(n for n in holds if n >= 1) * cluster_mod.HOLD_GRAIN
+    finally:
+        clock.reset()
+
+
 # ---------------------------------------------------------------------------
 # ExternalDatabase, ContainerDatabase, open_database
 # ---------------------------------------------------------------------------
