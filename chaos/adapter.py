@@ -226,7 +226,9 @@ class Adapter:
     """Whether ``read`` gives each held run's ``holder``: the ``worker`` name the gate passed
     the claim that took it. With a lease per worker, who holds a run decides whose beat keeps
     it, and two claims of one run in a block (a reaper between them) leave rows that only the
-    holder tells apart: set it when the rows show it, so the block's order is judged by it."""
+    holder tells apart: set it when the rows show it, so the block's order is judged by it
+    (without it, the check goes on from both orders' states until a later step tells them
+    apart)."""
     queries: ClassVar[dict[str, str]] = {}
     """Named SQL the operations run (``self.queries[name]``); mutants edit copies of it."""
     guards: ClassVar[dict[str, str]] = {}

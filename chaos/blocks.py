@@ -651,6 +651,7 @@ class Blocks:
             before,
             fingerprint=self.fingerprint,
             final=linearize.FinalState(real, self.observe_model),
+            every_end=True,
         )
         if not verdict.ok:
             self.fail(

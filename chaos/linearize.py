@@ -113,9 +113,10 @@ class Verdict:
     """(model, observed) rows when every outcome is explained but no order produces the rows."""
     final_states: tuple[Any, ...] = ()
     """When ok: the model states the history can have ended in (several after indeterminate
-    operations), for a check that continues from them. Those of the first order found that
-    the final rows accept: another order's end states are not among them, so the rows must
-    show what tells such orders apart when a later step reads it (``Adapter.holders``)."""
+    operations, or orders that leave what the rows do not show apart), that the final rows
+    accept, for a check that continues from them. With ``every_end``, those of every order
+    that explains the history; else those of the first order found (in a partitioned check,
+    the parts' orders one after another)."""
     partitions: int = 1
     seconds: float = 0.0
     next_answers: tuple[tuple[Any, ...], ...] = ()
@@ -280,9 +281,13 @@ def _search(
     copy: Callable[[Any], Any],
     final_ok: Callable[[Any], bool] | None,
     deadline: float | None,
+    every_end: bool = False,
 ) -> tuple[bool, list[int], _States | None, bool]:
     """Porcupine's checkSingle over ``ops``. Returns (ok, order or longest prefix, final states
-    when ok, whether the longest prefix covers every operation but failed the final check)."""
+    when ok, whether the longest prefix covers every operation but failed the final check).
+    ``every_end``: the final states of every order that explains ``ops``, not only the first
+    order's (the search goes on past it; its cache keeps that to the configurations not yet
+    explored)."""
     n = len(ops)
     events = []
     for i, op in enumerate(ops):
@@ -325,6 +330,8 @@ def _search(
     state = start
     longest: list[int] = []
     longest_complete = False
+    found: list[int] | None = None  # the first order that explains ops
+    ends: dict[Hashable, Any] = {}  # the final states of the orders found
     entry = nxt[0]
     steps = 0
     while True:
@@ -332,12 +339,14 @@ def _search(
         if deadline is not None and steps % 512 == 1 and time.monotonic() > deadline:
             raise _Budget()
         if nxt[0] == end:  # everything linearized: the rows decide
-            if final_ok is None or any(final_ok(m) for m in state.models.values()):
-                order = [op_at[c] for c, _ in calls]
-                if final_ok is not None:
-                    state = _States({k: m for k, m in state.models.items() if final_ok(m)})
-                return True, order, state, False
-            if len(calls) >= len(longest):
+            accepted = {k: m for k, m in state.models.items() if final_ok is None or final_ok(m)}
+            if accepted:
+                if found is None:
+                    found = [op_at[c] for c, _ in calls]
+                ends.update(accepted)
+                if not every_end:
+                    return True, found, _States(ends), False
+            elif len(calls) >= len(longest):
                 longest, longest_complete = [op_at[c] for c, _ in calls], True
             entry = end  # backtrack below
         if entry != end and is_call[entry]:
@@ -357,6 +366,8 @@ def _search(
             continue
         # A return whose operation is not linearized (or the end): backtrack.
         if not calls:
+            if found is not None:
+                return True, found, _States(ends), False
             return False, longest, None, longest_complete
         if len(calls) > len(longest):
             longest, longest_complete = [op_at[c] for c, _ in calls], False
@@ -444,12 +455,15 @@ def check(
     final: FinalState | None = None,
     partition: Callable[[Operation], Hashable] | None = None,
     budget_s: float | None = None,
+    every_end: bool = False,
 ) -> Verdict:
     """Is ``history`` linearizable from ``initial`` (a model, or a list of candidate models)?
 
     ``partition(op)``: check each part alone (the caller asserts the model's parts are
     independent). ``final``: the rows the order must also produce. ``copy``: how to copy a
-    model (its own ``copy()``). ``budget_s``: give up (``ok=None``) after this long."""
+    model (its own ``copy()``). ``budget_s``: give up (``ok=None``) after this long.
+    ``every_end``: ``final_states`` from every order that explains the history, for a check
+    that goes on from them (a small history: every order is searched); else from the first."""
     t0 = time.monotonic()
     ops = tuple(history)
     for op in ops:
@@ -483,7 +497,7 @@ def check(
         ok_final = final_ok_for(key)
         try:
             ok, order, end_states, complete = _search(
-                part, start, fingerprint, copy, ok_final, deadline
+                part, start, fingerprint, copy, ok_final, deadline, every_end
             )
         except _Budget:
             return Verdict(None, ops, partitions=len(parts), seconds=time.monotonic() - t0)
