@@ -77,6 +77,20 @@ def test_a_client_side_driver_error_is_a_failure_naming_it_not_a_lost_connection
     assert r.failure.startswith("reclaim_stale(w"), r.failure  # the step, named
 
 
+def test_a_server_restarted_between_two_runs_is_no_fault_of_the_next(
+    knownstate_env, knownstate_cluster
+):
+    """A suite sharing one Env (the plugin's fixture) may restart the server between two runs:
+    the connection the Env kept from the first is dead, and the next run starts all the same."""
+    if not knownstate_env.can_crash:
+        pytest.skip("the harness does not own this database server")
+    knownstate_env.admin().execute("select 1")  # a connection kept from a run before
+    knownstate_cluster.crash()
+    knownstate_cluster.restart()
+    ws = knownstate_env.workspace("restarted-between-runs", "create table t (x int)")
+    assert knownstate_env.query(f"select count(*) from {ws.name}.t") == [(0,)]
+
+
 # ---------------------------------------------------------------------------------------
 # The environment is never a bug: parts killed inside one run, in this process.
 # ---------------------------------------------------------------------------------------
