@@ -12,12 +12,17 @@ lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 
+# WORKERS pytest processes (pytest-xdist), each with its own PostgreSQL and Toxiproxy; a test
+# file stays whole on one worker, in its order. WORKERS=0 runs the suite in this one process.
 # --durations: the 25 slowest tests, so the suite's time is measured where it goes.
+WORKERS ?= 2
+PYTEST = .venv/bin/python -m pytest tests -n $(WORKERS) --dist loadfile
+
 test: lint
-	.venv/bin/python -m pytest tests --durations=25
+	$(PYTEST) --durations=25
 
 test-fast: setup
-	.venv/bin/python -m pytest tests -m "not slow"
+	$(PYTEST) -m "not slow"
 
 mutants: setup
 	.venv/bin/knownstate mutants
