@@ -258,10 +258,10 @@ class Env:
         """(Re)create the workspace of ``kind`` for this run; it becomes the active one (the
         one a time shift moves)."""
         name = f"ks_{self.run_id}_{kind.replace('-', '_')}"
-        # A run starts on a live connection: one kept from an earlier run on a server restarted
-        # since (a suite sharing this Env may restart it) is replaced here, not reported dead.
-        self.query("select 1")
         try:
+            # A run starts on a live connection: one kept from an earlier run on a server
+            # restarted since (a suite sharing this Env may restart it) is replaced here.
+            self.query("select 1")
             for old in [w for w in self.workspaces if w.name == name]:
                 old.drop()  # closes every connection to it first
                 self.workspaces.remove(old)
