@@ -259,9 +259,6 @@ class Env:
         one a time shift moves)."""
         name = f"ks_{self.run_id}_{kind.replace('-', '_')}"
         try:
-            # A run starts on a live connection: one kept from an earlier run on a server
-            # restarted since (a suite sharing this Env may restart it) is replaced here.
-            self.query("select 1")
             for old in [w for w in self.workspaces if w.name == name]:
                 old.drop()  # closes every connection to it first
                 self.workspaces.remove(old)

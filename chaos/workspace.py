@@ -64,12 +64,12 @@ class Workspace:
         return self._scheduler
 
     def create(self) -> "Workspace":
-        """Create the schema; never one that exists (that is not this run's)."""
-        admin = self.env.admin()
+        """Create the schema; never one that exists (that is not this run's). Through
+        ``Env.query``, whose retry replaces a connection kept from a run before a restart."""
         try:
-            admin.execute(f'create schema "{self.name}"')
+            self.env.query(f'create schema "{self.name}"')
         except (psycopg.errors.DuplicateSchema, psycopg.errors.InsufficientPrivilege) as e:
-            user, db = admin.execute("select current_user, current_database()").fetchone()
+            ((user, db),) = self.env.query("select current_user, current_database()")
             if isinstance(e, psycopg.errors.DuplicateSchema):
                 raise EnvironmentFault(
                     f"schema {self.name} already exists in database {db}: "
@@ -195,7 +195,7 @@ class Workspace:
 
     def drop(self) -> None:
         self.close()
-        self.env.admin().execute(f'drop schema if exists "{self.name}" cascade')
+        self.env.query(f'drop schema if exists "{self.name}" cascade')
 
     def conninfo(
         self, *, host: str | None = None, port: int | None = None, options: str = ""
