@@ -204,14 +204,24 @@ class KindCheck(Engine):
         return out + self.kind_violations(real)
 
     # -- the step ----------------------------------------------------------------------------
+    _doable: dict[str, list[tuple[int, Action]]] | None = None
+
     def doable(self, op: str) -> list[tuple[int, Action]]:
-        """Every ``(worker, action)`` of operation ``op`` now."""
-        return [(w.index, a) for w in self.workers for a in self.actions(w.index) if a.op == op]
+        """Every ``(worker, action)`` of operation ``op`` now. Hypothesis asks it of every
+        operation's rule before each step (its precondition), so every worker's actions are
+        listed once per state: kept until the state may change, i.e. until the chosen rule
+        starts (:meth:`act` takes them) or the step's invariants run (:meth:`model_agrees`)."""
+        if self._doable is None:
+            self._doable = {}
+            for w in self.workers:
+                for a in self.actions(w.index):
+                    self._doable.setdefault(a.op, []).append((w.index, a))
+        return self._doable.get(op, [])
 
     def act(self, data, op: str) -> Any:
         """The rule of operation ``op``: one of its actions now, by one of the workers that have
         it (an unlikely one, expected to lose, one time in three), done as a step."""
-        pairs = self.doable(op)
+        pairs, self._doable = self.doable(op), None
         likely = [p for p in pairs if p[1].likely]
         rest = [p for p in pairs if not p[1].likely]
         # the row drawn by its name, so that shrinking the steps before leaves it on that row
@@ -447,6 +457,7 @@ class KindCheck(Engine):
     def model_agrees(self) -> None:
         """Projected rows equal one possible model state (narrowing indeterminate outcomes),
         and the invariants hold."""
+        self._doable = None
         if not hasattr(self, "candidates"):
             return
         self._unobserved = False

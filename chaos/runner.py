@@ -457,8 +457,10 @@ def shrink_budget(replays: int, run: RunState | None = None):
 
         s.initial_coarse_reduction = singles_then_coarse
         _stop_when_no_step_goes(s, step_stall(replays))
-        s.shrink()
-        run.shrinking.steps = (_steps(initial), _steps(s.shrink_target))
+        try:
+            s.shrink()
+        finally:  # also when the budget ends it (the engine's exit raises through the shrinker)
+            run.shrinking.steps = (_steps(initial), _steps(s.shrink_target))
         return s.shrink_target
 
     old = engine.MAX_SHRINKING_SECONDS

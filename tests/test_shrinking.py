@@ -146,6 +146,9 @@ def test_shrinking_stops_at_its_count_of_replays():
     run, message = shrunk(replays=3)
     assert run.shrinking.replays == 3
     assert message == "alpha"  # past the budget, the smallest failure so far is the answer
+    # and the report still says how many steps it started from and stopped at
+    before, after = run.shrinking.steps
+    assert before >= after >= 3, run.shrinking.steps
 
 
 def test_the_step_pass_deletes_two_steps_when_no_single_one_goes():
