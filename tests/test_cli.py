@@ -502,10 +502,11 @@ def test_unknown_kind_is_a_usage_error_naming_the_kinds(tmp_path):
 
 @pytest.mark.slow
 def test_verify_outbox_passes_and_writes_both_reports(tmp_path):
-    r = run("verify", "outbox", "--seed", "12", *REPORTS, cwd=tmp_path)
+    # seed 18 reaches coverage in 161 examples (seed 12, used before, in 863)
+    r = run("verify", "outbox", "--seed", "18", *REPORTS, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
-    assert "outbox: passed" in out and "seed 12" in out
+    assert "outbox: passed" in out and "seed 18" in out
     for line in (
         "faults injected:",
         "events observed:",
@@ -515,7 +516,7 @@ def test_verify_outbox_passes_and_writes_both_reports(tmp_path):
     ):
         assert line in out
     doc, xml = reports(tmp_path)
-    assert (doc["outcome"], doc["exit_code"], doc["seed"]) == ("passed", 0, 12)
+    assert (doc["outcome"], doc["exit_code"], doc["seed"]) == ("passed", 0, 18)
     kind = doc["runs"][0]
     assert kind["vacuous"] == [] and kind["events"]["fence rejection"] > 0
     assert kind["faults"]["db-crash"] > 0

@@ -3,7 +3,7 @@ installed by ``make setup``), each pip-installed as the kind package it is and c
 gate; each finding its README states reproduced by hand in its ground-truth test.
 
 chancy 0.26.0: its crash finding is reported naming lease (never lease-fence: it fences on its
-claim id) at each seed tried here, and its owners-only control passes at seed 1.
+claim id) at each seed tried here, and its owners-only control passes at seed 4.
 
 pgqueuer 1.6.0 and procrastinate 3.10.0: the stale finish is the reported counterexample (at
 most ten steps, naming lease-fence) at each seed tried here; pgqueuer's owners-only control, in
@@ -146,10 +146,10 @@ def test_chancy_crash_finding_is_reported_naming_lease(site, seed):
 @pytest.mark.slow
 def test_chancy_owners_only_control_passes(site, tmp_path):
     """The same, stale holders never writing and the workers table LOGGED: nothing is found
-    (measured at seed 1 only: about 1,200 examples, minutes on two cores)."""
+    (at seed 4: 230 examples; seeds 2 and 3 took 327 and 405, seed 1 about 1,200)."""
     report = tmp_path / "r.json"
     kind = "chancy_kind.binding:ChancyOwnersOnly"
-    args = ("--seed", "1", "--no-example-db", "--json", str(report))
+    args = ("--seed", "4", "--no-example-db", "--json", str(report))
     run = knownstate(site, "verify", "--kind", kind, *args, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr  # VACUOUS would not be 0
     result = json.loads(report.read_text())["runs"][0]
