@@ -96,7 +96,8 @@ def test_the_unfenced_variant_is_caught_naming_lease_fence(site, tmp_path, seed)
     assert steps <= 15, out  # the gate's bound for a shrunk counterexample
     replay = re.search(r"replay: knownstate (verify .*)", out).group(1).split()
     assert replay[1:3] == ["--kind", UNFENCED]
-    if seed == 1:  # the printed command finds the kind again, and the same counterexample
+    if seed == 5:  # the printed command finds the kind again, and the same counterexample
+        # (at the seed caught soonest: a replay runs the whole search again)
         again = knownstate(site, *replay, cwd=tmp_path)
         assert again.returncode == 1 and f"counterexample ({steps} steps" in again.stdout
 
