@@ -195,7 +195,7 @@ def test_the_reference_client_passes_a_small_run(knownstate_env):
 @pytest.mark.parametrize(
     "name, seed",
     [
-        ("success-wipes-pending-edit", 1),
+        ("success-wipes-pending-edit", 2),  # 32 s alone (seed 3: 127 s; seed 1: 101 s in make test)
         ("sibling-draft-applied-silently", 1),
         # a conflict made on purpose is judged before the user leaves it: when both were one
         # step, the overwrite was left unjudged and seed 4 named another invariant (not caught)
