@@ -18,6 +18,7 @@ from datetime import datetime
 import psycopg
 import pytest
 
+from knownstate.chaos import cluster
 from knownstate.impl import approved_plan as impl
 from knownstate.impl.approved_plan import ApprovedPlanStore, project
 from knownstate.impl.errors import TransactionAborted
@@ -57,13 +58,17 @@ def connect(dsn):
 
 
 class Pair:
-    """One model and one database, driven by the same operations and compared after each."""
+    """One model and one database, driven by the same operations and compared after each.
+    The database's clock stands still between operations (held, as the engine holds it between
+    steps): a stamp is read in whole model seconds from ``base``, so the real time the model,
+    the projection's comparison and a loaded machine take between operations must not count."""
 
     def __init__(self, conn: psycopg.Connection, clock):
         self.model, self.store = ApprovedPlanModel(), ApprovedPlanStore()
         self.conn, self.clock = conn, clock
         self.base: datetime = conn.execute("select now()").fetchone()[0]
         conn.rollback()
+        clock.hold()
         self.edges: set[tuple[str, str]] = set()
 
     def to_model_time(self, ts: datetime) -> int:
@@ -76,7 +81,9 @@ class Pair:
     def __call__(self, op: str, *args):
         before = self.model.views()
         expected = getattr(self.model, op)(*args)
+        self.clock.release()
         got = getattr(self.store, op)(self.conn, *args)
+        self.clock.hold()
         assert got == expected, f"{op}{args}: implementation {got}, model {expected}"
         state = project(self.conn, self.to_model_time)
         assert state == self.model.state(), f"after {op}{args}"
@@ -95,7 +102,8 @@ class Pair:
 
 
 @pytest.fixture
-def pair(connect, knownstate_db_clock):
+def pair(connect, knownstate_db_clock, monkeypatch):
+    monkeypatch.setattr(cluster, "HOLD_GRAIN", 0.0)  # every hold taken back, however short
     return Pair(connect(), knownstate_db_clock)
 
 
