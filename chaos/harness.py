@@ -216,8 +216,9 @@ class Env:
     def can_schedule(self) -> bool:
         if not hasattr(self, "_can_schedule"):
             try:
-                self.admin().execute("SET log_lock_waits = on")
-                self.admin().execute("RESET log_lock_waits")
+                # through query: a part killed meanwhile is named (exit 3), not a Traceback
+                self.query("SET log_lock_waits = on")
+                self.query("RESET log_lock_waits")
                 self._can_schedule = True
             except psycopg.errors.InsufficientPrivilege:
                 self._can_schedule = False
