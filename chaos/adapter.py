@@ -52,7 +52,7 @@ from knownstate.model.generic import Timing
 
 from . import timings
 from .harness import EnvironmentFault, Worker, cut_socket
-from .interleave import AsyncScheduledConnection, ScheduledConnection
+from .interleave import AsyncScheduledConnection, ScheduledConnection, round_trip_label
 
 OK, RETRY, PERMANENT = "ok", "retry", "permanent"
 """What an external call answered: done, failed for now, failed for good."""
@@ -332,10 +332,31 @@ def no_answer_errors(adapter: type[Adapter]) -> tuple[type[BaseException], ...]:
 
 
 # ---------------------------------------------------------------------------------------
-# Connections whose every COMMIT meets the faults, sync and async.
+# Connections whose every COMMIT meets the faults, sync and async; in autocommit, every
+# statement (each commits on its own).
 # ---------------------------------------------------------------------------------------
 
 COMMIT = b"COMMIT"
+
+
+def _autocommitted(conn, gen) -> bool:
+    """Whether ``gen``, a round trip about to leave, is a statement that commits on its own (in
+    autocommit, outside a transaction block) while a fault is armed on the connection's
+    worker: the fault meets it as it would a COMMIT."""
+    owner = conn.owner
+    return (
+        owner is not None
+        and owner.before_commit is not None
+        and conn.autocommit
+        and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        and (round_trip_label(gen, conn) or "").startswith("round trip")
+    )
+
+
+def _fire(conn, target) -> None:
+    """The armed fault acts, once, on ``target`` (the connection or its socket)."""
+    hook, conn.owner.before_commit = conn.owner.before_commit, None
+    hook(target)
 
 
 def _exec_command(cls):
@@ -352,10 +373,8 @@ def _committing(conn, gen):
     """COMMIT as it leaves: the armed fault acts first; ``in_commit`` stays True if the answer
     never comes, so the gate knows the outcome is indeterminate."""
     conn.in_commit = True
-    owner = conn.owner
-    if owner is not None and owner.before_commit is not None:
-        hook, owner.before_commit = owner.before_commit, None
-        hook(_Socket(conn) if isinstance(conn, psycopg.AsyncConnection) else conn)
+    if conn.owner is not None and conn.owner.before_commit is not None:
+        _fire(conn, _Socket(conn) if isinstance(conn, psycopg.AsyncConnection) else conn)
     result = yield from gen
     conn.in_commit = False
     return result
@@ -380,6 +399,11 @@ class TxConnection(ScheduledConnection):
     owner: "AdapterWorker | None" = None
     in_commit = False
 
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        if _autocommitted(self, gen):
+            _fire(self, self)
+        return super().wait(gen, *args, **kwargs)
+
 
 class AsyncTxConnection(AsyncScheduledConnection):
     """The same, for asyncio. ``cancel_safe`` may also be called from the gate's watch thread
@@ -387,6 +411,11 @@ class AsyncTxConnection(AsyncScheduledConnection):
 
     owner: "AdapterWorker | None" = None
     in_commit = False
+
+    async def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        if _autocommitted(self, gen):
+            _fire(self, _Socket(self))
+        return await super().wait(gen, *args, **kwargs)
 
     def cancel_safe(self, *, timeout: float = 30.0):  # type: ignore[override]
         with contextlib.suppress(Exception):
@@ -448,7 +477,10 @@ class AdapterWorker(Worker):
         if conn is not None and not conn.closed and not conn.broken:
             return conn
         self.app_name = self.env.app_name(f"{self.kind}-{self.name}-{next(self._serial)}")
-        kwargs = dict(application_name=self.app_name, connect_timeout=3)
+        # never prepared on its own (psycopg prepares a query on its fifth run, in a round trip
+        # of its own before it, where a fault meant for the statement would meet the PREPARE):
+        # a statement is one round trip whatever the connection ran before
+        kwargs = dict(application_name=self.app_name, connect_timeout=3, prepare_threshold=None)
         if self.mode == "async":
             conn = self._connect(lambda: AsyncTxConnection.connect(self.dsn(), **kwargs))
         else:

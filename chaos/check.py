@@ -298,7 +298,7 @@ class KindCheck(Engine):
                 with timings.span("impl"):
                     got = impl_op(conn)
         except CommitIndeterminate:
-            self.log(f"{label} -> indeterminate (the connection died during COMMIT)")
+            self.log(f"{label} -> indeterminate (the connection died during {self.commit_point})")
             self.event("indeterminate commit")
             self._lost_connection(worker, on_error)
             self._indeterminate = True

@@ -31,9 +31,10 @@ class ClaimRace:
     def _may_race(self) -> bool:
         """Two clean workers, two due runs, one possible state (the race's claims are judged on
         it); with a lease per worker, both workers registered (a worker registers when it
-        starts, before its first claim)."""
+        starts, before its first claim). In autocommit no claim sends a COMMIT to race."""
         return (
             self.description.claim.skip_locked
+            and self.description.commits == "transaction"
             and len(self.candidates) == 1
             and self.workers[0].mode != "own"
             and all(w.clean() for w in self.workers)

@@ -27,7 +27,9 @@ db-crash
 commit-reply-lost, commit-request-lost, worker-death
     At a worker's next COMMIT: the server commits and the answer is lost; the request is lost
     and nothing commits; the worker dies just before sending it. The worker takes its turn at
-    once, so the fault meets real work and leaves nothing behind.
+    once, so the fault meets real work and leaves nothing behind. On a connection in
+    autocommit (a library that insists on it) they meet the worker's next statement, which
+    commits on its own (``commit_point``).
 reply-lost
     A stand-in acts on a worker's next request and the answer never arrives.
 worker-stall
@@ -199,6 +201,9 @@ class FaultRules:
     """
 
     policy = FaultPolicy()
+    commit_point = "COMMIT"
+    """Where the COMMIT faults meet a worker: its next COMMIT, or in autocommit its next
+    statement (the round trip the connection hooks either way: :mod:`.adapter`)."""
 
     # -- hooks ---------------------------------------------------------------------------------
     def turns(self, w: int) -> list:
@@ -387,7 +392,7 @@ class FaultRules:
             kind = allowed[COMMIT_FAULTS.index(kind) % len(allowed)]
         w = rows.row(data, self._turners(), "worker")
         self.arm_commit_fault(self.workers[w], kind)
-        self.fault(kind, f"{kind} at w{w}'s next COMMIT", pace=False)
+        self.fault(kind, f"{kind} at w{w}'s next {self.commit_point}", pace=False)
         self.turn(w, data)
         self.workers[w].before_commit = None  # a turn that wrote nothing never reached COMMIT
 

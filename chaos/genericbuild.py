@@ -160,11 +160,11 @@ def required_events(
     if d.retry is not None:
         out.append("backoff")
     if mode != "own":
-        # in autocommit no COMMIT is sent: no worker dies before one, no claim races another's
-        # open COMMIT, and a statement's locks last only as long as the statement
+        # in autocommit the COMMIT faults meet the next statement (each commits on its own); no
+        # claim races another's open COMMIT, and a statement's locks last only as long as it
         commits = d.commits == "transaction"
-        out += ["worker died before commit"] if commits else []
         out += [
+            "worker died before commit",
             "indeterminate commit",
             "indeterminate resolved: committed",
             "indeterminate resolved: not committed",

@@ -276,8 +276,10 @@ class RunKind(BaseModel):
     commits: Literal["transaction", "autocommit"] = Field(
         "transaction",
         description="how the library commits: each operation in a transaction it COMMITs, or "
-        "every statement in autocommit (it insists on it): then it sends no COMMIT, COMMIT "
-        "faults never meet it, and only a lost connection leaves a step indeterminate",
+        "every statement in autocommit (it insists on it): then it sends no COMMIT, and the "
+        "gate's COMMIT faults (the answer lost, the request lost, the worker dead before "
+        "sending, the server crashed) meet the worker's next statement, which commits on its "
+        "own; no claim races another's open COMMIT",
     )
     deviations: tuple[str, ...] = ()
 

@@ -118,6 +118,64 @@ def test_every_commit_of_an_async_connection_meets_the_armed_fault(knownstate_cl
     assert asyncio.run(run()) == ["async transaction block", "await commit()"]
 
 
+def _rows_seen_from_outside(dsn: str, seen: list) -> None:
+    with psycopg.connect(dsn, autocommit=True) as other:
+        seen.append(other.execute("SELECT count(*) FROM stamped").fetchone()[0])
+
+
+def test_in_autocommit_the_armed_fault_meets_the_next_statement_before_it_leaves(
+    knownstate_cluster,
+):
+    """A library that insists on autocommit sends no COMMIT: each statement commits on its own,
+    so the fault meets the next one, before the server has it (nothing of it committed yet);
+    not a setting, not a BEGIN, and inside a transaction block its COMMIT, as before."""
+    dsn = knownstate_cluster.dsn()
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("DROP TABLE IF EXISTS stamped; CREATE TABLE stamped (n int)")
+    seen: list = []
+
+    def hook(conn) -> None:
+        _rows_seen_from_outside(dsn, seen)
+
+    with TxConnection.connect(dsn, autocommit=True) as conn:
+        owner = conn.owner = _Owner()
+        owner.before_commit = hook
+        conn.autocommit = True  # a setting: no statement, the fault stays armed
+        assert owner.before_commit is hook
+        conn.execute("INSERT INTO stamped VALUES (1)")
+        assert seen == [0] and owner.before_commit is None  # met before the INSERT, once
+        conn.execute("INSERT INTO stamped VALUES (2)")
+        owner.before_commit = hook
+        with conn.transaction():  # a block in autocommit: BEGIN ... COMMIT
+            conn.execute("INSERT INTO stamped VALUES (3)")
+            assert owner.before_commit is hook  # not at BEGIN, not at the statement
+        assert seen == [0, 2]  # at its COMMIT, the block's row not yet visible
+
+    async def run() -> None:
+        conn = await AsyncTxConnection.connect(dsn, autocommit=True)
+        try:
+            owner = conn.owner = _Owner()
+            owner.before_commit = hook
+            await conn.execute("INSERT INTO stamped VALUES (4)")
+            assert owner.before_commit is None
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+    assert seen == [0, 2, 3]
+
+
+def test_a_statement_in_autocommit_whose_answer_never_comes_is_indeterminate(knownstate_cluster):
+    """The fault cuts the connection as the statement leaves: the driver's error is a lost
+    connection, which on a connection in autocommit the gate calls indeterminate."""
+    with TxConnection.connect(knownstate_cluster.dsn(), autocommit=True) as conn:
+        owner = conn.owner = _Owner()
+        owner.before_commit = lambda c: c.pgconn.finish()
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("select 1")
+        assert conn.autocommit and owner.before_commit is None
+
+
 def test_a_commit_whose_answer_never_comes_stays_in_commit(knownstate_cluster):
     """The gate reads ``in_commit`` to call a lost connection indeterminate, not lost."""
     with TxConnection.connect(knownstate_cluster.dsn()) as conn:

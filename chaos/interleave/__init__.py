@@ -12,6 +12,7 @@ from .connection import (
     Gated,
     ScheduledCalls,
     ScheduledConnection,
+    round_trip_label,
     shutdown_socket,
     statement_label,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "Op",
     "OpResult",
     "Raised",
+    "round_trip_label",
     "Runaway",
     "ScheduledCalls",
     "ScheduledConnection",

@@ -74,7 +74,7 @@ _NO_SEND = frozenset(
 )
 
 
-def _round_trip_label(gen: Any, conn: psycopg.BaseConnection) -> str | None:
+def round_trip_label(gen: Any, conn: psycopg.BaseConnection) -> str | None:
     """What a round trip through ``Connection.wait`` sends, or None when it sends nothing."""
     name = getattr(gen, "__name__", "") or type(gen).__name__
     status = conn.pgconn.transaction_status
@@ -172,7 +172,7 @@ class ScheduledConnection(Gated, psycopg.Connection):
         self.add_notice_handler(self._lock_notice)
 
     def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
-        label = _round_trip_label(gen, self) if self._seated() else None
+        label = round_trip_label(gen, self) if self._seated() else None
         if label is None:
             return super().wait(gen, *args, **kwargs)
         with self.step(label):
@@ -199,7 +199,7 @@ class AsyncScheduledConnection(Gated, psycopg.AsyncConnection):
         return conn
 
     async def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        label = _round_trip_label(gen, self) if self._seated() else None
+        label = round_trip_label(gen, self) if self._seated() else None
         if label is None:
             return await super().wait(gen, *args, **kwargs)
         with self.step(label):
