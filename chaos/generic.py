@@ -147,7 +147,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
     def _observe(self, r, now: int) -> Observed:
         d, model = self.description, self.model
         due = lease = None
-        if d.retry is not None and r.status == d.initial:
+        if d.retry is not None and r.status in d.waiting:
             due = 0 if r.due is None else max(0, self._time(r.due, "due") - now)
         if d.lease is not None and r.status in d.owned and r.lease_until is not None:
             lease = max(0, self._time(r.lease_until, "lease_until") - now)
@@ -322,7 +322,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
         )
 
     def _waiting(self) -> int:
-        return sum(r.status == self.description.initial for r in self.model.runs.values())
+        return sum(r.status in self.description.waiting for r in self.model.runs.values())
 
     # -- operations ---------------------------------------------------------------------------
     operations = ("enqueue", "repeat", "claim", "send", "record", "extend_lease", "reclaim_stale")
@@ -603,7 +603,7 @@ class FailsAgain:
         return [
             r.key
             for r in sorted(m.runs.values(), key=lambda r: r.seq)
-            if r.status == self.description.initial and r.attempts > 0 and (r.due <= m.now or jump)
+            if r.status in m.waiting and r.attempts > 0 and (r.due <= m.now or jump)
         ]
 
     def _idle(self) -> list[int]:

@@ -92,7 +92,7 @@ def adapter_problems(d: RunKind, adapter: type[Adapter]) -> list[str]:
 def claimed_again(d: RunKind) -> bool:
     """Whether a run a lease lapsed on is claimed again (by a retry, by a claim that takes
     lapsed runs, or back in the waiting status): where a stale holder meets a new owner."""
-    requeues = any(e == generic.RECLAIM and t == d.initial for _, e, t in d.transitions)
+    requeues = any(e == generic.RECLAIM and t in d.waiting for _, e, t in d.transitions)
     return d.lease is not None and (d.retry is not None or d.claim.reclaims or requeues)
 
 

@@ -29,8 +29,7 @@ class FaultAnswers:
         held = {key for _, key in self._holding()}
         m = self.model
         return any(
-            (r.status == m.owned and r.key not in held)
-            or (r.status == self.description.initial and r.due > m.now)
+            (r.status == m.owned and r.key not in held) or (r.status in m.waiting and r.due > m.now)
             for r in m.runs.values()
         )
 

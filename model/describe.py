@@ -307,6 +307,14 @@ class RunKind(BaseModel):
             raise ValueError(f"run kind {self.name!r}: " + "; ".join(problems))
         return self
 
+    @property
+    def waiting(self) -> tuple[str, ...]:
+        """The statuses a run waits in to be claimed: the initial one, and any other that a
+        transition leaves into an owned status (chancy's ``retrying`` beside ``pending``)."""
+        held = (CREATED, *self.owned)
+        claimed = [s for s, _, t in self.transitions if t in self.owned and s not in held]
+        return tuple(dict.fromkeys((self.initial, *claimed)))
+
     # -- consistency ---------------------------------------------------------------------
     def problems(self) -> list[str]:
         """What is inconsistent, each with a hint (empty: nothing)."""
@@ -474,7 +482,7 @@ class RunKind(BaseModel):
             (s, e, d)
             for s, e, d in self.transitions
             if s in owned
-            and d == self.initial
+            and d in self.waiting
             and e not in (self.lease.taken_back_by if self.lease else ())
         ]
         if self.retry is None and back:

@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 
-Most durable run kinds are queues of one shape: a run waits (the *initial* status) until a
-worker claims it (the *owned* status), under a lease; the owner completes it, fails it for good,
+Most durable run kinds are queues of one shape: a run waits (the *initial* status, or another
+waiting status a claim takes runs from) until a worker claims it (the *owned* status), under a
+lease; the owner completes it, fails it for good,
 or fails it for now (a retry, spaced by a backoff, given up after a number of attempts); a
 reaper takes back a run whose lease lapsed. What differs from one queue to the next is data —
 the status names, the lease, the fence, the retry policy — and a
@@ -15,16 +16,17 @@ The vocabulary is the events of the description's table, which must be these (th
 
 ========================  =============================================================
 ``enqueue``               ``(new) -> initial``: a producer adds a run under its key
-``claim``                 ``initial -> owned``: due runs, oldest first, ``attempts + 1``;
+``claim``                 ``waiting -> owned``: due runs, oldest first, ``attempts + 1``
+                          (from the initial status, and from each other waiting one);
                           with ``Claim(reclaims=True)`` also ``owned -> owned``: a run whose
                           lease lapsed, re-picked as it is (no reaper between)
 ``extend_lease``          ``owned -> owned``: the owner's heartbeat
 ``complete``              ``owned -> terminal``: the work succeeded
 ``fail_permanent``        ``owned -> terminal``: the work failed for good (or, without a
                           retry policy, failed at all)
-``retry``, ``give_up``    ``owned -> initial`` after a backoff, or ``owned -> terminal``
+``retry``, ``give_up``    ``owned -> waiting`` after a backoff, or ``owned -> terminal``
                           once ``max_attempts`` attempts were made
-``reclaim``,              the reaper: a lapsed lease's run goes back to ``initial``, due at
+``reclaim``,              the reaper: a lapsed lease's run goes back to waiting, due at
 ``reclaim_dead``          once (``reclaim_dead`` at the attempt limit, when described: a
                           reaper need not know the retry policy); without a retry policy
                           ``reclaim`` ends the run. A queue whose claim re-picks has none.
@@ -91,8 +93,8 @@ def fit_problems(d: RunKind) -> list[str]:
         return out
     owned, events = d.owned[0], d.events()
     moves = {e: (s, t) for s, e, t in d.transitions}
-    want = {ENQUEUE: (CREATED, d.initial), CLAIM: (d.initial, owned)}
-    for e, (s, t) in want.items():
+    want = [(CREATED, ENQUEUE, d.initial)] + [(w, CLAIM, owned) for w in d.waiting]
+    for s, e, t in want:
         if (s, e, t) not in d.transitions:
             out.append(f"the generic queue needs '{s} -{e}-> {t}'")
     for e in (COMPLETE, FAIL, GIVE_UP, RECLAIM_DEAD):
@@ -111,8 +113,11 @@ def fit_problems(d: RunKind) -> list[str]:
                     f"with a retry policy the generic queue needs {e!r} ('{owned} -{e}-> "
                     f"{target or '<terminal>'}')"
                 )
-            elif target and moves[e] != (owned, target):
-                out.append(f"{e!r} goes back to the initial status: '{owned} -{e}-> {target}'")
+            elif target and (moves[e][0] != owned or moves[e][1] not in d.waiting):
+                out.append(
+                    f"{e!r} goes back to a status a claim takes runs from: "
+                    f"'{owned} -{e}-> {target}'"
+                )
     elif RETRY in events or GIVE_UP in events:
         out.append("'retry'/'give_up' without a retry policy: declare retry=Retry(...)")
     if d.lease is not None:
@@ -122,9 +127,9 @@ def fit_problems(d: RunKind) -> list[str]:
             pass  # the claim re-picks lapsed runs: no reaper
         elif moves[RECLAIM][0] != owned:
             out.append("'reclaim' takes back an owned run")
-        elif d.retry is not None and moves[RECLAIM][1] != d.initial:
+        elif d.retry is not None and moves[RECLAIM][1] not in d.waiting:
             out.append(f"with a retry policy 'reclaim' goes back to {d.initial!r}")
-        elif d.retry is None and moves[RECLAIM][1] not in (*d.terminal, d.initial):
+        elif d.retry is None and moves[RECLAIM][1] not in (*d.terminal, *d.waiting):
             # a reaper that re-queues (the run runs again, unbounded) or ends the run
             out.append(
                 f"without a retry policy 'reclaim' goes back to {d.initial!r} or ends the run"
@@ -239,6 +244,7 @@ class GenericModel:
         self.timing = timing or Timing.of(description)
         self.table = description.table()
         self.owned = description.owned[0]
+        self.waiting = description.waiting
         self.now = 0
         self.runs: dict[str, Run] = {}
         self.received: dict[str, int] = {}
@@ -251,7 +257,7 @@ class GenericModel:
     def copy(self) -> "GenericModel":
         return copy.deepcopy(self)
 
-    _SHARED = frozenset({"d", "timing", "table"})  # immutable: every copy shares them
+    _SHARED = frozenset({"d", "timing", "table", "waiting"})  # immutable: every copy shares them
 
     def __deepcopy__(self, memo: dict) -> "GenericModel":
         """A copy of the state; the description, its timing and its table are shared (copying
@@ -293,7 +299,7 @@ class GenericModel:
         return tuple(self.observe(r, holders) for r in runs)
 
     def observe(self, r: Run, holders: bool = False) -> Observed:
-        due = max(0, r.due - self.now) if self.d.retry and r.status == self.d.initial else None
+        due = max(0, r.due - self.now) if self.d.retry and r.status in self.waiting else None
         lease = (
             max(0, r.lease_until - self.now)
             if r.status == self.owned and r.lease_until is not None
@@ -364,7 +370,7 @@ class GenericModel:
     def due(self) -> list[Run]:
         """The runs a claim may take now: waiting and due, and, when the claim re-picks, owned
         runs whose lease lapsed."""
-        runs = [r for r in self.runs.values() if r.status == self.d.initial and r.due <= self.now]
+        runs = [r for r in self.runs.values() if r.status in self.waiting and r.due <= self.now]
         if self.d.claim.reclaims:
             runs += [r for r in self.runs.values() if self.lapsed(r)]
         if self.d.claim.order == "due":
@@ -526,7 +532,7 @@ def views(
         token = r.attempts if r.attempts is not None and per_claim else int(r.status in d.owned)
         retry = None
         if d.retry is not None and r.attempts is not None:
-            waiting = r.status == d.initial and r.attempts > 0
+            waiting = r.status in d.waiting and r.attempts > 0
             owed = d.retry.wait(r.attempts, timing.scale) if r.key in owing and waiting else 0
             # counting retries, the last run allowed is the one after max_attempts retries
             most = (timing.max_attempts or 0) + (d.retry.counts == "retries")

@@ -101,6 +101,71 @@ def test_a_reaper_that_does_not_know_the_retry_policy_never_ends_a_run():
     assert m.runs["1"].status == "pending" and job.attempt > m.timing.max_attempts
 
 
+# -- several waiting statuses -----------------------------------------------------------------
+
+RETRYING = dict(
+    QUEUE,
+    transitions=(
+        "(new) -enqueue-> pending",
+        "pending -claim-> running",
+        "retrying -claim-> running",
+        "running -extend_lease-> running",
+        "running -complete-> succeeded",
+        "running -retry-> retrying",
+        "running -give_up-> failed",
+        "running -reclaim-> pending",
+    ),
+    owned=("running",),
+    claim=Claim(how="pending or retrying jobs"),
+    lease=Lease(seconds=60, heartbeat=30, taken_back_by=("reclaim",)),
+    fence=Fence(kind="claim"),
+    retry=Retry(max_attempts=3, base=60),
+    commits="transaction",
+)
+
+
+def test_a_run_waits_in_any_status_a_claim_takes_runs_from():
+    """A failed run waits in ``retrying`` (not where new runs wait), is due after its backoff
+    like any waiting run, is claimed from there, and is shown with its schedule."""
+    d = RunKind(**RETRYING)
+    assert d.waiting == ("pending", "retrying") and not generic.fit_problems(d)
+    m = GenericModel(d)
+    m.enqueue("1")
+    m.enqueue("2")
+    first = m.claim(1).value[0]
+    m.fail(first, permanent=False)
+    assert m.runs["1"].status == "retrying"
+    assert [r.key for r in m.due()] == ["2"]  # backing off: not due yet
+    assert m.observe(m.runs["1"]).due_in == 60
+    m.advance(60)
+    assert [r.key for r in m.due()] == ["1", "2"]  # due again, in creation order
+    again = m.claim(1).value[0]
+    assert again.key == "1" and m.transitions[-1] == ("1", "retrying", "claim", "running")
+    view = generic.views(d, m.timing, m.state(), {}, owing=frozenset())["1"]
+    assert view.status == "running" and view.retry.attempts == 2
+    m.fail(again, permanent=False)
+    assert generic.views(d, m.timing, m.state(), {})["1"].retry.waiting  # owes its backoff
+
+
+def test_every_waiting_status_needs_its_claim_and_a_retry_goes_to_one():
+    with pytest.raises(ValueError, match="'running -retry-> pending'"):  # retried to nowhere
+        RunKind(
+            **{
+                **RETRYING,
+                "transitions": tuple(
+                    t.replace("running -retry-> retrying", "running -retry-> parked")
+                    for t in RETRYING["transitions"]
+                )
+                + ("parked -give_up-> failed",),
+            }
+        )
+    picked = tuple(  # into the owned status by another event than the claim
+        t.replace("retrying -claim->", "retrying -reclaim->") for t in RETRYING["transitions"]
+    )
+    problems = generic.fit_problems(RunKind(**{**RETRYING, "transitions": picked}))
+    assert "the generic queue needs 'retrying -claim-> running'" in problems, problems
+
+
 # -- attempts as the library counts them -----------------------------------------------------
 
 
