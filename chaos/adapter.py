@@ -77,7 +77,8 @@ class Row:
     """One run as the system keeps it: ``due`` (when a waiting run may be claimed) and
     ``lease_until`` (when its lease lapses: compute it in the query when the table keeps the
     heartbeat's time instead) are database timestamps, or None; ``holder``, with
-    ``Adapter.holders``, the worker whose claim holds it."""
+    ``Adapter.holders``, the worker whose claim holds it; ``max_attempts``, the run's own limit
+    where take-backs add to it (``Retry(taken_back="one-more")``)."""
 
     key: str
     status: str
@@ -85,6 +86,7 @@ class Row:
     due: dt.datetime | None = None
     lease_until: dt.datetime | None = None
     holder: str | None = None
+    max_attempts: int | None = None
 
 
 def merge_log(live: Iterable[Row | Mapping], finished: Iterable[Row | Mapping]) -> list[Row]:
@@ -98,7 +100,8 @@ def merge_log(live: Iterable[Row | Mapping], finished: Iterable[Row | Mapping]) 
 def as_row(r: Row | Mapping) -> Row:
     if isinstance(r, Row):
         return r
-    known = {k: r[k] for k in ("attempts", "due", "lease_until", "holder") if k in r}
+    fields = ("attempts", "due", "lease_until", "holder", "max_attempts")
+    known = {k: r[k] for k in fields if k in r}
     return Row(str(r["key"]), str(r["status"]), **known)
 
 

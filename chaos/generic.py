@@ -153,7 +153,8 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
             lease = max(0, self._time(r.lease_until, "lease_until") - now)
         holder = r.holder if self.adapter_class.holders and r.status in d.owned else None
         attempts = r.attempts if model.tracks_attempts() else None
-        return Observed(r.key, r.status, attempts, due, lease, holder)
+        limit = r.max_attempts if model.limits_per_run() else None
+        return Observed(r.key, r.status, attempts, due, lease, holder, limit)
 
     def _time(self, ts, column: str) -> int:
         if getattr(ts, "tzinfo", None) is None:
@@ -212,7 +213,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
     def observed(self, m: generic.GenericModel) -> None:
         self.owing, self._unsure = frozenset(), None
         for _, src, event, _ in m.transitions:
-            if event == generic.RETRY:
+            if event == generic.RETRY and self.description.retry.backoff != "none":
                 self.event("backoff")
             elif event in (generic.RECLAIM, generic.RECLAIM_DEAD):
                 self.event("reclaim")
@@ -280,9 +281,9 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
 
     def _tag(self, h: Held) -> str:
         """The holder's claim in a step's label: its attempt, or, when the library counts
-        retries or keeps no count, which claim of the run it holds."""
+        counts no claims or keeps no count, which claim of the run it holds."""
         retry = self.description.retry
-        if not self.model.tracks_attempts() or (retry is not None and retry.counts == "retries"):
+        if not self.model.tracks_attempts() or (retry is not None and retry.counts != "claims"):
             return f"claim={h.job.token}"
         return f"attempt={h.job.attempt}"
 
@@ -464,7 +465,9 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
                 claimed = self.handles[w].pop(job.key, None) or Claimed(job.key, job.attempt)
                 run = runs[job.key]
                 claims = run.claims - 1 if me and run.holder != me else run.claims
-                self.held[w][job.key] = Held(Job(job.key, run.attempts, claims, me), claimed)
+                self.held[w][job.key] = Held(
+                    Job(job.key, run.attempts, claims, me, run.extra), claimed
+                )
 
         return after
 
@@ -587,11 +590,11 @@ def _heartbeat_last(d: RunKind) -> dict[str, Any]:
 
 class FailsAgain:
     """The attempt limit reached on purpose: a mixin of the check of a queue whose attempts
-    count failures only (``Retry(counts="retries")``). There the limit takes one run failing at
-    every attempt, a backoff between each, which outcomes drawn evenly met three times in about
-    a thousand examples (pgqueuer's give-up decided its control's length); where a claim
-    counts one, any claims of a run reach it. Only such kinds get the rule, so the rules of
-    every other kind, and what a seed draws there, stay as they were."""
+    count no claims (``Retry(counts="retries" | "executions")``). There the limit takes one run
+    failing at every attempt, a backoff between each, which outcomes drawn evenly met three
+    times in about a thousand examples (pgqueuer's give-up decided its control's length); where
+    a claim counts one, any claims of a run reach it. Only such kinds get the rule, so the
+    rules of every other kind, and what a seed draws there, stay as they were."""
 
     def _fails_again(self) -> list[str]:
         """Runs waiting after a failed run of their work, while a worker is idle: due now, or
@@ -661,10 +664,10 @@ def kind(
         commit_faults=() if no_commit else FaultPolicy().commit_faults,
     )
     title = "".join(p.capitalize() for p in description.name.split("-"))
-    retries = description.retry is not None and description.retry.counts == "retries"
+    failures = description.retry is not None and description.retry.counts != "claims"
     cls = type(
         f"{title}Check",
-        (FailsAgain, GenericCheck) if retries else (GenericCheck,),
+        (FailsAgain, GenericCheck) if failures else (GenericCheck,),
         {
             "__module__": adapter.__module__,
             "__doc__": f"The {description.name} kind, checked from its description.",

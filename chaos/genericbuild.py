@@ -157,7 +157,7 @@ def required_events(
         writes += ["extend_lease"] if generic.EXTEND in events else []
         whys = ["no longer claimed"] + (["re-claimed"] if d.retry is not None else [])
         out += [f"fence refusal: {w} ({why})" for w in writes for why in whys]
-    if d.retry is not None:
+    if d.retry is not None and d.retry.backoff != "none":
         out.append("backoff")
     if mode != "own":
         # in autocommit the COMMIT faults meet the next statement (each commits on its own); no

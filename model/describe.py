@@ -182,28 +182,70 @@ class Retry(BaseModel):
 
     model_config = _STRICT
     max_attempts: int = Field(ge=1, description="attempts at most; then the run is given up")
-    backoff: Literal["exponential", "fixed"] = "exponential"
-    base: Seconds = Field(description="the wait after the first failed attempt")
+    backoff: Literal["exponential", "fixed", "none"] = Field(
+        "exponential",
+        description="how a failed run is spaced: a wait growing from base (up to cap), a fixed "
+        "one, or none: the run keeps the schedule it had (a library with no backoff of its "
+        "own, as chancy without its Retry plugin) and is due again at once. Without a base, "
+        "none",
+    )
+    base: Seconds | None = Field(
+        None, description="the wait after the first failed attempt (not with backoff='none')"
+    )
     cap: Seconds | None = Field(None, description="the longest wait (exponential backoff)")
-    counts: Literal["claims", "retries"] = Field(
+    counts: Literal["claims", "retries", "executions"] = Field(
         "claims",
         description="what the library's attempts column counts: claims (a claim adds one, "
-        "so the n-th run of the work is attempt n) or retries (0 on the first run; a retry "
-        "adds one, a claim none). max_attempts is compared with that count",
+        "so the n-th run of the work is attempt n), retries (0 on the first run; a retry "
+        "adds one, a claim none), or executions (each run of the work that finished adds "
+        "one, succeeded or failed, as chancy counts; a claim none). max_attempts is compared "
+        "with that count: retries at most, or runs of the work at most",
     )
     decided_by: Literal["row", "worker"] = Field(
         "row",
         description="where the give-up is decided: on the count the row has when the write "
         "lands (in SQL), or on the count the worker read when it claimed (in the application)",
     )
+    taken_back: Literal["unchanged", "one-more"] = Field(
+        "unchanged",
+        description="what a take-back by the reaper does to the limit: nothing, or allows the "
+        "run one more attempt (chancy's Recovery adds one to the job's max_attempts; the "
+        "rows then show each run's limit, in a max_attempts column)",
+    )
     how: str = Field("", description="the policy, in a sentence (default: from the fields)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_base_no_backoff(cls, data):
+        if isinstance(data, dict) and "backoff" not in data and data.get("base") is None:
+            return {**data, "backoff": "none"}
+        return data
+
+    @model_validator(mode="after")
+    def _spaced(self) -> "Retry":
+        if self.backoff == "none" and (self.base is not None or self.cap is not None):
+            raise ValueError("Retry(backoff='none') waits nothing: drop base and cap")
+        if self.backoff != "none" and self.base is None:
+            raise ValueError(
+                f"Retry(backoff={self.backoff!r}) needs base= (the first wait), or say "
+                "backoff='none'"
+            )
+        return self
+
     def runs(self, count: int) -> int:
-        """How many times the work ran, from the library's ``count`` of attempts."""
-        return count + 1 if self.counts == "retries" else count
+        """How many times the work ran, from the library's ``count`` of attempts read as it was
+        claimed (counting retries or executions, the current run is one more)."""
+        return count if self.counts == "claims" else count + 1
+
+    def spent(self, count: int, limit: int) -> bool:
+        """Whether a failure at ``count`` (read as the run was claimed) is the last allowed:
+        ``limit`` retries made, or ``limit`` runs of the work."""
+        return (count if self.counts == "retries" else self.runs(count)) >= limit
 
     def wait(self, attempts: int, scale: int = 1) -> int:
         """Seconds a run waits after its ``attempts``-th attempt (run of the work) failed."""
+        if self.backoff == "none":
+            return 0
         if self.backoff == "fixed":
             return self.base * scale
         cap = (self.cap or self.base * 2**30) * scale
@@ -497,7 +539,7 @@ class RunKind(BaseModel):
                     f"a retry policy needs a transition from {self.owned[0]!r} back to "
                     f"{self.initial!r}, e.g. '{self.owned[0]} -retry-> {self.initial}'"
                 )
-            if self.retry.cap is not None and self.retry.cap < self.retry.base:
+            if self.retry.cap is not None and self.retry.cap < (self.retry.base or 0):
                 out.append(
                     f"Retry(cap={self.retry.cap}) is shorter than base="
                     f"{self.retry.base}: the cap bounds the wait from above"
@@ -556,11 +598,13 @@ class RunKind(BaseModel):
             return self.retry_prose or "none: a failed attempt ends the run"
         if r.how:
             return r.how
-        if r.backoff == "fixed":
+        if r.backoff == "none":
+            space = "no backoff (due again at once)"
+        elif r.backoff == "fixed":
             space = f"a fixed {r.base} s wait"
         else:
             space = f"exponential backoff from {r.base} s" + (f" up to {r.cap} s" if r.cap else "")
-        counted = " (counting retries)" if r.counts == "retries" else ""
+        counted = f" (counting {r.counts})" if r.counts != "claims" else ""
         return f"{space}; given up after {r.max_attempts} attempts{counted}"
 
     def contract(self) -> Contract:
@@ -596,10 +640,9 @@ class RunKind(BaseModel):
         else:
             parts.append("lease: none")
         if self.retry:
-            parts.append(
-                f"retry: {self.retry.max_attempts} attempts, {self.retry.backoff} "
-                f"backoff from {self.retry.base} s"
-            )
+            r = self.retry
+            spaced = f" from {r.base} s" if r.base is not None else ""
+            parts.append(f"retry: {r.max_attempts} attempts, {r.backoff} backoff{spaced}")
         else:
             parts.append("retry: none")
         parts.append(f"claim: {'SKIP LOCKED' if self.claim.skip_locked else 'waits on locks'}")

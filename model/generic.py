@@ -185,7 +185,7 @@ class Timing:
             lease=lease.seconds * k if lease else None,
             heartbeat=lease.heartbeat * k if lease and lease.heartbeat else None,
             max_attempts=r.max_attempts if r else None,
-            backoff_base=r.base * k if r else None,
+            backoff_base=r.base * k if r and r.base else None,
             backoff_cap=r.cap * k if r and r.cap else None,
             scale=k,
         )
@@ -201,6 +201,7 @@ class Run:
     lease_until: int | None = None
     claims: int = 0  # every claim so far: the current holder's token
     holder: str = ""  # who claimed it last (a lease per worker is that worker's)
+    extra: int = 0  # attempts its take-backs added to the limit (Retry(taken_back="one-more"))
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,7 @@ class Job:
     attempt: int | None
     claim: int | None = field(default=None, compare=False, repr=False)
     holder: str = field(default="", compare=False, repr=False)
+    extra: int = field(default=0, compare=False, repr=False)  # the limit's, as claimed
 
     @property
     def token(self) -> int | None:
@@ -223,7 +225,8 @@ class Job:
 class Observed:
     """A run as the check compares it: the fields the description says the system keeps, in
     relative time (``due_in``: seconds until due, ``lease_left``: until the lease lapses);
-    ``holder``: the worker holding it, when the lease is per worker and the rows show it."""
+    ``holder``: the worker holding it, when the lease is per worker and the rows show it;
+    ``max_attempts``: its own limit, when take-backs add to it (``Retry(taken_back=...)``)."""
 
     key: str
     status: str
@@ -231,6 +234,7 @@ class Observed:
     due_in: int | None = None
     lease_left: int | None = None
     holder: str | None = None
+    max_attempts: int | None = None
 
 
 class GenericModel:
@@ -307,7 +311,15 @@ class GenericModel:
         )
         holder = (r.holder or None) if holders and r.status == self.owned else None
         attempts = r.attempts if self.tracks_attempts() else None
-        return Observed(r.key, r.status, attempts, due, lease, holder)
+        limit = self.limit(r.extra) if self.limits_per_run() else None
+        return Observed(r.key, r.status, attempts, due, lease, holder, limit)
+
+    def limits_per_run(self) -> bool:
+        """Whether each run keeps a limit of its own (take-backs add to it)."""
+        return self.d.retry is not None and self.d.retry.taken_back == "one-more"
+
+    def limit(self, extra: int) -> int:
+        return (self.timing.max_attempts or 0) + extra
 
     def _move(self, r: Run, event: str, **changes) -> Run:
         unguarded = self.d.fence.kind in ("none", "unless-terminal")
@@ -415,7 +427,7 @@ class GenericModel:
                 holder=holder,
                 lease_until=None if lease is None else stamp + lease,
             )
-            jobs.append(Job(r.key, attempts, r.claims + 1, holder))
+            jobs.append(Job(r.key, attempts, r.claims + 1, holder, r.extra))
         return Won(tuple(jobs))
 
     def _forget_lapsed(self, beating: str) -> None:
@@ -446,11 +458,16 @@ class GenericModel:
         self._move(r, EXTEND, lease_until=self.now + (self.timing.lease or 0))
         return Won()
 
+    def _finished(self, r: Run) -> int:
+        """The attempts of a run whose work just finished, as the library counts them."""
+        executions = self.d.retry is not None and self.d.retry.counts == "executions"
+        return r.attempts + 1 if executions else r.attempts
+
     def complete(self, job: Job) -> Outcome:
         r = self._fenced(job)
         if r is None:
             return self._refused()
-        self._move(r, COMPLETE, lease_until=None)
+        self._move(r, COMPLETE, lease_until=None, attempts=self._finished(r))
         return Won()
 
     def fail(self, job: Job, permanent: bool) -> Outcome:
@@ -461,15 +478,16 @@ class GenericModel:
             return self._refused()
         retry = self.d.retry
         if permanent or retry is None:
-            self._move(r, FAIL, lease_until=None)
+            self._move(r, FAIL, lease_until=None, attempts=self._finished(r))
             return Won()
-        count = job.attempt if retry.decided_by == "worker" else r.attempts
-        if count >= self.timing.max_attempts:
-            self._move(r, GIVE_UP, lease_until=None)
+        worker = retry.decided_by == "worker"
+        count, extra = (job.attempt, job.extra) if worker else (r.attempts, r.extra)
+        if retry.spent(count, self.limit(extra)):
+            self._move(r, GIVE_UP, lease_until=None, attempts=self._finished(r))
         else:
-            attempts = r.attempts + 1 if retry.counts == "retries" else r.attempts
-            wait = self.backoff(retry.runs(count))
-            self._move(r, RETRY, lease_until=None, due=self.now + wait, attempts=attempts)
+            attempts = r.attempts + 1 if retry.counts != "claims" else r.attempts
+            due = r.due if retry.backoff == "none" else self.now + self.backoff(retry.runs(count))
+            self._move(r, RETRY, lease_until=None, due=due, attempts=attempts)
         return Won()
 
     def reclaim_stale(self) -> Outcome:
@@ -477,7 +495,8 @@ class GenericModel:
         for r in sorted(self.runs.values(), key=lambda r: r.seq):
             if self.lapsed(r):
                 if self.requeues(r):
-                    self._move(r, RECLAIM, lease_until=None, due=self._requeued_due(r))
+                    extra = r.extra + self.limits_per_run()
+                    self._move(r, RECLAIM, lease_until=None, due=self._requeued_due(r), extra=extra)
                 else:
                     self._move(r, RECLAIM_DEAD, lease_until=None)
                 taken.append(r.key)
@@ -487,7 +506,8 @@ class GenericModel:
         """Whether the reaper puts run ``r`` back to be claimed again: not when it knows the
         retry policy and ``r``'s attempts are spent (it ends the run)."""
         limit = self.timing.max_attempts
-        dead = RECLAIM_DEAD in self.d.events() and limit is not None and r.attempts >= limit
+        dead = RECLAIM_DEAD in self.d.events() and limit is not None
+        dead = dead and r.attempts >= self.limit(r.extra)
         return not dead
 
     def claimable_once_reaped(self, r: Run) -> bool:
@@ -534,8 +554,10 @@ def views(
         if d.retry is not None and r.attempts is not None:
             waiting = r.status in d.waiting and r.attempts > 0
             owed = d.retry.wait(r.attempts, timing.scale) if r.key in owing and waiting else 0
-            # counting retries, the last run allowed is the one after max_attempts retries
-            most = (timing.max_attempts or 0) + (d.retry.counts == "retries")
+            # counting retries, the last run allowed is the one after max_attempts retries;
+            # counting executions, the attempts are finished runs: the limit itself
+            limit = r.max_attempts if r.max_attempts is not None else timing.max_attempts or 0
+            most = limit + (d.retry.counts == "retries")
             retry = RetryView(r.attempts, most, waiting, due_in=r.due_in or 0, owed=owed)
         out[r.key] = RunView(
             run_id=r.key,

@@ -150,7 +150,8 @@ def test_chancy_crash_finding_is_reported_naming_lease(site, seed):
 @pytest.mark.slow
 def test_chancy_owners_only_control_passes(site, tmp_path):
     """The same, stale holders never writing and the workers table LOGGED: nothing is found
-    (at seed 4: 230 examples; seeds 1, 2, 3 and 5 took 554, 327, 405 and 331)."""
+    (at seed 4: 288 examples, its retries described; seeds 1, 2, 3 and 5 took 752, 313, 260
+    and 326)."""
     report = tmp_path / "r.json"
     kind = "chancy_kind.binding:ChancyOwnersOnly"
     args = ("--seed", "4", "--no-example-db", "--json", str(report))
@@ -158,10 +159,13 @@ def test_chancy_owners_only_control_passes(site, tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr  # VACUOUS would not be 0
     result = json.loads(report.read_text())["runs"][0]
     assert result["status"] == "passed" and result["events"]["reclaim"] >= 3
-    # its attempts count failures only: the limit is reached on purpose (fail_again), in tens
-    # of examples where outcomes drawn evenly took 482 and 1,113 at these seeds
-    assert result["coverage"]["transition picked -give_up-> exception"] >= 3
-    assert result["examples"] <= 100, result["examples"]
+    # its retries: a failed job waits as retrying, is claimed from there, and ends at its limit
+    for move in (
+        "running -retry-> retrying",
+        "retrying -claim-> running",
+        "running -give_up-> failed",
+    ):
+        assert result["coverage"][f"transition {move}"] >= 3, move
 
 
 @pytest.mark.slow
@@ -175,7 +179,3 @@ def test_procrastinate_owners_only_control_passes(site, tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr  # VACUOUS would not be 0
     result = json.loads(report.read_text())["runs"][0]
     assert result["status"] == "passed" and result["events"]["reclaim"] >= 3
-    # its attempts count failures only: the limit is reached on purpose (fail_again), in tens
-    # of examples where outcomes drawn evenly took 482 and 1,113 at these seeds
-    assert result["coverage"]["transition picked -give_up-> exception"] >= 3
-    assert result["examples"] <= 100, result["examples"]

@@ -10,6 +10,8 @@ the application's clock, and a library in autocommit (the COMMIT faults meet its
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from knownstate.chaos.genericbuild import required_events
@@ -164,6 +166,74 @@ def test_every_waiting_status_needs_its_claim_and_a_retry_goes_to_one():
     )
     problems = generic.fit_problems(RunKind(**{**RETRYING, "transitions": picked}))
     assert "the generic queue needs 'retrying -claim-> running'" in problems, problems
+
+
+# -- chancy's count: executions, no backoff, a take-back that adds to the limit ---------------
+
+CHANCY_RETRY = dict(
+    RETRYING,
+    retry=Retry(
+        max_attempts=2,
+        backoff="none",
+        counts="executions",
+        decided_by="worker",
+        taken_back="one-more",
+    ),
+)
+
+
+def test_attempts_counted_as_executions_count_finished_runs_not_claims():
+    """A claim adds nothing; each run of the work that finishes adds one, succeeded or failed;
+    with no backoff a failed run keeps its schedule (due again at once); the run of the work
+    that makes ``max_attempts`` of them ends it."""
+    d = RunKind(**CHANCY_RETRY)
+    m = GenericModel(d)
+    m.enqueue("1")
+    job = m.claim(1).value[0]
+    assert job.attempt == 0 and m.runs["1"].attempts == 0
+    m.fail(job, permanent=False)
+    assert (m.runs["1"].status, m.runs["1"].attempts, m.runs["1"].due) == ("retrying", 1, 0)
+    job = m.claim(1).value[0]
+    assert job.attempt == 1
+    m.fail(job, permanent=False)
+    assert (m.runs["1"].status, m.runs["1"].attempts) == ("failed", 2)
+    m.enqueue("2")
+    m.complete(m.claim(1).value[0])
+    assert (m.runs["2"].status, m.runs["2"].attempts) == ("succeeded", 1)
+    assert "backoff" not in required_events(d, "async")  # there is none to see
+    assert Retry(max_attempts=2).backoff == "none"  # no base: no wait
+    with pytest.raises(ValueError, match="backoff='none'"):
+        Retry(max_attempts=2, backoff="fixed")  # a wait needs its base
+
+
+def test_a_take_back_that_adds_to_the_limit_allows_one_more_run_and_shows_it():
+    """chancy's Recovery adds one to the job's max_attempts: a job recovered once fails twice
+    and is still retried; its row shows the limit, which the contract judges it by."""
+    d = RunKind(**CHANCY_RETRY)
+    m = GenericModel(d)
+    m.enqueue("1")
+    m.claim(1)
+    m.advance(60)
+    assert m.reclaim_stale() == Won(("1",))
+    assert m.observe(m.runs["1"]).max_attempts == 3
+    for _ in range(2):
+        m.fail(m.claim(1).value[0], permanent=False)
+    assert (m.runs["1"].status, m.runs["1"].attempts) == ("retrying", 2)
+    view = generic.views(d, m.timing, m.state(), {})["1"].retry
+    assert view.max_attempts == 3 and view.waiting
+    views = m.views()
+    assert not check_invariants(d.contract(), views, views)  # waiting within its own limit
+    stale = {"1": replace(views["1"], retry=replace(view, max_attempts=2))}
+    assert any(v.invariant == "retry-policy" for v in check_invariants(d.contract(), stale, stale))
+    m.fail(m.claim(1).value[0], permanent=False)
+    assert m.runs["1"].status == "failed"
+    unchanged = RunKind(
+        **{
+            **CHANCY_RETRY,
+            "retry": CHANCY_RETRY["retry"].model_copy(update={"taken_back": "unchanged"}),
+        }
+    )
+    assert GenericModel(unchanged).observe(m.runs["1"]).max_attempts is None  # none kept
 
 
 # -- attempts as the library counts them -----------------------------------------------------

@@ -12,7 +12,7 @@ from psycopg.rows import dict_row
 
 from knownstate.chaos.adapter import Adapter, Claimed, recorded_migration
 from knownstate.chaos.generic import kind
-from knownstate.model.describe import Claim, Fence, Lease, RunKind
+from knownstate.model.describe import Claim, Fence, Lease, Retry, RunKind
 
 CHANCY = RunKind(
     name="chancy",
@@ -20,11 +20,14 @@ CHANCY = RunKind(
     transitions=(
         "(new) -enqueue-> pending",
         "pending -claim-> running",
+        "retrying -claim-> running",
         "running -extend_lease-> running",
         "running -complete-> succeeded",
+        "running -retry-> retrying",
+        "running -give_up-> failed",
         "running -reclaim-> pending",
     ),
-    claim=Claim(how="pending jobs due, SKIP LOCKED, new claim_id", unscheduled="application"),
+    claim=Claim(how="due pending or retrying jobs, SKIP LOCKED", unscheduled="application"),
     lease=Lease(
         seconds="90s",
         heartbeat="30s",
@@ -34,6 +37,8 @@ CHANCY = RunKind(
         requeue_clock="unchanged",  # Recovery leaves scheduled_at as it was
     ),
     fence=Fence(kind="claim", answers=False, how="each update matches the job id and its claim_id"),
+    # without its Retry plugin a failed job is due again at once; Recovery allows one attempt more
+    retry=Retry(max_attempts=2, counts="executions", decided_by="worker", taken_back="one-more"),
     receipts="the job row",
     keys="producers",  # a job's kwargs hold the key; chancy keeps none (no unique_key given)
 )
@@ -47,6 +52,7 @@ async def lent(conn):  # what chancy's psycopg pool lends a query: a connection,
 
 class ChancyAdapter(Adapter):
     read_query = """SELECT j.kwargs->>'key' AS key, j.state AS status, j.taken_by AS holder,
+        j.attempts, j.max_attempts, j.scheduled_at AS due,
         CASE WHEN j.state = 'running' THEN COALESCE(w.expires_at, now()) END AS lease_until
         FROM chancy_jobs j LEFT JOIN chancy_workers w ON w.worker_id = j.taken_by"""
     holders = True
@@ -59,6 +65,7 @@ class ChancyAdapter(Adapter):
 
     async def enqueue(self, conn, key):  # stamped by the application's clock, the gate's
         job = Job(func="run", kwargs={"key": key}, scheduled_at=self.now())
+        job = job.with_max_attempts(self.timing.max_attempts)
         return (await self.worker(conn, "producer").chancy.push(job)).identifier
 
     async def claim(self, conn, batch, worker):  # a Worker announces itself as it starts
@@ -66,15 +73,18 @@ class ChancyAdapter(Adapter):
         await (me.announce_worker(conn) if worker not in started else asyncio.sleep(0))
         jobs = await me.fetch_jobs(Queue("default"), conn, up_to=batch)
         started.add(worker)
-        return [Claimed(j.kwargs["key"], None, (worker, j)) for j in jobs]
+        return [Claimed(j.kwargs["key"], j.attempts, (worker, j)) for j in jobs]
 
     async def extend_lease(self, conn, job):  # the worker's beat, on its timer
         await self.worker(conn, job.handle[0]).announce_worker(conn)
 
-    async def complete(self, conn, job):  # the executor's outcome, then the worker's flush
+    async def complete(self, conn, job, exc=None):  # the executor's outcome, the worker's flush
         me = self.worker(conn, job.handle[0])
-        await AsyncExecutor(me, Queue("default")).on_job_completed(job=job.handle[1], exc=None)
+        await AsyncExecutor(me, Queue("default")).on_job_completed(job=job.handle[1], exc=exc)
         await me.flush()
+
+    async def fail(self, conn, job, permanent):  # the work raised: retried, or failed at the limit
+        await self.complete(conn, job, RuntimeError("the work failed"))
 
     async def reclaim_stale(self, conn):  # the Recovery plugin's pass, on the leader
         async with lent(conn), conn.cursor(row_factory=dict_row) as cur:
