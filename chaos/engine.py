@@ -43,6 +43,8 @@ hook                        for   read / called                          default
                                                                          transitions always are)
 ``own_invariants``          both  a failure: what else it may name       ``{}``
 ``policy``                  both  each step: when faults may fire        ``FaultPolicy()``
+``commit_point``            both  a COMMIT fault: where it meets the     ``"COMMIT"``
+                                  worker (``"statement"`` in autocommit)
 ``n_workers``,              both  each example: the workers and their    2, :class:`.harness.Worker`
 ``worker_class``                  connections
 ``reset_example()``         both  each example, after tables and links   nothing
