@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import inspect
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,7 @@ from typing import Any, ClassVar, Iterable, Mapping
 
 import psycopg
 from psycopg import pq, sql
+from psycopg._cursor_base import BaseCursor
 
 from knownstate.impl import queries as named_queries
 from knownstate.impl.errors import ConnectionLost, ExternalCallFailed, first_line
@@ -335,6 +337,40 @@ def no_answer_errors(adapter: type[Adapter]) -> tuple[type[BaseException], ...]:
 
 
 # ---------------------------------------------------------------------------------------
+# A mutant's edits of the SQL a library sends (it keeps its SQL to itself).
+# ---------------------------------------------------------------------------------------
+
+SqlEdit = tuple[str, str]
+"""A regular expression over a statement's text, and what replaces it (case-insensitive)."""
+
+
+def edit_sql(text: str, edits: Iterable[SqlEdit]) -> str:
+    for pattern, replacement in edits:
+        text = re.sub(pattern, replacement, text, flags=re.IGNORECASE)
+    return text
+
+
+def _converting(convert):
+    """psycopg's conversion of a query to what it sends, then the edits of the mutant the
+    connection's worker runs, for the operation it is in (``AdapterWorker.sql_edits``; none
+    outside a mutant): the one place every statement a library sends passes, whatever cursor
+    it made (pgqueuer makes its own)."""
+
+    def converted(self, query, params=None):
+        pgq = convert(self, query, params)
+        worker = getattr(self._conn, "owner", None)
+        edits = getattr(worker, "sql_edits", {}).get(getattr(worker, "op", None), ())
+        if edits:
+            pgq.query = edit_sql(pgq.query.decode(), edits).encode()
+        return pgq
+
+    return converted
+
+
+BaseCursor._convert_query = _converting(BaseCursor._convert_query)  # type: ignore[method-assign]
+
+
+# ---------------------------------------------------------------------------------------
 # Connections whose every COMMIT meets the faults, sync and async; in autocommit, every
 # statement (each commits on its own).
 # ---------------------------------------------------------------------------------------
@@ -436,6 +472,9 @@ class AdapterWorker(Worker):
 
     mode: ClassVar[str] = "sync"
     adapter: ClassVar[type[Adapter]] = Adapter
+    sql_edits: Mapping[str, tuple[SqlEdit, ...]] = {}
+    """A mutant's edits of the statements this worker sends, per operation of the adapter."""
+    op: str | None = None  # the adapter's operation it is in
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

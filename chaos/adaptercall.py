@@ -38,6 +38,7 @@ class AdapterCalls:
         errors become the engine's: a lost connection (indeterminate when COMMIT was in
         flight, in autocommit, or on a driver of its own), a refused statement, a refused call."""
         fn = getattr(self.adapter, op)
+        worker.op = op  # what a mutant's edits of the SQL it sends apply to
         try:
             result = worker.run(fn(conn, *args, **(named or {})))
         except (WorkerDied, EnvironmentFault, Failure, KnownstateError):
@@ -47,6 +48,8 @@ class AdapterCalls:
                 worker.settle_after_error()
                 return None, True
             raise self._translate(e, worker, op) from e
+        finally:
+            worker.op = None
         if closes and worker.mode != "own" and worker.in_transaction():
             worker.abandon()
             self.fail(

@@ -94,6 +94,9 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
     write after the lease lapsed meets — a reaper at work on the run — happens either."""
     lock_wait_breaks = "claim"
     own_invariants: ClassVar[dict[str, str]] = {}
+    sql_edits: ClassVar[dict[str, tuple[tuple[str, str], ...]]] = {}
+    """A derived mutant of a library that keeps its SQL to itself: edits of the statements its
+    workers send in an operation (and of its schema), e.g. the claim's ``SKIP LOCKED`` out."""
     current_token: ClassVar[bool] = False
     """The derived mutant ``stale-write-takes-current-token``: a holder writes with the handle
     of the run's newest claim, another worker's once the run was claimed again (the bug of a
@@ -110,7 +113,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
         self.handles: list[dict[str, Claimed]] = [{} for _ in self.workers]  # claimed, not held
         self._duplicates = 0
         for w in self.workers:
-            w.binding = self.adapter
+            w.binding, w.sql_edits = self.adapter, self.sql_edits
         self.receiver = None
         if self.description.external != "none":
             self.receiver = self.env.stand_in("receiver", Receiver)

@@ -13,7 +13,7 @@ import inspect
 from knownstate.model import generic
 from knownstate.model.describe import RunKind
 
-from .adapter import Adapter
+from .adapter import Adapter, edit_sql
 from .blocks import IN_A_BLOCK, frozen_retaken, raced
 from .check import needs
 from .genericfaults import FaultAnswers
@@ -96,6 +96,33 @@ def claimed_again(d: RunKind) -> bool:
     return d.lease is not None and (d.retry is not None or d.claim.reclaims or requeues)
 
 
+WIRE_GUARDS = (
+    (
+        "claim-waits-on-locks",
+        (r"\s+SKIP\s+LOCKED", ""),
+        "SKIP LOCKED taken out of the SQL the claim sends and of the schema: a claim waits on "
+        "the rows another claim holds",
+    ),
+    (
+        "claim-takes-no-lock",
+        (r"\s+FOR\s+(NO\s+KEY\s+)?UPDATE(\s+OF\s+[\w\".,\s]+?)?\s+SKIP\s+LOCKED", ""),
+        "FOR UPDATE ... SKIP LOCKED taken out of the SQL the claim sends and of the schema: a "
+        "claim reads due runs, then writes them",
+    ),
+)
+"""The guards of a claim that any SKIP LOCKED queue has, found in the SQL a library sends (and
+its schema: a claim may be a function) when it names none: a mutant of each, caught where two
+claims meet in a transaction (in autocommit a claim of one statement is one step of a block,
+inside which no other runs: not derived)."""
+
+
+def wire_mutant(d: RunKind, adapter: type[Adapter], name: str, edit, why: str) -> Mutant:
+    schema = edit_sql(adapter.schema, [edit])
+    return Mutant(
+        name, d.name, "claim", why, with_attrs(schema=schema, sql_edits={"claim": (edit,)})
+    )
+
+
 def derived_mutants(d: RunKind, adapter: type[Adapter]) -> list[Mutant]:
     """For each guard the adapter names, a mutant of each query containing it, without it;
     and, behind a fence on a claim's token, a stale write carrying the newest claim's token
@@ -114,6 +141,8 @@ def derived_mutants(d: RunKind, adapter: type[Adapter]) -> list[Mutant]:
                         with_attrs(queries=edited),
                     )
                 )
+    if not adapter.queries and d.claim.skip_locked and d.commits == "transaction":
+        out += [wire_mutant(d, adapter, name, edit, why) for name, edit, why in WIRE_GUARDS]
     if claimed_again(d) and d.fence.kind in ("attempt", "claim"):
         out.append(
             Mutant(

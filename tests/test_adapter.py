@@ -191,6 +191,24 @@ def test_a_commit_whose_answer_never_comes_stays_in_commit(knownstate_cluster):
         assert conn.in_commit
 
 
+def test_a_mutants_edits_apply_to_what_its_operation_sends_and_nothing_else(knownstate_cluster):
+    """A library keeps its SQL to itself: a derived mutant edits what the worker sends while it
+    runs one operation (the claim), through any cursor, and leaves the rest as written."""
+    from knownstate.chaos.genericbuild import WIRE_GUARDS
+
+    query = "SELECT current_query() AS q /* FOR UPDATE OF jobs SKIP LOCKED */"
+    with TxConnection.connect(knownstate_cluster.dsn(), autocommit=True) as conn:
+        owner = conn.owner = _Owner()
+        owner.sql_edits = {"claim": tuple(edit for _, edit, _ in WIRE_GUARDS[:1])}
+        owner.op = "enqueue"
+        assert "SKIP LOCKED" in conn.execute(query).fetchone()[0]
+        owner.op = "claim"
+        assert "FOR UPDATE OF jobs */" in conn.execute(query).fetchone()[0]
+        assert "FOR UPDATE OF jobs */" in psycopg.RawCursor(conn).execute(query).fetchone()[0]
+        owner.sql_edits = {"claim": (WIRE_GUARDS[1][1],)}
+        assert conn.execute(query).fetchone()[0].endswith("AS q /* */")  # the whole lock
+
+
 # ---------------------------------------------------------------------------------------
 # Kinds found, not forked.
 # ---------------------------------------------------------------------------------------

@@ -765,3 +765,21 @@ def test_a_stale_write_that_landed_with_its_answer_lost_names_the_fence():
     the write found tells them apart: the run moved to what the stale write makes of it."""
     assert judged_after_a_lost_answer("succeeded") == ["lease-fence"]
     assert judged_after_a_lost_answer("todo") == []  # it did not land: nothing to name
+
+
+def test_a_library_that_names_no_sql_gets_mutants_of_its_claims_lock():
+    """Its claim's SKIP LOCKED, or its whole row lock, taken out of what the claim sends and of
+    the schema (a claim may be a function there), each to be caught naming claim; not in
+    autocommit, where a claim of one statement meets no other inside a block."""
+    from knownstate.chaos.adapter import Adapter
+    from knownstate.chaos.genericbuild import derived_mutants
+
+    class Library(Adapter):
+        schema = "CREATE FUNCTION f() ... FOR UPDATE OF jobs SKIP LOCKED ...;"
+
+    wire = {"claim-waits-on-locks", "claim-takes-no-lock"}
+    mutants = {m.name: m for m in derived_mutants(RunKind(**RETRYING), Library)}
+    assert wire <= set(mutants) and {mutants[n].invariant for n in wire} == {"claim"}
+    edited = mutants["claim-takes-no-lock"].machine(type("C", (), {}))
+    assert edited.schema == "CREATE FUNCTION f() ... ...;" and set(edited.sql_edits) == {"claim"}
+    assert not wire & {m.name for m in derived_mutants(described(), Library)}  # autocommit
