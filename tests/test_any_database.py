@@ -380,10 +380,9 @@ def test_sigterm_and_ctrl_c_drop_the_runs_schemas(server, sig):
 @pytest.mark.slow
 def test_two_runs_at_once_pass_and_leave_the_database_as_found(server, tmp_path):
     """Two runs of every kind against one database at once: neither fails, and the server is
-    left as found. (What this checks is that they never meet; how far each got is the CI
-    profile's business: a run's length is a count, so each passes; on a machine so loaded that
-    a run outlasts the profile's safety net, it ends as the environment's (exit 3, "too slow"),
-    and still must not have failed.)"""
+    left as found. What this checks is that they never meet, so each runs a fixed count of
+    examples (``--examples``), and a kind whose coverage that count does not reach is VACUOUS,
+    not failed: coverage is every other test's business (the CI profile's took 212 s here)."""
     before = server.state()
     reports = [tmp_path / f"run{seed}.json" for seed in (1, 2)]
     procs = [
@@ -398,6 +397,8 @@ def test_two_runs_at_once_pass_and_leave_the_database_as_found(server, tmp_path)
                 "--json",
                 str(report),
                 "--no-example-db",
+                "--examples",
+                "10",
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -412,14 +413,11 @@ def test_two_runs_at_once_pass_and_leave_the_database_as_found(server, tmp_path)
         for p in procs:
             p.kill()
     for p, report, (out, err) in zip(procs, reports, results):
-        assert p.returncode in (0, 3), out + err
+        assert p.returncode in (0, 1), out + err
         runs = json.loads(report.read_text())["runs"]
         assert sorted(r["kind"] for r in runs) == sorted(KINDS), out
         for r in runs:
-            assert r["status"] in ("passed", "environment", "not run"), out + err
-            assert r["status"] != "environment" or "too slow" in r["stopped"], out + err
-            if r["status"] != "passed":
-                continue
+            assert r["status"] in ("passed", "vacuous") and not r["failure"], out + err
             # the runner is no superuser: concurrent blocks (which set deadlock_timeout per
             # session) are what it cannot reach — the kind's blocks, the pairs they race, the
             # server's blocks — each said so, never a vacuous run
