@@ -150,7 +150,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
     def _observe(self, r, now: int) -> Observed:
         d, model = self.description, self.model
         due = lease = None
-        if d.retry is not None and r.status in d.waiting:
+        if d.retry is not None and r.status in model.waiting:
             due = 0 if r.due is None else max(0, self._time(r.due, "due") - now)
         if d.lease is not None and r.status in d.owned and r.lease_until is not None:
             lease = max(0, self._time(r.lease_until, "lease_until") - now)
@@ -283,8 +283,8 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
         return judged
 
     def _tag(self, h: Held) -> str:
-        """The holder's claim in a step's label: its attempt, or, when the library counts
-        counts no claims or keeps no count, which claim of the run it holds."""
+        """The holder's claim in a step's label: its attempt, or, when the library's count
+        counts no claims or it keeps none, which claim of the run it holds."""
         retry = self.description.retry
         if not self.model.tracks_attempts() or (retry is not None and retry.counts != "claims"):
             return f"claim={h.job.token}"
@@ -326,7 +326,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
         )
 
     def _waiting(self) -> int:
-        return sum(r.status in self.description.waiting for r in self.model.runs.values())
+        return sum(r.status in self.model.waiting for r in self.model.runs.values())
 
     # -- operations ---------------------------------------------------------------------------
     operations = ("enqueue", "repeat", "claim", "send", "record", "extend_lease", "reclaim_stale")
