@@ -34,8 +34,9 @@ The vocabulary is the events of the description's table, which must be these (th
 
 Attempts are counted as the library counts them (``Retry(counts=...)``): per claim, per
 retry, or per run of the work that ended; a take-back may add one to a run's limit
-(``Retry(taken_back="one-more")``). Ownership is apart from that count: every claim gives its holder a new token (the
-run's ``claims``), and :meth:`GenericModel.owns` compares the holder's with the run's.
+(``Retry(taken_back="one-more")``). Ownership is apart from that count: every claim gives its
+holder a new token (the run's ``claims``), and :meth:`GenericModel.owns` compares the holder's
+with the run's.
 
 The fence decides which writes by an owner land: ``attempt``, ``claim`` (a claim id, set
 afresh by each claim) and ``row-lock`` match the holder's claim, ``status`` only the owned
