@@ -327,7 +327,10 @@ class FaultRules:
     @precondition(lambda self: self._may_jump())
     @rule(data=st.data())
     def fault_clock_jump(self: "KindCheck", data) -> None:
-        seconds = data.draw(st.sampled_from(self.policy.clock_jumps), label="seconds")
+        self.jump_clock(data.draw(st.sampled_from(self.policy.clock_jumps), label="seconds"))
+
+    def jump_clock(self: "KindCheck", seconds: int) -> None:
+        """The database's clock moves ``seconds``; the model's with it, when a guard reads it."""
         self.env.clock.jump(seconds)
         if self.policy.db_clock_moves_model:
             self.advance(seconds)

@@ -623,9 +623,7 @@ class FailsAgain:
         m, key = self.model, rows.row(data, self._fails_again(), "run")
         wait = m.runs[key].due - m.now
         if wait > 0:  # its backoff, passed by a jump of the database's clock
-            self.env.clock.jump(wait)
-            self.advance(wait)
-            self.fault("db-clock-jump", f"{self.env.clock.label} {wait:+d}s")
+            self.jump_clock(wait)
         w = rows.row(data, self._idle(), "worker")
         due = [r.key for r in self.model.due()]
         if key not in due:
