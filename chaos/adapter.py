@@ -25,6 +25,8 @@ What every adapter meets, handled here once:
   connection, a statement the server refused, a call the driver refused.
 - **rows deleted when finished**: :func:`merge_log` reads finished runs back from a log table,
   so a queue that deletes its finished rows does not read as "run disappeared".
+- **a library that takes a pool**: :class:`LentPool` lends it the worker's connection, so
+  its queries go through the worker's link and meet its faults.
 - **tables** are found in the schema (the workspace lists them after running ``schema``).
 - **time**: the description's durations are in the user's units; :class:`Timing` gives them
   as the check runs them — scaled, when needed, to whole minutes, the gate's quantum — and
@@ -211,6 +213,28 @@ class _Recorder:
         return []
 
 
+class LentPool:
+    """A psycopg_pool pool, as a library taking one uses it, that lends the worker's
+    connection: each ``connection()`` block is one transaction on it, committed at the block's
+    end and rolled back on an error, as a pool's own connection is. Give it where the library
+    wants its pool (``LentPool(conn)``); ``open`` and ``close`` do nothing, the gate owns the
+    connection."""
+
+    def __init__(self, conn: psycopg.AsyncConnection):
+        self.conn = conn
+
+    async def open(self, *args, **kwargs) -> None:
+        return None
+
+    async def close(self, *args, **kwargs) -> None:
+        return None
+
+    @contextlib.asynccontextmanager
+    async def connection(self, *args, **kwargs):
+        async with self.conn.transaction():
+            yield self.conn
+
+
 # ---------------------------------------------------------------------------------------
 # The adapter.
 # ---------------------------------------------------------------------------------------
@@ -252,18 +276,29 @@ class Adapter:
     def __init__(self, timing: Timing, clock: Any = None):
         self.timing = timing
         self.clock = clock  # the run's database clock (``Env.clock``); None: real time
+        self.started: dict[str, Any] = {}  # worker name -> what its ``start`` returned
+        self.app_skew = 0.0  # seconds the gate moved the application's clock (``now()``)
 
     def now(self) -> dt.datetime:
         """The application's clock, as the gate runs it: where the database's clock starts each
         example (a week behind real time under the fake clock), moved by none of its jumps and
-        standing still between steps as the database's does. Pass it where the library stamps
-        its own now (``Claim(unscheduled="application")``)."""
+        standing still between steps as the database's does, and skewed by the gate apart from
+        the database's (the ``app-clock-skew`` fault). Pass it where the library stamps its own
+        now (``Claim(unscheduled="application")``)."""
         offset = self.clock.app_offset if self.clock is not None else 0.0
-        return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset)
+        return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset + self.app_skew)
 
     # -- the operations (implement those your description has) --------------------------------
     def enqueue(self, conn, key: str) -> Any:
         """Add a run under ``key`` (keep the key: ``read`` returns it)."""
+        raise NotImplementedError
+
+    def start(self, conn, worker: str) -> Any:
+        """A worker's start, before its first claim: where a library that keeps heartbeats
+        per worker registers it. Run on the claim's connection in the claim's step (its faults
+        are the claim's); what it returns is in ``self.started[worker]`` for the claim. The
+        model registers a worker with its first claim that lands: until one does, each claim
+        starts the worker again."""
         raise NotImplementedError
 
     def claim(self, conn, batch: int) -> Iterable[Claimed]:
@@ -324,7 +359,16 @@ class Adapter:
         return getattr(cls, name) is not getattr(Adapter, name)
 
 
-OPERATIONS = ("enqueue", "claim", "extend_lease", "complete", "fail", "reclaim_stale", "send")
+OPERATIONS = (
+    "enqueue",
+    "start",
+    "claim",
+    "extend_lease",
+    "complete",
+    "fail",
+    "reclaim_stale",
+    "send",
+)
 
 
 def no_answer_errors(adapter: type[Adapter]) -> tuple[type[BaseException], ...]:

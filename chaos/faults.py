@@ -83,7 +83,8 @@ FAULTS: dict[str, str] = {
     "db-clock-strobe": "the database clock flips between two offsets, then settles back",
     "stand-in-slow": "latency on every worker's link to the stand-in, a part of the lease per call",
     # Faults of one kind's check:
-    "app-clock-skew": "branch reset: one worker's application clock set apart from real time",
+    "app-clock-skew": "an application's clock set apart from the database's (the branch reset: "
+    "one worker's; a described queue's schedules: the clock the adapter is given)",
     "draft-store": "document session: the browser's draft store starts failing",
 }
 """Every fault, by the one name the check, the nemesis, the reports and the timeline use."""

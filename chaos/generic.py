@@ -450,7 +450,16 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
 
     def _claimed(self, worker, conn, batch: int, closes: bool = True) -> Won:
         named = {"worker": worker.name} if self._holder(worker.index) else {}
-        result, _ = self._call(worker, "claim", conn, batch, closes=closes, named=named)
+        started = self.adapter.started
+        fresh = self.adapter.implements("start") and worker.name not in started
+        if fresh:
+            started[worker.name], _ = self._call(worker, "start", conn, worker.name)
+        try:
+            result, _ = self._call(worker, "claim", conn, batch, closes=closes, named=named)
+        except BaseException:
+            if fresh:  # the model registers a worker with its first claim: that failed
+                started.pop(worker.name, None)
+            raise
         claimed = [c if isinstance(c, Claimed) else Claimed(str(c)) for c in (result or ())]
         self.handles[worker.index].update({c.key: c for c in claimed})
         jobs = sorted((Job(c.key, c.attempt) for c in claimed), key=lambda j: _order(j.key))
@@ -638,6 +647,26 @@ class FailsAgain:
             self.do(w, self._record(w, key, RETRY))
 
 
+class SkewsAppClock:
+    """The application's clock set apart from the database's: a mixin of the check of a queue
+    whose runs are scheduled by the application's now (``Claim(unscheduled="application")``,
+    chancy's ``Job.scheduled_at``). The clock the gate hands the adapter (``Adapter.now()``)
+    jumps, forward or back, and the database's stays: a run added then is due when the
+    database's clock reaches the application's now, early or late by the skew, and the model
+    moves its application clock with the adapter's. The database clock's own jumps already set
+    the two apart the other way. Only such kinds get the rule, so the rules of every other
+    kind, and what a seed draws there, stay as they were."""
+
+    @precondition(lambda self: self._calm())
+    @rule(data=st.data())
+    def fault_app_clock_skew(self, data) -> None:
+        seconds = data.draw(st.sampled_from(self.policy.clock_jumps), label="seconds")
+        self.adapter.app_skew += seconds
+        for c in self.candidates:
+            c.model.skew_app(seconds)
+        self.fault("app-clock-skew", f"application clock {seconds:+d}s (the database's stays)")
+
+
 def kind(
     description: RunKind,
     adapter: type[Adapter],
@@ -648,7 +677,9 @@ def kind(
     """The check of ``description`` run against the system ``adapter`` binds. Raises
     :class:`KindError` naming what to change when the two cannot make a check. With
     ``owners_only`` it is a control: workers never write for a run they no longer own (with
-    ``"under-lease"``, nor once their lease lapsed)."""
+    ``"under-lease"``, nor once their lease lapsed), named ``<name>-owners-only``."""
+    if owners_only and not description.name.endswith("-owners-only"):
+        description = description.model_copy(update={"name": f"{description.name}-owners-only"})
     problems = generic.fit_problems(description) + adapter_problems(description, adapter)
     if problems:
         raise KindError(f"run kind {description.name!r}: " + "; ".join(problems))
@@ -666,9 +697,11 @@ def kind(
     )
     title = "".join(p.capitalize() for p in description.name.split("-"))
     failures = description.retry is not None and description.retry.counts != "claims"
+    app_clock = description.claim.unscheduled == "application"
+    mixins = (FailsAgain,) * failures + (SkewsAppClock,) * app_clock
     cls = type(
         f"{title}Check",
-        (FailsAgain, GenericCheck) if failures else (GenericCheck,),
+        (*mixins, GenericCheck),
         {
             "__module__": adapter.__module__,
             "__doc__": f"The {description.name} kind, checked from its description.",

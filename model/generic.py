@@ -256,6 +256,7 @@ class GenericModel:
         self.received: dict[str, int] = {}
         self.beats: dict[str, int] = {}  # a lease per worker: each worker's last beat
         self.app_ahead = APP_AHEAD  # the application's clock, less the database's
+        self.app_skew = 0  # the gate's application clock moved apart from the database's
         self.transitions: list[tuple[str, str, str, str]] = []  # drained by the check
         self._next = 1
 
@@ -285,9 +286,15 @@ class GenericModel:
 
     def app_now(self) -> int:
         """The application's clock the gate hands the adapter (``Adapter.now()``), in database
-        time: it started where the database's did, and the gate's clock jumps moved the
-        database's only (the library's own clock, real time, is ``APP_AHEAD`` further on)."""
-        return self.now + self.app_ahead - APP_AHEAD
+        time: it started where the database's did, the gate's database clock jumps moved the
+        database's only, and its skews (``skew_app``) the application's only (the library's own
+        clock, real time, is ``APP_AHEAD`` further on, never skewed)."""
+        return self.now + self.app_ahead - APP_AHEAD + self.app_skew
+
+    def skew_app(self, seconds: int) -> None:
+        """The gate's application clock (``Adapter.now()``) moves ``seconds``; the database's
+        stays."""
+        self.app_skew += seconds
 
     def next_key(self) -> str:
         return str(self._next)

@@ -359,6 +359,51 @@ def test_the_check_tells_a_per_worker_adapter_its_worker_and_refuses_one_that_ca
     assert not any("claim" in p for p in adapter_problems(described(), Deaf))
 
 
+def test_a_worker_starts_before_its_first_claim_and_again_until_a_claim_returns():
+    """``Adapter.start``: a library's worker registers as it starts (procrastinate, chancy).
+    The model registers a worker with its first claim, so a start whose claim raised counts
+    for nothing: the next claim starts the worker again; once a claim returned, never again."""
+    from types import SimpleNamespace
+
+    from knownstate.chaos.adapter import Adapter
+    from knownstate.chaos.generic import GenericCheck
+    from knownstate.impl.errors import ConnectionLost
+
+    d = described(lease=Lease(seconds=60, heartbeat=30, per="worker"))
+    calls = []
+
+    class Registering(Adapter):
+        def start(self, conn, worker):
+            calls.append(("start", worker))
+            return f"id-{len(calls)}"
+
+        def claim(self, conn, batch, worker):
+            calls.append(("claim", self.started[worker]))
+            if len(calls) == 2:
+                raise ConnectionLost("the link went down")
+            return []
+
+    adapter = Registering(generic.Timing.of(d))
+
+    def call(worker, op, conn, *args, closes=True, named=None):
+        return getattr(adapter, op)(conn, *args, **(named or {})), False
+
+    check = SimpleNamespace(adapter=adapter, _call=call, _holder=lambda w: "w0", handles=[{}])
+    w0 = SimpleNamespace(name="w0", index=0)
+    with pytest.raises(ConnectionLost):
+        GenericCheck._claimed(check, w0, None, 1)
+    GenericCheck._claimed(check, w0, None, 1)
+    GenericCheck._claimed(check, w0, None, 1)
+    assert calls == [
+        ("start", "w0"),
+        ("claim", "id-1"),
+        ("start", "w0"),
+        ("claim", "id-3"),
+        ("claim", "id-3"),
+    ]
+    assert not Adapter.implements("start") and Registering.implements("start")
+
+
 # -- a claim of one job, a reaper that re-queues, a re-queue in application time ---------------
 
 REAPED = dict(
@@ -491,6 +536,52 @@ def test_a_schedule_the_application_stamps_is_due_when_the_database_reaches_it()
     at_enqueue.advance(-60)
     at_enqueue.enqueue("1")
     assert [r.key for r in at_enqueue.due()] == ["1"]  # the database's now: due at once
+
+
+def test_a_skew_of_the_application_clock_moves_its_schedules_and_nothing_the_database_stamps():
+    """``app-clock-skew``: the application's clock runs ahead; a run it schedules then is due
+    that much later, while a lease (the database's) and a run added before are unmoved."""
+    d = RunKind(**{**REAPED, "claim": Claim(how="one", unscheduled="application")})
+    m = GenericModel(d)
+    m.enqueue("1")
+    [job] = m.claim(1).value
+    m.skew_app(120)
+    m.enqueue("2")
+    m.enqueue("3")
+    assert m.due() == [] and m.runs["1"].lease_until == 60  # "2", "3": two minutes off
+    m.skew_app(-180)  # now a minute behind the database's
+    m.enqueue("4")
+    assert [r.key for r in m.due()] == ["4"]
+    m.advance(120)
+    assert [r.key for r in m.due()] == ["2", "3", "4"] and m.lapsed(m.runs["1"])
+
+
+def test_only_a_kind_scheduled_by_the_application_gets_its_clock_skewed():
+    from knownstate.chaos.adapter import Adapter
+    from knownstate.chaos.generic import SkewsAppClock, kind
+
+    class Queue(Adapter):
+        schema = "CREATE TABLE jobs (key text)"
+        read_query = "SELECT key, 'todo' AS status FROM jobs"
+
+        def enqueue(self, conn, key): ...
+
+        def claim(self, conn, batch): ...
+
+        def complete(self, conn, job): ...
+
+        def fail(self, conn, job, permanent): ...
+
+        def reclaim_stale(self, conn): ...
+
+    app = RunKind(**{**REAPED, "claim": Claim(how="one", unscheduled="application")})
+    assert issubclass(kind(app, Queue), SkewsAppClock)
+    assert not issubclass(kind(RunKind(**REAPED), Queue), SkewsAppClock)
+    timing = generic.Timing.of(app)
+    adapter = Adapter(timing)
+    before = adapter.now()
+    adapter.app_skew = 3600
+    assert 3599 < (adapter.now() - before).total_seconds() < 3605
 
 
 def test_the_application_clock_the_gate_hands_an_adapter_starts_where_the_databases_does(tmp_path):

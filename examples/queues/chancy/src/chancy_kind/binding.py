@@ -1,16 +1,12 @@
 """chancy 0.26.0 as it is: its description and an adapter calling its own Worker and Recovery."""
 
-import asyncio
-import contextlib
-from types import SimpleNamespace
-
 from chancy import Chancy, Job, Queue, Worker
 from chancy.executors.asyncex import AsyncExecutor
 from chancy.migrate import Migrator
 from chancy.plugins.recovery import Recovery
 from psycopg.rows import dict_row
 
-from knownstate.chaos.adapter import Adapter, Claimed, recorded_migration
+from knownstate.chaos.adapter import Adapter, Claimed, LentPool, recorded_migration
 from knownstate.chaos.generic import kind
 from knownstate.model.describe import Claim, Fence, Lease, Retry, RunKind
 
@@ -44,12 +40,6 @@ CHANCY = RunKind(
 )
 
 
-@contextlib.asynccontextmanager
-async def lent(conn):  # what chancy's psycopg pool lends a query: a connection, committed after
-    async with conn.transaction():
-        yield conn
-
-
 class ChancyAdapter(Adapter):
     read_query = """SELECT j.kwargs->>'key' AS key, j.state AS status, j.taken_by AS holder,
         j.attempts, j.max_attempts, j.scheduled_at AS due,
@@ -59,8 +49,8 @@ class ChancyAdapter(Adapter):
     schema = recorded_migration(Migrator("chancy", "chancy.migrations", prefix="chancy_").migrate)
 
     def worker(self, conn, worker_id: str) -> Worker:  # a chancy Worker whose pool is the gate's
-        app = Chancy("", no_default_plugins=True)  # its pool: open, lending the gate's conn
-        app.pool = SimpleNamespace(open=lambda: asyncio.sleep(0), connection=lambda: lent(conn))
+        app = Chancy("", no_default_plugins=True)
+        app.pool = LentPool(conn)
         return Worker(app, worker_id=worker_id, heartbeat_timeout=self.timing.lease)
 
     async def enqueue(self, conn, key):  # stamped by the application's clock, the gate's
@@ -68,11 +58,11 @@ class ChancyAdapter(Adapter):
         job = job.with_max_attempts(self.timing.max_attempts)
         return (await self.worker(conn, "producer").chancy.push(job)).identifier
 
-    async def claim(self, conn, batch, worker):  # a Worker announces itself as it starts
-        me, started = self.worker(conn, worker), self.__dict__.setdefault("started", set())
-        await (me.announce_worker(conn) if worker not in started else asyncio.sleep(0))
-        jobs = await me.fetch_jobs(Queue("default"), conn, up_to=batch)
-        started.add(worker)
+    async def start(self, conn, worker):  # a Worker announces itself as it starts
+        await self.worker(conn, worker).announce_worker(conn)
+
+    async def claim(self, conn, batch, worker):
+        jobs = await self.worker(conn, worker).fetch_jobs(Queue("default"), conn, up_to=batch)
         return [Claimed(j.kwargs["key"], j.attempts, (worker, j)) for j in jobs]
 
     async def extend_lease(self, conn, job):  # the worker's beat, on its timer
@@ -87,7 +77,7 @@ class ChancyAdapter(Adapter):
         await self.complete(conn, job, RuntimeError("the work failed"))
 
     async def reclaim_stale(self, conn):  # the Recovery plugin's pass, on the leader
-        async with lent(conn), conn.cursor(row_factory=dict_row) as cur:
+        async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             return await Recovery.recover(me := self.worker(conn, "leader"), me.chancy, cur)
 
 
@@ -96,5 +86,4 @@ class KeptWorkers(ChancyAdapter):  # the control's: the workers table kept throu
 
 
 ChancyKind = kind(CHANCY, ChancyAdapter)
-OWNERS_ONLY = CHANCY.model_copy(update={"name": "chancy-owners-only"})
-ChancyOwnersOnly = kind(OWNERS_ONLY, KeptWorkers, owners_only=True)  # the control
+ChancyOwnersOnly = kind(CHANCY, KeptWorkers, owners_only=True)  # the control

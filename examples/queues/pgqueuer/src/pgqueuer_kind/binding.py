@@ -85,5 +85,4 @@ class PgqueuerAdapter(Adapter):
 
 
 PgqueuerKind = kind(PGQUEUER, PgqueuerAdapter)
-OWNERS_ONLY = PGQUEUER.model_copy(update={"name": "pgqueuer-owners-only"})
-PgqueuerOwnersOnly = kind(OWNERS_ONLY, PgqueuerAdapter, owners_only=True)  # the control
+PgqueuerOwnersOnly = kind(PGQUEUER, PgqueuerAdapter, owners_only=True)  # the control

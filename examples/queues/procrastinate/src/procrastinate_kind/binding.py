@@ -1,13 +1,10 @@
 """procrastinate 3.10.0 as it is: its description and an adapter calling its own JobManager."""
 
-import contextlib
-from types import SimpleNamespace
-
 from procrastinate import PsycopgConnector, jobs, manager, schema
 from procrastinate.exceptions import AlreadyEnqueued
 from psycopg.rows import dict_row
 
-from knownstate.chaos.adapter import Adapter, Claimed, LostRaceSignals
+from knownstate.chaos.adapter import Adapter, Claimed, LentPool, LostRaceSignals
 from knownstate.chaos.generic import kind
 from knownstate.model.describe import Claim, Fence, Lease, RunKind
 
@@ -39,12 +36,6 @@ READ = """SELECT j.args->>'key' AS key, j.status::text AS status,
     FROM procrastinate_jobs j LEFT JOIN procrastinate_workers w ON w.id = j.worker_id"""
 
 
-@contextlib.asynccontextmanager
-async def transaction(conn):  # what procrastinate's psycopg pool gives a query: a transaction
-    async with conn.transaction():
-        yield conn
-
-
 class ProcrastinateAdapter(Adapter):
     schema = schema.SchemaManager.get_schema()  # what SchemaManager.apply_schema runs
     # finish_job and retry_job RAISE when the job is not in a status they take
@@ -52,17 +43,18 @@ class ProcrastinateAdapter(Adapter):
 
     async def jm(self, conn):  # a JobManager whose pool is the gate's connection
         connector = PsycopgConnector()
-        await connector.open_async(pool=SimpleNamespace(connection=lambda: transaction(conn)))
+        await connector.open_async(pool=LentPool(conn))
         return manager.JobManager(connector)
 
     async def enqueue(self, conn, key):
         job = jobs.Job(**RUN, queueing_lock=key, task_kwargs={"key": key})  # one waiting per key
         return (await (await self.jm(conn)).defer_job_async(job)).id
 
-    async def claim(self, conn, batch, worker):  # a procrastinate Worker: registered, then fetching
-        ids, jm = self.__dict__.setdefault("ids", {}), await self.jm(conn)
-        wid = ids.get(worker) or await jm.register_worker()  # a Worker registers as it starts
-        job, ids[worker] = await jm.fetch_job(queues=None, worker_id=wid), wid  # and fetches
+    async def start(self, conn, worker):  # a procrastinate Worker registers as it starts
+        return await (await self.jm(conn)).register_worker()
+
+    async def claim(self, conn, batch, worker):
+        job = await (await self.jm(conn)).fetch_job(queues=None, worker_id=self.started[worker])
         return [] if job is None else [Claimed(job.task_kwargs["key"], None, job)]
 
     async def extend_lease(self, conn, job):  # the worker's beat, on its timer
@@ -85,6 +77,7 @@ class ProcrastinateAdapter(Adapter):
 
 ProcrastinateKind = kind(PROCRASTINATE, ProcrastinateAdapter)
 ONE_TASK = PROCRASTINATE.lease.model_copy(update={"reapers": "one"})  # its task with lock=...
-CONTROL = {"name": "procrastinate-owners-only", "lease": ONE_TASK}  # stale holders never write
-OWNERS_ONLY = PROCRASTINATE.model_copy(update=CONTROL)  # (under-lease: a lapsed beat is stale)
-ProcrastinateOwnersOnly = kind(OWNERS_ONLY, ProcrastinateAdapter, owners_only="under-lease")
+OWNERS_ONLY = PROCRASTINATE.model_copy(update={"lease": ONE_TASK})  # stale holders never write
+ProcrastinateOwnersOnly = kind(
+    OWNERS_ONLY, ProcrastinateAdapter, owners_only="under-lease"
+)  # a lapsed beat is stale
