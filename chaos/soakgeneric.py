@@ -96,6 +96,19 @@ def described(check: type) -> "DescribedSoak":
             f"kind {check.kind!r}: {adapter.__name__} reads its runs with read() of its own; a "
             "soak reads each committed row version with read_query: set read_query"
         )
+    d = check.description
+    if d.lease is not None and d.lease.per == "worker":
+        raise KindNotFound(
+            f"kind {check.kind!r}: its lease is per worker (Lease(per='worker')); a soak's judge "
+            "times each run's lease by its own heartbeats, not its worker's: check it with "
+            "knownstate verify, which models one"
+        )
+    if d.fence.kind == "claim":
+        raise KindNotFound(
+            f"kind {check.kind!r}: its fence is a claim id the rows do not show "
+            "(Fence(kind='claim')); a soak's judge fences each row version by the token it "
+            "reads: check it with knownstate verify, which models one"
+        )
     return DescribedSoak(check)
 
 

@@ -181,3 +181,17 @@ def test_procrastinate_owners_only_control_passes(site, tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr  # VACUOUS would not be 0
     result = json.loads(report.read_text())["runs"][0]
     assert result["status"] == "passed" and result["events"]["reclaim"] >= 3
+
+
+def test_a_soak_refuses_what_its_judge_cannot_read_and_says_why(site):
+    """Each queue's soak is refused before anything starts, naming why and what to run
+    instead (chancy: a lease per worker and a claim-id fence; the others read their runs with
+    a read() of their own), never run to a verdict its judge cannot reach."""
+    for kind, why in (
+        ("chancy_kind.binding:ChancyOwnersOnly", "its lease is per worker"),
+        ("pgqueuer_kind.binding:PgqueuerOwnersOnly", "set read_query"),
+        ("procrastinate_kind.binding:ProcrastinateOwnersOnly", "set read_query"),
+    ):
+        run = knownstate(site, "soak", "--kind", kind, "--seconds", "5", "--seed", "1")
+        assert run.returncode == 2 and why in run.stderr, run.stdout + run.stderr
+        assert len(run.stderr.strip().splitlines()) == 1 and not run.stdout, run.stderr

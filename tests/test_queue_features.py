@@ -682,6 +682,35 @@ def test_a_reaper_that_leaves_the_schedule_leaves_a_run_due_whatever_the_clock()
         assert [r.key for r in m.due()] == due_after_moving_back
 
 
+def test_a_soak_refuses_a_fence_its_judge_cannot_read():
+    from knownstate.chaos.adapter import Adapter
+    from knownstate.chaos.generic import kind
+    from knownstate.chaos.kinds import KindNotFound
+    from knownstate.chaos.soakgeneric import described as soak_of
+
+    class Jobs(Adapter):
+        schema = "CREATE TABLE jobs (key text)"
+        read_query = "SELECT key, 'todo' AS status FROM jobs"
+
+        async def enqueue(self, conn, key): ...
+
+        async def claim(self, conn, batch): ...
+
+        async def extend_lease(self, conn, job): ...
+
+        async def complete(self, conn, job): ...
+
+        async def reclaim_stale(self, conn): ...
+
+    per_run = Lease(seconds=60, heartbeat=30, taken_back_by=("reclaim",))
+    d = RunKind(**{**CHANCY_LIKE, "lease": per_run})
+    with pytest.raises(KindNotFound, match="a claim id the rows do not show"):
+        soak_of(kind(d, Jobs))
+    soak_of(
+        kind(RunKind(**{**CHANCY_LIKE, "lease": per_run, "fence": Fence(kind="attempt")}), Jobs)
+    )
+
+
 def test_producers_keys_never_meet_and_are_never_raced():
     from types import SimpleNamespace
 
