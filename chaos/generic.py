@@ -30,20 +30,20 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Literal
 
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, precondition, rule
+from hypothesis.stateful import initialize
 
 from knownstate.model import generic
 from knownstate.model.contract import LostRace, Violation, Won
 from knownstate.model.describe import RunKind
 from knownstate.model.generic import Job, Observed, Timing
 
-from .adapter import OK, PERMANENT, RETRY, Adapter, Claimed, as_row
+from .adapter import OK, PERMANENT, Adapter, Claimed, as_row
 from .adapter import worker_class as adapter_worker
-from . import rows
 from .check import QUANTUM, Action, FaultPolicy, KindCheck
 from .adaptercall import AdapterCalls, Counted
 from .claimrace import ClaimRace
 from .genericfaults import FaultAnswers
+from .genericrules import FailsAgain, SkewsAppClock
 from .genericbuild import (  # noqa: F401 (GUARDS, KindError: this module's public names too)
     GUARDS,
     KindError,
@@ -598,73 +598,6 @@ def _heartbeat_last(d: RunKind) -> dict[str, Any]:
     beat = heartbeat_op(d)
     ops = tuple(beat if op == "extend_lease" else op for op in GenericCheck.operations)
     return {"heartbeat_op": beat, "operations": ops}
-
-
-class FailsAgain:
-    """The attempt limit reached on purpose: a mixin of the check of a queue whose attempts
-    count no claims (``Retry(counts="retries" | "executions")``). There the limit takes one run
-    failing at every attempt, a backoff between each, which outcomes drawn evenly met three
-    times in about a thousand examples (pgqueuer's give-up decided its control's length); where
-    a claim counts one, any claims of a run reach it. Only such kinds get the rule, so the
-    rules of every other kind, and what a seed draws there, stay as they were."""
-
-    def _fails_again(self) -> list[str]:
-        """Runs waiting after a failed run of their work, while a worker is idle: due now, or
-        once the database's clock may jump to them."""
-        if not self._idle():
-            return []
-        m = self.model
-        jump = self._may_jump()
-        return [
-            r.key
-            for r in sorted(m.runs.values(), key=lambda r: r.seq)
-            if r.status in m.waiting and r.attempts > 0 and (r.due <= m.now or jump)
-        ]
-
-    def _idle(self) -> list[int]:
-        return [w for w in (0, 1) if not self.held[w] and self.workers[w].clean()]
-
-    @precondition(lambda self: self._fails_again())
-    @rule(data=st.data())
-    def fail_again(self, data) -> None:
-        """A run that failed before is claimed once due and fails again (a job that fails tends
-        to fail each time): the attempt limit, where its retries end, reached on purpose."""
-        m, key = self.model, rows.row(data, self._fails_again(), "run")
-        wait = m.runs[key].due - m.now
-        if wait > 0:  # its backoff, passed by a jump of the database's clock
-            self.jump_clock(wait)
-        w = rows.row(data, self._idle(), "worker")
-        due = [r.key for r in self.model.due()]
-        if key not in due:
-            return
-        self.do(w, self._claim(w, min(self._batches()[-1], due.index(key) + 1)))
-        if key not in self.held[w]:
-            return
-        if self.receiver is not None:
-            self.do(w, self._send(w, key, 503))
-            self.do(w, self._records(w, key)[0])
-        else:
-            self.do(w, self._record(w, key, RETRY))
-
-
-class SkewsAppClock:
-    """The application's clock set apart from the database's: a mixin of the check of a queue
-    whose runs are scheduled by the application's now (``Claim(unscheduled="application")``,
-    chancy's ``Job.scheduled_at``). The clock the gate hands the adapter (``Adapter.now()``)
-    jumps, forward or back, and the database's stays: a run added then is due when the
-    database's clock reaches the application's now, early or late by the skew, and the model
-    moves its application clock with the adapter's. The database clock's own jumps already set
-    the two apart the other way. Only such kinds get the rule, so the rules of every other
-    kind, and what a seed draws there, stay as they were."""
-
-    @precondition(lambda self: self._calm())
-    @rule(data=st.data())
-    def fault_app_clock_skew(self, data) -> None:
-        seconds = data.draw(st.sampled_from(self.policy.clock_jumps), label="seconds")
-        self.adapter.app_skew += seconds
-        for c in self.candidates:
-            c.model.skew_app(seconds)
-        self.fault("app-clock-skew", f"application clock {seconds:+d}s (the database's stays)")
 
 
 def kind(

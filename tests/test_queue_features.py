@@ -558,7 +558,8 @@ def test_a_skew_of_the_application_clock_moves_its_schedules_and_nothing_the_dat
 
 def test_only_a_kind_scheduled_by_the_application_gets_its_clock_skewed():
     from knownstate.chaos.adapter import Adapter
-    from knownstate.chaos.generic import SkewsAppClock, kind
+    from knownstate.chaos.generic import kind
+    from knownstate.chaos.genericrules import SkewsAppClock
 
     class Queue(Adapter):
         schema = "CREATE TABLE jobs (key text)"

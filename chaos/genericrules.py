@@ -1,0 +1,83 @@
+"""Rules only some described queues get: a mixin each of :class:`~.generic.GenericCheck`,
+given by :func:`~.generic.kind` to the kinds whose description calls for it, so the rules of
+every other kind, and what a seed draws there, stay as they were.
+
+- :class:`FailsAgain`: the attempt limit reached on purpose, where attempts count no claims.
+- :class:`SkewsAppClock`: the application's clock set apart from the database's, where the
+  application's now schedules runs.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from . import rows
+from .adapter import RETRY
+
+
+class FailsAgain:
+    """The attempt limit reached on purpose: a mixin of the check of a queue whose attempts
+    count no claims (``Retry(counts="retries" | "executions")``). There the limit takes one run
+    failing at every attempt, a backoff between each, which outcomes drawn evenly met three
+    times in about a thousand examples (pgqueuer's give-up decided its control's length); where
+    a claim counts one, any claims of a run reach it. Only such kinds get the rule, so the
+    rules of every other kind, and what a seed draws there, stay as they were."""
+
+    def _fails_again(self) -> list[str]:
+        """Runs waiting after a failed run of their work, while a worker is idle: due now, or
+        once the database's clock may jump to them."""
+        if not self._idle():
+            return []
+        m = self.model
+        jump = self._may_jump()
+        return [
+            r.key
+            for r in sorted(m.runs.values(), key=lambda r: r.seq)
+            if r.status in m.waiting and r.attempts > 0 and (r.due <= m.now or jump)
+        ]
+
+    def _idle(self) -> list[int]:
+        return [w for w in (0, 1) if not self.held[w] and self.workers[w].clean()]
+
+    @precondition(lambda self: self._fails_again())
+    @rule(data=st.data())
+    def fail_again(self, data) -> None:
+        """A run that failed before is claimed once due and fails again (a job that fails tends
+        to fail each time): the attempt limit, where its retries end, reached on purpose."""
+        m, key = self.model, rows.row(data, self._fails_again(), "run")
+        wait = m.runs[key].due - m.now
+        if wait > 0:  # its backoff, passed by a jump of the database's clock
+            self.jump_clock(wait)
+        w = rows.row(data, self._idle(), "worker")
+        due = [r.key for r in self.model.due()]
+        if key not in due:
+            return
+        self.do(w, self._claim(w, min(self._batches()[-1], due.index(key) + 1)))
+        if key not in self.held[w]:
+            return
+        if self.receiver is not None:
+            self.do(w, self._send(w, key, 503))
+            self.do(w, self._records(w, key)[0])
+        else:
+            self.do(w, self._record(w, key, RETRY))
+
+
+class SkewsAppClock:
+    """The application's clock set apart from the database's: a mixin of the check of a queue
+    whose runs are scheduled by the application's now (``Claim(unscheduled="application")``,
+    chancy's ``Job.scheduled_at``). The clock the gate hands the adapter (``Adapter.now()``)
+    jumps, forward or back, and the database's stays: a run added then is due when the
+    database's clock reaches the application's now, early or late by the skew, and the model
+    moves its application clock with the adapter's. The database clock's own jumps already set
+    the two apart the other way. Only such kinds get the rule, so the rules of every other
+    kind, and what a seed draws there, stay as they were."""
+
+    @precondition(lambda self: self._calm())
+    @rule(data=st.data())
+    def fault_app_clock_skew(self, data) -> None:
+        seconds = data.draw(st.sampled_from(self.policy.clock_jumps), label="seconds")
+        self.adapter.app_skew += seconds
+        for c in self.candidates:
+            c.model.skew_app(seconds)
+        self.fault("app-clock-skew", f"application clock {seconds:+d}s (the database's stays)")
