@@ -54,6 +54,9 @@ hook                        for   read / called                          default
                                   (:mod:`.faults`)
 ``clock_matters()``,        both  before a clock jump / a crash          True
 ``crash_matters()``
+``stall_passes(seconds)``   both  a stall: its time passes on the        the database's clock
+                                  clocks the kind's leases are judged    (``policy.stall_clock``)
+                                  by                                     and ``advance``
 ``all_links()``             both  a link fault: every link it may act    every worker's links
                                   on (a kind without workers gives its
                                   clients' and servers')

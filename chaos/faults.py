@@ -443,6 +443,13 @@ class FaultRules:
         return _ExternalCall(self, worker)
 
     # -- a worker that stalls past its lease -------------------------------------------------------
+    def stall_passes(self: "KindCheck", seconds: int) -> None:
+        """A stall's time passes: the database's clock jumps (``policy.stall_clock == "db"``),
+        and the models' clocks move (``advance``)."""
+        if self.policy.stall_clock == "db":
+            self.env.clock.jump(seconds)
+        self.advance(seconds)
+
     def _may_stall(self: "KindCheck") -> bool:
         if self.policy.stall is None or not self.leases():
             return False
@@ -482,9 +489,7 @@ class FaultRules:
             due = self.next_write(w, data)
             self.model_agrees()  # judged (and a lost answer's fate observed) before it freezes
         seconds = self.policy.stall
-        if self.policy.stall_clock == "db":
-            self.env.clock.jump(seconds)
-        self.advance(seconds)
+        self.stall_passes(seconds)
         if resume in ("racing the others", "inside its write"):
             how = (
                 "inside its next write; meanwhile the others do whole operations:"

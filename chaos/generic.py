@@ -140,20 +140,22 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
                 "mappings with 'key' and 'status'",
                 [],
             )
-        now = self.candidates[0].model.now
-        observed = tuple(sorted((self._observe(r, now) for r in rows), key=lambda o: _order(o.key)))
+        m = self.candidates[0].model
+        observed = tuple(sorted((self._observe(r, m) for r in rows), key=lambda o: _order(o.key)))
         received = self.receiver.received() if self.receiver else {}
         return observed, tuple(
             sorted(((str(k), n) for k, n in received.items()), key=lambda kv: _order(kv[0]))
         )
 
-    def _observe(self, r, now: int) -> Observed:
+    def _observe(self, r, m) -> Observed:
+        """A row as observed at the clocks of model ``m``: time left until its schedule by the
+        database's, until its lease by the lease's."""
         d, model = self.description, self.model
         due = lease = None
         if d.retry is not None and r.status in model.waiting:
-            due = 0 if r.due is None else max(0, self._time(r.due, "due") - now)
+            due = 0 if r.due is None else max(0, self._time(r.due, "due") - m.now)
         if d.lease is not None and r.status in d.owned and r.lease_until is not None:
-            lease = max(0, self._time(r.lease_until, "lease_until") - now)
+            lease = max(0, self._time(r.lease_until, "lease_until") - m.lease_now())
         holder = r.holder if self.adapter_class.holders and r.status in d.owned else None
         attempts = r.attempts if model.tracks_attempts() else None
         limit = r.max_attempts if model.limits_per_run() else None
@@ -630,7 +632,9 @@ def kind(
     )
     title = "".join(p.capitalize() for p in description.name.split("-"))
     failures = description.retry is not None and description.retry.counts != "claims"
-    app_clock = description.claim.unscheduled == "application"
+    lease = description.lease
+    app_lease = lease is not None and lease.clock == "application"
+    app_clock = description.claim.unscheduled == "application" or app_lease
     mixins = (FailsAgain,) * failures + (SkewsAppClock,) * app_clock
     cls = type(
         f"{title}Check",

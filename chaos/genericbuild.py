@@ -165,6 +165,9 @@ def required_events(
     behind an ``unless-terminal`` fence, a refusal in a control: only a stale write meets one)."""
     out: list[str | Requirement] = ["connection lost"]
     again = claimed_again(d)
+    events = d.events()  # an owner's writes: its outcome, a failure when it has one, its beat
+    writes = ["complete"] + (["fail"] if d.retry is not None or generic.FAIL in events else [])
+    writes += ["extend_lease"] if generic.EXTEND in events else []
     if d.fence.kind != "none" and d.fence.answers:
         out.append("lost race")
         if not (owners_only and d.fence.kind == "unless-terminal"):  # it refuses a write only
@@ -172,18 +175,12 @@ def required_events(
     if d.lease is not None:
         out.append("reclaim")
         if again and not owners_only:  # a run taken back is claimed again: each write meets it
-            writes = ["complete", "fail"] + (
-                ["extend_lease"] if generic.EXTEND in d.events() else []
-            )
             out += [f"stale {w} on a re-claimed run" for w in writes]
     fencing = d.fence.kind in ("attempt", "claim", "row-lock") and d.fence.answers
     if d.lease is not None and fencing and not owners_only:
         # each fenced write refused both on a run nobody holds now and on one another holds
         # (a library whose writes say nothing shows no refusal: its stale writes, counted
         # above, are judged by the rows read back)
-        events = d.events()
-        writes = ["complete"] + (["fail"] if d.retry is not None or generic.FAIL in events else [])
-        writes += ["extend_lease"] if generic.EXTEND in events else []
         whys = ["no longer claimed"] + (["re-claimed"] if d.retry is not None else [])
         out += [f"fence refusal: {w} ({why})" for w in writes for why in whys]
     if d.retry is not None and d.retry.backoff != "none":

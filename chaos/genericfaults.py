@@ -80,7 +80,7 @@ class FaultAnswers:
         live = {
             r.key
             for r in m.runs.values()
-            if r.status == m.owned and r.lease_until is not None and r.lease_until > m.now
+            if r.status == m.owned and r.lease_until is not None and not m.lapsed(r)
         }
         holding = [(w, k) for w, k in self._holding() if k in live and m.owns(self.held[w][k].job)]
         sent = {w for w, k in holding if self.held[w][k].result is not None}

@@ -142,11 +142,6 @@ def fit_problems(d: RunKind) -> list[str]:
                 f"the generic queue's reaper events are 'reclaim' and 'reclaim_dead', "
                 f"not {sorted(extra)}"
             )
-        if d.lease.clock != "database":
-            out.append(
-                "the generic queue judges leases by the database clock: a lease in "
-                "application time needs a model by hand (see the branch-reset kind)"
-            )
         if d.lease.heartbeat is not None and EXTEND not in moves:
             out.append(
                 f"a heartbeat is the 'extend_lease' event: add '{owned} -extend_lease-> {owned}'"
@@ -314,7 +309,7 @@ class GenericModel:
     def observe(self, r: Run, holders: bool = False) -> Observed:
         due = max(0, r.due - self.now) if self.d.retry and r.status in self.waiting else None
         lease = (
-            max(0, r.lease_until - self.now)
+            max(0, r.lease_until - self.lease_now())
             if r.status == self.owned and r.lease_until is not None
             else None
         )
@@ -385,8 +380,15 @@ class GenericModel:
         self._move(r, ENQUEUE)
         return Won(key)
 
+    def lease_now(self) -> int:
+        """Now by the clock leases are stamped and judged by, in database time: the database's,
+        or the application's the gate hands the adapter (``Lease(clock="application")``)."""
+        app = self.d.lease is not None and self.d.lease.clock == "application"
+        return self.app_now() if app else self.now
+
     def lapsed(self, r: Run) -> bool:
-        return r.status == self.owned and r.lease_until is not None and r.lease_until <= self.now
+        at = self.lease_now()
+        return r.status == self.owned and r.lease_until is not None and r.lease_until <= at
 
     def due(self) -> list[Run]:
         """The runs a claim may take now: waiting and due, and, when the claim re-picks, owned
@@ -420,11 +422,11 @@ class GenericModel:
     def _take(self, runs: list[Run], holder: str = "") -> Outcome:
         jobs = []
         lease = self.timing.lease
-        stamp = self.now
+        stamp = self.lease_now()
         if self._per_worker():  # the worker's first claim registers it; a claim stamps nothing
             if holder not in self.beats:
                 self._forget_lapsed(holder)
-            stamp = self.beats.setdefault(holder, self.now)
+            stamp = self.beats.setdefault(holder, stamp)
         per_claim = self.d.retry is None or self.d.retry.counts == "claims"
         for r in runs:
             attempts = r.attempts + 1 if per_claim and r.status != self.owned else r.attempts
@@ -445,7 +447,7 @@ class GenericModel:
         if self.d.lease.lapsed_workers != "forgotten":
             return
         for worker, beat in list(self.beats.items()):
-            if worker != beating and beat + self.timing.lease <= self.now:
+            if worker != beating and beat + self.timing.lease <= self.lease_now():
                 self.beats[worker] = ALWAYS_DUE  # no row: lapsed at any time
                 for r in list(self.runs.values()):
                     if r.status == self.owned and r.holder == worker:
@@ -456,15 +458,15 @@ class GenericModel:
         holds is extended, whoever's job the beat was for (it names no run)."""
         if self._per_worker():
             self._forget_lapsed(job.holder)
-            self.beats[job.holder] = self.now
+            self.beats[job.holder] = now = self.lease_now()
             for r in list(self.runs.values()):
                 if r.status == self.owned and r.holder == job.holder:  # logged: a transition
-                    self._move(r, EXTEND, lease_until=self.now + self.timing.lease)
+                    self._move(r, EXTEND, lease_until=now + self.timing.lease)
             return Won()
         r = self._fenced(job)
         if r is None:
             return self._refused()
-        self._move(r, EXTEND, lease_until=self.now + (self.timing.lease or 0))
+        self._move(r, EXTEND, lease_until=self.lease_now() + (self.timing.lease or 0))
         return Won()
 
     def _finished(self, r: Run) -> int:

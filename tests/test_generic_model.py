@@ -169,17 +169,29 @@ def test_a_failed_run_owes_its_backoff_in_the_retry_view():
     [
         (
             {
-                "lease": Lease(
-                    seconds=300, clock="application", taken_back_by=("reclaim", "reclaim_dead")
-                )
+                "transitions": tuple(t for t in OUTBOX.transitions if t[1] != "extend_lease"),
+                "lease": OUTBOX.lease.model_copy(update={"heartbeat": 60}),
             },
-            "a lease in application time needs a model by hand",
+            "a heartbeat is the 'extend_lease' event",
         )
     ],
 )
 def test_a_description_the_generic_queue_cannot_run_is_refused_with_a_hint(changes, hint):
     with pytest.raises(ValueError, match=hint):
         GenericModel(OUTBOX.model_copy(update=changes))
+
+
+def test_a_lease_in_the_applications_clock_is_stamped_and_judged_by_it():
+    """``Lease(clock="application")`` (checked on the real parts in test_app_clock_lease): the
+    database's clock jumps leave the lease as it was, the application's skew moves it."""
+    lease = OUTBOX.lease.model_copy(update={"clock": "application"})
+    m = GenericModel(OUTBOX.model_copy(update={"lease": lease}))
+    m.enqueue("1")
+    m.claim(1)
+    m.advance(600)  # the database's clock: past the lease by it, not by the application's
+    assert not m.lapsed(m.runs["1"]) and m.observe(m.runs["1"]).lease_left == 300
+    m.skew_app(300)
+    assert m.lapsed(m.runs["1"]) and m.reclaim_stale() == Won(("1",))
 
 
 def test_events_outside_the_vocabulary_are_named():
