@@ -11,10 +11,13 @@ stamps the database's ``now()`` are each caught naming ``lease``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from knownstate.chaos.adapter import Adapter, Claimed
-from knownstate.chaos.check import Profile, run_check
+from knownstate.chaos.check import run_check
+from knownstate.chaos.runner import PROFILES
 from knownstate.chaos.generic import kind
 from knownstate.chaos.genericrules import SkewsAppClock
 from knownstate.model.describe import Claim, Fence, Lease, RunKind
@@ -118,22 +121,10 @@ ReapsByTheDatabaseKind = kind(APP_LEASE, ReapsByTheDatabase)
 BeatsByTheDatabaseKind = kind(APP_LEASE, BeatsByTheDatabase)
 
 
-def profile(**kw) -> Profile:
-    base = dict(
-        name="test",
-        min_examples=1,
-        max_examples=400,
-        steps=40,
-        times_each=1,
-        too_slow_s=1e9,
-        description="a test profile",
-    )
-    return Profile(**{**base, **kw})
-
-
 def test_a_lease_in_the_applications_clock_is_checked_skewed_and_passes(knownstate_env):
     assert issubclass(AppLeaseKind, SkewsAppClock)  # its clock is skewed from the database's
-    r = run_check(AppLeaseKind, knownstate_env, seed=1, profile=profile())
+    once = replace(PROFILES["ci"], name="once", min_examples=1, times_each=1)
+    r = run_check(AppLeaseKind, knownstate_env, seed=1, profile=once)
     assert r.passed, r.failure or r.vacuous
     assert r.coverage["transition running -reclaim-> queued"] >= 1
     assert r.stats.faults["app-clock-skew"] >= 1 and r.stats.faults["worker-stall"] >= 1
