@@ -133,7 +133,7 @@ def test_a_lease_in_the_applications_clock_is_checked_skewed_and_passes(knownsta
 @pytest.mark.parametrize("check", [ReapsByTheDatabaseKind, BeatsByTheDatabaseKind])
 def test_an_application_lease_mixed_with_the_databases_clock_is_caught(knownstate_env, check):
     """Caught at seeds 1, 2, 3 each, naming lease: the reaper in 5-6 steps (it misses a lapse
-    the application's clock reached), the heartbeat in 4 (a claim grants less lease than the
+    the application's clock reached), the heartbeat in 3-4 (a claim grants less lease than the
     description says, by the clock that judges it)."""
     r = run_check(check, knownstate_env, seed=1, require_all=False, shrinks=100)
     assert r.failure is not None and "lease" in r.invariants, r.failure
