@@ -56,7 +56,10 @@ class Workspace:
         """The scheduler of this workspace's concurrent blocks (its observer is direct)."""
         if self._scheduler is None:
             self._scheduler = Scheduler(
-                self.conninfo(), pause=self.env.can_crash, clock_guard=self.env.clock is not None
+                self.conninfo(),
+                pause=self.env.can_crash,
+                clock_guard=self.env.clock is not None,
+                gone=lambda: self.env.health() is not None,  # a part died: no waiting it out
             )
             # a block's operations run on threads of their own: the main thread's wait for them
             # is the implementation's time (--timings)

@@ -180,8 +180,11 @@ class Scheduler:
         max_steps: int = MAX_STEPS,
         clock_guard: bool = True,
         pause: bool = False,
+        gone: Callable[[], bool] | None = None,
     ):
-        self.observer = Observer(observer_dsn, deadline_s=deadline_s, clock_guard=clock_guard)
+        self.observer = Observer(
+            observer_dsn, deadline_s=deadline_s, clock_guard=clock_guard, gone=gone
+        )
         self.pause = pause
         """Stop and continue backends (SIGSTOP, SIGCONT) so that at most one runs at a time:
         needs the server on this machine, run by this user or one it may signal (the harness's

@@ -10,7 +10,7 @@ import contextlib
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import psycopg
 from psycopg import pq
@@ -120,9 +120,19 @@ class Observer:
     what the backends of a block are doing; it reconnects after a database crash, for up to
     ``deadline_s``."""
 
-    def __init__(self, dsn: str, *, deadline_s: float, clock_guard: bool = True):
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        deadline_s: float,
+        clock_guard: bool = True,
+        gone: Callable[[], bool] | None = None,
+    ):
         self.dsn = dsn
         self.deadline_s = deadline_s
+        self.gone = gone
+        """Whether the server is gone for good (killed, not restarting): then a failed
+        connection is not waited out to ``deadline_s``."""
         self.clock_guard = clock_guard
         """Refuse a block while the server's clock is ahead of this machine's (see
         :class:`ClockAhead`). Switch off for a server on another host whose clock runs ahead
@@ -154,6 +164,11 @@ class Observer:
                 break
             except psycopg.OperationalError as e:
                 self.close()
+                if self.gone is not None and self.gone():
+                    raise WorkerStuck(
+                        f"the scheduler's observer connection to PostgreSQL failed "
+                        f"({first_line(e)}), and the server is gone"
+                    ) from None
                 if time.monotonic() > deadline:
                     first = first_line(e)
                     raise WorkerStuck(
