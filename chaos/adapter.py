@@ -284,7 +284,7 @@ class Adapter:
         example (a week behind real time under the fake clock), moved by none of its jumps and
         standing still between steps as the database's does, and skewed by the gate apart from
         the database's (the ``app-clock-skew`` fault). Pass it where the library stamps its own
-        now (``Claim(unscheduled="application")``)."""
+        now (``Claim(unscheduled="application")``, ``Lease(clock="application")``)."""
         offset = self.clock.app_offset if self.clock is not None else 0.0
         return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset + self.app_skew)
 
@@ -297,7 +297,7 @@ class Adapter:
         """A worker's start, before its first claim: where a library that keeps heartbeats
         per worker registers it. Run on the claim's connection in the claim's step (its faults
         are the claim's); what it returns is in ``self.started[worker]`` for the claim. The
-        model registers a worker with its first claim that lands: until one does, each claim
+        model registers a worker with its first claim that returns: until one does, each claim
         starts the worker again."""
         raise NotImplementedError
 
