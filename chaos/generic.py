@@ -632,9 +632,7 @@ def kind(
     )
     title = "".join(p.capitalize() for p in description.name.split("-"))
     failures = description.retry is not None and description.retry.counts != "claims"
-    lease = description.lease
-    app_lease = lease is not None and lease.clock == "application"
-    app_clock = description.claim.unscheduled == "application" or app_lease
+    app_clock = description.claim.unscheduled == "application" or description.app_clock_lease
     mixins = (FailsAgain,) * failures + (SkewsAppClock,) * app_clock
     cls = type(
         f"{title}Check",

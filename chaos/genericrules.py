@@ -92,5 +92,5 @@ class SkewsAppClock:
         control took 806, 165, 800, 763, 642 examples at seeds 1-5 with its stalls passing on
         both clocks, 319, 270, 411, 536, 407 without: the same verdicts)."""
         super().stall_passes(seconds)
-        if self.description.lease is not None and self.description.lease.clock == "application":
+        if self.description.app_clock_lease:
             self._skew_app(seconds)

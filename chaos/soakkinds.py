@@ -89,10 +89,7 @@ class SoakKind:
     def _judging(self, contract: Contract, **kw) -> Judging:
         d = self.description
         return Judging(
-            contract=contract,
-            fence=d.fence.kind,
-            app_clock_lease=d.lease is not None and d.lease.clock == "application",
-            **kw,
+            contract=contract, fence=d.fence.kind, app_clock_lease=d.app_clock_lease, **kw
         )
 
     def claimable(self) -> frozenset[str]:

@@ -357,6 +357,11 @@ class RunKind(BaseModel):
         claimed = [s for s, _, t in self.transitions if t in self.owned and s not in held]
         return tuple(dict.fromkeys((self.initial, *claimed)))
 
+    @property
+    def app_clock_lease(self) -> bool:
+        """Whether its leases are stamped and judged by the application's clock."""
+        return self.lease is not None and self.lease.clock == "application"
+
     # -- consistency ---------------------------------------------------------------------
     def problems(self) -> list[str]:
         """What is inconsistent, each with a hint (empty: nothing)."""
@@ -609,11 +614,7 @@ class RunKind(BaseModel):
 
     def contract(self) -> Contract:
         """The contract the invariants read, and the column specs/contract.md shows."""
-        clock = (
-            LeaseClock.APPLICATION
-            if self.lease and self.lease.clock == "application"
-            else LeaseClock.DATABASE
-        )
+        clock = LeaseClock.APPLICATION if self.app_clock_lease else LeaseClock.DATABASE
         return Contract(
             kind=self.name,
             table=self.table(),

@@ -383,8 +383,7 @@ class GenericModel:
     def lease_now(self) -> int:
         """Now by the clock leases are stamped and judged by, in database time: the database's,
         or the application's the gate hands the adapter (``Lease(clock="application")``)."""
-        app = self.d.lease is not None and self.d.lease.clock == "application"
-        return self.app_now() if app else self.now
+        return self.app_now() if self.d.app_clock_lease else self.now
 
     def lapsed(self, r: Run) -> bool:
         at = self.lease_now()
