@@ -398,14 +398,19 @@ def _converting(convert):
     """psycopg's conversion of a query to what it sends, then the edits of the mutant the
     connection's worker runs, for the operation it is in (``AdapterWorker.sql_edits``; none
     outside a mutant): the one place every statement a library sends passes, whatever cursor
-    it made (pgqueuer makes its own)."""
+    it made (pgqueuer makes its own). A statement the edits changed is counted on the worker
+    (``AdapterWorker.edited``)."""
 
     def converted(self, query, params=None):
         pgq = convert(self, query, params)
         worker = getattr(self._conn, "owner", None)
         edits = getattr(worker, "sql_edits", {}).get(getattr(worker, "op", None), ())
         if edits:
-            pgq.query = edit_sql(pgq.query.decode(), edits).encode()
+            sent = pgq.query.decode()
+            edited = edit_sql(sent, edits)
+            if edited != sent:
+                pgq.query = edited.encode()
+                worker.edited += 1
         return pgq
 
     return converted
@@ -518,6 +523,9 @@ class AdapterWorker(Worker):
     adapter: ClassVar[type[Adapter]] = Adapter
     sql_edits: Mapping[str, tuple[SqlEdit, ...]] = {}
     """A mutant's edits of the statements this worker sends, per operation of the adapter."""
+    edited: int = 0
+    """Statements those edits changed since the check last counted them into the run's events
+    (:meth:`~.adaptercall.AdapterCalls._call`)."""
     op: str | None = None  # the adapter's operation it is in
 
     def __init__(self, *args, **kwargs):

@@ -5,7 +5,9 @@ adapter's operations on the worker's connection (sync, async, or a driver of its
 says whether the library signalled a lost race (``Adapter.lost_race``); every other error
 becomes the engine's: a lost connection (indeterminate when COMMIT was in flight, in
 autocommit, or on a driver of its own), a statement the server refused, a call the driver
-refused, or the adapter's own bug, reported as its own.
+refused, or the adapter's own bug, reported as its own. It counts the statements a mutant's
+edits of the SQL a library sends changed, and says when they changed nothing
+(:meth:`AdapterCalls.not_applied`): such a mutant ran as the reference.
 """
 
 from __future__ import annotations
@@ -26,10 +28,32 @@ from .adapter import unwrap
 from .check import Failure
 from .harness import EnvironmentFault, WorkerDied
 
+EDITED = "statement edited by the mutant"
+"""The event of a statement a mutant's edit of the SQL a library sends (``sql_edits``) changed:
+counted by its worker as psycopg converts it (:mod:`.adapter`), into the run's events by
+:meth:`AdapterCalls._call`."""
+
 
 class AdapterCalls:
-    """The adapter's operations, called (``adapter``, ``adapter_class``, ``kind`` and ``fail``
-    are the check's)."""
+    """The adapter's operations, called (``adapter``, ``adapter_class``, ``kind``, ``event``
+    and ``fail`` are the check's)."""
+
+    @classmethod
+    def not_applied(cls, events) -> str:
+        """Why this check, a mutant's that edits the SQL a library sends (``sql_edits``, and
+        the schema by the same patterns), ran as the reference in a run that observed
+        ``events``: its edits changed no statement the library sent (:data:`EDITED`) and not
+        the schema. "" when they changed either, and for a check that edits no statement."""
+        edits = getattr(cls, "sql_edits", None)
+        if not edits or events.get(EDITED, 0) or cls.schema != cls.adapter_class.schema:
+            return ""
+        patterns = [f"'{pattern}'" for sent in edits.values() for pattern, _ in sent]
+        # a driver of its own: none of its statements passes through psycopg, where edits apply
+        own = " (the gate edits what psycopg sends; the adapter's driver is its own)"
+        return (
+            f"its edit (pattern {', '.join(patterns)}) matched no statement the library sent "
+            f"for {' or '.join(edits)} and nothing in its schema"
+        ) + (own if cls.adapter_class.mode() == "own" else "")
 
     def _call(
         self, worker, op: str, conn, *args, closes: bool = True, named: dict | None = None
@@ -50,6 +74,8 @@ class AdapterCalls:
             raise self._translate(e, worker, op) from e
         finally:
             worker.op = None
+            self.event(EDITED, worker.edited)
+            worker.edited = 0
         if closes and worker.mode != "own" and worker.in_transaction():
             worker.abandon()
             self.fail(

@@ -31,6 +31,7 @@ from .report import (
     finished_record,
     merge,
     mutant_lines,
+    not_applicable,
     path_problem,
     read,
     run_lines,
@@ -393,6 +394,8 @@ def _run_unit(args, p: Plan, report: Report, env, unit: Unit) -> None:
     rec = report.finish(unit, finished_record(unit, r, p.replay, db.stored if db else 0))
     if p.command == "mutants":
         print(_unit_line(rec))
+        if rec["status"] == "not applicable":
+            print(f"    {not_applicable(rec)}")
         if rec["failure"] and (args.verbose or rec["mutant"] is None):
             print("\n".join("    " + line for line in run_lines(rec)[1:]))
     else:

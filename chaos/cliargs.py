@@ -13,6 +13,7 @@ from .report import DEFAULT_SHRINKS, knownstate_version
 EXIT_CODES_HELP = """exit codes:
   0    passed: every run passed (verify), every mutant caught (mutants, verify --mutant)
   1    failed: a counterexample, a vacuous run, a mutant NOT CAUGHT, a broken mutant catalogue
+       (a mutant NOT APPLICABLE: its edit changed nothing in the code it ran on)
   2    bad command line (unknown kind, unwritable report path, ...): nothing was started
   3    a real part died or could not start (PostgreSQL, Toxiproxy, a stand-in): not a bug
   130  interrupted (Ctrl-C)

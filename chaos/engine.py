@@ -111,6 +111,8 @@ hook                        for   read / called                          default
 ``difference(e, r)``,       R     a failure, a trace line: how to show   short ``repr``
 ``describe(x)``,                  it
 ``describe_request(r)``
+``not_applied(events)``     both  a run's end: why the check, a          ``""`` (it applied)
+                                  mutant's, ran as the reference did
 ==========================  ====  =====================================  ==========================
 
 Each engine has its own invariant, ``model_agrees``: after every step the real state equals one
@@ -121,7 +123,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, Mapping, NoReturn
 
 from hypothesis.stateful import RuleBasedStateMachine
 
@@ -200,6 +202,14 @@ class Engine(FaultRules, Blocks, RuleBasedStateMachine):
         """Every invariant on the real state now (``real``: None when not read yet), for a
         failure that was not given its violations. Default: none."""
         return []
+
+    @classmethod
+    def not_applied(cls, events: Mapping[str, int]) -> str:
+        """Why this check, a mutant's, ran as the reference did in a run that observed
+        ``events`` (its edit found nothing to change): the mutant is then *not applicable*,
+        neither caught nor missed. Default: "" (a mutant of the reference's code always
+        applies)."""
+        return ""
 
     # -- life cycle -------------------------------------------------------------------------
     @timings.timed("reset")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from xml.etree import ElementTree as ET
 
-from .reporttext import _why_not_caught, run_lines
+from .reporttext import _why_not_caught, not_applicable, run_lines
 
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -92,6 +92,8 @@ def _junit_outcome(r: dict, doc: dict) -> tuple[str | None, str, str, str]:
             else f"environment: {doc['message'] or 'a real part died'}"
         )
         return "error", status, f"{message} after {r['examples']} examples", ""
+    if status == "not applicable":
+        return "failure", "not-applicable", not_applicable(r), ""
     if r["mutant"] is not None:
         if r["caught"]:
             return None, "", "", ""

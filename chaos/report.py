@@ -34,7 +34,14 @@ from .reportschema import (
     knownstate_version,
     schema,
 )
-from .reporttext import mutant_lines, run_lines, stability_lines, status_word, verdict_line
+from .reporttext import (
+    mutant_lines,
+    not_applicable,
+    run_lines,
+    stability_lines,
+    status_word,
+    verdict_line,
+)
 
 __all__ = [  # the document, and (re-exported) its vocabulary and renderings
     "Replay",
@@ -59,6 +66,7 @@ __all__ = [  # the document, and (re-exported) its vocabulary and renderings
     "junit",
     "knownstate_version",
     "mutant_lines",
+    "not_applicable",
     "run_lines",
     "schema",
     "stability_lines",
@@ -214,6 +222,8 @@ def finished_record(unit: Unit, result, replay: Replay, stored: int = 0) -> dict
         )
     if unit.mutant is None:
         rec["ok"] = result.passed
+    elif result.not_applied:  # it ran as the reference: neither caught nor missed, and not ok
+        rec.update(status="not applicable", not_applicable=result.not_applied)
     else:
         rec["caught"] = rec["ok"] = (
             result.failure is not None and unit.mutant.invariant in result.invariants
@@ -246,7 +256,8 @@ def partial_record(unit: Unit, profile: str, status: str, state=None) -> dict:
 
 
 def verdict(runs: list[dict]) -> str:
-    """passed, failed or vacuous: what the finished runs say (a caught mutant is a good run)."""
+    """passed, failed or vacuous: what the finished runs say (a caught mutant is a good run; a
+    mutant not applicable is not: the catalogue does not fit the code, exit 1)."""
     bad = [r for r in runs if not r["ok"]]
     if not bad:
         return "passed"

@@ -7,7 +7,16 @@ from __future__ import annotations
 from importlib import metadata, resources
 
 SCHEMA_VERSION = 1
-STATUSES = ("passed", "failed", "vacuous", "interrupted", "environment", "not run", "not covered")
+STATUSES = (
+    "passed",
+    "failed",
+    "vacuous",
+    "interrupted",
+    "environment",
+    "not run",
+    "not covered",
+    "not applicable",
+)
 OUTCOMES = ("passed", "failed", "vacuous", "interrupted", "environment")
 EXIT_CODES = {"passed": 0, "failed": 1, "vacuous": 1, "environment": 3}
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}

@@ -53,6 +53,8 @@ def run_lines(r: dict) -> list[str]:
                 else _why_not_caught(r)
             )
         )
+    if r["status"] == "not applicable":
+        out.append(f"  {not_applicable(r)}")
     if r["failure"]:
         out.append(f"  failure: {r['failure']}")
         if r["counterexample"]:  # none when the check could not start (a refused schema)
@@ -77,6 +79,15 @@ def run_lines(r: dict) -> list[str]:
             "--examples/--steps, or try another seed)"
         )
     return out
+
+
+def not_applicable(r: dict) -> str:
+    """Why a mutant's run said nothing of the gate, as one line: the mutant ran as the
+    reference (its edit found nothing to change), so it was neither caught nor missed."""
+    return (
+        f"NOT APPLICABLE: {r['not_applicable']}: the mutant ran as the reference did, "
+        "neither caught nor missed"
+    )
 
 
 def _others(r: dict) -> list[str]:
@@ -159,19 +170,25 @@ def mutant_lines(doc: dict) -> list[str]:
             continue
         caught = [r for r in done if r["caught"]]
         missed = [r for r in done if not r["caught"]]
+        idle = [r for r in runs if r["status"] == "not applicable"]
         tally = f"{len(caught)}/{len(runs)}"
-        word = (
-            tally
-            if not missed and len(done) == len(runs)
-            else (f"NOT CAUGHT {tally}" if missed else f"{tally} (unfinished)")
-        )
-        secs = sum(r["seconds"] for r in done) / len(done) if done else 0.0
+        if missed:
+            word = f"NOT CAUGHT {tally}"
+        elif idle:
+            word = "NOT APPLICABLE"
+        else:
+            word = tally if len(done) == len(runs) else f"{tally} (unfinished)"
+        timed = done + idle  # a mutant not applicable ran as long as the reference did
+        secs = sum(r["seconds"] for r in timed) / len(timed) if timed else 0.0
         steps = max((r["counterexample_steps"] for r in caught), default=None)
         line = (
             f"  {kind:<16} {name:<28} {runs[0]['mutant']['invariant']:<30} {word:>14} "
             f"{secs:>8.1f} {steps if steps is not None else '-':>6}"
         )
-        out.append(line + (f"   missed at seed {_seeds(missed)}" if missed else ""))
+        notes = [f"missed at seed {_seeds(missed)}"] if missed else []
+        if idle:
+            notes.append(f"not applicable at seed {_seeds(idle)}: {idle[0]['not_applicable']}")
+        out.append(line + "".join(f"   {note}" for note in notes))
     return out
 
 
@@ -189,27 +206,43 @@ def verdict_line(doc: dict) -> str:
         return f"knownstate {doc['command']}: {word} — {done} of {c['runs']} runs finished{tail}"
     if doc["command"] == "verify" and mutants and len(mutants) == len(runs):
         caught = sum(1 for r in mutants if r["caught"])
-        word = "CAUGHT" if caught == len(mutants) else "NOT CAUGHT"
+        idle = sum(1 for r in mutants if r["status"] == "not applicable")
+        missed = any(r["caught"] is False for r in mutants)
+        word = (
+            "CAUGHT"
+            if caught == len(mutants)
+            else ("NOT APPLICABLE" if idle and not missed else "NOT CAUGHT")
+        )
         return (
             f"knownstate verify: {word} — mutant {mutants[0]['mutant']['name']} of "
-            f"{mutants[0]['kind']} caught at {caught} of {len(mutants)} seeds{tail}"
+            f"{mutants[0]['kind']} caught at {caught} of {len(mutants)} seeds"
+            + (f", not applicable at {idle}" if idle else "")
+            + tail
         )
     if doc["command"] == "mutants":
         names = list(dict.fromkeys((r["kind"], r["mutant"]["name"]) for r in mutants))
-        missed = list(dict.fromkeys(f"{r['mutant']['name']}" for r in mutants if not r["ok"]))
+        idle = _names(r for r in mutants if r["status"] == "not applicable")
+        missed = _names(r for r in mutants if not r["ok"] and r["status"] != "not applicable")
         ref_bad = [r for r in runs if r["mutant"] is None and not r["ok"]]
         word = "PASSED" if outcome == "passed" else "FAILED"
+        bad = set(missed) | set(idle)
         text = (
-            f"knownstate mutants: {word} — {len(names) - len(missed)}/{len(names)} mutants "
+            f"knownstate mutants: {word} — {len(names) - len(bad)}/{len(names)} mutants "
             f"caught at every seed"
         )
         text += f"; NOT CAUGHT: {', '.join(missed)}" if missed else ""
+        text += f"; NOT APPLICABLE: {', '.join(idle)}" if idle else ""
         text += (
             f"; the reference FAILS ({', '.join(r['kind'] for r in ref_bad)})" if ref_bad else ""
         )
         return text + tail
     word = {"passed": "PASSED", "failed": "FAILED", "vacuous": "VACUOUS"}[outcome]
     return f"knownstate verify: {word} — {c['ok']}/{c['runs']} runs passed{tail}"
+
+
+def _names(runs: Iterable[dict]) -> list[str]:
+    """The mutants of ``runs``, each named once, in order."""
+    return list(dict.fromkeys(r["mutant"]["name"] for r in runs))
 
 
 def _counts(counter: dict) -> str:

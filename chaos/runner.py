@@ -261,6 +261,9 @@ class CheckResult:
     """With ``timings=True``: seconds per category of work (:mod:`.timings`), reported only."""
     shrinking: dict | None = None
     """A failed run's: time to its first failure, and its shrinking's replays and seconds."""
+    not_applied: str = ""
+    """A mutant's run in which the mutant found nothing to change: why (``Engine.not_applied``;
+    its run was the reference's, so it is neither caught nor missed). "": it applied."""
 
     @property
     def passed(self) -> bool:
@@ -658,6 +661,7 @@ def _result(
         stopped=run.stopped,
         timings=None if run.timings is None else run.timings.as_dict(seconds, run.stats.steps),
         shrinking=run.shrinking.as_dict() if failure else None,
+        not_applied=machine.not_applied(run.stats.events),
     )
 
 

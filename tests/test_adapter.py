@@ -78,11 +78,13 @@ def test_a_queue_that_deletes_finished_rows_reads_them_back_from_its_log():
 
 
 class _Owner:
-    """What a worker is to its connection: the fault armed for its next COMMIT."""
+    """What a worker is to its connection: the fault armed for its next COMMIT, and the
+    statements a mutant's edits changed."""
 
     def __init__(self):
         self.before_commit = None
         self.seen: list[str] = []
+        self.edited = 0
 
     def arm(self, what: str) -> None:
         self.before_commit = lambda conn: self.seen.append(what)
@@ -193,7 +195,8 @@ def test_a_commit_whose_answer_never_comes_stays_in_commit(knownstate_cluster):
 
 def test_a_mutants_edits_apply_to_what_its_operation_sends_and_nothing_else(knownstate_cluster):
     """A library keeps its SQL to itself: a derived mutant edits what the worker sends while it
-    runs one operation (the claim), through any cursor, and leaves the rest as written."""
+    runs one operation (the claim), through any cursor, and leaves the rest as written; each
+    statement it changed is counted on the worker, none it left as sent."""
     from knownstate.chaos.genericbuild import WIRE_GUARDS
 
     query = "SELECT current_query() AS q /* FOR UPDATE OF jobs SKIP LOCKED */"
@@ -205,8 +208,11 @@ def test_a_mutants_edits_apply_to_what_its_operation_sends_and_nothing_else(know
         owner.op = "claim"
         assert "FOR UPDATE OF jobs */" in conn.execute(query).fetchone()[0]
         assert "FOR UPDATE OF jobs */" in psycopg.RawCursor(conn).execute(query).fetchone()[0]
+        conn.execute("SELECT 1")  # sent in the claim, matched by no edit: not counted
+        assert owner.edited == 2
         owner.sql_edits = {"claim": (WIRE_GUARDS[1][1],)}
         assert conn.execute(query).fetchone()[0].endswith("AS q /* */")  # the whole lock
+        assert owner.edited == 3
 
 
 # ---------------------------------------------------------------------------------------

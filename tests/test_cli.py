@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -250,18 +251,49 @@ def test_mutants_pass_only_when_every_mutant_is_caught_at_every_seed(gate, capsy
     assert f"knownstate mutants: PASSED — {len(OUTBOX_MUTANTS)}/{len(OUTBOX_MUTANTS)}" in out
 
 
-@pytest.mark.parametrize("caught,code,word", [(True, 0, "CAUGHT"), (False, 1, "NOT CAUGHT")])
+IDLE = "its edit (pattern 'x') matched no statement the library sent for claim and nothing"
+
+
+def _idle(kind, mutant, seed, state):
+    """A mutant whose edit changed nothing in its run (it ran as the reference did)."""
+    return replace(result(kind, seed), not_applied=IDLE if mutant else "")
+
+
+@pytest.mark.parametrize(
+    "caught,code,word", [(True, 0, "CAUGHT"), (False, 1, "NOT CAUGHT"), (None, 1, "NOT APPLICABLE")]
+)
 def test_verify_mutant_says_caught_or_not_caught(gate, capsys, caught, code, word):
+    """Or NOT APPLICABLE, a mutant whose edit changed nothing: neither caught nor missed."""
     name = OUTBOX_MUTANTS[0]
     got, _ = gate(
         ["verify", "outbox", "--mutant", name, "--seed", "5", "--json", "r.json"],
-        lambda k, m, s, st: _caught(k, m if caught else None, s, st),
+        _idle if caught is None else lambda k, m, s, st: _caught(k, m if caught else None, s, st),
     )
     out = capsys.readouterr().out
     assert got == code
     assert out.strip().splitlines()[-2].startswith(f"knownstate verify: {word} — mutant {name}")
     assert "PASSED" not in out
     assert _json("r.json")["runs"][0]["caught"] is caught
+
+
+def test_a_mutant_whose_edit_changed_nothing_is_not_applicable_in_every_report(gate, capsys):
+    """Exit 1, as a catalogue that does not fit the code: never NOT CAUGHT, and never passed."""
+    name = OUTBOX_MUTANTS[0]
+    argv = ["mutants", "outbox", "--mutant", name, "--seed", "3", "--json", "r.json"]
+    code, _ = gate([*argv, "--junit", "m.xml"], _idle)
+    out = capsys.readouterr().out
+    assert code == 1 and "NOT CAUGHT" not in out
+    assert f"  outbox {name} seed 3: NOT APPLICABLE (1.5 s)\n    NOT APPLICABLE: {IDLE}: " in out
+    table = ["outbox", name, "lease-fence", "NOT", "APPLICABLE"]
+    [row] = [line for line in out.splitlines() if line.split()[:5] == table]
+    assert row.endswith(f"   not applicable at seed 3: {IDLE}")
+    verdict = out.strip().splitlines()[-2]
+    assert verdict.startswith("knownstate mutants: FAILED — 0/1 mutants caught at every seed")
+    assert f"; NOT APPLICABLE: {name}, " in verdict
+    run = _json("r.json")["runs"][1]
+    assert (run["status"], run["caught"], run["not_applicable"]) == ("not applicable", None, IDLE)
+    failures = [f.get("type") for f in ET.parse("m.xml").iter("failure")]
+    assert failures == ["not-applicable"]
 
 
 def test_verify_refuses_two_mutants_and_names_the_command_that_runs_both(gate, capsys):

@@ -4,19 +4,37 @@ parts.
 The reference outbox, bound through its adapter (the one the outbox's own check runs on),
 passes the gate — reaching the fence's own case (a stale owner writing on a run claimed again)
 and SKIP LOCKED — and the mutants derived from its SQL guards are each caught, naming the
-invariant the guard stands for. An adapter's own bugs are reported as the adapter's; a
-description and an adapter that cannot make a check are refused with what to do; a driver that
-brings its own connection is checked too, every lost connection kept as indeterminate.
+invariant the guard stands for. A mutant of the SQL a library sends whose edit changed nothing
+is reported not applicable, never NOT CAUGHT. An adapter's own bugs are reported as the
+adapter's; a description and an adapter that cannot make a check are refused with what to do;
+a driver that brings its own connection is checked too, every lost connection kept as
+indeterminate.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+from xml.etree import ElementTree as ET
+
 import psycopg
 import pytest
+from gate_fakes import validate
 
 from knownstate.chaos.adapter import Adapter
-from knownstate.chaos.check import Profile, run_check
+from knownstate.chaos.adaptercall import EDITED
+from knownstate.chaos.check import PROFILES, Profile, run_check
 from knownstate.chaos.generic import KindError, kind
+from knownstate.chaos.genericbuild import WIRE_GUARDS, wire_mutant
+from knownstate.chaos.report import (
+    Replay,
+    Report,
+    Unit,
+    finished_record,
+    junit,
+    run_lines,
+    status_word,
+    verdict_line,
+)
 from knownstate.chaos.kinds.outbox import OutboxAdapter
 from knownstate.impl import outbox as impl
 from knownstate.model.describe import Retry
@@ -74,6 +92,50 @@ def test_the_mutants_derived_from_the_adapters_guards_are_caught(knownstate_env,
         mutant.machine(OutboxKind), knownstate_env, seed=3, require_all=False, shrinks=100
     )
     assert r.failure is not None and mutant.invariant in r.invariants, r.failure
+
+
+def test_a_wire_mutant_whose_edit_changed_nothing_is_not_applicable_not_missed(knownstate_env):
+    """Mutants of the SQL a library sends (its claim's, as derived for a library that names
+    none): one whose pattern matches nothing the claim sends nor the schema (NOWAIT: the outbox
+    claims with SKIP LOCKED) ran as the reference, and every report says NOT APPLICABLE naming
+    the pattern (exit 1); one whose edit changed the claim's statements, counted, is judged as
+    any mutant is, CAUGHT or NOT CAUGHT. Three examples each, no shrinking: only the counts
+    and the verdicts' words are asserted."""
+    nowait = (r"\s+NOWAIT\b", "")
+    mutants = [
+        wire_mutant(DESCRIBED, OutboxAdapter, "claim-without-nowait", nowait, "NOWAIT out"),
+        wire_mutant(DESCRIBED, OutboxAdapter, *WIRE_GUARDS[0]),  # claim-waits-on-locks
+    ]
+    units = [Unit(i, OutboxKind.kind, 1, m) for i, m in enumerate(mutants)]
+    report = Report("mutants", ["knownstate", "mutants"], "ci", [1], units, len(units))
+    few = replace(PROFILES["ci"], min_examples=1, max_examples=3)  # named ci, as reports know
+    for unit in units:
+        machine = unit.mutant.machine(OutboxKind)
+        r = run_check(machine, knownstate_env, seed=1, profile=few, require_all=False, shrinks=0)
+        report.finish(unit, finished_record(unit, r, Replay()))
+    doc = report.document()
+    validate(doc)
+    idle, judged = doc["runs"]
+
+    why = (
+        r"its edit (pattern '\s+NOWAIT\b') matched no statement the library sent for claim and "
+        "nothing in its schema"
+    )
+    assert (idle["status"], idle["caught"], idle["ok"]) == ("not applicable", None, False)
+    assert idle["not_applicable"] == why and EDITED not in idle["events"]
+    assert run_lines(idle)[0].startswith("outbox-described mutant claim-without-nowait: NOT APP")
+    assert f"  NOT APPLICABLE: {why}: the mutant ran as the reference did, neither caught nor " in (
+        "\n".join(run_lines(idle))
+    )
+    assert (doc["outcome"], doc["exit_code"], doc["counts"]["not applicable"]) == ("failed", 1, 1)
+    assert "; NOT APPLICABLE: claim-without-nowait" in verdict_line(doc)
+    case = ET.fromstring(junit(doc)).find(".//testcase[@name='claim-without-nowait']")
+    failure = case.find("failure")
+    assert failure.get("type") == "not-applicable" and why in failure.get("message")
+
+    assert judged["status"] in ("passed", "failed") and "not_applicable" not in judged
+    assert status_word(judged) in ("CAUGHT", "NOT CAUGHT") and judged["caught"] is not None
+    assert judged["events"][EDITED] >= 1  # the claim's statements, SKIP LOCKED taken out
 
 
 class _Broken(OutboxAdapter):

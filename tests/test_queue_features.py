@@ -904,3 +904,39 @@ def test_a_library_that_names_no_sql_gets_mutants_of_its_claims_lock():
     edited = mutants["claim-takes-no-lock"].machine(type("C", (), {}))
     assert edited.schema == "CREATE FUNCTION f() ... ...;" and set(edited.sql_edits) == {"claim"}
     assert not wire & {m.name for m in derived_mutants(described(), Library)}  # autocommit
+
+
+def test_a_wire_mutant_applies_where_its_edit_changed_a_statement_or_the_schema():
+    """Not applicable (it ran as the reference) only where it changed neither: a claim that is
+    a function in the schema applies whatever the statements; a driver of its own, whose
+    statements the gate never edits, is named in the reason."""
+    from knownstate.chaos.adapter import Adapter
+    from knownstate.chaos.adaptercall import EDITED, AdapterCalls
+    from knownstate.chaos.genericbuild import derived_mutants
+
+    class InSchema(Adapter):
+        schema = "CREATE FUNCTION f() ... FOR UPDATE OF jobs SKIP LOCKED ...;"
+
+    class InStatements(Adapter):
+        schema = "CREATE TABLE jobs (id bigint);"
+
+    class OwnDriver(InStatements):
+        def connect(self, dsn):
+            raise NotImplementedError
+
+    def waits(adapter: type[Adapter]):
+        check = type("C", (AdapterCalls,), {"schema": adapter.schema, "adapter_class": adapter})
+        [m] = [m for m in derived_mutants(RunKind(**RETRYING), adapter) if m.name.endswith("locks")]
+        return m.machine(check)
+
+    why = (
+        r"its edit (pattern '\s+SKIP\s+LOCKED') matched no statement the library sent for claim "
+        "and nothing in its schema"
+    )
+    assert waits(InSchema).not_applied({}) == ""
+    assert waits(InStatements).not_applied({}) == why
+    assert waits(InStatements).not_applied({EDITED: 1}) == ""
+    assert waits(OwnDriver).not_applied({}) == why + (
+        " (the gate edits what psycopg sends; the adapter's driver is its own)"
+    )
+    assert AdapterCalls.not_applied({}) == ""  # no edits: the reference, or any other mutant

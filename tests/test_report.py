@@ -157,6 +157,7 @@ def test_a_run_cut_short_keeps_what_finished_and_marks_the_rest(signal_name, cod
         "environment": 0,
         "not run": 1,
         "not covered": 0,
+        "not applicable": 0,
     }
 
 
