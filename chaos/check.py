@@ -29,6 +29,7 @@ called and its default. Concurrent blocks (:mod:`.blocks`) and runs directed by 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import Any, Callable, ClassVar
 
 import psycopg
@@ -76,7 +77,7 @@ from .runner import (
 )
 from .linearize import UNKNOWN
 from .rows import row_names
-from .steps import Action, Candidate, Failure, broken_by, diff, fmt
+from .steps import Action, Candidate, Failure, broken_by, diff, fmt, part_way
 
 __all__ = [
     "BATCH",
@@ -249,6 +250,7 @@ class KindCheck(Engine):
                 external_maybe=action.external_maybe,
                 fenced=action.fence,
                 guarantee=action.guarantee,
+                parts=action.parts,
             )
         if got is not None and action.after is not None:
             action.after(got)
@@ -265,6 +267,7 @@ class KindCheck(Engine):
         external_maybe: Callable[[Any], None] | None = None,
         fenced: tuple[Any, int, bool] | Callable[[], tuple[Any, int, bool]] | None = None,
         guarantee: str | None = None,
+        parts: tuple[Callable[[Any], Any], ...] = (),
     ) -> Any:
         """Apply one operation to the model and to the implementation, and compare outcomes.
 
@@ -279,8 +282,9 @@ class KindCheck(Engine):
         the database let it write? — before the outcomes are compared. With ``guarantee``
         (``claim``, ``lease``), the operation's outcome *is* that guarantee of the contract
         (which runs a claim takes, which runs a reaper takes back): an outcome that differs from
-        the model's breaks it. Every operation is judged on its own: a second operation in one
-        rule first has the one before it observed."""
+        the model's breaks it. With ``parts`` (:attr:`.steps.Action.parts`) it is several
+        transactions: a failure may have left any of them landed. Every operation is judged on
+        its own: a second operation in one rule first has the one before it observed."""
         self.start_step()
         self.env.ensure_alive()
         bases = [c.model for c in self.candidates]  # more than one where the rows cannot tell
@@ -314,7 +318,8 @@ class KindCheck(Engine):
                     Candidate(m, committed=landed)
                     for b, t in zip(bases, trials)
                     for m, landed in ((b, False), (t, True))
-                ],
+                ]
+                + [Candidate(m, part_way=True) for m in part_way(bases, parts)],
                 external_maybe,
             )
             return None
@@ -349,7 +354,10 @@ class KindCheck(Engine):
                 )
             self.event(name)
             self._lost_connection(worker, on_error, e)
-            self.candidates = self._with_external([Candidate(b) for b in bases], external_maybe)
+            # of several transactions, any may have landed, all of them too
+            states = [Candidate(m) for m in bases + (trials if parts else [])]
+            states += [Candidate(m, part_way=True) for m in part_way(bases, parts)]
+            self.candidates = self._with_external(states, external_maybe)
             return None
         except TransactionAborted as e:
             self._lost_connection(worker, on_error)
@@ -429,11 +437,11 @@ class KindCheck(Engine):
     ) -> list[Candidate]:
         if external_maybe is None:
             return cands
-        out = [Candidate(c.model, c.committed, external=False) for c in cands]
+        out = [replace(c, external=False) for c in cands]
         for c in cands:
             acted = c.model.copy()
             external_maybe(acted)
-            out.append(Candidate(acted, c.committed, external=True))
+            out.append(replace(c, model=acted, external=True))
         return out
 
     def _lost_connection(
@@ -480,13 +488,20 @@ class KindCheck(Engine):
                 otherwise=self._if_landed if self._indeterminate else None,
             )
         chosen = matching[0]
-        if self._indeterminate and len({c.committed for c in matching}) == 1:
+        if (
+            self._indeterminate
+            and len({c.committed for c in matching}) == 1
+            and chosen.committed is not None
+        ):
             landed = "committed" if chosen.committed else "not committed"
             self.event(f"indeterminate resolved: {landed}")
             self.log(
                 f"  (observed: the indeterminate step "
                 f"{'committed' if chosen.committed else 'did not commit'})"
             )
+        if all(c.part_way for c in matching):
+            self.event("landed part-way")
+            self.log("  (observed: some of its transactions landed, not all)")
         if chosen.external is not None and len({c.external for c in matching}) == 1:
             self.log(f"  (observed: the stand-in {'acted' if chosen.external else 'did not act'})")
         self._indeterminate = False

@@ -27,6 +27,7 @@ adapter's problems, the derived mutants, the required events) in :mod:`.genericb
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar, Iterable, Literal
 
 from hypothesis import strategies as st
@@ -579,6 +580,19 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
             ]
             return Won(tuple(sorted((str(k) for k in keys), key=_order)))
 
+        # one transaction per run (Lease(reaps="one-by-one")): a failure may leave any taken
+        one_by_one = self.description.lease.reaps == "one-by-one"
+        keys = sorted(lapsed, key=_order)
+        parts = tuple(partial(type(m).take_back, key=k) for k in keys)
+
+        def split(got) -> tuple | None:
+            taken = got.value if isinstance(got, Won) else None
+            if not isinstance(taken, tuple):  # a count, or nothing: the rows judge
+                return (UNKNOWN,) * len(keys)
+            if not set(taken) <= lapsed:  # a run none of its parts takes: judged whole
+                return None
+            return tuple(Won((k,) if k in taken else ()) for k in keys)
+
         return Action(
             "reclaim_stale",
             "reclaim_stale()",
@@ -586,6 +600,8 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
             impl,
             guarantee="lease",
             runs=lapsed,
+            parts=parts if one_by_one else (),
+            split=split,
         )
 
 

@@ -174,6 +174,8 @@ def required_events(
             out.append("fence rejection")  # on an ended run: a stale holder's, none in a control
     if d.lease is not None:
         out.append("reclaim")
+        if d.lease.reaps == "one-by-one":  # a reaper that failed after some of its writes
+            out.append("landed part-way")
         if again and not owners_only:  # a run taken back is claimed again: each write meets it
             out += [f"stale {w} on a re-claimed run" for w in writes]
     fencing = d.fence.kind in ("attempt", "claim", "row-lock") and d.fence.answers

@@ -16,6 +16,21 @@ from . import rows
 from .adapter import OK
 
 
+def _after(n: int, worker, hook):
+    """``hook``, armed on ``worker``'s COMMIT, meeting the one after the next ``n``: an
+    operation of several transactions fails after some of them landed."""
+
+    def later(conn) -> None:
+        nonlocal n
+        if n:
+            n -= 1
+            worker.before_commit = later  # the COMMIT that ran it took it: armed again
+            return
+        hook(conn)
+
+    return later
+
+
 class FaultAnswers:
     """The generic check's answers to the fault policy."""
 
@@ -35,9 +50,13 @@ class FaultAnswers:
 
     def turns(self, w: int) -> list[str]:
         """What ``w`` can do next: record an outcome, make the external call, claim; and, while
-        it holds runs, its heartbeat, whose timer may fire first (after a stall it is overdue)."""
+        it holds runs, its heartbeat, whose timer may fire first (after a stall it is overdue);
+        and a reaper of one transaction per run (``Lease(reaps="one-by-one")``), whose COMMIT
+        a fault may meet after some of its take-backs."""
         ops = {a.op for a in self.actions(w)}
-        return [op for op in ("record", "send", "claim", self.heartbeat_op) if op in ops]
+        apart = self.description.lease is not None and self.description.lease.reaps != "together"
+        steps = ("record", "send", "claim", self.heartbeat_op) + (("reclaim_stale",) * apart)
+        return [op for op in steps if op in ops]
 
     def turn(self, w: int, data) -> None:
         """The step that meets the fault armed for it: a lost reply meets the external call,
@@ -54,6 +73,14 @@ class FaultAnswers:
                 step = beat
         if step == "claim":
             self.do(w, self._claim(w, self._batches()[-1]))
+            return
+        if step == "reclaim_stale":
+            reap = self._reap(w)
+            worker = self.workers[w]
+            if worker.before_commit is not None and reap.parts:  # its read commits too
+                met = data.draw(st.integers(0, len(reap.parts)), label="COMMITs before the fault")
+                worker.before_commit = _after(met, worker, worker.before_commit)
+            self.do(w, reap)
             return
         if step == beat:
             key = rows.row(data, self._mine(w, sent=None), "run")

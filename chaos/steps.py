@@ -29,6 +29,7 @@ class Candidate:
     model: Any
     committed: bool | None = None  # for a COMMIT whose answer was lost: whether it landed here
     external: bool | None = None  # for a call whose answer was lost: whether the stand-in acted
+    part_way: bool = False  # for an operation of several transactions: some, not none, landed
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,16 @@ class Action:
     """For an operation whose correct outcomes are several when others run at once (a SKIP
     LOCKED claim may skip rows another transaction holds): the model operation given what the
     implementation answered, which accepts it when it is one of them (default None)."""
+    parts: tuple[Callable[[Any], Any], ...] = ()
+    """For an operation of several transactions (a reaper taking back each run in one of its
+    own): each transaction's write as a model operation. One that fails part-way may leave any
+    of them landed and the rest not, so after a failure every such state stays possible, in a
+    step of its own and in a block, where each part is linearized on its own (default ():
+    one transaction, all or nothing)."""
+    split: Callable[[Any], tuple[Any, ...] | None] | None = None
+    """With ``parts``: each part's share of the operation's answer, in order, by which a block
+    judges each; None for an answer no part gives, judged whole (default None: each part's
+    answer unknown, judged by the rows alone)."""
     runs: frozenset = frozenset()
     """The runs it may write (a fenced write: its run; a claim: the due runs; the reaper: the
     runs whose lease lapsed), so a block can aim at a run two workers contest."""
@@ -100,6 +111,19 @@ class Action:
         if not paren:
             return f"{self.label}({worker})"
         return f"{name}({worker}{', ' if rest != ')' else ''}{rest}"
+
+
+def part_way(models: list[Any], parts: tuple[Callable[[Any], Any], ...]) -> list[Any]:
+    """The states an operation of several transactions (:attr:`Action.parts`) may leave when
+    it failed part-way, from each of ``models``: every one with some of its parts landed, not
+    none (``models`` themselves) and not all (the operation's own outcome)."""
+    states: list[tuple[Any, int]] = [(m, 0) for m in models]
+    for part in parts:
+        for m, n in list(states):
+            m = m.copy()
+            part(m)
+            states.append((m, n + 1))
+    return [m for m, n in states if 0 < n < len(parts)]
 
 
 def broken_by(expected: Any, got: Any, fenced: bool, guarantee: str | None) -> tuple[str, ...]:

@@ -152,6 +152,14 @@ class Lease(BaseModel):
         "three), or one at a time (a single reaper process, or a periodic task with a lock: "
         "procrastinate's stalled-jobs task deployed with lock=...)",
     )
+    reaps: Literal["together", "one-by-one"] = Field(
+        "together",
+        description="how the reaper's writes commit: every lapsed run taken back in one "
+        "transaction, or one-by-one: it reads the lapsed runs, then takes each back in a "
+        "transaction of its own (procrastinate's stalled-jobs task: get_stalled_jobs, then "
+        "retry_job per job), so a failure part-way leaves any of them taken back and the rest "
+        "held (in a concurrent block a reaper that answered is still judged as one step)",
+    )
     how: str = Field("", description="the lease, in a sentence (default: from the fields)")
     reaper: str = Field("", description="the reaper, in a sentence (default: from the fields)")
 
@@ -582,7 +590,8 @@ class RunKind(BaseModel):
         if self.claim.reclaims and not moves:
             return "none: the claim re-picks runs whose lease lapsed"
         again = "; the claim also re-picks them" if self.claim.reclaims else ""
-        return f"runs whose lease lapsed are taken back ({moves}){again}"
+        apart = ", each in a transaction of its own" if lease.reaps == "one-by-one" else ""
+        return f"runs whose lease lapsed are taken back ({moves}){apart}{again}"
 
     def fence_text(self) -> str:
         if self.fence.how:

@@ -501,16 +501,26 @@ class GenericModel:
         return Won()
 
     def reclaim_stale(self) -> Outcome:
-        taken = []
-        for r in sorted(self.runs.values(), key=lambda r: r.seq):
-            if self.lapsed(r):
-                if self.requeues(r):
-                    extra = r.extra + self.limits_per_run()
-                    self._move(r, RECLAIM, lease_until=None, due=self._requeued_due(r), extra=extra)
-                else:
-                    self._move(r, RECLAIM_DEAD, lease_until=None)
-                taken.append(r.key)
-        return Won(tuple(taken))
+        taken = tuple(
+            r.key for r in sorted(self.runs.values(), key=lambda r: r.seq) if self.lapsed(r)
+        )
+        for key in taken:
+            self.take_back(key)
+        return Won(taken)
+
+    def take_back(self, key: str) -> Outcome:
+        """The reaper's write of one run, if its lease lapsed: put back, or ended at its limit
+        (a reaper that takes back one run per transaction, ``Lease(reaps="one-by-one")``, may
+        have done any of these when it failed part-way)."""
+        r = self.runs.get(key)
+        if r is None or not self.lapsed(r):
+            return Won(())
+        if self.requeues(r):
+            extra = r.extra + self.limits_per_run()
+            self._move(r, RECLAIM, lease_until=None, due=self._requeued_due(r), extra=extra)
+        else:
+            self._move(r, RECLAIM_DEAD, lease_until=None)
+        return Won((key,))
 
     def requeues(self, r: Run) -> bool:
         """Whether the reaper puts run ``r`` back to be claimed again: not when it knows the

@@ -25,8 +25,9 @@ PROCRASTINATE = RunKind(
         heartbeat="10s",
         per="worker",
         taken_back_by=("reclaim",),
-        requeue_clock="application",
-    ),  # a re-queue: retry_job(job) stamps utcnow()
+        requeue_clock="application",  # a re-queue: retry_job(job) stamps utcnow()
+        reaps="one-by-one",  # get_stalled_jobs, then retry_job per job
+    ),
     fence=Fence(kind="unless-terminal", how="finish_job matches the job id, 'todo' or 'doing'"),
     receipts="the job row (and its procrastinate_events)",
 )
