@@ -272,7 +272,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
 
         return impl
 
-    def _fence(self, h: Held):
+    def _fence(self, h: Held, write: str):
         """A write by an owner, judged by whether its holder still owned the run. A library
         whose writes say nothing (``Fence(answers=False)``) answers None either way, so the
         answer cannot show a refusal: a write the fence refuses, as the model predicts and the
@@ -280,7 +280,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
 
         def judged() -> tuple[str, int | None, bool]:
             silent = not self.description.fence.answers
-            refused = silent and not self.model.lands(h.job)
+            refused = silent and not self.model.lands(h.job, write)
             return h.job.key, h.job.token, self.model.owns(h.job) or refused
 
         return judged
@@ -528,7 +528,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
             impl,
             after=after,
             on_error=self._unanswered(worker, h),
-            fence=self._fence(h),
+            fence=self._fence(h, "complete" if result == OK else "fail"),
             runs=frozenset({key}),
         )
 
@@ -539,7 +539,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
         (the stale outcome writes are), so the finding reported is the one that matters."""
         worker, h = self.workers[w], self.held[w][key]
         stale = self._stale(h)
-        judged = self.description.fence.kind != "unless-terminal"
+        judged = self.description.fence.of("extend_lease") != "unless-terminal"
 
         def after(got) -> None:
             if stale:
@@ -559,7 +559,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
             self._write("extend_lease")(worker, self._handle(w, key)),
             after=after,
             on_error=self._unanswered(worker, h),
-            fence=self._fence(h) if judged else None,
+            fence=self._fence(h, "extend_lease") if judged else None,
             runs=frozenset({key}),
         )
 

@@ -143,7 +143,7 @@ def derived_mutants(d: RunKind, adapter: type[Adapter]) -> list[Mutant]:
                 )
     if not adapter.queries and d.claim.skip_locked and d.commits == "transaction":
         out += [wire_mutant(d, adapter, name, edit, why) for name, edit, why in WIRE_GUARDS]
-    if claimed_again(d) and d.fence.kind in ("attempt", "claim"):
+    if claimed_again(d) and d.fence.kinds() & {"attempt", "claim"}:
         out.append(
             Mutant(
                 "stale-write-takes-current-token",
@@ -168,23 +168,24 @@ def required_events(
     events = d.events()  # an owner's writes: its outcome, a failure when it has one, its beat
     writes = ["complete"] + (["fail"] if d.retry is not None or generic.FAIL in events else [])
     writes += ["extend_lease"] if generic.EXTEND in events else []
-    if d.fence.kind != "none" and d.fence.answers:
+    guards = {d.fence.of(w) for w in writes}
+    if guards != {"none"} and d.fence.answers:
         out.append("lost race")
-        if not (owners_only and d.fence.kind == "unless-terminal"):  # it refuses a write only
-            out.append("fence rejection")  # on an ended run: a stale holder's, none in a control
+        if not (owners_only and guards <= {"unless-terminal", "none"}):  # it refuses a write
+            out.append("fence rejection")  # only on an ended run: a stale holder's
     if d.lease is not None:
         out.append("reclaim")
         if d.lease.reaps == "one-by-one":  # a reaper that failed after some of its writes
             out.append("landed part-way")
         if again and not owners_only:  # a run taken back is claimed again: each write meets it
             out += [f"stale {w} on a re-claimed run" for w in writes]
-    fencing = d.fence.kind in ("attempt", "claim", "row-lock") and d.fence.answers
-    if d.lease is not None and fencing and not owners_only:
+    fenced = [w for w in writes if d.fence.of(w) in ("attempt", "claim", "row-lock")]
+    if d.lease is not None and d.fence.answers and not owners_only:
         # each fenced write refused both on a run nobody holds now and on one another holds
         # (a library whose writes say nothing shows no refusal: its stale writes, counted
         # above, are judged by the rows read back)
         whys = ["no longer claimed"] + (["re-claimed"] if d.retry is not None else [])
-        out += [f"fence refusal: {w} ({why})" for w in writes for why in whys]
+        out += [f"fence refusal: {w} ({why})" for w in fenced for why in whys]
     if d.retry is not None and d.retry.backoff != "none":
         out.append("backoff")
     if mode != "own":
@@ -224,7 +225,11 @@ def heartbeat_op(d: RunKind) -> str:
     """The name the check gives the heartbeat: ``renew_lease`` behind an id-only fence (or
     none), where a stale beat lands like a stale outcome and, drawn by name after the record's,
     the shrinker shows the stale outcome of two equally short counterexamples."""
-    return "renew_lease" if d.fence.kind in ("unless-terminal", "none") else "extend_lease"
+    return (
+        "renew_lease"
+        if d.fence.of("extend_lease") in ("unless-terminal", "none")
+        else "extend_lease"
+    )
 
 
 def raced_pairs(d: RunKind, owners_only: bool | str = False) -> list[tuple[str, str]]:

@@ -109,6 +109,12 @@ def described(check: type) -> "DescribedSoak":
             "(Fence(kind='claim')); a soak's judge fences each row version by the token it "
             "reads: check it with knownstate verify, which models one"
         )
+    if d.fence.operations:
+        raise KindNotFound(
+            f"kind {check.kind!r}: its writes have guards of their own (Fence(operations=...)); "
+            "a soak's judge fences every write of a kind alike: check it with knownstate "
+            "verify, which models each"
+        )
     return DescribedSoak(check)
 
 

@@ -164,11 +164,15 @@ class Lease(BaseModel):
     reaper: str = Field("", description="the reaper, in a sentence (default: from the fields)")
 
 
+FenceKind = Literal["attempt", "claim", "status", "row-lock", "unless-terminal", "none"]
+OwnerWrite = Literal["complete", "fail", "extend_lease"]
+
+
 class Fence(BaseModel):
     """What stops an owner that lost its lease from writing."""
 
     model_config = _STRICT
-    kind: Literal["attempt", "claim", "status", "row-lock", "unless-terminal", "none"] = Field(
+    kind: FenceKind = Field(
         description="attempt: writes match the claimed attempt; claim: writes match a token "
         "each claim sets afresh (a claim id: no count the rows show); status: writes match only "
         "the owned status; row-lock: each write locks the row and checks it is still "
@@ -182,7 +186,22 @@ class Fence(BaseModel):
         "return None either way); each is judged by the rows read back, and no refusal is "
         "counted that the library did not show",
     )
+    operations: dict[OwnerWrite, FenceKind] = Field(
+        default_factory=dict,
+        description="a guard of its own for some of an owner's writes (complete, fail, "
+        "extend_lease), where the library's differ: a finish matching the claim's attempt "
+        "beside a heartbeat by id only is kind='attempt', operations={'extend_lease': "
+        "'unless-terminal'}; the writes not named have kind's (default: none named)",
+    )
     how: str = Field("", description="the fence, in a sentence (default: from the kind)")
+
+    def of(self, write: str) -> str:
+        """The guard of an owner's ``write`` (complete, fail, extend_lease)."""
+        return self.operations.get(write, self.kind)
+
+    def kinds(self) -> frozenset[str]:
+        """Every guard an owner's writes have."""
+        return frozenset({self.kind, *self.operations.values()})
 
 
 class Retry(BaseModel):
@@ -440,7 +459,7 @@ class RunKind(BaseModel):
         out += self._lease_problems() + self._retry_problems()
         if self.claim.reclaims and self.lease is None:
             out.append("Claim(reclaims=True) without a lease: describe the lease it re-picks on")
-        if self.fence.kind != "none" and self.lease is None:
+        if self.fence.kinds() != {"none"} and self.lease is None:
             out.append(
                 f"fence {self.fence.kind!r} without a lease: an owner never loses its "
                 "claim, so there is nothing to fence; describe the lease, or use "
@@ -596,7 +615,7 @@ class RunKind(BaseModel):
     def fence_text(self) -> str:
         if self.fence.how:
             return self.fence.how
-        return {
+        texts = {
             "attempt": "every write by an owner matches the claimed attempt",
             "claim": "every write by an owner matches the id its claim set (a new one per claim)",
             "status": f"every write by an owner is guarded on status = {self.owned[0]!r}",
@@ -604,7 +623,9 @@ class RunKind(BaseModel):
             "unless-terminal": "every write matches the run's id only: it lands unless the run "
             "ended",
             "none": "none: a stale owner's write is not refused",
-        }[self.fence.kind]
+        }
+        own = "; ".join(f"{w}: {texts[k]}" for w, k in sorted(self.fence.operations.items()))
+        return texts[self.fence.kind] + (f" (except {own})" if own else "")
 
     def retry_text(self) -> str:
         r = self.retry

@@ -68,6 +68,14 @@ RETRY, GIVE_UP = "retry", "give_up"
 RECLAIM, RECLAIM_DEAD = "reclaim", "reclaim_dead"
 VOCABULARY = (ENQUEUE, CLAIM, EXTEND, COMPLETE, FAIL, RETRY, GIVE_UP, RECLAIM, RECLAIM_DEAD)
 OWNER_WRITES = frozenset({EXTEND, COMPLETE, FAIL, RETRY, GIVE_UP})
+WRITE_OF = {
+    EXTEND: "extend_lease",
+    COMPLETE: "complete",
+    FAIL: "fail",
+    RETRY: "fail",
+    GIVE_UP: "fail",
+}
+"""The owner's write each event is (``Fence.operations`` names writes)."""
 STEP = "run"  # a queued run's single step; its identity is the run's key
 KEY_TAKEN = "a run with this key exists"
 ALWAYS_DUE = -(2**62)  # a run with no schedule (Claim(unscheduled="always")): due at any time
@@ -299,7 +307,7 @@ class GenericModel:
 
     def tracks_attempts(self) -> bool:
         """Whether the system's rows keep the attempt count (its fence or its retries need it)."""
-        return self.d.fence.kind == "attempt" or self.d.retry is not None
+        return "attempt" in self.d.fence.kinds() or self.d.retry is not None
 
     def state(self, holders: bool = False) -> tuple[Observed, ...]:
         """Every run as observed; ``holders``: with who holds each held run (the rows show it)."""
@@ -326,7 +334,7 @@ class GenericModel:
         return (self.timing.max_attempts or 0) + extra
 
     def _move(self, r: Run, event: str, **changes) -> Run:
-        unguarded = self.d.fence.kind in ("none", "unless-terminal")
+        unguarded = self.d.fence.of(WRITE_OF.get(event, "")) in ("none", "unless-terminal")
         if event == EXTEND and unguarded and r.status != self.owned:
             new = replace(r, **changes)  # a heartbeat by id only stamps the lease, nothing else
             self.runs[r.key] = new
@@ -345,12 +353,12 @@ class GenericModel:
         r = self.runs.get(job.key)
         return r is not None and r.status == self.owned and r.claims == job.token
 
-    def _fenced(self, job: Job) -> Run | None:
-        """The run a write by ``job``'s holder lands on, as the described fence decides."""
+    def _fenced(self, job: Job, write: str) -> Run | None:
+        """The run ``write`` by ``job``'s holder lands on, as the described fence decides."""
         r = self.runs.get(job.key)
         if r is None:
             return None
-        kind = self.d.fence.kind
+        kind = self.d.fence.of(write)
         if kind == "none":
             return r
         if kind == "unless-terminal":
@@ -359,9 +367,9 @@ class GenericModel:
             return r if r.status == self.owned else None
         return r if self.owns(job) else None
 
-    def lands(self, job: Job) -> bool:
-        """Whether a write by ``job``'s holder lands, as the described fence decides."""
-        return self._fenced(job) is not None
+    def lands(self, job: Job, write: str) -> bool:
+        """Whether ``write`` by ``job``'s holder lands, as the described fence decides."""
+        return self._fenced(job, write) is not None
 
     def _refused(self) -> Outcome:
         """A write its guard refused: a lost race, or, from a library whose writes say nothing
@@ -462,7 +470,7 @@ class GenericModel:
                 if r.status == self.owned and r.holder == job.holder:  # logged: a transition
                     self._move(r, EXTEND, lease_until=now + self.timing.lease)
             return Won()
-        r = self._fenced(job)
+        r = self._fenced(job, "extend_lease")
         if r is None:
             return self._refused()
         self._move(r, EXTEND, lease_until=self.lease_now() + (self.timing.lease or 0))
@@ -474,7 +482,7 @@ class GenericModel:
         return r.attempts + 1 if executions else r.attempts
 
     def complete(self, job: Job) -> Outcome:
-        r = self._fenced(job)
+        r = self._fenced(job, "complete")
         if r is None:
             return self._refused()
         self._move(r, COMPLETE, lease_until=None, attempts=self._finished(r))
@@ -483,7 +491,7 @@ class GenericModel:
     def fail(self, job: Job, permanent: bool) -> Outcome:
         """A failed run of the work: for good, or retried after a backoff, or given up at the
         limit, judged on the count the policy says (the row's, or the one the worker read)."""
-        r = self._fenced(job)
+        r = self._fenced(job, "fail")
         if r is None:
             return self._refused()
         retry = self.d.retry

@@ -636,7 +636,7 @@ def test_a_claim_id_fence_refuses_a_stale_holder_and_keeps_no_count():
     m, first, second = reaped_and_reclaimed(RunKind(**CHANCY_LIKE))
     assert not m.tracks_attempts()  # the rows show no count: the check compares none
     assert (first.token, second.token) == (1, 2)  # each claim's id is new
-    assert not m.lands(first) and m.lands(second)
+    assert not m.lands(first, "complete") and m.lands(second, "complete")
     assert m.complete(first) == Won()  # silent: None either way
     assert m.runs["1"].status == "running"  # and refused: the rows show it
     assert m.complete(second) == Won() and m.runs["1"].status == "succeeded"
@@ -659,13 +659,13 @@ def test_a_stale_write_a_silent_fence_refused_is_not_judged_accepted():
     d = RunKind(**CHANCY_LIKE)
     m, first, second = reaped_and_reclaimed(d)
     check = SimpleNamespace(description=d, model=m)
-    key, token, current = GenericCheck._fence(check, Held(first, Claimed("1")))()
+    key, token, current = GenericCheck._fence(check, Held(first, Claimed("1")), "complete")()
     # answered None, refused by the fence: no stale write was accepted
     assert check_invariants(d.contract(), {}, {}, [Write(key, token, True, current)]) == []
     weak = RunKind(**{**CHANCY_LIKE, "fence": Fence(kind="unless-terminal", answers=False)})
     m, first, _ = reaped_and_reclaimed(weak)
     check = SimpleNamespace(description=weak, model=m)
-    key, token, current = GenericCheck._fence(check, Held(first, Claimed("1")))()
+    key, token, current = GenericCheck._fence(check, Held(first, Claimed("1")), "complete")()
     [found] = check_invariants(weak.contract(), {}, {}, [Write(key, token, True, current)])
     assert found.invariant == "lease-fence"  # an id-only write lands: still named
 
