@@ -92,6 +92,9 @@ def _junit_outcome(r: dict, doc: dict) -> tuple[str | None, str, str, str]:
             else f"environment: {doc['message'] or 'a real part died'}"
         )
         return "error", status, f"{message} after {r['examples']} examples", ""
+    if status == "not covered":  # this database cannot reach it: neither caught nor missed
+        needs = ", ".join(r.get("not_covered") or [])
+        return "skipped", "not-covered", f"not covered on this database: needs {needs}", ""
     if status == "not applicable":
         return "failure", "not-applicable", not_applicable(r), ""
     if r["mutant"] is not None:

@@ -26,6 +26,7 @@ from knownstate.chaos.report import (
     Unit,
     finished_record,
     junit,
+    not_covered_record,
     merge,
     path_problem,
     schema,
@@ -267,6 +268,16 @@ def test_junit_passes_a_caught_mutant_and_fails_a_surviving_one():
     cases = list(root.iter("testcase"))
     assert [len(list(c.iter("failure"))) for c in cases] == [0, 1]
     assert next(cases[1].iter("failure")).get("message").startswith("NOT CAUGHT")
+
+
+def test_junit_skips_a_mutant_this_database_cannot_reach_instead_of_failing_it():
+    u = Unit(0, "outbox", 1, MUTANT)
+    rep = report([u])
+    rep.start(u)
+    rep.finish(u, not_covered_record(u, "ci", ["event 'db crash'"]))
+    [case] = _junit(rep.document()).iter("testcase")
+    assert not list(case.iter("failure"))
+    assert "needs event 'db crash'" in next(case.iter("skipped")).get("message")
 
 
 def test_junit_names_do_not_carry_random_seeds_and_survive_control_characters():
