@@ -77,8 +77,5 @@ class ProcrastinateAdapter(Adapter):
 
 
 ProcrastinateKind = kind(PROCRASTINATE, ProcrastinateAdapter)
-ONE_TASK = PROCRASTINATE.lease.model_copy(update={"reapers": "one"})  # its task with lock=...
-OWNERS_ONLY = PROCRASTINATE.model_copy(update={"lease": ONE_TASK})  # stale holders never write
-ProcrastinateOwnersOnly = kind(
-    OWNERS_ONLY, ProcrastinateAdapter, owners_only="under-lease"
-)  # a lapsed beat is stale
+# stale holders never write, a holder whose worker's beat lapsed among them
+ProcrastinateOwnersOnly = kind(PROCRASTINATE, ProcrastinateAdapter, owners_only="under-lease")
