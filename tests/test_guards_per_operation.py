@@ -16,6 +16,7 @@ from knownstate.chaos.check import run_check
 from knownstate.chaos.generic import kind
 from knownstate.model.describe import Fence
 
+from tests.test_app_clock_lease import AppLease
 from tests.test_reaps_apart import ONE_BY_ONE, ReapsOneByOne
 
 pytestmark = pytest.mark.slow
@@ -39,13 +40,7 @@ class BeatsById(ReapsOneByOne):
                 [self.timing.lease, job.key],
             ).rowcount
 
-    def reclaim_stale(self, conn):
-        with conn.transaction():
-            rows = conn.execute(
-                """UPDATE jobs SET status = 'queued', due = now(), lease_until = NULL
-                WHERE status = 'running' AND lease_until <= now() RETURNING key"""
-            ).fetchall()
-        return [key for (key,) in rows]
+    reclaim_stale = AppLease.reclaim_stale  # one transaction
 
 
 # each runs from the command line too: knownstate verify --kind tests.test_guards_per_operation:NAME
