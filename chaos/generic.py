@@ -648,7 +648,7 @@ def kind(
     )
     title = "".join(p.capitalize() for p in description.name.split("-"))
     failures = description.retry is not None and description.retry.counts != "claims"
-    app_clock = description.claim.unscheduled == "application" or description.app_clock_lease
+    app_clock = description.app_clock
     mixins = (FailsAgain,) * failures + (SkewsAppClock,) * app_clock
     cls = type(
         f"{title}Check",

@@ -98,7 +98,8 @@ class Claim(BaseModel):
         "from the application's now at enqueue (chancy's Job.scheduled_at): due when the "
         "database's clock reaches it. The application's clock is the one the gate hands the "
         "adapter (Adapter.now()): it starts where the database's does and none of the gate's "
-        "database clock jumps move it, so the skew between them is at most the jumps drawn",
+        "database clock jumps move it, so the skew between them is at most the jumps drawn "
+        "(RunKind.clock_skew bounds it)",
     )
     most: int | None = Field(
         None,
@@ -350,6 +351,15 @@ class RunKind(BaseModel):
         "sending, the server crashed) meet the worker's next statement, which commits on its "
         "own; no claim races another's open COMMIT",
     )
+    clock_skew: Seconds | None = Field(
+        None,
+        description="the most the application's clock is apart from the database's, either "
+        "way, in the deployment the library is built for (NTP keeps hosts within seconds): the "
+        "gate then keeps its application clock within it, each skew drawn within "
+        "±clock_skew and each jump of the database's clock passing on both; needs an "
+        "application clock (Claim(unscheduled='application') or Lease(clock='application')). "
+        "None: unbounded, the clocks apart by whatever the gate's jumps and skews drew",
+    )
     deviations: tuple[str, ...] = ()
 
     @model_validator(mode="before")
@@ -388,6 +398,11 @@ class RunKind(BaseModel):
     def app_clock_lease(self) -> bool:
         """Whether its leases are stamped and judged by the application's clock."""
         return self.lease is not None and self.lease.clock == "application"
+
+    @property
+    def app_clock(self) -> bool:
+        """Whether the application's clock schedules its runs or stamps its leases."""
+        return self.claim.unscheduled == "application" or self.app_clock_lease
 
     # -- consistency ---------------------------------------------------------------------
     def problems(self) -> list[str]:
@@ -459,6 +474,13 @@ class RunKind(BaseModel):
         out += self._lease_problems() + self._retry_problems()
         if self.claim.reclaims and self.lease is None:
             out.append("Claim(reclaims=True) without a lease: describe the lease it re-picks on")
+        if self.clock_skew is not None and not self.app_clock:
+            out.append(
+                f"clock_skew={self.clock_skew} s without an application clock: it bounds the "
+                "application's clock against the database's; drop it, or say where the "
+                "application's clock is used (Claim(unscheduled='application') or "
+                "Lease(clock='application'))"
+            )
         if self.fence.kinds() != {"none"} and self.lease is None:
             out.append(
                 f"fence {self.fence.kind!r} without a lease: an owner never loses its "
@@ -587,15 +609,28 @@ class RunKind(BaseModel):
     def events(self) -> frozenset[str]:
         return frozenset(e for _, e, _ in self.transitions)
 
+    def skew_text(self) -> str:
+        """The bound on the two clocks, as the contract states it ("": unbounded)."""
+        if self.clock_skew is None:
+            return ""
+        return f"the application's clock within ±{self.clock_skew} s of the database's"
+
+    def claim_text(self) -> str:
+        """The claim, with the bound on the clocks where the application's now schedules."""
+        if self.claim.unscheduled != "application" or self.clock_skew is None:
+            return self.claim.how
+        return f"{self.claim.how}; due by the application's now at enqueue, {self.skew_text()}"
+
     def lease_text(self) -> str:
         lease = self.lease
         if lease is None:
             return "none"
+        bound = f"; {self.skew_text()}" if self.app_clock_lease and self.clock_skew else ""
         if lease.how:
-            return lease.how
+            return lease.how + bound
         clock = "the database's now()" if lease.clock == "database" else "the application clock"
         beat = f", extended by a heartbeat every {lease.heartbeat} s" if lease.heartbeat else ""
-        return f"{lease.seconds} s claim lease stamped with {clock}{beat}"
+        return f"{lease.seconds} s claim lease stamped with {clock}{beat}{bound}"
 
     def reaper_text(self) -> str:
         lease = self.lease
@@ -649,7 +684,7 @@ class RunKind(BaseModel):
             kind=self.name,
             table=self.table(),
             terminal=frozenset(self.terminal),
-            claim=self.claim.how,
+            claim=self.claim_text(),
             lease=self.lease_text(),
             lease_clock=clock,
             reaper=self.reaper_text(),

@@ -171,6 +171,9 @@ class Timing:
     backoff_base: int | None
     backoff_cap: int | None
     scale: int = 1
+    clock_skew: int | None = None
+    """The most the application's clock is apart from the database's (``RunKind.clock_skew``,
+    scaled like the others); None: unbounded."""
 
     @classmethod
     def of(cls, d: RunKind, quantum: int = 1) -> "Timing":
@@ -181,6 +184,7 @@ class Timing:
                 d.lease and d.lease.heartbeat,
                 d.retry and d.retry.base,
                 d.retry and d.retry.cap,
+                d.clock_skew,
             )
             if s
         ]
@@ -193,6 +197,7 @@ class Timing:
             backoff_base=r.base * k if r and r.base else None,
             backoff_cap=r.cap * k if r and r.cap else None,
             scale=k,
+            clock_skew=d.clock_skew * k if d.clock_skew else None,
         )
 
 
@@ -293,6 +298,10 @@ class GenericModel:
         database's only, and its skews (``skew_app``) the application's only (the library's own
         clock, real time, is ``APP_AHEAD`` further on, never skewed)."""
         return self.now + self.app_ahead - APP_AHEAD + self.app_skew
+
+    def app_apart(self) -> int:
+        """Seconds the application's clock is ahead of the database's (behind: negative)."""
+        return self.app_now() - self.now
 
     def skew_app(self, seconds: int) -> None:
         """The gate's application clock (``Adapter.now()``) moves ``seconds``; the database's
