@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from knownstate.chaos.check import KindCheck, Profile, broken_by, run_check
+from knownstate.chaos.check import PROFILES, KindCheck, Profile, broken_by, run_check
 from knownstate.model.contract import LostRace, Won
 from knownstate.chaos.kinds.outbox import MUTANTS, OutboxCheck
 from knownstate.impl import outbox as impl
@@ -21,16 +21,9 @@ MUTANT = {m.name: m for m in MUTANTS}
 
 
 def profile(**kw) -> Profile:
-    base = dict(
-        name="test",
-        min_examples=1,
-        max_examples=400,
-        steps=30,
-        times_each=1,
-        too_slow_s=1e9,
-        description="a test profile",
-    )
-    return Profile(**{**base, **kw})
+    """The CI profile, quick: one example at least, each requirement seen once."""
+    quick = dict(name="test", min_examples=1, max_examples=400, steps=30, times_each=1)
+    return dataclasses.replace(PROFILES["ci"], **{**quick, "too_slow_s": 1e9, **kw})
 
 
 def test_a_run_stops_once_every_requirement_was_observed(knownstate_env):

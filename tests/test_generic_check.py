@@ -54,16 +54,9 @@ OutboxKind = kind(DESCRIBED, OutboxAdapter)
 
 
 def profile(**kw) -> Profile:
-    base = dict(
-        name="test",
-        min_examples=1,
-        max_examples=400,
-        steps=40,
-        times_each=1,
-        too_slow_s=1e9,
-        description="a test profile",
-    )
-    return Profile(**{**base, **kw})
+    """The CI profile, quick: one example at least, each requirement seen once."""
+    quick = dict(name="test", min_examples=1, max_examples=400, steps=40, times_each=1)
+    return replace(PROFILES["ci"], **{**quick, "too_slow_s": 1e9, **kw})
 
 
 def test_the_reference_outbox_bound_through_its_description_passes(knownstate_env):
