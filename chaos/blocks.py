@@ -25,7 +25,7 @@ from . import interleave, linearize, rows
 from .harness import EnvironmentFault, Worker, WorkerDied
 from .interleave import Op, SchedulerEnvironmentError
 from .runner import Requirement, needs
-from .steps import Candidate, Action, broken_by
+from .steps import Candidate, Action, broken_by, in_parts
 from .toxi import Link
 
 
@@ -74,38 +74,6 @@ def _raced_name(w: Worker, a: Action, x: Worker, b: Action, run: str) -> str:
     """What names a way to race a pair on one row whatever came before: who does which
     operation, on which row (named by the check's ``row_name``)."""
     return f"{w.name} {a.op} | {x.name} {b.op} | {run}"
-
-
-def _in_parts(history: list, chosen: list, offers: dict, results: dict) -> list:
-    """A block's history with each operation of several transactions (:attr:`.Action.parts`)
-    judged as its parts, each linearized on its own within the operation's span (two reapers
-    taking back one run each, of two, is then an order): answered, each part answers its share
-    of the answer (:attr:`.Action.split`); failed, indeterminate, or with an answer that says
-    nothing of a part (a count, a lost race that ended its loop), each may or may not have
-    landed. One that raised, or answered what no part answers, stays whole."""
-    parted = {w.name for w in chosen if offers[w.name].parts}
-    whole = {op.client: op for op in history if op.client in parted}
-    out = [op for op in history if op.client not in parted]
-    for name in sorted(parted):
-        offer, op = offers[name], whole.get(name)
-        answered = op is not None and op.ret is not None and results[name].error is None
-        n = len(offer.parts)
-        outputs = offer.split(op.output) if answered and offer.split else (linearize.UNKNOWN,) * n
-        if outputs is None or (op is not None and isinstance(op.output, interleave.Raised)):
-            out.append(op)
-            continue
-        out += [
-            linearize.Operation(
-                name,
-                f"{offer.label}: its transaction {i + 1} of {n}",
-                part,
-                op.call if op is not None else 0,
-                op.ret if answered and output is not linearize.UNKNOWN else None,
-                output,
-            )
-            for i, (part, output) in enumerate(zip(offer.parts, outputs))
-        ]
-    return out
 
 
 class Blocks:
@@ -675,7 +643,11 @@ class Blocks:
             for w in chosen
             if results[w.name].error is not None and offers[w.name].external_maybe is not None
         ]
-        history = _in_parts(history, chosen, offers, results)
+        history = in_parts(
+            history,
+            {w.name: offers[w.name] for w in chosen},
+            {w.name for w in chosen if results[w.name].error is not None},
+        )
         self._after_block = True  # a run may have moved twice: the linearization judges moves
         real = self.observe_impl()
         before = [c.model for c in self.candidates]

@@ -12,6 +12,8 @@ import psycopg
 
 from knownstate.model.contract import LostRace, Won
 
+from . import interleave, linearize
+
 
 class Failure(AssertionError):
     """The implementation broke the contract: the message says how, ``invariants`` names the
@@ -124,6 +126,40 @@ def part_way(models: list[Any], parts: tuple[Callable[[Any], Any], ...]) -> list
             part(m)
             states.append((m, n + 1))
     return [m for m, n in states if 0 < n < len(parts)]
+
+
+def in_parts(history: list, actions: dict[str, Action], failed: set[str]) -> list:
+    """A block's history (``actions``: each client's, ``failed``: the clients whose operation
+    raised) with each operation of several transactions (:attr:`Action.parts`) judged as its
+    parts, each linearized on its own within the operation's span (two reapers taking back one
+    run each, of two, is then an order): answered, each part answers its share of the answer
+    (:attr:`Action.split`); failed, indeterminate, or with an answer that says nothing of a part
+    (a count, a lost race that ended its loop), each may or may not have landed. One that
+    raised, or answered what no part answers, stays whole."""
+    parted = {name for name, a in actions.items() if a.parts}
+    whole = {op.client: op for op in history if op.client in parted}
+    out = [op for op in history if op.client not in parted]
+    for name in sorted(parted):
+        action, op = actions[name], whole.get(name)
+        answered = op is not None and op.ret is not None and name not in failed
+        n = len(action.parts)
+        unknown = (linearize.UNKNOWN,) * n
+        outputs = action.split(op.output) if answered and action.split else unknown
+        if outputs is None or (op is not None and isinstance(op.output, interleave.Raised)):
+            out.append(op)
+            continue
+        out += [
+            linearize.Operation(
+                name,
+                f"{action.label}: its transaction {i + 1} of {n}",
+                part,
+                op.call if op is not None else 0,
+                op.ret if answered and output is not linearize.UNKNOWN else None,
+                output,
+            )
+            for i, (part, output) in enumerate(zip(action.parts, outputs))
+        ]
+    return out
 
 
 def broken_by(expected: Any, got: Any, fenced: bool, guarantee: str | None) -> tuple[str, ...]:
