@@ -689,6 +689,16 @@ def _failure_of(e: BaseException, run: RunState) -> tuple[str, tuple[str, ...], 
                 "shortest failure seen before it)"
             )
         return message, names, trace
+    if flaky:  # no failure: one example ran differently when Hypothesis ran it again
+        return (
+            "one example ran differently when run again, before any failure: what the "
+            "implementation does depends on something outside the example (rows read back in "
+            "the order they sit on disk, a query without ORDER BY; a clock of its own; state "
+            "kept between examples); make it deterministic, then rerun the seed. "
+            f"({_raised(e)})",
+            (),
+            list(run.last_trace),
+        )
     return _raised(e), (), list(run.last_trace)
 
 

@@ -231,3 +231,14 @@ def test_a_shrink_stopped_by_an_error_says_so_and_not_that_a_replay_did_not_repr
     flaky = FlakyFailure("inconsistent", [Failure("alpha, otherwise", ("alpha",))])
     message, _, _ = runner._failure_of(flaky, run)
     assert message.startswith("alpha\n") and "did not reproduce exactly" in message
+
+
+def test_an_example_that_ran_differently_before_any_failure_names_the_likely_causes():
+    """Hypothesis's FlakyStrategyDefinition with no failure seen (a reaper reading its rows in
+    the order they sit on disk did this, at seeds 1 and 3): the report says what it means and
+    what to do, not only Hypothesis's words."""
+    from hypothesis.errors import FlakyStrategyDefinition
+
+    message, names, _ = runner._failure_of(FlakyStrategyDefinition("drew less"), new_run())
+    assert names == () and "ran differently when run again" in message
+    assert "ORDER BY" in message and "FlakyStrategyDefinition" in message
