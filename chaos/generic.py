@@ -581,7 +581,6 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
             return Won(tuple(sorted((str(k) for k in keys), key=_order)))
 
         # one transaction per run (Lease(reaps="one-by-one")): a failure may leave any taken
-        one_by_one = self.description.lease.reaps == "one-by-one"
         keys = sorted(lapsed, key=_order)
         parts = tuple(partial(type(m).take_back, key=k) for k in keys)
 
@@ -600,7 +599,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
             impl,
             guarantee="lease",
             runs=lapsed,
-            parts=parts if one_by_one else (),
+            parts=parts if self.description.reaps_apart else (),
             split=split,
         )
 

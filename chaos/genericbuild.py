@@ -175,7 +175,7 @@ def required_events(
             out.append("fence rejection")  # only on an ended run: a stale holder's
     if d.lease is not None:
         out.append("reclaim")
-        if d.lease.reaps == "one-by-one":  # a reaper that failed after some of its writes
+        if d.reaps_apart:  # a reaper that failed after some of its writes
             out.append("landed part-way")
         if again and not owners_only:  # a run taken back is claimed again: each write meets it
             out += [f"stale {w} on a re-claimed run" for w in writes]

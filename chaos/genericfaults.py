@@ -54,7 +54,7 @@ class FaultAnswers:
         and a reaper of one transaction per run (``Lease(reaps="one-by-one")``), whose COMMIT
         a fault may meet after some of its take-backs."""
         ops = {a.op for a in self.actions(w)}
-        apart = self.description.lease is not None and self.description.lease.reaps != "together"
+        apart = self.description.reaps_apart
         steps = ("record", "send", "claim", self.heartbeat_op) + (("reclaim_stale",) * apart)
         return [op for op in steps if op in ops]
 

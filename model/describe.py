@@ -400,6 +400,11 @@ class RunKind(BaseModel):
         return self.lease is not None and self.lease.clock == "application"
 
     @property
+    def reaps_apart(self) -> bool:
+        """Whether its reaper takes back each run in a transaction of its own."""
+        return self.lease is not None and self.lease.reaps == "one-by-one"
+
+    @property
     def app_clock(self) -> bool:
         """Whether the application's clock schedules its runs or stamps its leases."""
         return self.claim.unscheduled == "application" or self.app_clock_lease
@@ -644,7 +649,7 @@ class RunKind(BaseModel):
         if self.claim.reclaims and not moves:
             return "none: the claim re-picks runs whose lease lapsed"
         again = "; the claim also re-picks them" if self.claim.reclaims else ""
-        apart = ", each in a transaction of its own" if lease.reaps == "one-by-one" else ""
+        apart = ", each in a transaction of its own" if self.reaps_apart else ""
         return f"runs whose lease lapsed are taken back ({moves}){apart}{again}"
 
     def fence_text(self) -> str:
