@@ -73,7 +73,6 @@ from .runner import (
     build_machine,
     needs,
     run_check,
-    shrink_budget,
 )
 from .linearize import UNKNOWN
 from .rows import row_names
@@ -92,7 +91,6 @@ __all__ = [
     "diff",
     "fmt",
     "needs",
-    "shrink_budget",
     "QUANTUM",
     "Candidate",
     "CheckResult",

@@ -31,6 +31,7 @@ from hypothesis.stateful import get_state_machine_test
 from . import timings as timing
 from .exampledb import GateDatabase, SaveOnly
 from .harness import Env, EnvironmentFault, SchemaRefused, Stats, Workspace
+from .shrink import SHRINKS, Shrinking, no_local_constants, shrink_budget
 from .steps import Failure
 
 if TYPE_CHECKING:
@@ -106,37 +107,6 @@ PROFILES = {
 # ---------------------------------------------------------------------------------------
 # The state of one run of one kind (shared by its examples).
 # ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class Shrinking:
-    """How a run's failure was found and shrunk: reported, never part of a verdict."""
-
-    first_failure: float | None = None
-    """Seconds from the run's start to its first failing example."""
-    broke: frozenset[str] | None = None
-    """The invariants the first failing example broke."""
-    started: float | None = None
-    replays: int = 0
-    """Examples replayed while shrinking (the budget ``--shrinks`` counts these)."""
-    steps: tuple[int, int] = (0, 0)
-    """Steps of the first failing example, and of the shrunk one."""
-    seconds: float = 0.0
-
-    def another_bug(self, names: tuple[str, ...]) -> bool:
-        """A failure that breaks none of the invariants the first one broke: another bug, not a
-        shorter counterexample of the first (shrinking would slip to it, its examples being
-        smaller)."""
-        return bool(self.broke) and not self.broke & set(names)
-
-    def as_dict(self) -> dict:
-        return {
-            "first_failure_seconds": round(self.first_failure or 0.0, 3),
-            "replays": self.replays,
-            "steps_before": self.steps[0],
-            "steps_after": self.steps[1],
-            "seconds": round(self.seconds, 3),
-        }
 
 
 class GoalMet(KeyboardInterrupt):
@@ -285,12 +255,6 @@ def build_machine(
     return hyp_seed(seed)(cls)
 
 
-SHRINKS = 1000
-"""Replays at most to shrink a failure (``--shrinks``): a count, so the same seed gives the same
-counterexample on any machine, whatever its load. (At 500, 4 of the outbox catalogue's 70 runs
-at seeds 836747..836751 stopped above 15 steps; a larger budget only goes on from where a
-smaller one stopped.)"""
-
 BATCH = 20
 """Examples per batch. Hypothesis runs a batch; before each example the run checks its goal (and
 stops mid-batch when it is met). Batch ``i`` of seed ``s`` always runs the same examples, so a
@@ -302,179 +266,6 @@ def batch_seed(seed: int, batch: int) -> int:
         return seed
     digest = hashlib.sha256(f"knownstate:{seed}:{batch}".encode()).digest()
     return int.from_bytes(digest[:4], "big")
-
-
-def _step_pass(shrinker, pairs: bool = True):
-    """Our own shrink pass, first of all: delete whole steps (an operation, a fault, a
-    block) until none goes, one at a time (last first), then two at once (the later one last
-    first) when no single one goes, each deletion one replay. It runs once for each new target
-    in each of Hypothesis's rounds: after its passes lower a step's values (an earlier rule, a
-    smaller id), a step that was needed often no longer is. Hypothesis's passes delete a few
-    choices at a time, so a step that draws many (a block, a fault with its parameters) took
-    them many replays to remove, or none did.
-
-    Two at once: a later step draws its row as a place in a list of the rows it can act on now,
-    so deleting one earlier step (a block that moved a run) may make a later one draw another
-    row and the race never happen, while deleting it with the step that then moves the other
-    row keeps every later draw where it was (a step up and a step down between two ticks that
-    must both see 0: ``tests/test_shrinking.py``). Three that only go together stay. Bounded by
-    the same counts (:data:`STEP_STALL`, the replay budget). ``pairs=False``: single steps only
-    (the pass run once before Hypothesis's coarse reduction)."""
-    from hypothesis.internal.conjecture.shrinker import ShrinkPass
-
-    def without(*spans) -> bool:
-        nodes, kept, start = shrinker.nodes, [], 0
-        for span in sorted(spans, key=lambda s: s.start):
-            kept += nodes[start : span.start]
-            start = span.end
-        return shrinker.consider_new_nodes(kept + list(nodes[start:]))
-
-    def one() -> bool:
-        steps = _step_spans(shrinker.shrink_target)
-        return any(without(steps[i]) for i in reversed(range(len(steps))))
-
-    def two() -> bool:
-        steps = _step_spans(shrinker.shrink_target)
-        return any(
-            without(steps[i], steps[j])
-            for j in reversed(range(len(steps)))
-            for i in reversed(range(j))
-        )
-
-    def delete_steps(chooser) -> None:
-        while one() or (pairs and two()):
-            pass
-
-    return ShrinkPass(delete_steps)
-
-
-STEP_STALL = 200
-"""Replays Hypothesis's passes may go on without deleting a step before shrinking stops: its
-later passes lower the values a step draws (a smaller id, an earlier rule), which reads a little
-simpler, at hundreds of replays on real parts. At 100, 4 of 20 catalogue runs stopped one to four
-steps longer than before; at 200, 2 stopped one step longer, with about half the replays. A
-budget over 1,000 (``--shrinks``) raises it to a fifth of the budget (:func:`step_stall`):
-pgqueuer's stale finish at seed 5 stops at 12 steps at 200, and reaches 5 at 400 (805 replays);
-the default budget keeps 200."""
-
-
-def step_stall(replays: int) -> int:
-    return max(STEP_STALL, replays // 5)
-
-
-def _step_spans(result) -> list:
-    """The spans of a stateful example's steps (each a rule and what it drew)."""
-    from hypothesis.stateful import STATE_MACHINE_RUN_LABEL
-
-    return [s for s in result.spans if s.label == STATE_MACHINE_RUN_LABEL]
-
-
-def _steps(result) -> int:
-    return len(_step_spans(result))
-
-
-def _stop_when_no_step_goes(shrinker, stall: int = STEP_STALL) -> None:
-    """Stop ``shrinker`` after ``stall`` replays that deleted no step (a count, so the
-    same seed shrinks to the same counterexample on any machine)."""
-    from hypothesis.internal.conjecture.shrinker import StopShrinking
-
-    best = [_steps(shrinker.shrink_target), shrinker.calls]
-    update, check = shrinker.update_shrink_target, shrinker.check_calls
-
-    def updated(new) -> None:
-        update(new)
-        if _steps(new) < best[0]:
-            best[:] = [_steps(new), shrinker.calls]
-
-    def checked() -> None:
-        check()
-        if shrinker.calls - best[1] >= stall:
-            raise StopShrinking
-
-    shrinker.update_shrink_target, shrinker.check_calls = updated, checked
-
-
-@contextlib.contextmanager
-def no_local_constants():
-    """Hypothesis draws, one value in twenty, a constant found in the source of every *local*
-    module imported so far, and an editable install makes knownstate's own modules local. So a
-    seed ran other examples depending on which modules the process had imported: the outbox at
-    seed 1 ran 202 examples under ``verify outbox`` and 431 under ``verify`` of every kind, and a
-    replay command could not replay. A run draws from Hypothesis's fixed global constants only,
-    whatever is imported and however knownstate is installed."""
-    from hypothesis.internal.conjecture import providers
-
-    original = providers._get_local_constants
-    empty = providers.Constants()
-    providers._get_local_constants = lambda: empty
-    providers.CONSTANTS_CACHE.cache.clear()  # choices computed with the local ones
-    try:
-        yield
-    finally:
-        providers._get_local_constants = original
-        providers.CONSTANTS_CACHE.cache.clear()
-
-
-@contextlib.contextmanager
-def shrink_budget(replays: int, run: RunState | None = None):
-    """Bound shrinking by a count of replays (Hypothesis's own bounds are 500 successful shrinks
-    and five minutes): deterministic, whatever the machine's load. Time never stops a shrink
-    here. Past the budget the smallest failing example found so far is the counterexample.
-
-    With ``run``, shrinking starts with our own pass (:func:`_step_pass`), stops after
-    :func:`step_stall` replays that deleted no step, and ``run.shrinking`` says how long it took
-    and how many replays. (It keeps to the bug it was given through :meth:`RunState.failed`.)"""
-    from hypothesis.internal.conjecture import engine
-
-    runner = engine.ConjectureRunner
-    original_test, original_shrink = runner.test_function, runner.shrink
-
-    def counted(self, data):
-        try:
-            return original_test(self, data)
-        finally:
-            if self.finish_shrinking_deadline is not None:
-                self._knownstate_replays = getattr(self, "_knownstate_replays", 0) + 1
-                if run is not None:
-                    k = run.shrinking
-                    k.started = k.started or time.monotonic()
-                    k.replays += 1
-                    k.seconds = time.monotonic() - k.started
-                if self._knownstate_replays >= replays:
-                    self.exit_with(engine.ExitReason.max_shrinks)
-
-    def shrink(self, initial, predicate=None, allow_transition=None):
-        s = self.new_shrinker(initial, predicate, allow_transition)
-        s.shrink_passes.insert(0, _step_pass(s))
-        # single steps deleted before anything of Hypothesis's: its coarse reduction (lowering
-        # each small number that may choose a branch: every rule, row and fault drawn) took the
-        # whole idle stop on a long failure before one step was deleted (outbox,
-        # complete-reads-attempt-first at seed 2, rows drawn by name: 35 steps; so: 5). Pairs
-        # wait for the passes: tried first, their n² replays took the idle stop instead
-        # (approved-plan, count-before-lock-wait at seed 2: 23 steps; so: 8)
-        coarse = s.initial_coarse_reduction
-
-        def singles_then_coarse() -> None:
-            _step_pass(s, pairs=False).function(None)
-            coarse()
-
-        s.initial_coarse_reduction = singles_then_coarse
-        _stop_when_no_step_goes(s, step_stall(replays))
-        try:
-            s.shrink()
-        finally:  # also when the budget ends it (the engine's exit raises through the shrinker)
-            run.shrinking.steps = (_steps(initial), _steps(s.shrink_target))
-        return s.shrink_target
-
-    old = engine.MAX_SHRINKING_SECONDS
-    runner.test_function, engine.MAX_SHRINKING_SECONDS = counted, 10**9
-    if run is not None:
-        runner.shrink = shrink
-    try:
-        yield
-    finally:
-        runner.test_function, runner.shrink = original_test, original_shrink
-        engine.MAX_SHRINKING_SECONDS = old
 
 
 def run_check(

@@ -1,4 +1,4 @@
-"""Shrinking a failure (``runner.shrink_budget``): it keeps to the invariant the first failure
+"""Shrinking a failure (``shrink.shrink_budget``): it keeps to the invariant the first failure
 broke, deletes whole steps, stops by counts, and says what it did. Pure Python: a small state
 machine stands in for a check (shrinking itself touches no real part). Fast."""
 
@@ -9,7 +9,7 @@ from hypothesis import seed as hyp_seed
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, invariant, rule
 
-from knownstate.chaos import runner
+from knownstate.chaos import runner, shrink
 from knownstate.chaos.steps import Failure
 
 
@@ -96,7 +96,7 @@ def shrunk(
     )
     # as a check runs: drawing no constants from the modules imported so far (which differ with
     # the tests run before this one)
-    with runner.no_local_constants(), runner.shrink_budget(replays, run):
+    with shrink.no_local_constants(), shrink.shrink_budget(replays, run):
         try:
             test()
         except Failure as e:
@@ -188,15 +188,15 @@ def test_the_step_pass_deletes_two_steps_when_no_single_one_goes():
     initial = engine.cached_test_function([c for s in drawn for c in (True, s)] + [False])
     assert initial.status == Status.INTERESTING
     shrinker = engine.new_shrinker(initial, lambda d: d.status == Status.INTERESTING)
-    shrinker.fixate_shrink_passes([runner._step_pass(shrinker)])
+    shrinker.fixate_shrink_passes([shrink.step_pass(shrinker)])
     assert shrinker.shrink_target.choices == (True, tick, True, mark, True, tick)
 
 
 def test_a_budget_over_the_default_lets_shrinking_go_on_longer_without_deleting_a_step():
     """The default budget and smaller ones keep 200 replays; a larger one a fifth of itself
     (pgqueuer's stale finish at seed 5: 12 steps at 200, 5 at 400)."""
-    assert runner.step_stall(runner.SHRINKS) == runner.STEP_STALL == 200
-    assert runner.step_stall(100) == 200 and runner.step_stall(2000) == 400
+    assert shrink.step_stall(shrink.SHRINKS) == shrink.STEP_STALL == 200
+    assert shrink.step_stall(100) == 200 and shrink.step_stall(2000) == 400
 
 
 def test_the_step_pass_runs_before_hypothesis_lowers_anything(monkeypatch):
@@ -205,7 +205,7 @@ def test_the_step_pass_runs_before_hypothesis_lowers_anything(monkeypatch):
     whole idle stop, and the 35 steps found were the counterexample. Our pass runs first, so
     with an idle stop of 5 replays every seed whose first failure had more than the three steps
     it needs still shrinks to them."""
-    monkeypatch.setattr(runner, "step_stall", lambda replays: 5)
+    monkeypatch.setattr(shrink, "step_stall", lambda replays: 5)
     longer = 0
     for seed in range(1, 11):
         run, _ = shrunk(seed=seed)
