@@ -388,13 +388,8 @@ class SessionCore:
         self.local, self.base_content = dict(snap.content), dict(snap.content)
         self.base_version = snap.version
         if req.purpose == "replace":
-            self.unconfirmed = None
             self.conflict = None
-            self.due_at = None
-            self._delete_draft()
-            self._count("discarded")
-            self._go("discard_reloaded")
-            self._tell("discarded")
+            self._discarded("discard_reloaded")
         else:
             self._go("reloaded")
         return Won(self.state.value)
@@ -662,15 +657,22 @@ class SessionCore:
         if self.conflict is not None:
             self._take_stored_copy()
         self.local = dict(self.base_content)
+        self._discarded("discard")
+        return Won(self.state.value)
+
+    def _discarded(self, event: str) -> None:
+        """The user dropped the local work: its unanswered save and its draft go with it."""
         self.unconfirmed = None
         self.due_at = None
         self._delete_draft()
         self._count("discarded")
-        self._go("discard")
+        self._go(event)
         self._tell("discarded")
-        return Won(self.state.value)
 
     # -- sibling drafts ----------------------------------------------------------------------------
+    ADOPTED = ("local", "base_version", "base_content", "generation", "unconfirmed", "due_at")
+    """What an adoption changes, and puts back when the adopted work cannot be made durable."""
+
     def _sibling(self, writer_id: str) -> dict:
         for d in self.siblings:
             if d["writerId"] == writer_id:
@@ -687,14 +689,7 @@ class SessionCore:
         if d is None:
             self.siblings.remove(offered)
             return Rejected("sibling_gone")
-        kept = (
-            self.local,
-            self.base_version,
-            self.base_content,
-            self.generation,
-            self.unconfirmed,
-            self.due_at,
-        )
+        kept = {name: getattr(self, name) for name in self.ADOPTED}
         self.local, self.base_content = dict(d["content"]), dict(d["baseContent"])
         self.base_version = int(d["baseVersion"])
         self.generation += 1
@@ -708,14 +703,7 @@ class SessionCore:
             self.unconfirmed = replace(req, generation=generation)
         self.due_at = self.now
         if not self._write_draft():  # the work moves only once its new slot is durable
-            (
-                self.local,
-                self.base_version,
-                self.base_content,
-                self.generation,
-                self.unconfirmed,
-                self.due_at,
-            ) = kept
+            vars(self).update(kept)
             self.draft_generation = None
             return Rejected("draft_store_failing")
         self._delete_draft(theirs)
