@@ -18,11 +18,12 @@ together, and the rows read back afterwards. :func:`run_example` runs one schedu
 :func:`hunt` lets Hypothesis draw schedules (seeded, shrunk) until the checker refuses one, and
 :func:`sequential_schedules` runs the schedules the sequential mode has: each operation to its
 end, in every order of the workers. A mutant is an implementation variant: a store class (and,
-when the bug lies in the schema, a schema); :data:`MUTANTS` wraps them for a kind's check with
-:func:`knownstate.chaos.mutants.with_attrs`, for the engine's concurrent mode.
+when the bug lies in the schema, a schema); it joins its kind's catalogue for the engine's
+concurrent blocks (:meth:`~knownstate.chaos.races.RaceMutant.mutant`).
 
-The variants live in :mod:`.race_variants`, the scenarios in :mod:`.race_scenarios`; this
-module holds the catalogue and runs scenarios on real parts.
+Each kind declares its race mutants, with their scenarios and variants, beside its other
+mutants (``RACES``, :mod:`.races`); this module gathers them from the registry
+(:data:`RACE_MUTANTS`) and runs scenarios on real parts.
 
 ``python -m knownstate.chaos.race_mutants`` starts its own PostgreSQL and Toxiproxy and prints,
 for every mutant and seed, whether it was caught, in how many seconds, and the length of the
@@ -32,6 +33,7 @@ shrunk schedule.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -44,21 +46,8 @@ from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings, st
 
 from . import linearize
 from .interleave import BlockResult, Op, ScheduledCalls, ScheduledConnection, Scheduler, history
-from .mutants import Mutant, with_attrs
-from .race_scenarios import QUANTUM, SCENARIOS, Scenario
-from .race_scenarios import Call as Call  # re-exported: a scenario's operations
-from .race_variants import (
-    REFERENCE,
-    ClaimReadThenWrite,
-    CompensateUnlocked,
-    CompleteReadsAttemptFirst,
-    CountBeforeLockWait,
-    HeartbeatOwnerReadFirst,
-    KEY_NOT_UNIQUE_SCHEMA,
-    RequestSelectThenInsert,
-    StartReadsStatusFirst,
-    Variant,
-)
+from .races import QUANTUM, REFERENCE, RaceMutant, Scenario, Variant
+from .races import Call as Call  # re-exported: a scenario's operations
 
 CLOCK_BASE = -86_400
 """Each example starts with the fake database clock a day behind real time and jumps from
@@ -66,114 +55,18 @@ there: under libfaketime a server clock *ahead* of real time delays its lock-wai
 :mod:`knownstate.chaos.interleave`), so the offset must stay at or below zero."""
 
 
-@dataclass(frozen=True)
-class RaceMutant:
-    """A bug only a concurrent block reveals, the scenario that reaches it, and why the
-    sequential mode misses it."""
+def _declared() -> tuple[RaceMutant, ...]:
+    """The built-in kinds' race mutants (each check module's ``RACES``), in the registry's order."""
+    from .kinds import REGISTRY
 
-    name: str
-    kind: str
-    invariant: str
-    description: str
-    variant: Variant
-    scenario: str
-    sequential_misses: str
-
-    def mutant(self) -> Mutant:
-        """The mutant for the kind's check (``store_class``, and ``schema`` when edited)."""
-        attrs: dict[str, Any] = {"store_class": self.variant.store_class}
-        if self.variant.schema is not None:
-            attrs["schema"] = self.variant.schema
-        return Mutant(self.name, self.kind, self.invariant, self.description, with_attrs(**attrs))
+    modules = (
+        importlib.import_module(f"{__package__}.kinds.{e.module}") for e in REGISTRY.values()
+    )
+    return tuple(r for module in modules for r in getattr(module, "RACES", ()))
 
 
-RACE_MUTANTS: tuple[RaceMutant, ...] = (
-    RaceMutant(
-        "claim-read-then-write",
-        "outbox",
-        "claim",
-        "the claim SELECTs due rows without a row lock, then UPDATEs each by id with attempts + 1 "
-        "computed from the read: two workers both claim the row, with the same attempt",
-        Variant("claim-read-then-write", ClaimReadThenWrite),
-        "outbox: two claims of one due row",
-        "one claim after the other: the second one's SELECT already sees the row processing and "
-        "claims nothing. Only w1's SELECT between w0's SELECT and w0's COMMIT reads it pending.",
-    ),
-    RaceMutant(
-        "complete-reads-attempt-first",
-        "outbox",
-        "lease-fence",
-        "the completion reads status and attempt in one statement, then writes 'sent' guarded on "
-        "status alone: a stale owner completes the row another worker claimed since",
-        Variant("complete-reads-attempt-first", CompleteReadsAttemptFirst),
-        "outbox: a stale owner completes while the reaper and another worker move on",
-        "in any order of whole operations the read sees the attempt the write will meet: the "
-        "reclaim and the new claim (attempt 2) must both commit between w0's read and its write.",
-    ),
-    RaceMutant(
-        "count-before-lock-wait",
-        "approved-plan",
-        "stable-step-identity",
-        "the receipt count is a subquery of lock_executing (commit 3a43514): after waiting for the "
-        "run lock it misses the receipt of the step that held it, and runs that step again",
-        Variant("count-before-lock-wait", CountBeforeLockWait),
-        "approved-plan: one step run twice at once",
-        "run one after the other, the second run_step never waits for the lock, so its snapshot "
-        "already holds the first one's receipt and it answers from it. Only a wait on the lock "
-        "(w1 locking while w0 holds the run) leaves the subquery's snapshot behind.",
-    ),
-    RaceMutant(
-        "heartbeat-owner-read-first",
-        "approved-plan",
-        "lease-fence",
-        "the heartbeat reads status and token, then renews heartbeat_at by id alone: a stale "
-        "owner renews the lease of a run a reader just failed as interrupted",
-        Variant("heartbeat-owner-read-first", HeartbeatOwnerReadFirst),
-        "approved-plan: a heartbeat races the lazy heal of its stale lease",
-        "whole operations: a heartbeat after the heal reads 'failed' and refuses, one before it "
-        "refreshes the lease so the heal spares the run. Only the heal committing between the "
-        "heartbeat's read and its update shows the unfenced write.",
-    ),
-    RaceMutant(
-        "compensate-outside-run-lock",
-        "approved-plan",
-        "conditional-transition",
-        "compensate looks for the run's compensation and inserts one without holding the run's "
-        "row lock: of two compensations at once, the second hits the unique index",
-        Variant("compensate-outside-run-lock", CompensateUnlocked),
-        "approved-plan: two compensations of one finished run at once",
-        "run one after the other, the second compensation finds the first one's and answers with "
-        "it. Only both looking before either inserts sends the second into the unique index.",
-    ),
-    RaceMutant(
-        "start-reads-status-first",
-        "branch-reset",
-        "conditional-transition",
-        "start reads the run's status, then claims it by id in a second statement: two starts "
-        "that both read 'queued' both win",
-        Variant("start-reads-status-first", StartReadsStatusFirst),
-        "branch-reset: two starts of one queued run",
-        "run one after the other, the second start reads 'running' and loses. Only both reads "
-        "before the first claim commits let both claim the run.",
-    ),
-    RaceMutant(
-        "idempotency-select-then-insert",
-        "branch-reset",
-        "claim",
-        "the idempotency check is SELECT-by-key then INSERT, with no unique index on the key: two "
-        "requests with one key for two branches both make a run",
-        Variant("idempotency-select-then-insert", RequestSelectThenInsert, KEY_NOT_UNIQUE_SCHEMA),
-        "branch-reset: one idempotency key for two branches at once",
-        "the second request, run after the first committed, finds the key by its SELECT and "
-        "refuses it as reused. Only both SELECTs before either INSERT commits find nothing.",
-    ),
-)
-
-MUTANTS: dict[str, list[Mutant]] = {}
-"""The race mutants per kind, as :class:`~knownstate.chaos.mutants.Mutant` for a kind's check.
-Only the concurrent mode catches them: add them to a kind's catalogue together with it."""
-for _rm in RACE_MUTANTS:
-    MUTANTS.setdefault(_rm.kind, []).append(_rm.mutant())
+RACE_MUTANTS: tuple[RaceMutant, ...] = _declared()
+SCENARIOS: dict[str, Scenario] = {rm.scenario.name: rm.scenario for rm in RACE_MUTANTS}
 
 
 def race_mutant(name: str) -> RaceMutant:
@@ -516,13 +409,13 @@ def measure(
             for rm in RACE_MUTANTS:
                 if names and rm.name not in names:
                     continue
-                scenario = SCENARIOS[rm.scenario]
+                scenario = rm.scenario
                 for s in seeds:
                     got = hunt(rig, scenario, rm.variant, seed=s, max_examples=max_examples)
                     out(f"seed {s} {got.report()}")
                     ok = ok and got.caught
                 ref = hunt(rig, scenario, REFERENCE, seed=seeds[0], max_examples=max_examples)
-                out(f"seed {seeds[0]} reference on '{rm.scenario}': {ref.report()}")
+                out(f"seed {seeds[0]} reference on '{scenario.name}': {ref.report()}")
                 ok = ok and not ref.caught
         finally:
             rig.close()

@@ -13,7 +13,7 @@ from knownstate.chaos import kinds
 from knownstate.impl import loops
 
 ROOT = Path(loops.__file__).resolve().parents[1]
-SHARED = ("impl/loops.py", "chaos/specs.py")
+SHARED = ("impl/loops.py", "chaos/specs.py", "chaos/races.py", "chaos/race_mutants.py")
 """Modules every kind uses and no kind edits."""
 
 

@@ -34,7 +34,7 @@ def rig(knownstate_cluster, knownstate_toxiproxy):
 @pytest.mark.parametrize("name", MUTANTS)
 def test_every_sequential_order_misses_the_mutant(rig, name):
     mutant = MUTANTS[name]
-    scenario = rm.SCENARIOS[mutant.scenario]
+    scenario = mutant.scenario
     examples = rm.sequential_schedules(rig, scenario, mutant.variant)
     orders = list(itertools.permutations(c.worker for c in scenario.block))
     assert len(examples) == len(orders)
@@ -49,7 +49,7 @@ def test_every_sequential_order_misses_the_mutant(rig, name):
 @pytest.mark.parametrize("name", MUTANTS)
 def test_drawn_schedules_judged_by_linearizability_catch_the_mutant(rig, name):
     mutant = MUTANTS[name]
-    scenario = rm.SCENARIOS[mutant.scenario]
+    scenario = mutant.scenario
     hunt = rm.hunt(rig, scenario, mutant.variant, seed=0, max_examples=200)
     assert hunt.caught, hunt.report()
     assert hunt.steps is not None and hunt.steps <= 15
@@ -67,11 +67,9 @@ def _schedule(lines: list[str]) -> list[str]:
     return [line.split()[1] for line in lines if line[:5].strip().rstrip(".").isdigit()]
 
 
-@pytest.mark.parametrize(
-    "name", [n for n in MUTANTS if len(rm.SCENARIOS[MUTANTS[n].scenario].block) == 2]
-)
+@pytest.mark.parametrize("name", [n for n in MUTANTS if len(MUTANTS[n].scenario.block) == 2])
 def test_the_reference_is_linearizable_under_every_schedule_of_the_block(rig, name):
-    scenario = rm.SCENARIOS[MUTANTS[name].scenario]
+    scenario = MUTANTS[name].scenario
     examples = rm.every_schedule(rig, scenario, rm.REFERENCE)
     assert len({e.result.schedule for e in examples}) == len(examples) > 2
     refused = [e for e in examples if not e.verdict.ok]
@@ -80,7 +78,7 @@ def test_the_reference_is_linearizable_under_every_schedule_of_the_block(rig, na
 
 @pytest.mark.slow
 def test_the_reference_passes_every_schedule_of_the_three_worker_block(rig):
-    scenario = rm.SCENARIOS[MUTANTS["complete-reads-attempt-first"].scenario]
+    scenario = MUTANTS["complete-reads-attempt-first"].scenario
     examples = rm.every_schedule(rig, scenario, rm.REFERENCE)
     assert len(examples) > 6
     assert all(e.verdict.ok for e in examples)
@@ -92,7 +90,7 @@ def test_the_reference_passes_every_schedule_of_the_three_worker_block(rig):
 @pytest.mark.parametrize("name", MUTANTS)
 def test_each_mutant_is_caught_on_five_seeds(rig, name):
     mutant = MUTANTS[name]
-    scenario = rm.SCENARIOS[mutant.scenario]
+    scenario = mutant.scenario
     for seed in range(5):
         hunt = rm.hunt(rig, scenario, mutant.variant, seed=seed, max_examples=300)
         assert hunt.caught and hunt.steps <= 15, hunt.report()
@@ -105,7 +103,7 @@ def test_the_3a43514_schedule_applies_the_step_again_and_the_reference_answers_f
     commits, the mutant's count (read before the wait) misses w1's receipt and runs step 0
     again (refused by the receipt's key); the reference counts after the wait and answers
     from the receipt."""
-    scenario = rm.SCENARIOS[MUTANTS["count-before-lock-wait"].scenario]
+    scenario = MUTANTS["count-before-lock-wait"].scenario
 
     def w1_then_w0(options):
         return "w1" if "w1" in options else options[0]
@@ -128,14 +126,14 @@ def test_the_3a43514_schedule_applies_the_step_again_and_the_reference_answers_f
 
 
 def test_the_race_mutants_are_in_each_kinds_catalogue():
-    for kind, mutants in rm.MUTANTS.items():
-        catalogue = [m.name for m in kinds.mutants(kind)]
-        for m in mutants:
-            assert isinstance(m, Mutant) and m.kind == kind
-            assert m.invariant in INVARIANTS
-            assert catalogue.count(m.name) == 1
+    assert {r.kind for r in rm.RACE_MUTANTS} == {"outbox", "approved-plan", "branch-reset"}
+    for r in rm.RACE_MUTANTS:
+        catalogue = kinds.mutants(r.kind)
+        (m,) = [m for m in catalogue if m.name == r.name]  # in its kind's catalogue, once
+        assert isinstance(m, Mutant) and m.kind == r.kind and m.invariant == r.invariant
+        assert m.invariant in INVARIANTS
     reset = next(
-        m for m in rm.MUTANTS["branch-reset"] if m.name == "idempotency-select-then-insert"
+        m for m in kinds.mutants("branch-reset") if m.name == "idempotency-select-then-insert"
     )
 
     class Check:
@@ -143,7 +141,8 @@ def test_the_race_mutants_are_in_each_kinds_catalogue():
         schema = "the reference schema"
 
     applied = reset.machine(Check)
-    assert applied.store_class is rm.RequestSelectThenInsert
+    assert applied.store_class is MUTANTS["idempotency-select-then-insert"].variant.store_class
+    assert applied.store_class.__name__ == "RequestSelectThenInsert"
     assert "CREATE INDEX branch_reset_idempotency_key" in applied.schema
     assert "UNIQUE INDEX branch_reset_idempotency_key" not in applied.schema
 
@@ -151,7 +150,7 @@ def test_the_race_mutants_are_in_each_kinds_catalogue():
 def test_an_operation_raising_outside_the_database_leaves_no_transaction_open(rig):
     """A worker's operation that raises a non-database error with its transaction open (holding
     row locks) is rolled back after the block: the next example's TRUNCATE would wait on it."""
-    scenario = rm.SCENARIOS[MUTANTS["claim-read-then-write"].scenario]
+    scenario = MUTANTS["claim-read-then-write"].scenario
 
     def broken(store, conn):
         conn.execute("SELECT id FROM outbox_delivery FOR UPDATE").fetchall()
@@ -173,7 +172,7 @@ def test_an_operation_raising_outside_the_database_leaves_no_transaction_open(ri
 def test_a_call_to_an_external_service_is_a_step_of_the_schedule(rig):
     """The operations API's create is gated like a statement: one step of its own, in the trace,
     taken when the schedule says (the stand-in sees the calls in schedule order)."""
-    scenario = rm.SCENARIOS[MUTANTS["start-reads-status-first"].scenario]
+    scenario = MUTANTS["start-reads-status-first"].scenario
     example = rm.run_example(rig, scenario, rm.REFERENCE, lambda options: options[0])
     assert example.verdict.ok, "\n".join(example.counterexample())
     calls = [line for line in example.result.trace if "operations API.create(a#1)" in line]

@@ -545,4 +545,4 @@ class ApprovedPlanCheck(KindCheck):
             self.do(1 - w, self._read(1 - w, pid))
 
 
-from .approved_plan_mutants import MUTANTS  # noqa: E402, F401  (the kind's catalogue)
+from .approved_plan_mutants import MUTANTS, RACES  # noqa: E402, F401  (the kind's catalogue)

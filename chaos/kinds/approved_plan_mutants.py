@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Any
+
+import psycopg
 
 from knownstate.impl import approved_plan as impl
 from knownstate.impl.errors import boundary
 from knownstate.model import approved_plan as model
 from knownstate.model.contract import Won
 
-from .. import race_mutants
 from ..mutants import Mutant, sql_edit, with_attrs
+from ..races import Call, RaceMutant, Scenario, Variant
 
 # ---------------------------------------------------------------------------------------
 # Mutants: realistic bugs, each caught by this check (see `knownstate mutants approved-plan`).
@@ -253,6 +256,185 @@ MUTANTS = [
     ),
 ]
 
-# The read-then-write races only a concurrent block reaches (``knownstate.chaos.race_mutants``).
+# ---------------------------------------------------------------------------------------
+# Race mutants: read-then-write bugs only a concurrent block reaches (:mod:`..races`).
+# ---------------------------------------------------------------------------------------
 
-MUTANTS += race_mutants.MUTANTS["approved-plan"]
+
+class CountBeforeLockWait(impl.ApprovedPlanStore):
+    """The 3a43514 class: the receipt count is a subquery of the locking statement. After a wait
+    for the run lock, the locked row is the latest, but the subquery read the snapshot taken
+    before the wait, so it misses the receipt of the step that held the lock."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.q = sql_edit(
+            self.q,
+            "lock_executing",
+            "SELECT status, generation, steps FROM agent_proposal WHERE id = %(id)s "
+            "FOR NO KEY UPDATE",
+            "SELECT p.status, p.generation, p.steps,\n"
+            "       (SELECT count(*) FROM agent_proposal_step s "
+            "WHERE s.proposal_id = p.id)\n"
+            "FROM agent_proposal p WHERE p.id = %(id)s FOR NO KEY UPDATE OF p",
+        )
+
+    def _steps_done(self, conn: psycopg.Connection, proposal_id: int, locked: tuple) -> int:
+        return locked[3]
+
+
+class HeartbeatOwnerReadFirst(impl.ApprovedPlanStore):
+    """The heartbeat checks the owner in one statement (status and claim token, read), then
+    renews the lease with an update by id alone: nothing checks the owner at the write."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.q = sql_edit(
+            self.q,
+            "heartbeat",
+            "WHERE id = %(id)s AND status = 'executing' AND generation = %(token)s",
+            "WHERE id = %(id)s",
+        )
+
+    def heartbeat(self, conn: psycopg.Connection, proposal_id: int, token: int) -> Any:
+        def body():
+            row = conn.execute(self.q["run"], {"id": proposal_id}).fetchone()
+            if row is None:
+                return model.no_proposal(proposal_id), False
+            status, _failure, _compensates, generation = row
+            refused = model.fence("heartbeat", status, generation, token)
+            if refused:
+                return refused, False
+            conn.execute(self.q["heartbeat"], {"id": proposal_id, "token": token})
+            return Won(), True
+
+        return self._transaction(conn, "heartbeat", body)
+
+
+class CompensateUnlocked(impl.ApprovedPlanStore):
+    """compensate reads the run and looks for its compensation without the run's row lock
+    (``lock_run`` without ``FOR NO KEY UPDATE``), then inserts one: a get-or-create outside the
+    lock. Two compensations at once both find none, and the second insert hits the unique
+    index (one compensation per run) instead of answering with the first one's."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.q = sql_edit(self.q, "lock_run", " FOR NO KEY UPDATE", "")
+
+
+def _scenario(
+    name: str, block: tuple[Call, ...], setup: tuple[Call, ...], jump: int = 0
+) -> Scenario:
+    return Scenario(
+        name,
+        "approved-plan",
+        impl.SCHEMA,
+        impl.TABLES,
+        new_model=model.ApprovedPlanModel,
+        new_store=lambda cls, worker, _: cls(model.HEARTBEAT_S),
+        project=impl.project,
+        project_model=lambda m: m.state(),
+        block=block,
+        setup=setup,
+        jump=jump,
+        reference_store=impl.ApprovedPlanStore,
+        fingerprint=lambda m: (m.now, m.state()),
+    )
+
+
+def _steps() -> list[dict]:
+    return [
+        {"op": "credit", "account": "a", "amount": 5},
+        {"op": "credit", "account": "a", "amount": 7},
+    ]
+
+
+def _run_step(worker: str, step: int) -> Call:
+    return Call(
+        worker,
+        f"run_step(1, {step}, token=1)",
+        lambda m: m.run_step(1, step, 1),
+        lambda s, c: s.run_step(c, 1, step, 1),
+    )
+
+
+def _compensate(worker: str) -> Call:
+    return Call(worker, "compensate(1)", lambda m: m.compensate(1), lambda s, c: s.compensate(c, 1))
+
+
+_EXECUTING = (
+    Call(
+        "w0",
+        "propose([credit a 5, credit a 7])",
+        lambda m: m.propose(_steps()),
+        lambda s, c: s.propose(c, _steps()),
+    ),
+    Call("w0", "approve(1)", lambda m: m.approve(1), lambda s, c: s.approve(c, 1)),
+    Call(
+        "w0",
+        "mark_executing(1)",
+        lambda m: m.mark_executing(1),
+        lambda s, c: s.mark_executing(c, 1),
+    ),
+)
+
+RACES = (
+    RaceMutant(
+        "count-before-lock-wait",
+        "approved-plan",
+        "stable-step-identity",
+        "the receipt count is a subquery of lock_executing (commit 3a43514): after waiting for the "
+        "run lock it misses the receipt of the step that held it, and runs that step again",
+        Variant("count-before-lock-wait", CountBeforeLockWait),
+        _scenario(
+            "approved-plan: one step run twice at once",
+            setup=_EXECUTING,
+            block=(_run_step("w0", 0), _run_step("w1", 0)),
+        ),
+        "run one after the other, the second run_step never waits for the lock, so its snapshot "
+        "already holds the first one's receipt and it answers from it. Only a wait on the lock "
+        "(w1 locking while w0 holds the run) leaves the subquery's snapshot behind.",
+    ),
+    RaceMutant(
+        "heartbeat-owner-read-first",
+        "approved-plan",
+        "lease-fence",
+        "the heartbeat reads status and token, then renews heartbeat_at by id alone: a stale "
+        "owner renews the lease of a run a reader just failed as interrupted",
+        Variant("heartbeat-owner-read-first", HeartbeatOwnerReadFirst),
+        _scenario(
+            "approved-plan: a heartbeat races the lazy heal of its stale lease",
+            setup=_EXECUTING,
+            jump=model.HEARTBEAT_S,
+            block=(
+                Call(
+                    "w0",
+                    "heartbeat(1, token=1)",
+                    lambda m: m.heartbeat(1, 1),
+                    lambda s, c: s.heartbeat(c, 1, 1),
+                ),
+                Call("w1", "read(1)", lambda m: m.read(1), lambda s, c: s.read(c, 1)),
+            ),
+        ),
+        "whole operations: a heartbeat after the heal reads 'failed' and refuses, one before it "
+        "refreshes the lease so the heal spares the run. Only the heal committing between the "
+        "heartbeat's read and its update shows the unfenced write.",
+    ),
+    RaceMutant(
+        "compensate-outside-run-lock",
+        "approved-plan",
+        "conditional-transition",
+        "compensate looks for the run's compensation and inserts one without holding the run's "
+        "row lock: of two compensations at once, the second hits the unique index",
+        Variant("compensate-outside-run-lock", CompensateUnlocked),
+        _scenario(
+            "approved-plan: two compensations of one finished run at once",
+            setup=_EXECUTING + (_run_step("w0", 0), _run_step("w0", 1)),
+            block=(_compensate("w0"), _compensate("w1")),
+        ),
+        "run one after the other, the second compensation finds the first one's and answers with "
+        "it. Only both looking before either inserts sends the second into the unique index.",
+    ),
+)
+
+MUTANTS += [r.mutant() for r in RACES]

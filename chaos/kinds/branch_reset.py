@@ -676,4 +676,4 @@ class BranchResetCheck(KindCheck):
         self.turn(rows.row(data, POLLERS, "poller"), data)
 
 
-from .branch_reset_mutants import MUTANTS  # noqa: E402, F401  (the kind's catalogue)
+from .branch_reset_mutants import MUTANTS, RACES  # noqa: E402, F401  (the kind's catalogue)

@@ -3,15 +3,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from datetime import datetime, timezone
+from typing import Any
+
+import psycopg
 
 from knownstate.impl import branch_reset as impl
 from knownstate.impl.errors import boundary, commit
-from knownstate.model.branch_reset import Status
-from knownstate.model.contract import Won
+from knownstate.model.branch_reset import KEY_REUSED, BranchResetModel, Status
+from knownstate.model.contract import Rejected, Won
 
-from .. import race_mutants
 from ..mutants import CatalogueDrift, Mutant, sql_edit, with_attrs
+from ..opsapi import OpsApi
+from ..races import Call, RaceMutant, Scenario, Variant, schema_edit
 
 # ---------------------------------------------------------------------------------------
 # Mutants: realistic bugs, each caught by this check (see `knownstate mutants branch-reset`).
@@ -184,6 +190,141 @@ MUTANTS = [
     ),
 ]
 
-# The read-then-write races only a concurrent block reaches (``knownstate.chaos.race_mutants``).
+# ---------------------------------------------------------------------------------------
+# Race mutants: read-then-write bugs only a concurrent block reaches (:mod:`..races`).
+# ---------------------------------------------------------------------------------------
 
-MUTANTS += race_mutants.MUTANTS["branch-reset"]
+
+class RequestSelectThenInsert(impl.BranchResetStore):
+    """The idempotency check is a SELECT by key before the INSERT, and the key has no unique
+    index (:data:`KEY_NOT_UNIQUE_SCHEMA`): two requests with one key both find nothing."""
+
+    def request(self, conn: psycopg.Connection, branch: str, idempotency_key: str) -> Any:
+        try:
+            with boundary("branch-reset.request"):
+                found = conn.execute(
+                    self.q["find_by_key"], {"idempotency_key": idempotency_key}
+                ).fetchone()
+            if found is not None:
+                conn.rollback()
+                same = found[1] == branch
+                return Won(found[0]) if same else Rejected(KEY_REUSED)
+            return super().request(conn, branch, idempotency_key)
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                conn.rollback()
+            raise
+
+
+class StartReadsStatusFirst(impl.BranchResetStore):
+    """start reads the run's status in one statement and, seeing it queued, claims it by id in
+    the next (the claim no longer guarded on status): two starts that both read 'queued' both
+    win, the second after waiting for the first one's row lock."""
+
+    READ = "SELECT status FROM branch_reset WHERE id = %(run_id)s"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.q = sql_edit(self.q, "claim", " AND status = 'queued'", "")
+
+    def start(self, conn: psycopg.Connection, run_id: str) -> Any:
+        try:
+            with boundary("branch-reset.start"):
+                row = conn.execute(self.READ, {"run_id": run_id}).fetchone()
+                if row is None or row[0] != Status.QUEUED:
+                    outcome = self._miss(conn, run_id)
+                    conn.rollback()
+                    return outcome
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                conn.rollback()
+            raise
+        return super().start(conn, run_id)
+
+
+KEY_NOT_UNIQUE_SCHEMA = schema_edit(
+    impl.SCHEMA,
+    "CREATE UNIQUE INDEX branch_reset_idempotency_key",
+    "CREATE INDEX branch_reset_idempotency_key",
+)
+
+RACE_EPOCH = datetime(2030, 1, 1, tzinfo=timezone.utc)
+"""The stores' application clock in a race scenario: model time zero, standing still."""
+
+
+def _store(cls: type, worker: str, api: Any) -> Any:
+    # without a stand-in (requests only) nothing listens on port 9
+    url = api.url if api is not None else "http://127.0.0.1:9"
+    return cls(worker, url, lambda: RACE_EPOCH)
+
+
+def _project(conn: psycopg.Connection, _to_model_time: Any) -> Any:
+    """The rows, their lease stamps (application time) as model seconds from RACE_EPOCH."""
+    return impl.project(conn, lambda ts: int((ts - RACE_EPOCH).total_seconds()))
+
+
+def _scenario(name: str, block: tuple[Call, ...], setup: tuple[Call, ...] = ()) -> Scenario:
+    return Scenario(
+        name,
+        "branch-reset",
+        impl.SCHEMA,
+        impl.TABLES,
+        new_model=BranchResetModel,
+        new_store=_store,
+        project=_project,
+        project_model=lambda m: m.rows(),
+        block=block,
+        setup=setup,
+        reference_store=impl.BranchResetStore,
+        stand_in=OpsApi,
+    )
+
+
+def _request(worker: str, branch: str) -> Call:
+    return Call(
+        worker,
+        f"request({branch}, key=k)",
+        lambda m: m.request(branch, "k"),
+        lambda s, c: s.request(c, branch, "k"),
+    )
+
+
+def _start(worker: str) -> Call:
+    return Call(
+        worker, "start(a#1)", lambda m: m.start("a#1", worker), lambda s, c: s.start(c, "a#1")
+    )
+
+
+RACES = (
+    RaceMutant(
+        "start-reads-status-first",
+        "branch-reset",
+        "conditional-transition",
+        "start reads the run's status, then claims it by id in a second statement: two starts "
+        "that both read 'queued' both win",
+        Variant("start-reads-status-first", StartReadsStatusFirst),
+        _scenario(
+            "branch-reset: two starts of one queued run",
+            setup=(_request("w0", "a"),),
+            block=(_start("w0"), _start("w1")),
+        ),
+        "run one after the other, the second start reads 'running' and loses. Only both reads "
+        "before the first claim commits let both claim the run.",
+    ),
+    RaceMutant(
+        "idempotency-select-then-insert",
+        "branch-reset",
+        "claim",
+        "the idempotency check is SELECT-by-key then INSERT, with no unique index on the key: two "
+        "requests with one key for two branches both make a run",
+        Variant("idempotency-select-then-insert", RequestSelectThenInsert, KEY_NOT_UNIQUE_SCHEMA),
+        _scenario(
+            "branch-reset: one idempotency key for two branches at once",
+            block=(_request("w0", "b1"), _request("w1", "b2")),
+        ),
+        "the second request, run after the first committed, finds the key by its SELECT and "
+        "refuses it as reused. Only both SELECTs before either INSERT commits find nothing.",
+    ),
+)
+
+MUTANTS += [r.mutant() for r in RACES]

@@ -318,9 +318,146 @@ MUTANTS = [
     ),
 ]
 
-# The read-then-write races only a concurrent block reaches (``knownstate.chaos.race_mutants``).
-from .. import race_mutants  # noqa: E402
+# ---------------------------------------------------------------------------------------
+# Race mutants: read-then-write bugs only a concurrent block reaches (:mod:`..races`).
+# ---------------------------------------------------------------------------------------
 
-MUTANTS += race_mutants.MUTANTS["outbox"]
+from typing import Any  # noqa: E402
+
+import psycopg  # noqa: E402
+
+from ..races import Call, RaceMutant, Scenario, Variant  # noqa: E402
+from ..races import QUANTUM as RACE_QUANTUM  # noqa: E402
+
+
+class ClaimReadThenWrite(impl.OutboxStore):
+    """The claim reads the due rows in one statement (no ``FOR UPDATE``) and writes each row by
+    id in another, with ``attempts`` computed from what it read: a read-modify-write split
+    across two statements without a row lock."""
+
+    DUE = (
+        "SELECT id, attempts, payload FROM outbox_delivery\n"
+        "WHERE status = 'pending' AND next_attempt_at <= now() ORDER BY id LIMIT %(batch)s"
+    )
+    TAKE = (
+        "UPDATE outbox_delivery SET status = 'processing', attempts = %(attempts)s,\n"
+        "    lease_until = now() + make_interval(secs => %(lease)s)\n"
+        "WHERE id = %(id)s RETURNING id, attempts, payload"
+    )
+
+    def begin_claim(self, conn: psycopg.Connection, batch: int) -> list:
+        with errors.boundary("outbox.claim"):
+            due = conn.execute(self.DUE, {"batch": batch}).fetchall()
+            claimed = []
+            for id_, attempts, _payload in due:
+                row = conn.execute(
+                    self.TAKE, {"id": id_, "attempts": attempts + 1, "lease": self.config.lease}
+                ).fetchone()
+                claimed.append((model.Claim(row[0], row[1]), row[2]))
+        return sorted(claimed, key=lambda c: c[0].id)
+
+
+class CompleteReadsAttemptFirst(impl.OutboxStore):
+    """The completion reads the row's status and attempt in one statement, checks the claim in
+    Python, then writes ``sent`` guarded on the status alone: the attempts fence is in the read,
+    not in the write."""
+
+    READ = "SELECT status, attempts FROM outbox_delivery WHERE id = %(id)s"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.q = sql_edit(self.q, "complete", "AND attempts = %(attempt)s", "")
+
+    def complete(self, conn: psycopg.Connection, c: model.Claim) -> Any:
+        with errors.boundary("outbox.complete"):
+            row = conn.execute(self.READ, {"id": c.id}).fetchone()
+            if row is None or row[0] != model.Status.PROCESSING or row[1] != c.attempt:
+                conn.rollback()
+                return LostRace("fenced")
+        return super().complete(conn, c)
+
+
+RACE_CONFIG = model.Config(
+    lease=5 * RACE_QUANTUM, backoff_base=RACE_QUANTUM, backoff_cap=60 * RACE_QUANTUM, max_attempts=3
+)
+_CLAIMED = model.Claim(1, 1)
+
+
+def _scenario(
+    name: str, block: tuple[Call, ...], setup: tuple[Call, ...] = (), jump: int = 0
+) -> Scenario:
+    return Scenario(
+        name,
+        "outbox",
+        impl.SCHEMA,
+        impl.TABLES,
+        new_model=lambda: model.OutboxModel(RACE_CONFIG),
+        new_store=lambda cls, worker, _: cls(RACE_CONFIG),
+        project=impl.project,
+        project_model=lambda m: m.state(),
+        block=block,
+        setup=setup,
+        jump=jump,
+        reference_store=impl.OutboxStore,
+        fingerprint=lambda m: (m.now, m.state(), m._next_id),
+    )
+
+
+_ENQUEUE = Call("w0", "enqueue(1)", lambda m: m.enqueue(1), lambda s, c: s.enqueue(c, 1))
+
+
+def _claim_one(worker: str) -> Call:
+    return Call(worker, "claim(batch=1)", lambda m: m.claim(1), lambda s, c: s.claim(c, 1))
+
+
+RACES = (
+    RaceMutant(
+        "claim-read-then-write",
+        "outbox",
+        "claim",
+        "the claim SELECTs due rows without a row lock, then UPDATEs each by id with attempts + 1 "
+        "computed from the read: two workers both claim the row, with the same attempt",
+        Variant("claim-read-then-write", ClaimReadThenWrite),
+        _scenario(
+            "outbox: two claims of one due row",
+            setup=(_ENQUEUE,),
+            block=(_claim_one("w0"), _claim_one("w1")),
+        ),
+        "one claim after the other: the second one's SELECT already sees the row processing and "
+        "claims nothing. Only w1's SELECT between w0's SELECT and w0's COMMIT reads it pending.",
+    ),
+    RaceMutant(
+        "complete-reads-attempt-first",
+        "outbox",
+        "lease-fence",
+        "the completion reads status and attempt in one statement, then writes 'sent' guarded on "
+        "status alone: a stale owner completes the row another worker claimed since",
+        Variant("complete-reads-attempt-first", CompleteReadsAttemptFirst),
+        _scenario(
+            "outbox: a stale owner completes while the reaper and another worker move on",
+            setup=(_ENQUEUE, _claim_one("w0")),
+            jump=RACE_CONFIG.lease,
+            block=(
+                Call(
+                    "w0",
+                    "complete(1, attempt=1)",
+                    lambda m: m.complete(_CLAIMED),
+                    lambda s, c: s.complete(c, _CLAIMED),
+                ),
+                Call(
+                    "w1",
+                    "reclaim_stale()",
+                    lambda m: m.reclaim_stale(),
+                    lambda s, c: s.reclaim_stale(c),
+                ),
+                _claim_one("w2"),
+            ),
+        ),
+        "in any order of whole operations the read sees the attempt the write will meet: the "
+        "reclaim and the new claim (attempt 2) must both commit between w0's read and its write.",
+    ),
+)
+
+MUTANTS += [r.mutant() for r in RACES]
 
 OutboxCheck.mutants = MUTANTS
