@@ -35,6 +35,13 @@ class Call:
     model: Callable[[Any], Any]
     impl: Callable[[Any, psycopg.Connection], Any]
 
+    @classmethod
+    def alike(cls, worker: str, label: str, op: str, *args: Any) -> Call:
+        """``op`` called alike on both sides: ``model.op(*args)``, ``store.op(conn, *args)``."""
+        return cls(
+            worker, label, lambda m: getattr(m, op)(*args), lambda s, c: getattr(s, op)(c, *args)
+        )
+
 
 @dataclass(frozen=True)
 class Scenario:

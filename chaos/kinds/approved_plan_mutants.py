@@ -350,16 +350,11 @@ def _steps() -> list[dict]:
 
 
 def _run_step(worker: str, step: int) -> Call:
-    return Call(
-        worker,
-        f"run_step(1, {step}, token=1)",
-        lambda m: m.run_step(1, step, 1),
-        lambda s, c: s.run_step(c, 1, step, 1),
-    )
+    return Call.alike(worker, f"run_step(1, {step}, token=1)", "run_step", 1, step, 1)
 
 
 def _compensate(worker: str) -> Call:
-    return Call(worker, "compensate(1)", lambda m: m.compensate(1), lambda s, c: s.compensate(c, 1))
+    return Call.alike(worker, "compensate(1)", "compensate", 1)
 
 
 _EXECUTING = (
@@ -369,13 +364,8 @@ _EXECUTING = (
         lambda m: m.propose(_steps()),
         lambda s, c: s.propose(c, _steps()),
     ),
-    Call("w0", "approve(1)", lambda m: m.approve(1), lambda s, c: s.approve(c, 1)),
-    Call(
-        "w0",
-        "mark_executing(1)",
-        lambda m: m.mark_executing(1),
-        lambda s, c: s.mark_executing(c, 1),
-    ),
+    Call.alike("w0", "approve(1)", "approve", 1),
+    Call.alike("w0", "mark_executing(1)", "mark_executing", 1),
 )
 
 RACES = (
@@ -407,13 +397,8 @@ RACES = (
             setup=_EXECUTING,
             jump=model.HEARTBEAT_S,
             block=(
-                Call(
-                    "w0",
-                    "heartbeat(1, token=1)",
-                    lambda m: m.heartbeat(1, 1),
-                    lambda s, c: s.heartbeat(c, 1, 1),
-                ),
-                Call("w1", "read(1)", lambda m: m.read(1), lambda s, c: s.read(c, 1)),
+                Call.alike("w0", "heartbeat(1, token=1)", "heartbeat", 1, 1),
+                Call.alike("w1", "read(1)", "read", 1),
             ),
         ),
         "whole operations: a heartbeat after the heal reads 'failed' and refuses, one before it "

@@ -281,12 +281,7 @@ def _scenario(name: str, block: tuple[Call, ...], setup: tuple[Call, ...] = ()) 
 
 
 def _request(worker: str, branch: str) -> Call:
-    return Call(
-        worker,
-        f"request({branch}, key=k)",
-        lambda m: m.request(branch, "k"),
-        lambda s, c: s.request(c, branch, "k"),
-    )
+    return Call.alike(worker, f"request({branch}, key=k)", "request", branch, "k")
 
 
 def _start(worker: str) -> Call:

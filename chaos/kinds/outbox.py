@@ -403,11 +403,11 @@ def _scenario(
     )
 
 
-_ENQUEUE = Call("w0", "enqueue(1)", lambda m: m.enqueue(1), lambda s, c: s.enqueue(c, 1))
+_ENQUEUE = Call.alike("w0", "enqueue(1)", "enqueue", 1)
 
 
 def _claim_one(worker: str) -> Call:
-    return Call(worker, "claim(batch=1)", lambda m: m.claim(1), lambda s, c: s.claim(c, 1))
+    return Call.alike(worker, "claim(batch=1)", "claim", 1)
 
 
 RACES = (
@@ -438,18 +438,8 @@ RACES = (
             setup=(_ENQUEUE, _claim_one("w0")),
             jump=RACE_CONFIG.lease,
             block=(
-                Call(
-                    "w0",
-                    "complete(1, attempt=1)",
-                    lambda m: m.complete(_CLAIMED),
-                    lambda s, c: s.complete(c, _CLAIMED),
-                ),
-                Call(
-                    "w1",
-                    "reclaim_stale()",
-                    lambda m: m.reclaim_stale(),
-                    lambda s, c: s.reclaim_stale(c),
-                ),
+                Call.alike("w0", "complete(1, attempt=1)", "complete", _CLAIMED),
+                Call.alike("w1", "reclaim_stale()", "reclaim_stale"),
                 _claim_one("w2"),
             ),
         ),
