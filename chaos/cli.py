@@ -283,17 +283,14 @@ def _unit_line(rec: dict) -> str:
     return f"  {rec['kind']} {name} seed {rec['seed']}: {word} ({rec['seconds']:.1f} s{steps})"
 
 
+def _report(args, p: Plan, example_db: str | None = None) -> Report:
+    """The report of this plan's command, as invoked."""
+    argv = ["knownstate", *args.argv]
+    return Report(p.command, argv, args.profile, p.seeds, p.units, p.planned, p.shard, example_db)
+
+
 def execute(args, p: Plan) -> int:
-    report = Report(
-        p.command,
-        ["knownstate", *args.argv],
-        args.profile,
-        p.seeds,
-        p.units,
-        p.planned,
-        p.shard,
-        p.memory.local if p.memory else None,
-    )
+    report = _report(args, p, p.memory.local if p.memory else None)
     print(_header(args, p), flush=True)
     for note in p.notes:
         print(f"  note: {note}", flush=True)
@@ -433,16 +430,7 @@ def cmd_mutants(args) -> int:
         for q in problems:
             print(f"knownstate mutants: catalogue: {q}", file=sys.stderr)
         message = "the mutant catalogue has problems: " + "; ".join(problems)
-        report = Report(
-            "mutants",
-            ["knownstate", *args.argv],
-            args.profile,
-            p.seeds,
-            p.units,
-            p.planned,
-            p.shard,
-        )
-        doc = report.document("failed", message)
+        doc = _report(args, p).document("failed", message)
         reports(doc, args.json, args.junit)
         print("knownstate mutants: REFUSED — fix the catalogue first (nothing ran)")
         return EXIT_FAILED
