@@ -32,7 +32,7 @@ from typing import Callable, Iterable
 import psycopg
 from psycopg.types.json import Jsonb
 
-from knownstate.impl.errors import KnownstateError, boundary, commit
+from knownstate.impl.errors import KnownstateError, boundary, commit, rollback_quietly
 from knownstate.impl.loops import Connect, Loop
 from knownstate.impl.queries import load, schema as _read_schema
 from knownstate.model import approved_plan as m
@@ -66,13 +66,6 @@ def _steps(data: list) -> tuple[m.Step, ...]:
     return tuple(m.Step.from_json(d) for d in data)
 
 
-def _rollback_quietly(conn: psycopg.Connection) -> None:
-    try:
-        conn.rollback()
-    except Exception:  # the connection is already gone: nothing of this transaction committed
-        pass
-
-
 class ApprovedPlanStore:
     """The operations of :class:`~knownstate.model.approved_plan.ApprovedPlanModel`, on PostgreSQL.
     ``queries`` defaults to the reference SQL; the mutant catalogue replaces some by name."""
@@ -94,7 +87,7 @@ class ApprovedPlanStore:
                 if not wrote:
                     conn.rollback()
         except BaseException:
-            _rollback_quietly(conn)
+            rollback_quietly(conn)
             raise
         if wrote:
             commit(conn, where)
@@ -332,7 +325,7 @@ def project(conn: psycopg.Connection, to_model_time: Callable[[datetime], int]) 
             ).fetchone()
         finally:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                _rollback_quietly(conn)
+                rollback_quietly(conn)
     receipts: dict[int, list[m.Receipt]] = {}
     for pid, step_index, ok, detail in receipt_rows:
         receipts.setdefault(pid, []).append(m.Receipt(step_index, ok, detail))

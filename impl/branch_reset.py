@@ -62,7 +62,7 @@ from knownstate.model.branch_reset import (
 from knownstate.model.contract import LostRace, Outcome, Rejected, Won
 
 from . import queries
-from .errors import ExternalCallFailed, boundary, commit
+from .errors import ExternalCallFailed, boundary, commit, rollback_quietly
 from .loops import Connect, Loop
 
 QUERIES_FILE = "branch_reset.sql"
@@ -136,15 +136,6 @@ class OpsApiClient:
 # ---------------------------------------------------------------------------
 
 
-def _abort(conn: psycopg.Connection) -> None:
-    """Roll back what this transaction did; a connection that is already dead has nothing to
-    undo."""
-    try:
-        conn.rollback()
-    except psycopg.Error:
-        pass
-
-
 class BranchResetStore:
     """One worker's side of branch reset. ``app_clock`` returns this worker's application time
     (an aware datetime); ``ops_url`` is this worker's base URL of the operations API.
@@ -189,7 +180,7 @@ class BranchResetStore:
             commit(conn, where)
             return Won(row[0])
         except BaseException:
-            _abort(conn)
+            rollback_quietly(conn)
             raise
 
     def start(self, conn: psycopg.Connection, run_id: str) -> Outcome:
@@ -217,7 +208,7 @@ class BranchResetStore:
             commit(conn, where)
             return Won(op_id)
         except BaseException:
-            _abort(conn)
+            rollback_quietly(conn)
             raise
 
     def poll(self, conn: psycopg.Connection, run_id: str) -> Outcome:
@@ -259,7 +250,7 @@ class BranchResetStore:
             commit(conn, where)
             return Won(moved[0])
         except BaseException:
-            _abort(conn)
+            rollback_quietly(conn)
             raise
 
     def cancel(self, conn: psycopg.Connection, run_id: str) -> Outcome:
@@ -274,7 +265,7 @@ class BranchResetStore:
             commit(conn, where)
             return Won(Status.CANCELED.value)
         except BaseException:
-            _abort(conn)
+            rollback_quietly(conn)
             raise
 
     def reap(self, conn: psycopg.Connection) -> Outcome:
@@ -287,7 +278,7 @@ class BranchResetStore:
             commit(conn, where)
             return Won(tuple(sorted(r[0] for r in rows)))
         except BaseException:
-            _abort(conn)
+            rollback_quietly(conn)
             raise
 
 
@@ -299,7 +290,7 @@ def project(conn: psycopg.Connection, to_model_time: Callable[[datetime], int]) 
             rows = conn.execute(queries.load(QUERIES_FILE)["project"]).fetchall()
         conn.rollback()
     except BaseException:
-        _abort(conn)
+        rollback_quietly(conn)
         raise
     out: dict[str, Run] = {}
     for run_id, branch, key, status, claimed_by, op_id, op_statuses, lease_until, error in rows:

@@ -67,6 +67,15 @@ def commit(conn: psycopg.Connection, where: str) -> None:
         raise CommitIndeterminate(f"{where}: {first_line(e)}") from e
 
 
+def rollback_quietly(conn: psycopg.Connection) -> None:
+    """Roll back what this transaction did; a connection that is already dead has nothing to
+    undo (nothing of the transaction committed)."""
+    try:
+        conn.rollback()
+    except psycopg.Error:
+        pass
+
+
 def is_connection_error(e: psycopg.Error) -> bool:
     """A dead link or server (class 08, a server shutting down, or libpq's own report of a lost
     connection: an OperationalError without SQLSTATE), as opposed to a statement the live server

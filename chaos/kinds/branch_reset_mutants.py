@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from datetime import datetime, timezone
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import psycopg
 
 from knownstate.impl import branch_reset as impl
-from knownstate.impl.errors import boundary, commit
+from knownstate.impl.errors import boundary, commit, rollback_quietly
 from knownstate.model.branch_reset import KEY_REUSED, BranchResetModel, Status
 from knownstate.model.contract import Rejected, Won
 
@@ -105,7 +104,7 @@ class _CreateOutsideClaim(impl.BranchResetStore):
             commit(conn, where)
             return Won(op_id)
         except BaseException:
-            impl._abort(conn)
+            rollback_quietly(conn)
             raise
 
 
@@ -211,8 +210,7 @@ class RequestSelectThenInsert(impl.BranchResetStore):
                 return Won(found[0]) if same else Rejected(KEY_REUSED)
             return super().request(conn, branch, idempotency_key)
         except BaseException:
-            with contextlib.suppress(psycopg.Error):
-                conn.rollback()
+            rollback_quietly(conn)
             raise
 
 
@@ -236,8 +234,7 @@ class StartReadsStatusFirst(impl.BranchResetStore):
                     conn.rollback()
                     return outcome
         except BaseException:
-            with contextlib.suppress(psycopg.Error):
-                conn.rollback()
+            rollback_quietly(conn)
             raise
         return super().start(conn, run_id)
 
