@@ -25,7 +25,6 @@ plans as deployed, :class:`PlanExecutor` and :class:`PlanReader`, are at the end
 
 from __future__ import annotations
 
-import threading
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
@@ -33,7 +32,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from knownstate.impl.errors import KnownstateError, boundary, commit, rollback_quietly
-from knownstate.impl.loops import Connect, Loop
+from knownstate.impl.loops import StoreLoop
 from knownstate.impl.queries import load, schema as _read_schema
 from knownstate.model import approved_plan as m
 from knownstate.model.contract import LostRace, Outcome, Rejected, Won
@@ -352,7 +351,7 @@ def project(conn: psycopg.Connection, to_model_time: Callable[[datetime], int]) 
 # ---------------------------------------------------------------------------------------
 
 
-class PlanExecutor(Loop):
+class PlanExecutor(StoreLoop):
     """The approved-plan executor, deployed: claims one approved plan (``mark_executing``, which
     hands out the claim token), then runs each step in payload order under the token (a step
     stamps the heartbeat itself; one step in three is a long one, which renews the heartbeat
@@ -365,20 +364,7 @@ class PlanExecutor(Loop):
     the lazy heal."""
 
     queries = QUERIES
-
-    def __init__(
-        self,
-        connect: Connect,
-        store,
-        stop: threading.Event | None = None,
-        *,
-        idle: float = 0.1,
-        pace: float = 0.1,
-        batch: int = 5,
-        retries: int = 30,
-    ):
-        super().__init__(connect, stop, idle)
-        self.store, self.pace, self.batch, self.retries = store, pace, batch, retries
+    idle, pace, batch, retries = 0.1, 0.1, 5, 30
 
     def run_once(self) -> int:
         for pid, n_steps in self.find("plans_ready", n=self.batch):
@@ -420,24 +406,13 @@ class PlanExecutor(Loop):
             step += 1
 
 
-class PlanReader(Loop):
+class PlanReader(StoreLoop):
     """What reads runs: a status page polling the executing ones (each read heals a stale run,
     the approved plan's only reaper) and repeated execute requests on finished ones (answered
     from receipts)."""
 
     queries = QUERIES
-
-    def __init__(
-        self,
-        connect: Connect,
-        store,
-        stop: threading.Event | None = None,
-        *,
-        idle: float = 0.3,
-        repeats: int = 2,
-    ):
-        super().__init__(connect, stop, idle)
-        self.store, self.repeats = store, repeats
+    idle, repeats = 0.3, 2
 
     def run_once(self) -> int:
         for (pid,) in self.find("plans_executing", n=50):

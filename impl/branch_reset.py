@@ -38,7 +38,6 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-import threading
 from datetime import datetime, timedelta
 from typing import Callable
 
@@ -63,7 +62,7 @@ from knownstate.model.contract import LostRace, Outcome, Rejected, Won
 
 from . import queries
 from .errors import ExternalCallFailed, boundary, commit, rollback_quietly
-from .loops import Connect, Loop
+from .loops import StoreLoop
 
 QUERIES_FILE = "branch_reset.sql"
 SCHEMA = queries.schema("branch_reset_schema.sql")
@@ -313,24 +312,13 @@ def project(conn: psycopg.Connection, to_model_time: Callable[[datetime], int]) 
 # ---------------------------------------------------------------------------------------
 
 
-class ResetPoller(Loop):
+class ResetPoller(StoreLoop):
     """The branch-reset worker, deployed: starts queued runs (claim + create the external
     operation once) and polls the running runs it started; it never polls another worker's run,
     so a dead owner's lease lapses and the reaper ends its run."""
 
     queries = QUERIES
-
-    def __init__(
-        self,
-        connect: Connect,
-        store,
-        stop: threading.Event | None = None,
-        *,
-        idle: float = 0.3,
-        batch: int = 3,
-    ):
-        super().__init__(connect, stop, idle)
-        self.store, self.batch = store, batch
+    idle, batch = 0.3, 3
 
     def _call(self, op: Callable[[], Outcome]) -> Outcome | None:
         try:

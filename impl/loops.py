@@ -6,7 +6,8 @@ Theory of operation
 A store (``impl/<kind>.py``) is one transaction per operation on a connection the caller owns.
 A loop is what calls them forever: it finds work with a read (a named query of its kind's SQL),
 acts on it through the store, and paces itself. This module holds what every loop shares,
-:class:`Loop`, and the one loop that is no kind's own:
+:class:`Loop` (and :class:`StoreLoop`, a loop around a kind's store), and the one loop that
+is no kind's own:
 
 :class:`Periodic`
     a reaper job: one store operation every interval (outbox ``reclaim_stale``, branch-reset
@@ -101,6 +102,24 @@ class Loop:
             if not busy:
                 self.stop.wait(self.idle)
         self.drop()
+
+
+class StoreLoop(Loop):
+    """A kind's own loop around its store (``impl/<kind>.py``). Its knobs are numbers, class
+    attributes with their defaults (``idle`` among them); a keyword of the constructor sets one for
+    this loop, e.g. ``PlanExecutor(connect, store, stop, pace=0.2)``. An unknown keyword is a
+    ``TypeError``, as an unknown parameter would be."""
+
+    idle = 0.1
+
+    def __init__(self, connect: Connect, store, stop: threading.Event | None = None, **knobs):
+        unknown = [k for k in knobs if not isinstance(getattr(type(self), k, None), int | float)]
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no knob {', '.join(unknown)}")
+        super().__init__(connect, stop, knobs.pop("idle", self.idle))
+        self.store = store
+        for name, value in knobs.items():
+            setattr(self, name, value)
 
 
 class Periodic(Loop):
