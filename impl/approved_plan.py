@@ -283,9 +283,14 @@ class ApprovedPlanStore:
                 return m.no_proposal(proposal_id), healed
             if seen.status not in m.TERMINAL:
                 return m.not_terminal(seen.status), healed
-            return Won(seen), healed
+            return Won(seen), self._answered(conn, proposal_id, seen) or healed
 
         return self._transaction(conn, "repeat", body)
+
+    def _answered(self, conn: psycopg.Connection, proposal_id: int, seen: m.RunReport) -> bool:
+        """The seam after a repeat found its run terminal: the answer is its receipts, nothing
+        runs again. Returns whether it wrote (the reference never does)."""
+        return False
 
     def compensate(self, conn: psycopg.Connection, proposal_id: int) -> Outcome:
         """Propose the run that undoes this one's committed steps. Won(compensation id)."""

@@ -103,24 +103,15 @@ class _RepeatReexecutes(impl.ApprovedPlanStore):
     """A repeated execute request on a finished plan replays its payload: every step's effect is
     applied again (the receipts are there already, so none is written)."""
 
-    def repeat(self, conn, proposal_id):
-        def body():
-            healed = self._heal(conn, proposal_id)
-            seen = self._report(conn, proposal_id)
-            if seen is None:
-                return model.no_proposal(proposal_id), healed
-            if seen.status not in model.TERMINAL:
-                return model.not_terminal(seen.status), healed
-            from .approved_plan import FINISHED
+    def _answered(self, conn, proposal_id, seen):
+        from .approved_plan import FINISHED
 
-            if seen.status not in FINISHED:
-                return Won(seen), healed
-            _status, steps_json = conn.execute(self.q["lock_run"], {"id": proposal_id}).fetchone()
-            for i, step in enumerate(impl._steps(steps_json)):
-                self._apply(conn, proposal_id, i, step)
-            return Won(seen), True
-
-        return self._transaction(conn, "repeat", body)
+        if seen.status not in FINISHED:
+            return False
+        _status, steps_json = conn.execute(self.q["lock_run"], {"id": proposal_id}).fetchone()
+        for i, step in enumerate(impl._steps(steps_json)):
+            self._apply(conn, proposal_id, i, step)
+        return True
 
 
 class _HealAppClock(impl.ApprovedPlanStore):
