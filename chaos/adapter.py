@@ -55,7 +55,7 @@ from knownstate.model.contract import LostRace, Won
 from knownstate.model.generic import Timing
 
 from . import timings
-from .harness import EnvironmentFault, Worker, cut_socket
+from .harness import Worker, cut_socket
 from .interleave import AsyncScheduledConnection, ScheduledConnection, round_trip_label
 
 OK, RETRY, PERMANENT = "ok", "retry", "permanent"
@@ -612,27 +612,14 @@ class AdapterWorker(Worker):
                 self.loop.close()
 
     def ready(self) -> None:
-        if self.mode == "sync":
+        if self.mode != "own":
             return super().ready()
         self.before_commit = None
-        if self.mode == "own":
-            self.abandon()  # a driver's own connection is opened afresh for every example
-            return
-        conn = self.conn
-        if conn is not None:
-            try:
-                if conn.info.transaction_status != pq.TransactionStatus.IDLE:
-                    raise psycopg.OperationalError("not idle")
-                self.run(conn.execute("select 1"))
-                self.run(conn.rollback())
-            except psycopg.Error:
-                self.abandon()
-        try:
-            self.connection()
-        except ConnectionLost as e:
-            raise EnvironmentFault(
-                f"{self.name} could not connect through its clean link: {e}"
-            ) from None
+        self.abandon()  # a driver's own connection is opened afresh for every example
+
+    def still_answers(self, conn) -> None:
+        self.run(conn.execute("select 1"))
+        self.run(conn.rollback())
 
     def settle_after_error(self) -> None:
         """After an operation the adapter ended on an error it mapped to a lost race: leave no

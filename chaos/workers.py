@@ -197,8 +197,7 @@ class Worker:
                 if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     raise psycopg.OperationalError("not idle")
                 with timings.span("reset"):
-                    conn.execute("select 1")
-                    conn.rollback()  # never leave a transaction open: now() would stay at its start
+                    self.still_answers(conn)
             except psycopg.Error:
                 self.abandon()
         try:
@@ -207,6 +206,12 @@ class Worker:
             raise EnvironmentFault(
                 f"{self.name} could not connect through its clean link: {e}"
             ) from None
+
+    def still_answers(self, conn) -> None:
+        """The seam of :meth:`ready` that asks a kept connection whether it still answers (a
+        driver's connection asks through its own loop)."""
+        conn.execute("select 1")
+        conn.rollback()  # never leave a transaction open: now() would stay at its start
 
     def faulted(self) -> bool:
         """A toxic on one of its links, a link down, or a COMMIT fault armed."""
