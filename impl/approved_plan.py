@@ -204,43 +204,65 @@ class ApprovedPlanStore:
         Won(Receipt)."""
 
         def body():
-            row = conn.execute(self.q["lock_executing"], {"id": proposal_id}).fetchone()
-            if row is None:
-                return m.no_proposal(proposal_id), False
-            status, generation, steps_json = row[:3]
-            refused = m.fence("run_step", status, generation, token)
-            if refused:
-                return refused, False
-            done = self._steps_done(conn, proposal_id, row)
-            steps = _steps(steps_json)
-            checked = m.check_step_index(steps, done, step_index)
-            if checked is True:  # already ran: answer from its receipt
-                r = conn.execute(
-                    self.q["receipt"], {"id": proposal_id, "step_index": step_index}
-                ).fetchone()
-                return Won(m.Receipt(*r)), False
-            if checked is not None:
-                return checked, False
-            step = steps[step_index]
-            ok = self._apply(conn, proposal_id, step_index, step)
-            receipt = m.Receipt(step_index, ok, m.describe(step, ok))
-            conn.execute(
-                self.q["insert_receipt"],
-                {"id": proposal_id, "step_index": step_index, "ok": ok, "detail": receipt.detail},
-            )
-            target = m.TABLE.next(status, m.step_event(ok, step_index, len(steps)))
-            finished = conn.execute(
-                self.q["finish_step"],
-                {
-                    "id": proposal_id,
-                    "status": target,
-                    "failure": None if ok else m.step_failure(step_index, receipt.detail),
-                },
-            ).fetchone()
-            assert finished is not None, "the locked run left executing inside its own step"
+            answer, status, steps = self._step_begun(conn, proposal_id, step_index, token)
+            if answer is not None:
+                return answer, False
+            ok = self._apply(conn, proposal_id, step_index, steps[step_index])
+            receipt, moved = self._step_recorded(conn, proposal_id, step_index, ok, status, steps)
+            assert moved, "the locked run left executing inside its own step"
             return Won(receipt), True
 
         return self._transaction(conn, "run_step", body)
+
+    def _step_begun(
+        self, conn: psycopg.Connection, proposal_id: int, step_index: int, token: int
+    ) -> tuple[Outcome | None, str, tuple[m.Step, ...]]:
+        """The first seam of a step: lock the run, fence the token, place the step. Returns an
+        answer when the step is not to run (refused, or answered from its receipt), else None
+        with the run's status and its frozen steps."""
+        row = conn.execute(self.q["lock_executing"], {"id": proposal_id}).fetchone()
+        if row is None:
+            return m.no_proposal(proposal_id), "", ()
+        status, generation, steps_json = row[:3]
+        refused = m.fence("run_step", status, generation, token)
+        if refused:
+            return refused, status, ()
+        done = self._steps_done(conn, proposal_id, row)
+        steps = _steps(steps_json)
+        checked = m.check_step_index(steps, done, step_index)
+        if checked is True:  # already ran: answer from its receipt
+            r = conn.execute(
+                self.q["receipt"], {"id": proposal_id, "step_index": step_index}
+            ).fetchone()
+            return Won(m.Receipt(*r)), status, steps
+        return checked, status, steps
+
+    def _step_recorded(
+        self,
+        conn: psycopg.Connection,
+        proposal_id: int,
+        step_index: int,
+        ok: bool,
+        status: str,
+        steps: tuple[m.Step, ...],
+    ) -> tuple[m.Receipt, bool]:
+        """The last seam of a step, after its effect: its receipt and its transition (which
+        stamps the heartbeat). Returns the receipt and whether the transition moved the run."""
+        receipt = m.Receipt(step_index, ok, m.describe(steps[step_index], ok))
+        conn.execute(
+            self.q["insert_receipt"],
+            {"id": proposal_id, "step_index": step_index, "ok": ok, "detail": receipt.detail},
+        )
+        target = m.TABLE.next(status, m.step_event(ok, step_index, len(steps)))
+        finished = conn.execute(
+            self.q["finish_step"],
+            {
+                "id": proposal_id,
+                "status": target,
+                "failure": None if ok else m.step_failure(step_index, receipt.detail),
+            },
+        ).fetchone()
+        return receipt, finished is not None
 
     def _steps_done(self, conn: psycopg.Connection, proposal_id: int, locked: tuple) -> int:
         """How many steps have a receipt: a statement of its own, after ``lock_executing`` (whose

@@ -38,23 +38,9 @@ class _ReceiptAfterEffect(impl.ApprovedPlanStore):
 
     def run_step(self, conn, proposal_id, step_index, token):
         def effect():
-            row = conn.execute(self.q["lock_executing"], {"id": proposal_id}).fetchone()
-            if row is None:
-                return model.no_proposal(proposal_id), False
-            status, generation, steps_json = row
-            refused = model.fence("run_step", status, generation, token)
-            if refused:
-                return refused, False
-            (done,) = conn.execute(self.q["steps_done"], {"id": proposal_id}).fetchone()
-            steps = impl._steps(steps_json)
-            checked = model.check_step_index(steps, done, step_index)
-            if checked is True:
-                r = conn.execute(
-                    self.q["receipt"], {"id": proposal_id, "step_index": step_index}
-                ).fetchone()
-                return Won(model.Receipt(*r)), False
-            if checked is not None:
-                return checked, False
+            answer, status, steps = self._step_begun(conn, proposal_id, step_index, token)
+            if answer is not None:
+                return answer, False
             ok = self._apply(conn, proposal_id, step_index, steps[step_index])
             return Won((ok, status, steps)), ok
 
@@ -62,24 +48,9 @@ class _ReceiptAfterEffect(impl.ApprovedPlanStore):
         if not isinstance(first, Won) or isinstance(first.value, model.Receipt):
             return first
         ok, status, steps = first.value
-        step = steps[step_index]
-        receipt = model.Receipt(step_index, ok, model.describe(step, ok))
 
         def record():
-            conn.execute(
-                self.q["insert_receipt"],
-                {"id": proposal_id, "step_index": step_index, "ok": ok, "detail": receipt.detail},
-            )
-            conn.execute(
-                self.q["finish_step"],
-                {
-                    "id": proposal_id,
-                    "status": model.TABLE.next(
-                        status, model.step_event(ok, step_index, len(steps))
-                    ),
-                    "failure": None if ok else model.step_failure(step_index, receipt.detail),
-                },
-            )
+            receipt, _moved = self._step_recorded(conn, proposal_id, step_index, ok, status, steps)
             return Won(receipt), True
 
         return self._transaction(conn, "run_step.receipt", record)
