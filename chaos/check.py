@@ -515,7 +515,7 @@ class KindCheck(Engine):
         # worker's own lease while it holds no run) is decided by the answers that follow
         kept: dict[Any, Any] = {}
         for c in matching:
-            kept.setdefault(self.fingerprint(c.model), c.model)
+            kept.setdefault(self.fingerprint(c.model) if len(matching) > 1 else 0, c.model)
         self.candidates = [Candidate(m) for m in kept.values()]
         for m in kept.values():
             if hasattr(m, "transitions"):
