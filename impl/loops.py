@@ -44,7 +44,8 @@ Connect = Callable[[], psycopg.Connection]
 class Stats:
     turns: int = 0
     claimed: int = 0
-    done: int = 0  # steps run, polls that moved a run, runs reaped
+    done: int = 0  # steps run, effects sent, polls that moved a run, runs reaped
+    failed: int = 0  # effects answered not-ok, recorded for a retry or as failed
     fenced: int = 0  # operations the fence (or a lost race) refused
     errors: int = 0
 
@@ -90,16 +91,19 @@ class Loop:
         """One turn; returns how much work it found (0: idle until the next turn)."""
         raise NotImplementedError
 
+    def turn(self) -> int:
+        """:meth:`run_once`, an error counted (the connection dropped, the turn idle)."""
+        self.stats.turns += 1
+        try:
+            return self.run_once()
+        except KnownstateError:
+            self.stats.errors += 1
+            self.drop()
+            return 0
+
     def run(self) -> None:
         while not self.stop.is_set():
-            self.stats.turns += 1
-            try:
-                busy = self.run_once()
-            except KnownstateError:
-                self.stats.errors += 1
-                self.drop()
-                busy = 0
-            if not busy:
+            if not self.turn():
                 self.stop.wait(self.idle)
         self.drop()
 
