@@ -20,6 +20,7 @@ import random
 import threading
 from collections import Counter, defaultdict
 from datetime import datetime
+from functools import partial
 from typing import Any, Callable
 
 import psycopg
@@ -271,14 +272,16 @@ class OutboxSoak(SoakKind):
         return _recording(check.store_class, log)(config, getattr(check, "queries", None))
 
     def loop(self, spec: dict, store, connect, stop: threading.Event, log):
-        from knownstate.impl import loops
+        """The reaper, or the outbox's reference loop unchanged, with a send that logs."""
+        from knownstate.impl import loops, outbox
 
         p = spec["params"]
         if spec["role"] == "reaper":
             return loops.Periodic(
                 connect, store.reclaim_stale, stop, idle=p["reap_every"], autocommit=True
             )
-        return OutboxLoop(spec, store, connect, stop, log)
+        send = partial(_logged_send, spec, log)
+        return outbox.OutboxWorker(connect, store, send, stop, batch=p["batch"], idle=p["idle"])
 
     def produce(self, producer: Producer) -> None:
         state = producer.state
@@ -292,39 +295,22 @@ class OutboxSoak(SoakKind):
             pass  # the earlier, indeterminate enqueue of this id had landed
 
 
-class OutboxLoop:
-    """The outbox's reference loop, :class:`~knownstate.impl.outbox.OutboxWorker`, unchanged,
-    with a send that logs. ``send_to_sink`` lets a reply cut mid-body escape as
-    ``http.client``'s own error; the send given to the loop turns it into ExternalCallFailed,
-    like every other lost reply."""
+def _logged_send(spec: dict, log, claim, payload) -> str:
+    """The soak's send: ``send_to_sink``, logged. It lets a reply cut mid-body escape as
+    ``http.client``'s own error; here that is ExternalCallFailed, like every other lost reply."""
+    from knownstate.impl.outbox import send_to_sink
 
-    def __init__(self, spec: dict, store, connect, stop: threading.Event, log):
-        from knownstate.impl.outbox import OutboxWorker
-
-        self.spec, self.stop, self.log = spec, stop, log
-        self.worker = OutboxWorker(connect, store, self.send, batch=spec["params"]["batch"])
-        self.stats = self.worker.stats
-
-    def send(self, claim, payload) -> str:
-        from knownstate.impl.outbox import send_to_sink
-
-        serial = self.log.begin("send", {str(claim.id): claim.attempt}, {})
-        self.log.current = self.log.ref(serial)
-        try:
-            result = send_to_sink(
-                self.spec["url"], claim, payload, timeout=self.spec["params"]["http_timeout"]
-            )
-        except (errors.ExternalCallFailed, http.client.HTTPException) as e:
-            self.log.end(serial, "ext-failed", detail=str(e)[:200])
-            raise errors.ExternalCallFailed(f"sink: {e}") from None
-        finally:
-            self.log.current = None
-        self.log.end(serial, result)
-        return result
-
-    def run(self) -> None:
-        idle = self.spec["params"]["idle"]
-        self.worker.run(self.stop, lambda: self.stop.wait(idle))
+    serial = log.begin("send", {str(claim.id): claim.attempt}, {})
+    log.current = log.ref(serial)
+    try:
+        result = send_to_sink(spec["url"], claim, payload, timeout=spec["params"]["http_timeout"])
+    except (errors.ExternalCallFailed, http.client.HTTPException) as e:
+        log.end(serial, "ext-failed", detail=str(e)[:200])
+        raise errors.ExternalCallFailed(f"sink: {e}") from None
+    finally:
+        log.current = None
+    log.end(serial, result)
+    return result
 
 
 # ---------------------------------------------------------------------------------------

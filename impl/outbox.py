@@ -26,7 +26,6 @@ import threading
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import psycopg
@@ -46,14 +45,8 @@ from knownstate.model.outbox import (
 )
 
 from . import queries
-from .errors import (
-    CommitIndeterminate,
-    ConnectionLost,
-    ExternalCallFailed,
-    KnownstateError,
-    boundary,
-    commit,
-)
+from .errors import CommitIndeterminate, ConnectionLost, ExternalCallFailed, boundary, commit
+from .loops import Connect, StoreLoop
 
 SCHEMA = queries.schema("outbox_schema.sql")
 QUERIES = queries.load("outbox.sql")
@@ -253,17 +246,13 @@ def send_to_sink(url: str, claim: Claim, payload: dict | None = None, timeout: f
         raise ExternalCallFailed(f"sink at {url}: {e}") from None
 
 
-@dataclass
-class LoopStats:
-    claimed: int = 0
-    sent: int = 0
-    failed: int = 0
-    fenced: int = 0
-    errors: int = 0
-
-
-class OutboxWorker:
+class OutboxWorker(StoreLoop):
     """The reference worker loop: claim a batch, send each, record the outcomes (fenced).
+    ``send(claim, payload)`` answers ok / retryable / permanent, or raises ExternalCallFailed
+    (a retryable outcome); its knobs, ``batch`` and ``per_row``, are keywords, e.g.
+    ``OutboxWorker(connect, store, send, stop, batch=20, idle=0.05)``. Its stats: ``claimed``
+    rows, ``done`` (sent), ``failed`` (recorded for a retry or as failed), ``fenced``,
+    ``errors`` (a turn that lost its connection; the next one reconnects).
 
     By default the outcomes of the whole batch are recorded once its last send returned, in one
     statement (:meth:`OutboxStore.record_batch`): two commits per batch, whatever its size. With
@@ -274,69 +263,51 @@ class OutboxWorker:
     Its connection runs in autocommit: the claim and each record are single statements, so
     each is still its own transaction, in one round trip instead of three."""
 
+    autocommit = True
+    batch, per_row = 10, False
+
     def __init__(
         self,
-        connect: Callable[[], psycopg.Connection],
+        connect: Connect,
         store: OutboxStore,
         send: Callable[[Claim, dict], str],
-        batch: int = 10,
-        per_row: bool = False,
+        stop: threading.Event | None = None,
+        **knobs,
     ):
-        self.connect, self.store, self.send, self.batch = connect, store, send, batch
-        self.per_row = per_row
-        self.conn: psycopg.Connection | None = None
-        self.stats = LoopStats()
+        super().__init__(connect, store, stop, **knobs)
+        self.send = send
 
     def run_once(self) -> int:
         """One claim and its deliveries. Returns how many rows it claimed."""
-        try:
-            if self.conn is None or self.conn.closed:
-                self.conn = self.connect()
-                self.conn.autocommit = True
-            claimed = self.store.claim_batch(self.conn, self.batch)
-            self.stats.claimed += len(claimed)
-            reports, errors = [], []
-            for claim, payload in claimed:
-                try:
-                    result = self.send(claim, payload)
-                except ExternalCallFailed as e:
-                    result, error = RETRYABLE, str(e)
-                else:
-                    error = "" if result == OK else f"sink answered {result}"
-                if self.per_row:
-                    if result == OK:
-                        outcome = self.store.complete(self.conn, claim)
-                    else:
-                        outcome = self.store.fail(
-                            self.conn, claim, permanent=result == PERMANENT, error=error
-                        )
-                    self._count(result, outcome)
-                else:
-                    reports.append(Report(claim, result))
-                    errors.append(error)
-            if reports:
-                recorded = self.store.record_batch(self.conn, reports, errors)
-                for report, outcome in zip(reports, recorded.value):
-                    self._count(report.result, outcome)
-            return len(claimed)
-        except (ConnectionLost, KnownstateError):
-            self.stats.errors += 1
-            if self.conn is not None:
-                self.conn.close()
-            self.conn = None
-            return 0
+        conn = self.conn()
+        claimed = self.store.claim_batch(conn, self.batch)
+        self.stats.claimed += len(claimed)
+        reports, errors = [], []
+        for claim, payload in claimed:
+            try:
+                result = self.send(claim, payload)
+            except ExternalCallFailed as e:
+                result, error = RETRYABLE, str(e)
+            else:
+                error = "" if result == OK else f"sink answered {result}"
+            if not self.per_row:
+                reports.append(Report(claim, result))
+                errors.append(error)
+            elif result == OK:
+                self._count(result, self.store.complete(conn, claim))
+            else:
+                failed = self.store.fail(conn, claim, permanent=result == PERMANENT, error=error)
+                self._count(result, failed)
+        if reports:
+            recorded = self.store.record_batch(conn, reports, errors)
+            for report, outcome in zip(reports, recorded.value):
+                self._count(report.result, outcome)
+        return len(claimed)
 
     def _count(self, result: str, outcome: Outcome) -> None:
         if isinstance(outcome, LostRace):
             self.stats.fenced += 1
         elif result == OK:
-            self.stats.sent += 1
+            self.stats.done += 1
         else:
             self.stats.failed += 1
-
-    def run(self, stop: threading.Event, idle: Callable[[], None] | None = None) -> None:
-        while not stop.is_set():
-            if self.run_once() == 0 and idle is not None:
-                idle()
-        if self.conn is not None:
-            self.conn.close()

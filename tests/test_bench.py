@@ -268,13 +268,14 @@ def test_worker_loop_runs_in_autocommit_and_keeps_the_fence(knownstate_db, per_r
         )
         try:
             assert worker.run_once() == 4
-            assert worker.conn.autocommit and worker.conn.statements == statements
-            assert worker.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            conn = worker.conn()
+            assert conn.autocommit and conn.statements == statements
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         finally:
-            worker.conn.close()
+            worker.drop()
         assert seen == [(1, {"n": 1}), (2, {"n": 2}), (3, {"n": 3}), (4, {"n": 4})]
         stats = worker.stats
-        assert (stats.sent, stats.failed, stats.fenced, stats.errors) == (2, 1, 1, 0)
+        assert (stats.done, stats.failed, stats.fenced, stats.errors) == (2, 1, 1, 0)
         rows = admin.execute(
             "select id, status, attempts, last_error from outbox_delivery order by id"
         ).fetchall()

@@ -12,6 +12,7 @@ from typing import Callable, Iterable
 import psycopg
 
 from knownstate.impl import outbox as ob
+from knownstate.impl.loops import Stats
 from knownstate.model.outbox import Claim
 
 from ..cluster import open_database
@@ -57,6 +58,8 @@ MAX_BATCH = 10_000
 OURS_PER_ROW = "outbox-per-row"  # the same loop recording each row in its own transaction
 OURS_SINK = "outbox-sink"  # the batched loop with the real HTTP sink as its effect
 WARM_FILL = 20_000  # jobs each queue holds before its warm-up window
+# A figure's worker counts in the report, each from its workers' Stats field.
+_WORKER_STATS = {"sent": "done", "fenced": "fenced", "failed": "failed", "errors": "errors"}
 
 
 _PARAM = re.compile(r"%\((\w+)\)s")
@@ -208,7 +211,7 @@ def _outbox_step(
             for t in s.tallies:
                 t.tx = t.empty = 0
             for w in s.workers:
-                w.stats = ob.LoopStats()
+                w.stats = Stats()
         for k in range(n_slices):
             before = _wal_lsn(admin)
             ceil_loops.run_slice(slice_s, meter, ceiling)
@@ -224,8 +227,8 @@ def _outbox_step(
     for s in sets:
         d = _figure_dict(s.fig, ceiling, s.total("tx") / s.fig.count if s.fig.count else 0.0, s.wal)
         d["starved"] = s.total("empty") > 0
-        for k in ("sent", "fenced", "failed", "errors") if s.workers else ():
-            d[k] = sum(getattr(w.stats, k) for w in s.workers)
+        for k, attr in _WORKER_STATS.items() if s.workers else ():
+            d[k] = sum(getattr(w.stats, attr) for w in s.workers)
         out[s.name] = d
     return out
 

@@ -194,25 +194,24 @@ def outbox_loops(
     def make(i: int) -> Callable[[], int]:
         # The worker connects (and sets up its connection) itself, in the unmeasured warm-up.
         worker = workers[i] = ob.OutboxWorker(
-            lambda: psycopg.connect(dsn), store, send, batch, per_row=per_row
+            lambda: psycopg.connect(dsn), store, send, batch=batch, per_row=per_row
         )
         tally = tallies[i]
 
         def step() -> int:  # one turn of the reference loop: OutboxWorker.run() without the close
-            sent = worker.stats.sent
-            got = worker.run_once()
+            sent = worker.stats.done
+            got = worker.turn()
             tally.tx += 1 + (got if per_row else min(got, 1))
             if got == 0:
                 tally.empty += 1  # the queue ran dry in a window: the figure is starved (reported)
                 time.sleep(0.001)
-            return worker.stats.sent - sent
+            return worker.stats.done - sent
 
         return step
 
     def close(i: int) -> None:
-        w = workers[i]
-        if w is not None and w.conn is not None:
-            w.conn.close()
+        if workers[i] is not None:
+            workers[i].drop()
 
     return Loops(n, make, close, name), workers, tallies
 
