@@ -71,10 +71,13 @@ def test_a_client_side_driver_error_is_a_failure_naming_it_not_a_lost_connection
 
 
 def test_a_caught_mutant_names_its_invariant_and_replays_to_the_same_counterexample(knownstate_env):
+    """A shrink of 25 replays is enough to replay: how short the gate's shrink gets is the
+    mutant tests' of test_check_outbox.py, and a seed alone replaying the same counterexample
+    after the gate's whole budget is test_cli.py's caught-mutant test."""
     mutant = MUTANT["unfenced-complete"]
     runs = [
         run_check(
-            mutant.machine(OutboxCheck), knownstate_env, seed=5, require_all=False, shrinks=150
+            mutant.machine(OutboxCheck), knownstate_env, seed=5, require_all=False, shrinks=25
         )
         for _ in range(2)
     ]
