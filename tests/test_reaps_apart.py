@@ -16,7 +16,7 @@ from knownstate.chaos.check import run_check
 from knownstate.chaos.generic import kind
 from knownstate.chaos.steps import part_way
 from knownstate.model.describe import Lease
-from tests.test_app_clock_lease import APP_LEASE, AppLease
+from tests.test_app_clock_lease import APP_LEASE, ONCE, AppLease
 
 pytestmark = pytest.mark.slow
 
@@ -81,11 +81,13 @@ def test_a_failure_part_way_leaves_every_subset_possible_and_no_other():
 
 
 def test_a_reaper_of_one_transaction_per_run_so_described_passes(knownstate_env):
-    """Its COMMIT faults meet it after some take-backs (``landed part-way``): the reference
-    passes at seed 1 (258 examples), and shows each such state."""
-    r = run_check(ReapsOneByOneKind, knownstate_env, seed=1)
+    """Its COMMIT faults meet it after some take-backs (``landed part-way``, its rarest
+    requirement: the one that ends the run): the reference passes, every requirement observed
+    once at seed 1 (46 examples; the CI profile's three times each took 258), the state left
+    part-way judged against every state the model keeps possible."""
+    r = run_check(ReapsOneByOneKind, knownstate_env, seed=1, profile=ONCE)
     assert r.passed, r.failure or r.vacuous
-    assert r.stats.events["landed part-way"] >= 3
+    assert r.stats.events["landed part-way"] >= 1
 
 
 def test_the_same_reaper_described_as_one_transaction_is_caught(knownstate_env):
