@@ -11,16 +11,14 @@ stamps the database's ``now()`` are each caught naming ``lease``.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from knownstate.chaos.adapter import Adapter, Claimed
 from knownstate.chaos.check import run_check
-from knownstate.chaos.runner import PROFILES
 from knownstate.chaos.generic import kind
 from knownstate.chaos.genericrules import SkewsAppClock
 from knownstate.model.describe import Claim, Fence, Lease, RunKind
+from profiles import ONCE
 
 pytestmark = pytest.mark.slow
 
@@ -119,11 +117,6 @@ class BeatsByTheDatabase(AppLease):
 AppLeaseKind = kind(APP_LEASE, AppLease)
 ReapsByTheDatabaseKind = kind(APP_LEASE, ReapsByTheDatabase)
 BeatsByTheDatabaseKind = kind(APP_LEASE, BeatsByTheDatabase)
-
-ONCE = replace(PROFILES["ci"], name="once", min_examples=1, times_each=1)
-"""The CI profile, every requirement observed once: what a described feature's reference run
-needs here (each feature's event is one of its requirements). ``knownstate verify`` and the
-built-in kinds' tests run the CI profile, three times each."""
 
 
 def test_a_lease_in_the_applications_clock_is_checked_skewed_and_passes(knownstate_env):
