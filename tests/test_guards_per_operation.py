@@ -15,6 +15,7 @@ import pytest
 from knownstate.chaos.check import run_check
 from knownstate.chaos.generic import kind
 from knownstate.model.describe import Fence
+from profiles import ONCE
 
 from tests.test_app_clock_lease import AppLease
 from tests.test_reaps_apart import ONE_BY_ONE, ReapsOneByOne
@@ -63,7 +64,9 @@ def test_each_write_is_predicted_by_its_own_guard():
 
 
 def test_a_queue_whose_writes_have_guards_of_their_own_so_described_passes(knownstate_env):
-    r = run_check(BeatsByIdKind, knownstate_env, seed=1)
+    """Every requirement observed once at seed 3: 81 examples (the CI profile's three times
+    each took 360 at seed 1, and once each there 358: its rarest requirement came late)."""
+    r = run_check(BeatsByIdKind, knownstate_env, seed=3, profile=ONCE)
     assert r.passed, r.failure or r.vacuous
     assert r.stats.events["fence refusal: complete (no longer claimed)"] >= 3
 
