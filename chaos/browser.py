@@ -137,7 +137,10 @@ HARNESS = """<!doctype html>
 // What the check observes of the network: every fetch is numbered (X-Knownstate-Seq, stripped by
 // the gateway) and its fate noted, so a request that never left the browser (offline) is known.
 // A fetch that fails is held failing until the check releases it (as the gateway holds answers):
-// the check decides when the client hears of it, whatever made it fail.
+// the check decides when the client hears of it, whatever made it fail. A fetch bypasses the
+// HTTP cache unless the client chose a cache mode: Chromium holds a GET back while another GET of
+// the same URL is in flight (its cache lock, up to 20 s), so a second read of a document whose
+// first read the gateway held never arrived, and the check waited on a timer for it.
 (() => {
   const realFetch = window.fetch.bind(window);
   let n = 0;
@@ -153,7 +156,7 @@ HARNESS = """<!doctype html>
     window.__ksWire.push(entry);
     const wake = () => window.__ks && window.__ks.wake && window.__ks.wake();
     queueMicrotask(wake);
-    return realFetch(input, { ...init, headers }).then(
+    return realFetch(input, { cache: "no-store", ...init, headers }).then(
       (r) => { entry.failed = false; return r; },
       (e) => {
         entry.failed = true;
