@@ -326,6 +326,9 @@ def test_the_page_flushes_when_hidden_and_a_closed_tabs_work_is_offered(knownsta
             other = ctx.new_page()
             other.goto(f"{app}&doc={doc}")
             other.wait_for_selector(".banner.siblings")
+            # the server first, so that a failure says which side is wrong: a request of the
+            # closed page that reached the server is not a page that applied a sibling's draft
+            assert stored_title() == "saved when hidden", "a request of the closed page landed"
             # offered, not applied: the page shows what the server holds
             assert other.input_value("[data-id=title]") == "saved when hidden"
             b.close()
