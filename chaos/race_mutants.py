@@ -33,7 +33,6 @@ shrunk schedule.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -56,13 +55,10 @@ there: under libfaketime a server clock *ahead* of real time delays its lock-wai
 
 
 def _declared() -> tuple[RaceMutant, ...]:
-    """The built-in kinds' race mutants (each check module's ``RACES``), in the registry's order."""
-    from .kinds import REGISTRY
+    """The built-in kinds' race mutants (each check module's ``RACES``), in the kinds' order."""
+    from .kinds import built_in
 
-    modules = (
-        importlib.import_module(f"{__package__}.kinds.{e.module}") for e in REGISTRY.values()
-    )
-    return tuple(r for module in modules for r in getattr(module, "RACES", ()))
+    return tuple(r for e in built_in().values() for r in getattr(e.loaded, "RACES", ()))
 
 
 RACE_MUTANTS: tuple[RaceMutant, ...] = _declared()

@@ -16,8 +16,9 @@ process has its own link to PostgreSQL, and each worker one to the stand-in, wit
 latency drawn from the seed. The processes (:mod:`knownstate.chaos.soakworker`): ``p0`` the
 producer, ``w0``..``w2`` the kind's worker loop, ``r0`` its reaper (for the approved plan the
 reader, whose reads heal stale runs). What each runs is the kind's soak binding
-(:mod:`knownstate.chaos.soakkinds`), found like ``verify`` finds the kind: by name, by entry
-point, or ``--kind package.module:Thing`` (a described kind: its description and adapter).
+(:mod:`knownstate.chaos.soakkinds`: its check module's ``SOAK``), found like ``verify`` finds
+the kind: by name, by entry point, or ``--kind package.module:Thing`` (a described kind: its
+description and adapter).
 
 Phases. Start everything and wait until each process is ready; run for ``seconds`` while the
 nemesis (:mod:`knownstate.chaos.nemesis`) carries out the schedule the seed names, printed
@@ -477,7 +478,7 @@ def soak_kinds() -> list[str]:
     """The built-in kinds a soak runs (a described kind too, named with ``--kind``)."""
     from . import kinds
 
-    return [name for name, entry in kinds.REGISTRY.items() if entry.soak]
+    return [name for name, entry in kinds.built_in().items() if entry.soak]
 
 
 def add_parser(subparsers) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from knownstate.chaos.check import run_check
-from knownstate.chaos.kinds.branch_reset import BOUND, LEASE, MARGIN, MUTANTS, BranchResetCheck
+from knownstate.chaos.kinds.branch_reset import MUTANTS, BranchResetCheck
+from knownstate.chaos.kinds.branch_reset_clocks import BOUND, LEASE, MARGIN
 from knownstate.model.branch_reset import BranchResetModel, skew_bound
 from knownstate.model.contract import Won
 from profiles import ONCE

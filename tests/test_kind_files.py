@@ -13,7 +13,14 @@ from knownstate.chaos import kinds
 from knownstate.impl import loops
 
 ROOT = Path(loops.__file__).resolve().parents[1]
-SHARED = ("impl/loops.py", "chaos/specs.py", "chaos/races.py", "chaos/race_mutants.py")
+SHARED = (
+    "impl/loops.py",
+    "chaos/specs.py",
+    "chaos/races.py",
+    "chaos/race_mutants.py",
+    "chaos/soakkinds.py",
+    "chaos/kinds/__init__.py",
+)
 """Modules every kind uses and no kind edits."""
 
 
@@ -22,7 +29,7 @@ def kind_words() -> set[str]:
     protocol is not a durable kind: ``chaos/specs.py`` lists its spec by name)."""
     words: set[str] = set()
     for d in kinds.described():
-        words |= {d.name, d.name.replace("-", "_"), kinds.REGISTRY[d.name].module}
+        words |= {d.name, d.name.replace("-", "_"), kinds.built_in()[d.name].module}
     words |= {"agent_proposal", "branch_reset", "outbox"}
     return words
 
@@ -63,9 +70,38 @@ def test_a_shared_module_names_no_kind(module):
     assert not found, f"{module} names kinds by hand: {found}"
 
 
+OWN_FILES = (
+    "model/{m}.py",
+    "impl/{m}.py",
+    "impl/sql/{m}.sql",
+    "impl/sql/{m}_schema.sql",
+    "chaos/kinds/{m}.py",
+    "chaos/kinds/{m}_mutants.py",
+)
+"""README's "files a hand-written kind touches", but its spec and its tests."""
+
+
+def test_a_hand_written_kind_is_its_own_files_only():
+    """README's count holds for the approved plan: of the product's modules, those whose code
+    names it (its name, its modules, its tables) are its own six; beside them only its spec and
+    its tests. Its check module is found by its ``CHECK``, its soak binding is its ``SOAK``."""
+    entry = kinds.built_in()["approved-plan"]
+    own = {f.format(m=entry.module) for f in OWN_FILES}
+    assert all((ROOT / f).is_file() for f in own) and (ROOT / "specs/approved-plan.md").is_file()
+    words = {"approved-plan", "approved_plan", "agent_proposal"}
+    naming = {
+        str(path.relative_to(ROOT))
+        for sub in ("model", "impl", "chaos")
+        for path in (ROOT / sub).rglob("*.py")
+        if any(w in text for text in code_strings_and_names(path) for w in words)
+    }
+    assert naming <= own, f"modules that name the approved plan but are not its own: {naming - own}"
+    assert entry.check is kinds.check("approved-plan") and kinds.soak("approved-plan").name
+
+
 def test_every_sql_file_is_one_kinds_and_each_loop_reads_its_kinds():
     """No shared query file a new kind would add its reads to (there was ``loops.sql``)."""
-    owners = {kinds.REGISTRY[d.name].module for d in kinds.described()} | {"documents"}
+    owners = {kinds.built_in()[d.name].module for d in kinds.described()} | {"documents"}
     for path in (ROOT / "impl" / "sql").glob("*.sql"):
         assert path.stem.removesuffix("_schema") in owners, f"impl/sql/{path.name} is no kind's"
     from knownstate.impl import approved_plan, branch_reset

@@ -290,7 +290,8 @@ def test_junit_names_do_not_carry_random_seeds_and_survive_control_characters():
     finish(rep, rep.units[1], result(seed=912874))
     root = _junit(rep.document())  # parses: no character XML forbids
     names = [c.get("name") for c in root.iter("testcase")]
-    assert names == ["outbox (seed 1 of 2)", "outbox (seed 2 of 2)"]
+    first = kinds.names()[0]
+    assert names == [f"{first} (seed 1 of 2)", f"{first} (seed 2 of 2)"]
 
 
 def _shards(n: int, outcome_of=lambda u: result(u.kind, u.seed)):

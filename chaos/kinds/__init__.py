@@ -2,7 +2,9 @@
 
 Three ways a kind is found, in this order:
 
-1. the built-in kinds, below (each module defines its check class and ``MUTANTS``);
+1. the built-in kinds: each module of this package that names its check class ``CHECK`` (beside
+   it, ``MUTANTS`` and, if it can be soaked, its soak binding ``SOAK``), in the order of their
+   names; a new kind's module is found without a line anywhere else;
 2. kinds an installed package registers in the entry point group ``knownstate.kinds``, e.g. in
    its ``pyproject.toml``::
 
@@ -15,42 +17,51 @@ Three ways a kind is found, in this order:
 
 ``Thing`` is a check class: a :class:`~knownstate.chaos.check.KindCheck` subclass, such as
 :func:`knownstate.chaos.generic.kind` returns. Its mutants are its ``mutants`` attribute, else
-its module's ``MUTANTS``. A kind that cannot be found or imported is one line saying what is
+its module's ``MUTANTS``; its soak binding is its module's ``SOAK``, else (a described kind) one
+built from its description. A kind that cannot be found or imported is one line saying what is
 wrong and what to do (:class:`KindNotFound`).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
+import pkgutil
 import sys
 from importlib import metadata
+from types import ModuleType
 from typing import NamedTuple
 
 GROUP = "knownstate.kinds"
 
 
 class Entry(NamedTuple):
-    """One built-in kind: its module here, its check class, and its soak binding
-    (``module:Class`` of a :class:`~knownstate.chaos.soakkinds.SoakKind`; "": no soak)."""
+    """One built-in kind: its module's name here, and the module."""
 
     module: str
-    check: str
-    soak: str = ""
+    loaded: ModuleType
+
+    @property
+    def check(self) -> type:
+        return self.loaded.CHECK
+
+    @property
+    def soak(self) -> type | None:
+        """Its soak binding (a :class:`~knownstate.chaos.soakkinds.SoakKind`), or None."""
+        return getattr(self.loaded, "SOAK", None)
 
 
-# The order is the order `knownstate verify` runs them in.
-REGISTRY: dict[str, Entry] = {
-    "outbox": Entry("outbox", "OutboxCheck", "knownstate.chaos.soakkinds:OutboxSoak"),
-    "approved-plan": Entry(
-        "approved_plan", "ApprovedPlanCheck", "knownstate.chaos.soakkinds:PlanSoak"
-    ),
-    "branch-reset": Entry(
-        "branch_reset", "BranchResetCheck", "knownstate.chaos.soakkinds:ResetSoak"
-    ),
-    "document-session": Entry("document_session", "DocumentSessionCheck"),
-    "document-session-browser": Entry("document_session_browser", "BrowserDocumentSessionCheck"),
-}
+@functools.cache
+def built_in() -> dict[str, Entry]:
+    """The built-in kinds by name, in the order ``knownstate verify`` runs them (their names'):
+    every module of this package that sets ``CHECK``."""
+    found = {}
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(module, "CHECK"):
+            found[module.CHECK.kind] = Entry(info.name, module)
+    return dict(sorted(found.items()))
 
 
 def described() -> list:
@@ -58,7 +69,7 @@ def described() -> list:
     the registry's order: each kind's model module (``knownstate.model.<module>``) states its own
     as ``DESCRIPTION``; a client protocol has none."""
     out = []
-    for entry in REGISTRY.values():
+    for entry in built_in().values():
         name = f"knownstate.model.{entry.module}"
         try:
             found = importlib.import_module(name)
@@ -82,14 +93,14 @@ class KindNotFound(LookupError):
 def _entry_points() -> dict[str, metadata.EntryPoint]:
     out: dict[str, metadata.EntryPoint] = {}
     for ep in metadata.entry_points(group=GROUP):
-        if ep.name not in REGISTRY:
+        if ep.name not in built_in():
             out.setdefault(ep.name, ep)
     return out
 
 
 def names() -> list[str]:
     """Every kind: built-in, registered by installed packages, then named with --kind."""
-    out = list(REGISTRY) + sorted(_entry_points())
+    out = list(built_in()) + sorted(_entry_points())
     return out + [n for n in _named if n not in out]
 
 
@@ -145,7 +156,7 @@ def load(spec: str) -> str:
         sys.path.insert(0, os.getcwd())
     check_class = _as_check(_import(spec, f"--kind {spec}"), f"--kind {spec}")
     name = check_class.kind
-    if name in REGISTRY or name in _entry_points():
+    if name in built_in() or name in _entry_points():
         if check(name) is not check_class:
             raise KindNotFound(
                 f"--kind {spec}: its kind is named {name!r}, like another kind "
@@ -163,7 +174,7 @@ def register(check_class: type) -> str:
     module = sys.modules.get(check_class.__module__)
     attr = next((k for k, v in vars(module).items() if v is check_class), None) if module else None
     name = check_class.kind
-    if name not in REGISTRY and name not in _entry_points():
+    if name not in built_in() and name not in _entry_points():
         _named[name] = (check_class, f"{check_class.__module__}:{attr}" if attr else "")
     return name
 
@@ -183,9 +194,8 @@ def set_argument(name: str, words: str) -> None:
 
 
 def check(name: str):
-    if name in REGISTRY:
-        entry = REGISTRY[name]
-        return getattr(importlib.import_module(f"{__name__}.{entry.module}"), entry.check)
+    if name in built_in():
+        return built_in()[name].check
     if name in _named:
         return _named[name][0]
     ep = _entry_points().get(name)
@@ -216,12 +226,12 @@ def mutants_of(check_class: type) -> list:
 
 
 def soak(name: str):
-    """The soak binding of kind ``name``: its registry entry's, else (a described kind) built
-    from its description and adapter. KindNotFound when it has none."""
-    entry = REGISTRY.get(name)
-    if entry is not None and entry.soak:
-        module, _, cls = entry.soak.partition(":")
-        return getattr(importlib.import_module(module), cls)()
+    """The soak binding of kind ``name``: its check module's ``SOAK``, else (a described kind)
+    built from its description and adapter. KindNotFound when it has none."""
+    check_class = check(name)
+    own = getattr(sys.modules.get(check_class.__module__), "SOAK", None)
+    if own is not None:
+        return own()
     from ..soakgeneric import described
 
-    return described(check(name))
+    return described(check_class)

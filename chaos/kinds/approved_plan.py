@@ -28,6 +28,8 @@ effect without its receipt).
 from __future__ import annotations
 
 import itertools
+import threading
+from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,11 +39,14 @@ from hypothesis.stateful import initialize, precondition, rule
 from knownstate.impl import approved_plan as impl
 from knownstate.model import approved_plan as model
 from knownstate.model.approved_plan import Status
-from knownstate.model.contract import LostRace, Repeat, Won
+from knownstate.model.contract import LostRace, Repeat, RunView, StepView, Won
 
 from .. import rows
 from ..blocks import raced
 from ..check import QUANTUM, FaultPolicy, KindCheck, Action, Worker, WorkerDied, needs
+from ..history import Audit
+from ..judge import Judging, Replay, RunRow, StepRow
+from ..soakkinds import Producer, SoakKind, recording, ts
 
 # The demo domain's steps a plan is drawn from: credits always succeed; the debit only when the
 # account holds enough (not before a credit); "fail" never does. Credits first, so a plan shrinks
@@ -544,5 +549,161 @@ class ApprovedPlanCheck(KindCheck):
             pid = rows.row(data, self.turns(w), "proposal read", name=self.row_name)
             self.do(1 - w, self._read(1 - w, pid))
 
+
+# ---------------------------------------------------------------------------------------
+# The soak binding: what a soak runs, and how its judge reads the rows.
+# ---------------------------------------------------------------------------------------
+
+
+PLAN_STEPS = (
+    {"op": "credit", "account": "a", "amount": 5},
+    {"op": "credit", "account": "b", "amount": 3},
+    {"op": "credit", "account": "a", "amount": 5},
+    {"op": "debit", "account": "a", "amount": 4},
+    {"op": "debit", "account": "b", "amount": 9},
+    {"op": "fail"},
+)
+PLAN_WEIGHTS = (6, 6, 6, 3, 1, 1)
+
+
+class PlanSoak(SoakKind):
+    name = "approved-plan"
+    params = {"heartbeat_s": 3, "pace": 0.08, "idle": 0.1, "read_every": 0.3, "rate": 4.0}
+    lease = 3.0
+    nudge = 3 + 1
+    run_tables = ("agent_proposal",)
+
+    description = model.DESCRIPTION
+
+    def judging(self, config: dict) -> Judging:
+        contract, heartbeat_s = ApprovedPlanCheck.contract, config["heartbeat_s"]
+
+        def row(a: Audit, old: bool) -> RunRow | StepRow | None:
+            r = a.old if old else a.new
+            if r is None:
+                return None
+            if a.table == "agent_proposal":
+                beat = ts(r.get("heartbeat_at"))
+                lease = None if beat is None else beat + heartbeat_s
+                steps = {"steps": len(r.get("steps") or ())}
+                return RunRow(str(r["id"]), r["status"], r["generation"], lease, steps)
+            if a.table == "agent_proposal_step":
+                what = "receipt" if r["ok"] else "failed"
+                return StepRow(str(r["proposal_id"]), str(r["step_index"]), what)
+            if a.table == "demo_ledger":
+                return StepRow(str(r["proposal_id"]), str(r["step_index"]), "effect")
+            return None
+
+        def view(row: RunRow, counts: Counter) -> RunView:
+            ids = sorted({step for step, _ in counts}, key=int)
+            return RunView(
+                run_id=row.key,
+                status=row.status,
+                fence_token=row.token,
+                steps={
+                    s: StepView(
+                        receipts=counts[(s, "receipt")],
+                        effects=counts[(s, "effect")],
+                        failed=counts[(s, "failed")],
+                    )
+                    for s in ids
+                },
+                valid_step_ids=frozenset(str(i) for i in range(row.extra.get("steps", 0))),
+            )
+
+        return self._judging(
+            contract,
+            row=row,
+            view=view,
+            owner_writes=frozenset({"run_step", "heartbeat"}),
+            heartbeats=frozenset({"heartbeat"}),
+            take_backs=frozenset({"read", "repeat", "compensate"}),
+            creations=frozenset({"propose"}),
+            done="executed",
+            token_noun="token",
+            extras=(_next_step_refused, _receipts_in_order),
+        )
+
+    def store(self, spec: dict, log, check: type):
+        cls = recording(check.store_class, log)
+        return cls(spec["params"]["heartbeat_s"], getattr(check, "queries", None))
+
+    def loop(self, spec: dict, store, connect, stop: threading.Event, log):
+        from knownstate.impl import approved_plan
+
+        p = spec["params"]
+        if spec["role"] == "reaper":
+            return approved_plan.PlanReader(connect, store, stop, idle=p["read_every"])
+        return approved_plan.PlanExecutor(connect, store, stop, idle=p["idle"], pace=p["pace"])
+
+    def produce(self, producer: Producer) -> None:
+        rng, store, pending = producer.rng, producer.store, producer.state.setdefault("left", [])
+        roll = rng.random()
+        if pending and roll < 0.05:
+            store.expire(producer.conn(), pending.pop(0))
+            return
+        steps = rng.choices(PLAN_STEPS, PLAN_WEIGHTS, k=rng.randint(2, 5))
+        out = store.propose(producer.conn(), steps)
+        if not isinstance(out, Won):
+            return
+        if roll < 0.10:
+            pending.append(out.value)  # left pending, to expire later
+        elif roll < 0.15:
+            store.reject(producer.conn(), out.value)
+        else:
+            store.approve(producer.conn(), out.value)
+
+
+def _next_step_refused(r: Replay) -> None:
+    """A step is its position in the frozen payload: a run_step asked for the next step (as
+    many receipts committed as its index, all by its own executor's earlier operations: only
+    the holder of the run's token writes them, one operation after another) is never refused."""
+    receipts: dict[str, list] = defaultdict(list)
+    for a in r.h.audit:
+        if a.table == "agent_proposal_step" and a.op == "INSERT" and a.ref in r.ops:
+            receipts[str(a.row["proposal_id"])].append(r.ops[a.ref])
+    for o in r.h.ops:
+        asked = o.args.get("step_index")
+        if o.name != "run_step" or o.out != "rejected" or type(asked) is not int:
+            continue
+        for run in o.runs:
+            done = sum(1 for w in receipts.get(run, []) if w.inc == o.inc and w.t0 < o.t0)
+            row = r.rows.get(run)
+            if row is not None and asked == done < row.extra.get("steps", 0):
+                r.finding(
+                    "stable-step-identity",
+                    f"{o.inc} run_step({run}, step {asked}) was refused ({o.value}), but "
+                    f"step {asked} was the next of its payload ({done} receipt(s) before it)",
+                    run,
+                    t=o.t1 if o.t1 is not None else o.t0,
+                    ref=o.ref,
+                )
+
+
+def _receipts_in_order(r: Replay) -> None:
+    """Receipts are a prefix of the payload; an executed plan has every one, each ok."""
+    for run, row in r.rows.items():
+        counts = r.steps[run]
+        got = sorted(
+            {int(s) for (s, what), n in counts.items() if n and what in ("receipt", "failed")}
+        )
+        if got != list(range(len(got))):
+            r.finding(
+                "stable-step-identity",
+                f"plan {run} has receipts for steps {got}: not a prefix of its payload",
+                run,
+            )
+        ok = sum(1 for (s, what), n in counts.items() if n and what == "receipt")
+        if row.status == r.k.done and (ok != row.extra.get("steps") or len(got) != ok):
+            r.finding(
+                "receipt-with-effect",
+                f"plan {run} is {row.status} with {ok} ok receipt(s) for "
+                f"{row.extra.get('steps')} step(s)",
+                run,
+            )
+
+
+CHECK = ApprovedPlanCheck
+SOAK = PlanSoak
 
 from .approved_plan_mutants import MUTANTS, RACES  # noqa: E402, F401  (the kind's catalogue)

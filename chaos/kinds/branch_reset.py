@@ -19,27 +19,15 @@ The stand-in is part of the observation: the model predicts its operations and t
 requests it acted on per run, so a second creation is seen at once, and the create-once
 invariant (``external_creations <= 1``) is checked after every step.
 
-Clocks. Every process's application clock is ``EPOCH + model.app_now(process)``, fully
-controlled, so lease stamps (application time) are exact and need no rounding. The model's
-``now`` is real time here: time passing moves every application clock; a skew moves one. No
-branch-reset guard reads the database clock, so a database clock jump moves nothing in the model,
-and the check shows that it moves nothing in the implementation either.
-
-The skew bound. With lease ``L`` and poll margin ``M`` (a live run is polled at least every
-``M``), ``skew_bound(L, M) = L - M``: a reaper whose clock is less than that ahead of the last
-poller's never reaps a live run. The check keeps every running run's last lease stamp (when, and
-by a clock skewed how far), and judges every live run (stamped at most ``M`` ago) that a reap
-ended or a poll refused as lapsed: below the bound that fails the check; at or past it, it is the
-recorded deviation of an application-clock lease, allowed, counted as "reaped live run under skew
-past bound (known deviation)" and labelled in the trace. A reaper ahead within the bound that
-spares a live run is counted too ("live run spared by a reaper ahead within bound").
+Clocks, and the skew bound every live run a reap ends or a poll refuses is judged against, are
+:mod:`.branch_reset_clocks`.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from hypothesis import strategies as st
@@ -48,52 +36,23 @@ from hypothesis.stateful import initialize, precondition, rule
 from knownstate.impl import branch_reset as impl
 from knownstate.model import branch_reset as model
 from knownstate.model.branch_reset import ExternalOp, ExternalState, ExternalStatus, Status
-from knownstate.model.contract import LostRace, Rejected, Repeat, Violation, Won, Write
+from knownstate.model.contract import LostRace, Rejected, Repeat, Won, Write
 
-from .. import rows
+from .. import effects, rows
 from ..blocks import raced
 from ..check import QUANTUM, FaultPolicy, KindCheck, Action, needs
 from ..interleave import ScheduledCalls
+from ..history import Audit
+from ..judge import Judging, RunRow
 from ..opsapi import OpsApi
+from ..soakkinds import Producer, SoakKind, queue_view, recording, ts
+from .branch_reset_clocks import LEASE, MARGIN, POLLERS, REAPER, SKEW_BOUND, SKEWS, Clocks
 
-EPOCH = datetime(2030, 1, 1, tzinfo=timezone.utc)
-"""Application time zero: every process's clock is EPOCH + model.app_now(process)."""
-
-LEASE = 5 * QUANTUM
-"""The check's lease L (the reference default is 600 s): short, so a stall lapses it in one rule."""
-
-MARGIN = QUANTUM
-"""The poll margin M: a run stamped at most this long ago is *live* (its poller is on schedule)."""
-
-BOUND = model.skew_bound(LEASE, MARGIN)
-"""L - M = 240 s with the check's lease: a reaper less than this ahead never ends a live run."""
-
-SKEWS = (
-    -QUANTUM,
-    0,
-    QUANTUM,
-    2 * QUANTUM,
-    BOUND - QUANTUM,
-    BOUND,
-    BOUND + QUANTUM,
-    LEASE + QUANTUM,
-    2 * LEASE,
-)
-"""What the app-clock skew rule sets one process's clock to, from real time: behind, on time,
-ahead within the bound, and ahead at or past it, the bound's edge on both sides."""
-
-POLLERS = (0, 1)
-REAPER = 2
 BRANCHES = ("a", "b")
 TERMINAL = model.TERMINAL
 
-SKEW_BOUND = (
-    "A live run (stamped at most M ago) is reaped or refused as lapsed only by a "
-    "clock at least L - M ahead of its last poller's: the bound of an app-clock lease."
-)
 
-
-class BranchResetCheck(KindCheck):
+class BranchResetCheck(Clocks, KindCheck):
     kind = "branch-reset"
     contract = model.CONTRACT
     schema = impl.SCHEMA
@@ -180,9 +139,6 @@ class BranchResetCheck(KindCheck):
         self.skews = 0
         self.race_keys = 1  # the key every poller's request would use in a concurrent block
 
-    def _app_clock(self, worker: str):
-        return lambda: EPOCH + timedelta(seconds=self.model.app_now(worker))
-
     def new_model(self) -> model.BranchResetModel:
         return model.BranchResetModel(self.lease)
 
@@ -202,12 +158,6 @@ class BranchResetCheck(KindCheck):
     def observe_impl(self):
         rows = impl.project(self.ws.admin(), self._app_seconds)
         return tuple(sorted(rows.items())), self._external(self.ops.snapshot())
-
-    @staticmethod
-    def _app_seconds(ts: datetime):
-        """An application-time stamp as model seconds: exact, the clocks are the check's."""
-        s = (ts - EPOCH).total_seconds()
-        return int(s) if s.is_integer() else s
 
     def views(self, observation):
         rows, (ops, requests) = observation
@@ -239,52 +189,10 @@ class BranchResetCheck(KindCheck):
             r for r, run in self.model.runs.items() if not statuses or run.status in statuses
         )
 
-    def _skew(self, worker: str) -> int:
-        return self.model.app_skew.get(worker, 0)
-
-    def _live(self, run_id: str, m: model.BranchResetModel | None = None) -> tuple[int, int] | None:
-        """(stamped at, stamper's skew) when the running run's last stamp in state ``m`` (default:
-        the model's) is at most M old: its poller is on schedule, so the run is live. A stamp
-        that is not the recorded one was made in the block ``m`` is part of, at ``m.now``."""
-        m = self.model if m is None else m
-        run = m.runs.get(run_id)
-        if run is None or run.status is not Status.RUNNING:
-            return None
-        stamp = self.stamps.get(run_id)
-        if stamp is None or stamp[0] != run.lease_until:
-            return m.now, run.lease_until - self.lease - m.now
-        _, at, skew = stamp
-        return (at, skew) if m.now - at <= self.margin else None
-
-    def _live_met(self, worker: str, run_id: str, drawn: tuple[int, int] | None) -> list:
-        """The run's liveness as ``worker``'s operation met it: in a block, in each state the
-        order that explains the block gave it (an operation before it may have stamped the run);
-        in a step, as it was when the step was drawn."""
-        states = self.met.get(worker)
-        return [drawn] if states is None else [self._live(run_id, m) for m in states]
-
     def _record(self, writes=(), repeats=()) -> None:
         """Record a step's guarded writes and repeat requests: the invariants judge them."""
         self.writes.extend(writes)
         self.repeats.extend(repeats)
-
-    def _judge_skew(self, run_id: str, worker: str, lives: list, what: str) -> None:
-        """A run live in every state ``worker``'s operation may have met (``lives``) was ended
-        (reap) or refused (poll) by its clock: only a clock at or past the bound ahead of its
-        last poller's may do that (the most lenient of the states decides)."""
-        at, poller_skew = min(lives, key=lambda lv: lv[1])
-        rel = self._skew(worker) - poller_skew
-        if rel < BOUND:
-            problem = (
-                f"{what} {run_id}, live (stamped {self.model.now - at}s ago), by a clock "
-                f"{rel:+d}s from its poller's, below L - M = {BOUND}s"
-            )
-            self.fail(problem, [Violation("skew-bound", problem)])
-        self.log(
-            f"  ({what} live run {run_id}: {worker}'s clock is {rel:+d}s "
-            "from its last poller's, "
-            f">= L - M = {BOUND}s: the known deviation of an application-clock lease)"
-        )
 
     # -- operations -------------------------------------------------------------------------
     @initialize(skew=st.sampled_from((0,) + tuple(s for s in SKEWS if s)))
@@ -537,15 +445,6 @@ class BranchResetCheck(KindCheck):
         self.do(w, self._cancel(w, rows.row(data, self._past_queued(), "run")))
 
     @precondition(lambda self: self._runs(Status.RUNNING))
-    @rule(skew=st.sampled_from([s for s in SKEWS if s > 0]))
-    def reap_on_a_clock_ahead(self, skew: int) -> None:
-        """The reaper job runs on a host whose clock is ``skew`` ahead of real time (and stays so):
-        the case the skew bound is about, both sides of it. An operation with an app-clock skew,
-        so swarm testing never switches it off."""
-        self.fault_app_clock_skew(REAPER, skew)
-        self.do(REAPER, self._reap())
-
-    @precondition(lambda self: self._runs(Status.RUNNING))
     @rule()
     def reap(self) -> None:
         """The dbops-reaper job: its application clock judges every running run's lease. Every
@@ -640,29 +539,6 @@ class BranchResetCheck(KindCheck):
         if retake or data.draw(st.booleans(), label="reaper runs meanwhile"):
             self.do(REAPER, self._reap())
 
-    @precondition(lambda self: self.skews < 4)
-    @rule(w=st.sampled_from([REAPER, *POLLERS]), skew=st.sampled_from(SKEWS))
-    def fault_app_clock_skew(self, w: int, skew: int) -> None:
-        """One process's application clock is set ``skew`` seconds from real time. The lease is in
-        application time (the recorded deviation): the spread of the clocks is judged against
-        the bound L - M. Not paced (it disturbs no connection); four per example."""
-        self.skews += 1
-        name = self.workers[w].name
-        delta = skew - self._skew(name)
-        for c in self.candidates:
-            c.model.skew(name, delta)
-        skews = [self._skew(x.name) for x in self.workers]
-        spread = max(skews) - min(skews)
-        what = "skew within bound" if spread < BOUND else "skew past bound (known deviation)"
-        self.event(what)
-        who = "the reaper" if w == REAPER else "poller"
-        self.fault(
-            "app-clock-skew",
-            f"app clock of {who} {name} set {skew:+d}s from real time "
-            f"(spread {spread}s, L - M = {BOUND}s: {what})",
-            pace=False,
-        )
-
     @precondition(lambda self: self.ops.pending_failures == 0 and self._next_work())
     @rule(data=st.data(), twice=st.booleans())
     def fault_stand_in_503(self, data, twice: bool) -> None:
@@ -675,5 +551,98 @@ class BranchResetCheck(KindCheck):
         )
         self.turn(rows.row(data, POLLERS, "poller"), data)
 
+
+# ---------------------------------------------------------------------------------------
+# The soak binding: what a soak runs, and how its judge reads the rows.
+# ---------------------------------------------------------------------------------------
+
+
+class ResetSoak(SoakKind):
+    name = "branch-reset"
+    params = {
+        "lease": 4,
+        "http_timeout": 1.0,
+        "poll_every": 0.3,
+        "reap_every": 0.5,
+        "rate": 2.0,
+        "branches": 6,
+    }
+    lease = 4.0
+    run_tables = ("branch_reset",)
+
+    description = model.DESCRIPTION
+
+    def __init__(self) -> None:
+        from ..soakparts import RecordingOpsApi
+
+        self.stand_in = RecordingOpsApi
+
+    def judging(self, config: dict) -> Judging:
+        contract = BranchResetCheck.contract
+
+        def row(a: Audit, old: bool) -> RunRow | None:
+            r = a.old if old else a.new
+            if a.table != "branch_reset" or r is None:
+                return None
+            extra = {"op_id": r.get("external_op_id")}
+            lease = ts(r.get("lease_until"))
+            return RunRow(str(r["id"]), r["status"], r.get("claimed_by"), lease, extra)
+
+        return self._judging(
+            contract,
+            row=row,
+            view=queue_view(contract),
+            owner_writes=frozenset({"poll"}),
+            take_backs=frozenset({"reap"}),
+            creations=frozenset({"request"}),
+            done="succeeded",
+            token_noun="owner",
+            extras=(effects.create_once,),
+        )
+
+    def background(self, stand_in, seed: int):
+        """The operations API finishes what was created, after a delay drawn from the seed."""
+        from ..soakparts import Finisher
+
+        return Finisher(stand_in, seed)
+
+    def store(self, spec: dict, log, check: type):
+        p = spec["params"]
+        return recording(check.store_class, log)(
+            spec["name"],
+            spec.get("url") or "",
+            log.app_clock,
+            lease_seconds=p["lease"],
+            http_timeout=p["http_timeout"],
+            queries=getattr(check, "queries", None),
+        )
+
+    def loop(self, spec: dict, store, connect, stop: threading.Event, log):
+        from knownstate.impl import branch_reset, loops
+
+        p = spec["params"]
+        if spec["role"] == "reaper":
+            return loops.Periodic(connect, store.reap, stop, idle=p["reap_every"])
+        return branch_reset.ResetPoller(connect, store, stop, idle=p["poll_every"])
+
+    def produce(self, producer: Producer) -> None:
+        rng, store, last = producer.rng, producer.store, producer.state.setdefault("last", {})
+        branch = f"b{rng.randrange(producer.p['branches'])}"
+        roll = rng.random()
+        if branch in last and roll < 0.05:
+            store.cancel(producer.conn(), last[branch][1])
+            return
+        if branch in last and roll < 0.15:
+            key = last[branch][0]  # the same request again: answered with the same run
+        else:
+            producer.serial += 1
+            key = f"{branch}:{producer.spec['name']}.{producer.spec['inc']}:{producer.serial}"
+        out = store.request(producer.conn(), branch, key)
+        if isinstance(out, Won):
+            last[branch] = (key, out.value)
+
+
+CHECK = BranchResetCheck
+SOAK = ResetSoak
 
 from .branch_reset_mutants import MUTANTS, RACES  # noqa: E402, F401  (the kind's catalogue)

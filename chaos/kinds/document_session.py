@@ -665,5 +665,7 @@ class DocumentSessionCheck(WorldRules, ServerBlocks, ReplayCheck):
     keep_copy_more = keep_copy
 
 
+CHECK = DocumentSessionCheck
+
 # The catalogue, this kind's MUTANTS; it needs nothing from here.
 from .document_mutants import MUTANTS  # noqa: E402, F401

@@ -639,5 +639,7 @@ class BrowserDocumentSessionCheck(DocumentSessionCheck):
         self._run(f"save {slot} while the document server restarts", script)
 
 
+CHECK = BrowserDocumentSessionCheck
+
 # The catalogue, this kind's MUTANTS (web/src/mutants.ts); it needs nothing from here.
 from ..browser_mutants import MUTANTS  # noqa: E402, F401

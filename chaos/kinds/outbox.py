@@ -15,6 +15,10 @@ row's attempt only shows there.
 
 from __future__ import annotations
 
+import http.client
+import threading
+from functools import partial
+
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
@@ -23,9 +27,12 @@ from knownstate.impl import outbox as impl
 from knownstate.model import outbox as model
 from knownstate.model.contract import LostRace, Rejected, Won, Write
 
-from .. import rows
+from .. import effects, rows
 from ..adapter import OK, PERMANENT, RETRY, Adapter, Claimed
 from ..generic import kind, required_events
+from ..history import Audit
+from ..judge import Judging, RunRow
+from ..soakkinds import Producer, SoakKind, queue_view, recording, ts
 
 CHECKED = model.DESCRIPTION.model_copy(
     update={"retry": model.DESCRIPTION.retry.model_copy(update={"max_attempts": 2})}
@@ -163,6 +170,111 @@ class OutboxCheck(kind(CHECKED, OutboxAdapter)):
         for row in got.value if isinstance(got, Won) else ():
             if isinstance(row, LostRace):
                 self.event("fence rejection")
+
+
+# ---------------------------------------------------------------------------------------
+# The soak binding: what a soak runs, and how its judge reads the rows.
+# ---------------------------------------------------------------------------------------
+
+
+class OutboxSoak(SoakKind):
+    name = "outbox"
+    params = {
+        "lease": 3,
+        "backoff_base": 1,
+        "backoff_cap": 4,
+        "max_attempts": 4,
+        "batch": 10,
+        "idle": 0.05,
+        "http_timeout": 2.0,
+        "reap_every": 0.5,
+        "rate": 25.0,
+    }
+    refusals = (503, 503, 422)
+    lease = 3.0
+    nudge = 3 + 4 + 1
+    writes_bound = 1
+    run_tables = ("outbox_delivery",)
+
+    description = model.DESCRIPTION
+
+    def __init__(self) -> None:
+        from ..soakparts import RecordingSink
+
+        self.stand_in = RecordingSink
+
+    def judging(self, config: dict) -> Judging:
+        contract = OutboxCheck.contract
+
+        def row(a: Audit, old: bool) -> RunRow | None:
+            r = a.old if old else a.new
+            if a.table != "outbox_delivery" or r is None:
+                return None
+            return RunRow(str(r["id"]), r["status"], r["attempts"], ts(r.get("lease_until")))
+
+        return self._judging(
+            contract,
+            row=row,
+            view=queue_view(contract),
+            owner_writes=frozenset({"complete", "fail", "record_batch", "extend_lease"}),
+            heartbeats=frozenset({"extend_lease"}),
+            take_backs=frozenset({"reclaim_stale"}),
+            creations=frozenset({"enqueue"}),
+            done="sent",
+            extras=(effects.at_least_once,),
+        )
+
+    def store(self, spec: dict, log, check: type):
+        from knownstate.model.outbox import Config
+
+        p = spec["params"]
+        config = Config(p["lease"], p["backoff_base"], p["backoff_cap"], p["max_attempts"])
+        return recording(check.store_class, log)(config, getattr(check, "queries", None))
+
+    def loop(self, spec: dict, store, connect, stop: threading.Event, log):
+        """The reaper, or the outbox's reference loop unchanged, with a send that logs."""
+        from knownstate.impl import loops, outbox
+
+        p = spec["params"]
+        if spec["role"] == "reaper":
+            return loops.Periodic(
+                connect, store.reclaim_stale, stop, idle=p["reap_every"], autocommit=True
+            )
+        send = partial(_logged_send, spec, log)
+        return outbox.OutboxWorker(connect, store, send, stop, batch=p["batch"], idle=p["idle"])
+
+    def produce(self, producer: Producer) -> None:
+        state = producer.state
+        delivery = state.pop("again", None) or producer.key()
+        try:
+            producer.store.enqueue(producer.conn(), delivery, {"to": f"user{delivery}"})
+        except (errors.CommitIndeterminate, errors.ConnectionLost):
+            state["again"] = delivery  # enqueue it again: a duplicate id is refused, never doubled
+            raise
+        except errors.TransactionAborted:
+            pass  # the earlier, indeterminate enqueue of this id had landed
+
+
+def _logged_send(spec: dict, log, claim, payload) -> str:
+    """The soak's send: ``send_to_sink``, logged. It lets a reply cut mid-body escape as
+    ``http.client``'s own error; here that is ExternalCallFailed, like every other lost reply."""
+    from knownstate.impl.outbox import send_to_sink
+
+    serial = log.begin("send", {str(claim.id): claim.attempt}, {})
+    log.current = log.ref(serial)
+    try:
+        result = send_to_sink(spec["url"], claim, payload, timeout=spec["params"]["http_timeout"])
+    except (errors.ExternalCallFailed, http.client.HTTPException) as e:
+        log.end(serial, "ext-failed", detail=str(e)[:200])
+        raise errors.ExternalCallFailed(f"sink: {e}") from None
+    finally:
+        log.current = None
+    log.end(serial, result)
+    return result
+
+
+CHECK = OutboxCheck
+SOAK = OutboxSoak
 
 
 # ---------------------------------------------------------------------------------------
