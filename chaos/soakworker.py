@@ -7,7 +7,7 @@ Theory of operation
 *role* of one run kind until SIGTERM: the kind's worker loop (``worker``), its reaper
 (``reaper``; for the approved plan the reader, whose reads heal stale runs), or a ``producer``
 that creates work at a rate drawn from the seed. What each role runs is the kind's soak binding
-(:mod:`knownstate.chaos.soakkinds`, found through the kind's registry entry; a described kind's
+(:mod:`knownstate.chaos.soakkinds`: its check module's ``SOAK``; a described kind's
 is built from its description and adapter). Every connection goes through this process's own
 Toxiproxy link (``dsn``), and so does every call to the stand-in (``url``). With ``mutant`` the
 store is the mutant's: the check class of the kind with the mutant applied says which
