@@ -345,23 +345,30 @@ class ApprovedPlanCheck(KindCheck):
     @initialize(
         first=plans(),
         more=st.lists(plans(), max_size=1),
-        stage=st.sampled_from(("executing", "executing", "approved", "pending")),
+        stage=st.sampled_from(("executing", "executing", "approved", "pending", "executed")),
         names=st.tuples(rows.NAME, rows.NAME),
     )
     def seed_work(self, first, more, stage: str, names: tuple[int, int]) -> None:
         """Every example starts with a plan already approved or claimed by w0 (as drawn), so
-        execution starts at once, and maybe a second one pending. The invariants compare
-        consecutive states, so each operation here is checked on its own."""
+        execution starts at once, or one in five with it run to its end: the requirement that
+        decided how many examples a run needed was a race on a finished run not yet compensated
+        (``compensate × repeat``), a state the sequential ``compensate`` ends within a few steps.
+        Maybe a second one pending. The invariants compare consecutive states, so each operation
+        here is checked on its own."""
         pid = self._propose(0, first, names[0])
         for op in {
+            "executed": ("approve", "mark_executing", "run"),
             "executing": ("approve", "mark_executing"),
             "approved": ("approve",),
             "pending": (),
         }[stage]:
             if op == "approve":
                 self._op(0, "approve", pid)
-            else:
+            elif op == "mark_executing":
                 self.do(0, self._mark_executing(0, pid))
+            else:  # every step, to the end: a finished run to compensate, repeat and race
+                while pid in self.held[0] and self.model.proposal(pid).status is Status.EXECUTING:
+                    self._execute(0, pid, "next")
         for steps in more:
             self._propose(0, steps, names[1])
 
