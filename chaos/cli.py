@@ -16,11 +16,12 @@ import sys
 import time
 from dataclasses import dataclass
 
-from . import browser_cli, kinds, memory, outpath
+from . import browser_cli, jobs, kinds, memory, outpath
 from . import dsn as dsns
 from .check import PROFILES, EnvironmentFault, Env, run_check
 from .cliargs import EXIT_CODES_HELP, MAX_SEED, SEED_HELP, build_parser, profiles_help, seed_option
 from .cluster import Unavailable
+from .jobs import say
 from .mutants import catalogue_problems
 from .report import (
     not_covered_record,
@@ -153,10 +154,12 @@ def plan(args, command: str) -> Plan:
     """The runs of this command, after checking everything that can be checked without
     starting a server; raises UsageError (exit 2) naming the first problem."""
     selected = _kinds(args.kinds)
-    for name, low in (("seeds", 1), ("shrinks", 0), ("batch", 0)):
+    for name, low in (("seeds", 1), ("shrinks", 0), ("batch", 0), ("jobs", 1)):
         if getattr(args, name) is not None and getattr(args, name) < low:
             raise UsageError(f"--{name} must be at least {low}")
     shard = parse_shard(args.shard) if args.shard else None
+    if shard and args.jobs > 1:
+        raise UsageError("--jobs runs the shards of the plan itself: give --jobs or --shard")
     if shard and args.seed is None:
         raise UsageError(
             "--shard needs --seed: every shard must run the same seeds "
@@ -290,22 +293,26 @@ def _report(args, p: Plan, example_db: str | None = None) -> Report:
 
 
 def execute(args, p: Plan) -> int:
+    if args.jobs > 1 and len(p.units) > 1:
+        return jobs.run(args, p, lambda doc: _finish(args, doc))
     report = _report(args, p, p.memory.local if p.memory else None)
-    print(_header(args, p), flush=True)
-    for note in p.notes:
-        print(f"  note: {note}", flush=True)
+    if not args.part:  # a --jobs shard's are its parent's
+        print(_header(args, p), flush=True)
+        for note in p.notes:
+            print(f"  note: {note}", flush=True)
     if args.mutant and p.command == "verify":
         m = p.units[0].mutant if p.units else None
         if m is not None:
-            print(f"  against mutant {m.name}: {m.description}", flush=True)
+            say(args, f"  against mutant {m.name}: {m.description}")
     outcome = message = sig = None
     try:
         with Env.open(args.dsn) as env:
             report.database = env.db.describe()
-            print(f"  on {env.db.describe()}, Toxiproxy {env.toxiproxy.url}", flush=True)
-            if p.memory and p.memory.local:
+            where = f"shard {p.shard[0]}/{p.shard[1]} " if args.part else ""
+            say(args, f"  {where}on {env.db.describe()}, Toxiproxy {env.toxiproxy.url}")
+            if p.memory and p.memory.local and not args.part:
                 how = "replayed first" if p.replay_stored else "new ones kept, none replayed"
-                print(f"  example database: {p.memory.local} (failing examples {how})", flush=True)
+                say(args, f"  example database: {p.memory.local} (failing examples {how})")
             for unit in p.units:
                 _run_unit(args, p, report, env, unit)
         tools.interrupt_caught()  # a signal from here on waits for the reports
@@ -313,6 +320,13 @@ def execute(args, p: Plan) -> int:
         tools.interrupt_caught()
         outcome, sig, message = _stopped_by(e, report)
     doc = report.document(outcome, message, sig)
+    if args.part:  # a --jobs shard: its report is joined with the others', then judged
+        return reports(doc, args.json, args.junit)
+    return _finish(args, doc)
+
+
+def _finish(args, doc: dict) -> int:
+    """The verdict of a run's document, printed, and its reports written: the exit code."""
     summary(doc)
     code = reports(doc, args.json, args.junit)
     written = [x for x in (args.json, args.junit) if x]
@@ -363,8 +377,9 @@ def _run_unit(args, p: Plan, report: Report, env, unit: Unit) -> None:
     missing = unit.mutant.missing(env.capabilities()) if unit.mutant else []
     if missing:
         report.finish(unit, not_covered_record(unit, args.profile, missing))
-        print(
-            f"  {unit.label}: not covered on this database (the mutant needs {', '.join(missing)})"
+        say(
+            args,
+            f"  {unit.label}: not covered on this database (the mutant needs {', '.join(missing)})",
         )
         return
     progress = Progress(unit.label, report)
@@ -390,14 +405,14 @@ def _run_unit(args, p: Plan, report: Report, env, unit: Unit) -> None:
         progress.done()
     rec = report.finish(unit, finished_record(unit, r, p.replay, db.stored if db else 0))
     if p.command == "mutants":
-        print(_unit_line(rec))
+        lines = [_unit_line(rec)]
         if rec["status"] == "not applicable":
-            print(f"    {not_applicable(rec)}")
+            lines.append(f"    {not_applicable(rec)}")
         if rec["failure"] and (args.verbose or rec["mutant"] is None):
-            print("\n".join("    " + line for line in run_lines(rec)[1:]))
+            lines += ["    " + line for line in run_lines(rec)[1:]]
     else:
-        print("\n".join(run_lines(rec)))
-    sys.stdout.flush()
+        lines = run_lines(rec)
+    say(args, "\n".join(lines))
 
 
 def summary(doc: dict) -> None:

@@ -125,6 +125,16 @@ def build_parser() -> argparse.ArgumentParser:
         )
         browser_cli.add_options(sp)
         sp.add_argument(
+            "--jobs",
+            type=int,
+            default=1,
+            metavar="N",
+            help="run the runs in N processes side by side, each with its own PostgreSQL and "
+            "Toxiproxy (the plan's shards, their reports joined): the same verdicts, examples "
+            "and steps as one after another, sooner where the checks wait on I/O",
+        )
+        sp.add_argument("--part", action="store_true", help=argparse.SUPPRESS)  # a --jobs shard
+        sp.add_argument(
             "--shard",
             metavar="I/N",
             help="run only shard I of N of the runs (kinds x seeds x mutants, dealt "

@@ -73,6 +73,8 @@ def _json(path) -> dict:
         ("--example-db", "no/such/dir", "directory no/such does not exist"),
         ("--shard", "3/2", "give I/N"),
         ("--seeds", "0", "--seeds must be at least 1"),
+        ("--jobs", "0", "--jobs must be at least 1"),
+        ("--jobs", "2 --shard 1/2", "give --jobs or --shard"),
     ],
 )
 def test_a_bad_command_line_is_exit_2_with_one_line_before_anything_starts(
@@ -723,6 +725,44 @@ def test_a_signal_stops_everything_and_writes_both_reports(tmp_path, sig, code):
     assert never["status"] == "not run"
     assert [e.get("type") for e in xml.iter("error")] == ["interrupted"]
     assert [s.get("type") for s in xml.iter("skipped")] == ["not-run"]
+
+
+@pytest.mark.slow
+def test_jobs_run_the_same_runs_side_by_side_into_one_report(tmp_path):
+    """--jobs 2: each run in a process of its own with its own servers, and the same runs,
+    verdicts, examples and steps as one after another; each run's lines printed together."""
+    common = ("verify", "outbox", "branch-reset", "approved-plan", "--seed", "2")
+    common += ("--examples", "6", "--no-example-db")
+    one = run(*common, "--json", "one.json", cwd=tmp_path)
+    two = run(*common, "--jobs", "2", *REPORTS, cwd=tmp_path)
+    assert one.returncode == two.returncode == 1, two.stdout + two.stderr  # 6 examples: vacuous
+    doc, xml = reports(tmp_path)
+    same = ("index", "kind", "seed", "status", "examples", "steps", "faults", "events")
+    assert [{k: r[k] for k in same} for r in doc["runs"]] == [
+        {k: r[k] for k in same} for r in _json(tmp_path / "one.json")["runs"]
+    ]
+    assert doc["shard"] is None and "--jobs" in doc["argv"]
+    assert len(list(xml.iter("testcase"))) == 3
+    assert "2 processes side by side" in two.stdout
+    assert len(re.findall(r"shard [12]/2 on throwaway PostgreSQL", two.stdout)) == 2
+    lines = two.stdout.splitlines()
+    for kind in ("outbox", "branch-reset", "approved-plan"):  # a run's lines are together
+        first = next(i for i, line in enumerate(lines) if line.startswith(f"{kind}: VACUOUS"))
+        last = next(i for i in range(first, len(lines)) if lines[i].startswith("  (a gate"))
+        assert all(line.startswith("  ") for line in lines[first + 1 : last]), two.stdout
+    assert two.stdout.strip().splitlines()[-2].startswith("knownstate verify: VACUOUS — 0/3")
+
+
+@pytest.mark.slow
+def test_jobs_stop_every_shard_on_a_signal_and_report_it(tmp_path):
+    proc = _start_verify(tmp_path, "outbox", "branch-reset", "--jobs", "2")
+    err = tmp_path / "stderr"
+    poll("both shards run", lambda: "branch-reset seed 1:" in err.read_text(), 120)
+    started = descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    doc, _ = _ends_cleanly(proc, tmp_path, 143, "interrupted by SIGTERM", started)
+    assert (doc["outcome"], doc["signal"]) == ("interrupted", "SIGTERM")
+    assert {r["status"] for r in doc["runs"]} == {"interrupted"}
 
 
 def _killed_from_outside(tmp_path: Path, part: str, message: str):
