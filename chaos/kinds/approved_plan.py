@@ -629,12 +629,10 @@ class PlanSoak(SoakKind):
         return cls(spec["params"]["heartbeat_s"], getattr(check, "queries", None))
 
     def loop(self, spec: dict, store, connect, stop: threading.Event, log):
-        from knownstate.impl import approved_plan
-
         p = spec["params"]
         if spec["role"] == "reaper":
-            return approved_plan.PlanReader(connect, store, stop, idle=p["read_every"])
-        return approved_plan.PlanExecutor(connect, store, stop, idle=p["idle"], pace=p["pace"])
+            return impl.PlanReader(connect, store, stop, idle=p["read_every"])
+        return impl.PlanExecutor(connect, store, stop, idle=p["idle"], pace=p["pace"])
 
     def produce(self, producer: Producer) -> None:
         rng, store, pending = producer.rng, producer.store, producer.state.setdefault("left", [])

@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from knownstate.impl import branch_reset as impl
+from knownstate.impl import loops
 from knownstate.model import branch_reset as model
 from knownstate.model.branch_reset import ExternalOp, ExternalState, ExternalStatus, Status
 from knownstate.model.contract import LostRace, Rejected, Repeat, Won, Write
@@ -618,12 +619,10 @@ class ResetSoak(SoakKind):
         )
 
     def loop(self, spec: dict, store, connect, stop: threading.Event, log):
-        from knownstate.impl import branch_reset, loops
-
         p = spec["params"]
         if spec["role"] == "reaper":
             return loops.Periodic(connect, store.reap, stop, idle=p["reap_every"])
-        return branch_reset.ResetPoller(connect, store, stop, idle=p["poll_every"])
+        return impl.ResetPoller(connect, store, stop, idle=p["poll_every"])
 
     def produce(self, producer: Producer) -> None:
         rng, store, last = producer.rng, producer.store, producer.state.setdefault("last", {})

@@ -22,7 +22,7 @@ from functools import partial
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from knownstate.impl import errors
+from knownstate.impl import errors, loops
 from knownstate.impl import outbox as impl
 from knownstate.model import outbox as model
 from knownstate.model.contract import LostRace, Rejected, Won, Write
@@ -225,23 +225,19 @@ class OutboxSoak(SoakKind):
         )
 
     def store(self, spec: dict, log, check: type):
-        from knownstate.model.outbox import Config
-
         p = spec["params"]
-        config = Config(p["lease"], p["backoff_base"], p["backoff_cap"], p["max_attempts"])
+        config = model.Config(p["lease"], p["backoff_base"], p["backoff_cap"], p["max_attempts"])
         return recording(check.store_class, log)(config, getattr(check, "queries", None))
 
     def loop(self, spec: dict, store, connect, stop: threading.Event, log):
         """The reaper, or the outbox's reference loop unchanged, with a send that logs."""
-        from knownstate.impl import loops, outbox
-
         p = spec["params"]
         if spec["role"] == "reaper":
             return loops.Periodic(
                 connect, store.reclaim_stale, stop, idle=p["reap_every"], autocommit=True
             )
         send = partial(_logged_send, spec, log)
-        return outbox.OutboxWorker(connect, store, send, stop, batch=p["batch"], idle=p["idle"])
+        return impl.OutboxWorker(connect, store, send, stop, batch=p["batch"], idle=p["idle"])
 
     def produce(self, producer: Producer) -> None:
         state = producer.state
@@ -258,12 +254,12 @@ class OutboxSoak(SoakKind):
 def _logged_send(spec: dict, log, claim, payload) -> str:
     """The soak's send: ``send_to_sink``, logged. It lets a reply cut mid-body escape as
     ``http.client``'s own error; here that is ExternalCallFailed, like every other lost reply."""
-    from knownstate.impl.outbox import send_to_sink
-
     serial = log.begin("send", {str(claim.id): claim.attempt}, {})
     log.current = log.ref(serial)
     try:
-        result = send_to_sink(spec["url"], claim, payload, timeout=spec["params"]["http_timeout"])
+        result = impl.send_to_sink(
+            spec["url"], claim, payload, timeout=spec["params"]["http_timeout"]
+        )
     except (errors.ExternalCallFailed, http.client.HTTPException) as e:
         log.end(serial, "ext-failed", detail=str(e)[:200])
         raise errors.ExternalCallFailed(f"sink: {e}") from None
