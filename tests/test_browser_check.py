@@ -1,8 +1,8 @@
 """The document session in a real browser: the TypeScript client of web/ in headless Chromium,
 checked against the same model (``knownstate verify document-session --client browser``).
 
-- the client's own unit tests (node's test runner) pass, its table is the model's, and its
-  mutants are the catalogue's;
+- the client's own unit tests (node's test runner) pass, its table is the model's, its
+  mutants are the catalogue's, and the page's sessions retry as those tests check;
 - the page served by ``knownstate serve`` works in Chromium (a record created and edited), and
   its screenshot is the README's (``KNOWNSTATE_SCREENSHOTS=1`` writes it anew);
 - where Chromium cannot be had, the browser check says so and exits 3;
@@ -65,6 +65,16 @@ def test_the_clients_table_is_the_models():
     ts = [(s.strip('"') if s != "CREATED" else "(new)", e, t) for s, e, t in rows]
     model = [(t.source, t.event, t.target) for t in TABLE.transitions]
     assert ts == model
+
+
+def test_the_pages_sessions_save_as_the_unit_tests_check():
+    """Drift: the page's sessions take their autosave and retry delay from ``PAGE_AUTOSAVE``
+    (web/src/lifecycle.ts), whose retries the client's unit tests count on a fake clock: a page
+    offline retries after its delay, not every tick (page.ts cannot be loaded outside a page)."""
+    source = (WEB / "src" / "page.ts").read_text()
+    [options] = re.findall(r"new Session\(\{(.*?)\}\);", source, re.S)
+    assert "...PAGE_AUTOSAVE," in options
+    assert not re.search(r"\b(autosave|retryDelay)\b", options), options
 
 
 def test_the_client_mutants_are_the_catalogues():

@@ -1,12 +1,13 @@
 /**
  * The page: a record editor and a sheet editor a person can use, each a document session of the
- * reference client (autosave on a real clock, flushed when the page is hidden, parked in the
- * draft when it goes away). Served by `knownstate serve` at `/app/`.
+ * reference client (autosave on a real clock, a failed save retried after 2 s or at once when
+ * the browser is back online, flushed when the page is hidden, parked in the draft when it goes
+ * away). Served by `knownstate serve` at `/app/`.
  */
 import { LocalStorageDrafts } from "./drafts.js";
 import { FetchTransport } from "./http.js";
 import { type Content, type Value, preferLocal } from "./kinds.js";
-import { attachLifecycle } from "./lifecycle.js";
+import { PAGE_AUTOSAVE, attachLifecycle } from "./lifecycle.js";
 import { Session } from "./session.js";
 
 const $ = <T extends HTMLElement>(id: string) => document.getElementById(id) as T;
@@ -64,7 +65,7 @@ async function openDocument(docId: string): Promise<void> {
     writerId: writerFor(docId),
     drafts,
     transport,
-    autosave: true,
+    ...PAGE_AUTOSAVE,
   });
   s.onChange = () => render(s, panel);
   sessions[kind] = s;

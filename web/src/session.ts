@@ -188,7 +188,8 @@ export interface SessionOptions {
   clock?: () => number;
   /** seconds an edit waits before it is saved (default 1) */
   debounce?: number;
-  /** seconds before a failed save is retried (default 0: on the next tick) */
+  /** seconds before a failed save is retried (default 0: on the next tick; the page waits 2 s,
+   * `PAGE_AUTOSAVE` in lifecycle.ts) */
   retryDelay?: number;
   /** start timers for the debounce and retries (a page); off when a driver ticks (a check) */
   autosave?: boolean;
@@ -680,6 +681,13 @@ export class Session {
     this.at(now);
     if (!this.due(this.now)) return null;
     return this.save();
+  }
+
+  /** Retry a failed save now, without waiting for the retry delay (the browser says it is back
+   * online): offline, one request — the table's `save`, as a due tick sends it; else nothing. */
+  async retryNow(): Promise<Outcome> {
+    if (this.state !== "offline") return null;
+    return this.save(this.clock());
   }
 
   /** Save now, ignoring the debounce, until clean, in conflict, or `maxFailures` failed. */

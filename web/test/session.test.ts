@@ -4,6 +4,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { FetchTransport } from "../src/http.js";
+import { PAGE_AUTOSAVE, attachLifecycle } from "../src/lifecycle.js";
 import { type Content, preferLocal, preferStored } from "../src/kinds.js";
 import { type Answer, type DraftRecord, draftPrefix } from "../src/protocol.js";
 import { type DraftPort, DraftStoreError, Session, TABLE, UnsavedWork } from "../src/session.js";
@@ -153,6 +154,60 @@ test("close parks unsaved work in the draft, and refuses rather than drop it", a
   await assert.rejects(other.s.close(), UnsavedWork);
   assert.equal(other.s.state, "offline");
   assert.equal(other.s.view().draftStatus, "failing");
+});
+
+/** A window for `attachLifecycle`: its events, and a document that is visible. */
+function fakeWindow(): Window {
+  const w = new EventTarget() as EventTarget & { document: EventTarget & { visibilityState: string } };
+  w.document = Object.assign(new EventTarget(), { visibilityState: "visible" });
+  return w as unknown as Window;
+}
+
+test("the page's session, offline, retries after its delay (not every tick), at once back online", async (t) => {
+  // the page's own timers, on a fake clock: setTimeout is mocked, and the session's clock is
+  // the same milliseconds; setImmediate (not mocked) lets each save's promises settle
+  t.mock.timers.enable({ apis: ["setTimeout"] });
+  let ms = 0;
+  const sent: number[] = [];
+  let answer: Answer = { type: "noAnswer", reason: "transport: TypeError: Failed to fetch" };
+  const transport = {
+    send: async (): Promise<Answer> => {
+      sent.push(ms / 1000);
+      return answer;
+    },
+  };
+  const s = new Session({
+    docId: "r1", user: "alice", kind: "record", writerId: "w1", drafts: new MemoryDrafts(), transport,
+    clock: () => ms / 1000, ...PAGE_AUTOSAVE,
+  });
+  s.finishRead(s.beginRead("load"), { type: "snapshot", snapshot: { id: "r1", kind: "record", schema: SCHEMA, version: 1, content: {} } });
+  const win = fakeWindow();
+  attachLifecycle(s, win);
+  const advance = async (seconds: number) => {
+    for (let step = 0; step < seconds * 10; step++) {
+      ms += 100;
+      t.mock.timers.tick(100);
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+  };
+
+  s.edit({ title: "typed offline" });
+  await advance(1); // the debounce: the first save, which fails
+  assert.deepEqual(sent, [1]);
+  assert.equal(s.state, "offline");
+  await advance(12); // offline for 12 s: one retry every 2 s, not one every tick
+  assert.deepEqual(sent, [1, 3, 5, 7, 9, 11, 13]);
+  await advance(0.5);
+  assert.equal(sent.length, 7);
+
+  answer = { type: "saved", version: 2, replayed: false };
+  win.dispatchEvent(new Event("online")); // back online: retried at once, not at 15 s
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.deepEqual(sent.slice(7), [13.5]);
+  assert.equal(s.state, "clean");
+  win.dispatchEvent(new Event("online")); // nothing waiting: nothing sent
+  await advance(5);
+  assert.equal(sent.length, 8);
 });
 
 test("the HTTP answers map to the model's vocabulary", () => {
