@@ -21,7 +21,6 @@ from . import dsn as dsns
 from .check import PROFILES, EnvironmentFault, Env, run_check
 from .cliargs import EXIT_CODES_HELP, MAX_SEED, SEED_HELP, build_parser, profiles_help, seed_option
 from .cluster import Unavailable
-from .jobs import say
 from .mutants import catalogue_problems
 from .report import (
     not_covered_record,
@@ -303,16 +302,16 @@ def execute(args, p: Plan) -> int:
     if args.mutant and p.command == "verify":
         m = p.units[0].mutant if p.units else None
         if m is not None:
-            say(args, f"  against mutant {m.name}: {m.description}")
+            jobs.say(args, f"  against mutant {m.name}: {m.description}")
     outcome = message = sig = None
     try:
         with Env.open(args.dsn) as env:
             report.database = env.db.describe()
             where = f"shard {p.shard[0]}/{p.shard[1]} " if args.part else ""
-            say(args, f"  {where}on {env.db.describe()}, Toxiproxy {env.toxiproxy.url}")
+            jobs.say(args, f"  {where}on {env.db.describe()}, Toxiproxy {env.toxiproxy.url}")
             if p.memory and p.memory.local and not args.part:
                 how = "replayed first" if p.replay_stored else "new ones kept, none replayed"
-                say(args, f"  example database: {p.memory.local} (failing examples {how})")
+                jobs.say(args, f"  example database: {p.memory.local} (failing examples {how})")
             for unit in p.units:
                 _run_unit(args, p, report, env, unit)
         tools.interrupt_caught()  # a signal from here on waits for the reports
@@ -377,7 +376,7 @@ def _run_unit(args, p: Plan, report: Report, env, unit: Unit) -> None:
     missing = unit.mutant.missing(env.capabilities()) if unit.mutant else []
     if missing:
         report.finish(unit, not_covered_record(unit, args.profile, missing))
-        say(
+        jobs.say(
             args,
             f"  {unit.label}: not covered on this database (the mutant needs {', '.join(missing)})",
         )
@@ -412,7 +411,7 @@ def _run_unit(args, p: Plan, report: Report, env, unit: Unit) -> None:
             lines += ["    " + line for line in run_lines(rec)[1:]]
     else:
         lines = run_lines(rec)
-    say(args, "\n".join(lines))
+    jobs.say(args, "\n".join(lines))
 
 
 def summary(doc: dict) -> None:
