@@ -494,8 +494,7 @@ class TxConnection(ScheduledConnection):
 
 
 class AsyncTxConnection(AsyncScheduledConnection):
-    """The same, for asyncio. ``cancel_safe`` may also be called from the gate's watch thread
-    (a statement waiting on another worker's lock is cancelled from outside)."""
+    """The same, for asyncio."""
 
     owner: "AdapterWorker | None" = None
     in_commit = False
@@ -504,11 +503,6 @@ class AsyncTxConnection(AsyncScheduledConnection):
         if _autocommitted(self, gen):
             _fire(self, _Socket(self))
         return await super().wait(gen, *args, **kwargs)
-
-    def cancel_safe(self, *, timeout: float = 30.0):  # type: ignore[override]
-        with contextlib.suppress(Exception):
-            self.cancel()
-        return asyncio.sleep(0)
 
 
 TxConnection._exec_command = _exec_command(TxConnection)  # type: ignore[method-assign]

@@ -111,8 +111,10 @@ def watch(env: Env, worker: "Worker", others: list["Worker"]):
                 names = sorted(holders[p] for p in (row[0] or []) if p in holders)
                 if names or time.monotonic() - start > HUNG_SECONDS:
                     seen.blocked_by, seen.hung = names, not names
-                    with contextlib.suppress(Exception):
-                        conn.cancel_safe(timeout=2)
+                    # by the server, whatever the worker's connection is (sync, asyncio, a
+                    # driver's own) and whether or not its link lets a cancel request through
+                    with contextlib.suppress(psycopg.Error):
+                        observer.execute("select pg_cancel_backend(%s)", (pid,))
                     return
 
     thread = threading.Thread(target=run, name=f"watch-{worker.name}", daemon=True)
