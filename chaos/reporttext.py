@@ -147,24 +147,28 @@ def _seeds_list(seeds: list[int]) -> str:
 def mutant_lines(doc: dict) -> list[str]:
     """Per mutant: on how many seeds it was caught, seconds, counterexample steps."""
     finished = ("passed", "failed", "vacuous")
-    out = [
-        f"  {'kind':<16} {'mutant':<28} {'invariant broken':<30} {'caught':>14} "
-        f"{'seconds':>8} {'steps':>6}"
-    ]
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in doc["runs"]:
         groups.setdefault((r["kind"], r["mutant"]["name"] if r["mutant"] else ""), []).append(r)
+    # the columns as wide as their longest entry (a long mutant name pushes the table right
+    # rather than into the next column)
+    k = max([16, *(len(kind) for kind, _ in groups)])
+    m = max([28, *(len(name) for _, name in groups)])
+    out = [
+        f"  {'kind':<{k}} {'mutant':<{m}} {'invariant broken':<30} {'caught':>14} "
+        f"{'seconds':>8} {'steps':>6}"
+    ]
     for (kind, name), runs in groups.items():
         done = [r for r in runs if r["status"] in finished]
         if not name:
             bad = [r for r in done if not r["ok"]]
             if bad or doc["command"] == "mutants":
                 word = f"FAILS at seed {_seeds(bad)}" if bad else f"passes {len(done)}/{len(runs)}"
-                out.append(f"  {kind:<16} {'(reference)':<28} {'':<30} {word:>14}")
+                out.append(f"  {kind:<{k}} {'(reference)':<{m}} {'':<30} {word:>14}")
             continue
         if all(r["status"] == "not covered" for r in runs):
             out.append(
-                f"  {kind:<16} {name:<28} {runs[0]['mutant']['invariant']:<30} "
+                f"  {kind:<{k}} {name:<{m}} {runs[0]['mutant']['invariant']:<30} "
                 f"{'not covered':>14}   needs {', '.join(runs[0]['not_covered'])}"
             )
             continue
@@ -182,7 +186,7 @@ def mutant_lines(doc: dict) -> list[str]:
         secs = sum(r["seconds"] for r in timed) / len(timed) if timed else 0.0
         steps = max((r["counterexample_steps"] for r in caught), default=None)
         line = (
-            f"  {kind:<16} {name:<28} {runs[0]['mutant']['invariant']:<30} {word:>14} "
+            f"  {kind:<{k}} {name:<{m}} {runs[0]['mutant']['invariant']:<30} {word:>14} "
             f"{secs:>8.1f} {steps if steps is not None else '-':>6}"
         )
         notes = [f"missed at seed {_seeds(missed)}"] if missed else []

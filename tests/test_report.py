@@ -17,7 +17,7 @@ from gate_fakes import result, run_state, validate
 
 from knownstate.chaos import kinds
 from knownstate.chaos.cli import build_parser
-from knownstate.chaos.reporttext import run_lines
+from knownstate.chaos.reporttext import mutant_lines, run_lines
 from knownstate.chaos.report import (
     SCHEMA_VERSION,
     Replay,
@@ -235,6 +235,20 @@ def test_a_mutant_counts_only_when_the_failure_names_its_invariant():
     assert (wrong["caught"], wrong["ok"], wrong["status"]) == (False, False, "failed")
     assert (survived["caught"], survived["ok"], survived["status"]) == (False, False, "passed")
     assert "--mutant unfenced-complete" in caught["replay"]
+
+
+def test_the_mutant_table_keeps_its_columns_whatever_the_length_of_a_mutants_name():
+    from dataclasses import replace
+
+    long = replace(MUTANT, name="a-mutant-name-longer-than-the-column-was")
+    us = [Unit(0, "outbox", 1, MUTANT), Unit(1, "outbox", 1, long)]
+    rep = report(us, command="mutants")
+    for u in us:
+        finish(rep, u, result(failure="f", invariants=("lease-fence",)))
+    header, *rows = mutant_lines(rep.document())
+    column = header.index("invariant broken")
+    assert [r[column:].split()[0] for r in rows] == ["lease-fence", "lease-fence"], rows
+    assert all(r[column - 1] == " " for r in rows), rows  # a space before the column
 
 
 def _junit(doc) -> ET.Element:
