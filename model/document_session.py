@@ -495,8 +495,7 @@ class SessionCore:
         unchanged — same writer, seq and snapshot — so the server can answer it from its
         receipt."""
         self._check("save")
-        if now is not None:
-            self.now = now
+        self._at(now)  # a save asked for without a time is sent now: its retry counts from it
         if self.unconfirmed is not None:
             req = self.unconfirmed
         else:
@@ -566,7 +565,7 @@ class SessionCore:
         self._at(now)
         if not self.due(self.now):
             return None
-        req = self.begin_save()
+        req = self.begin_save(self.now)
         return self.finish_save(req, self.send(req))
 
     def flush(self, max_failures: int = 2) -> None:

@@ -354,6 +354,20 @@ def test_discard_and_reload_offline_keeps_local_state(m):
     assert t.local == {"title": "a"} and m.drafts.read(t.key) is None and m.ledger().unsaved == {}
 
 
+def test_a_save_asked_for_without_a_time_retries_its_delay_after_it_was_sent(m):
+    """A session with a clock (the real client's): a save the user asks for (flush, "Save
+    now") is sent at the clock's time, and its retry counts from then, not from the last tick."""
+    clock = [0.0]
+    t = open_tab(m)
+    t.clock, t.retry_delay = (lambda: clock[0]), 2.0
+    t.edit({"title": "offline"}, 0.0)
+    with network(t, lambda request: LOST):
+        assert t.tick(1.0) == LOST and t.state is State.OFFLINE and t.due_at == 3.0
+        clock[0] = 1.5
+        t.flush(max_failures=1)
+    assert t.state is State.OFFLINE and t.due_at == 3.5
+
+
 def test_close_flushes_or_parks_never_drops(m):
     t = open_tab(m)
     m.tabs["t1"].edit({"title": "x"}, 0)

@@ -598,7 +598,7 @@ export class Session {
   /** Start a save now (ignoring the debounce). A save whose answer was lost is retried unchanged. */
   beginSave(now?: number): SaveRequest {
     this.check("save");
-    if (now !== undefined) this.now = now;
+    this.at(now); // a save the user asks for (no time given) is sent now: its retry counts from it
     let req: SaveRequest;
     if (this.unconfirmed !== null) {
       req = this.unconfirmed;
@@ -680,7 +680,7 @@ export class Session {
   async tick(now?: number): Promise<Outcome> {
     this.at(now);
     if (!this.due(this.now)) return null;
-    return this.save();
+    return this.save(this.now);
   }
 
   /** Retry a failed save now, without waiting for the retry delay (the browser says it is back

@@ -2,7 +2,7 @@
 // the answers given), with an in-memory draft store: the sans-I/O half of the client. The
 // browser half is checked against the Python model in Chromium (tests/test_browser_check.py).
 import assert from "node:assert/strict";
-import { test } from "node:test";
+import { type TestContext, test } from "node:test";
 import { FetchTransport } from "../src/http.js";
 import { PAGE_AUTOSAVE, attachLifecycle } from "../src/lifecycle.js";
 import { type Content, preferLocal, preferStored } from "../src/kinds.js";
@@ -163,17 +163,19 @@ function fakeWindow(): Window {
   return w as unknown as Window;
 }
 
-test("the page's session, offline, retries after its delay (not every tick), at once back online", async (t) => {
-  // the page's own timers, on a fake clock: setTimeout is mocked, and the session's clock is
-  // the same milliseconds; setImmediate (not mocked) lets each save's promises settle
+/** The page's session on a fake clock: the page's own timers (setTimeout is mocked, and the
+ * session's clock is the same milliseconds; setImmediate, not mocked, lets each save's promises
+ * settle), its lifecycle on a fake window, and a transport that records when each request went
+ * out and answers `answer.now`. */
+function pageSession(t: TestContext) {
   t.mock.timers.enable({ apis: ["setTimeout"] });
   let ms = 0;
   const sent: number[] = [];
-  let answer: Answer = { type: "noAnswer", reason: "transport: TypeError: Failed to fetch" };
+  const answer: { now: Answer } = { now: { type: "noAnswer", reason: "transport: TypeError: Failed to fetch" } };
   const transport = {
     send: async (): Promise<Answer> => {
       sent.push(ms / 1000);
-      return answer;
+      return answer.now;
     },
   };
   const s = new Session({
@@ -190,7 +192,11 @@ test("the page's session, offline, retries after its delay (not every tick), at 
       await new Promise((resolve) => setImmediate(resolve));
     }
   };
+  return { s, sent, answer, win, advance };
+}
 
+test("the page's session, offline, retries after its delay (not every tick), at once back online", async (t) => {
+  const { s, sent, answer, win, advance } = pageSession(t);
   s.edit({ title: "typed offline" });
   await advance(1); // the debounce: the first save, which fails
   assert.deepEqual(sent, [1]);
@@ -200,7 +206,7 @@ test("the page's session, offline, retries after its delay (not every tick), at 
   await advance(0.5);
   assert.equal(sent.length, 7);
 
-  answer = { type: "saved", version: 2, replayed: false };
+  answer.now = { type: "saved", version: 2, replayed: false };
   win.dispatchEvent(new Event("online")); // back online: retried at once, not at 15 s
   await new Promise((resolve) => setImmediate(resolve));
   assert.deepEqual(sent.slice(7), [13.5]);
@@ -208,6 +214,19 @@ test("the page's session, offline, retries after its delay (not every tick), at 
   win.dispatchEvent(new Event("online")); // nothing waiting: nothing sent
   await advance(5);
   assert.equal(sent.length, 8);
+});
+
+test("a save the user asks for, offline, is retried its delay after it was sent", async (t) => {
+  const { s, sent, advance } = pageSession(t);
+  s.edit({ title: "typed offline" });
+  await advance(1.5); // the debounce's save at 1 s fails: retried at 3 s
+  await s.flush(1); // "Save now" at 1.5 s, which fails too: the retry moves to 3.5 s
+  assert.deepEqual(sent, [1, 1.5]);
+  await advance(1.9); // not at 3 s, which the debounce's failure had set
+  assert.deepEqual(sent, [1, 1.5]);
+  await advance(0.1);
+  assert.deepEqual(sent, [1, 1.5, 3.5]);
+  assert.equal(s.state, "offline");
 });
 
 test("the HTTP answers map to the model's vocabulary", () => {
