@@ -478,7 +478,7 @@ def soak_kinds() -> list[str]:
     """The built-in kinds a soak runs (a described kind too, named with ``--kind``)."""
     from . import kinds
 
-    return [name for name, entry in kinds.built_in().items() if entry.soak]
+    return [name for name, entry in kinds.built_in().items() if entry.soaks]
 
 
 def add_parser(subparsers) -> None:

@@ -5,6 +5,9 @@ mention one as an example). Fast: reads source only."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -118,3 +121,34 @@ def test_the_check_finds_a_kind_named_in_a_shared_module(tmp_path):
     ok = tmp_path / "ok.py"
     ok.write_text('"""Mentions the outbox in prose only."""\nQ = "SELECT 1"\n')
     assert not any("outbox" in s for s in code_strings_and_names(ok))
+
+
+def test_built_in_kinds_are_found_without_importing_them():
+    """A command imports only the kinds it runs: the built-in kinds are found in their modules'
+    source, named after their modules; what the source says is what each module sets."""
+    listed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from knownstate.chaos import kinds; names = kinds.names(); "
+            "print(names, [m for m in sys.modules if m.startswith('knownstate.chaos.kinds.')])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert listed.strip().endswith("[]"), listed  # no kind's module was imported to name it
+    for name, entry in kinds.built_in().items():
+        assert entry.check.kind == name and entry.module == name.replace("-", "_")
+        assert entry.soaks == (entry.soak is not None), name
+    assert "document-session" in kinds.built_in() and not kinds.built_in()["document-session"].soaks
+
+
+def test_a_built_in_kinds_module_named_otherwise_is_one_line_saying_so(monkeypatch):
+    fake = types.ModuleType("knownstate.chaos.kinds.my_kind")
+    fake.CHECK = type("Check", (), {"kind": "another-kind"})
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    with pytest.raises(
+        kinds.KindNotFound, match=r"my_kind.py holds kind 'another-kind'.*'my-kind'"
+    ):
+        kinds.Entry("my_kind").check

@@ -4,7 +4,9 @@ Three ways a kind is found, in this order:
 
 1. the built-in kinds: each module of this package that names its check class ``CHECK`` (beside
    it, ``MUTANTS`` and, if it can be soaked, its soak binding ``SOAK``), in the order of their
-   names; a new kind's module is found without a line anywhere else;
+   names; a new kind's module is found without a line anywhere else. A module is named after
+   its kind (``approved_plan.py`` holds ``approved-plan``), so a command imports only the kinds
+   it runs;
 2. kinds an installed package registers in the entry point group ``knownstate.kinds``, e.g. in
    its ``pyproject.toml``::
 
@@ -28,8 +30,10 @@ import functools
 import importlib
 import os
 import pkgutil
+import re
 import sys
 from importlib import metadata
+from pathlib import Path
 from types import ModuleType
 from typing import NamedTuple
 
@@ -37,19 +41,41 @@ GROUP = "knownstate.kinds"
 
 
 class Entry(NamedTuple):
-    """One built-in kind: its module's name here, and the module."""
+    """One built-in kind: its module's name here (the module imported when first asked for),
+    and whether it sets ``SOAK``."""
 
     module: str
-    loaded: ModuleType
+    soaks: bool = False
+
+    @property
+    def loaded(self) -> ModuleType:
+        return importlib.import_module(f"{__name__}.{self.module}")
 
     @property
     def check(self) -> type:
-        return self.loaded.CHECK
+        found, name = self.loaded.CHECK, self.module.replace("_", "-")
+        if found.kind != name:
+            raise KindNotFound(
+                f"chaos/kinds/{self.module}.py holds kind {found.kind!r}: a built-in kind's "
+                f"module is named after its kind: rename the module or the kind to {name!r}"
+            )
+        return found
 
     @property
     def soak(self) -> type | None:
         """Its soak binding (a :class:`~knownstate.chaos.soakkinds.SoakKind`), or None."""
         return getattr(self.loaded, "SOAK", None)
+
+
+def _sets(module: str) -> set[str]:
+    """Which of ``CHECK`` and ``SOAK`` a module of this package sets: read in its source,
+    without importing it (a module whose source is not there is imported to be asked)."""
+    try:
+        source = Path(__path__[0], f"{module}.py").read_text()
+    except OSError:
+        loaded = importlib.import_module(f"{__name__}.{module}")
+        return {n for n in ("CHECK", "SOAK") if hasattr(loaded, n)}
+    return set(re.findall(r"^(CHECK|SOAK)\s*=", source, re.MULTILINE))
 
 
 @functools.cache
@@ -58,9 +84,9 @@ def built_in() -> dict[str, Entry]:
     every module of this package that sets ``CHECK``."""
     found = {}
     for info in pkgutil.iter_modules(__path__):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        if hasattr(module, "CHECK"):
-            found[module.CHECK.kind] = Entry(info.name, module)
+        sets = _sets(info.name)
+        if "CHECK" in sets:
+            found[info.name.replace("_", "-")] = Entry(info.name, "SOAK" in sets)
     return dict(sorted(found.items()))
 
 
