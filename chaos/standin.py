@@ -3,9 +3,9 @@
 A stand-in (the notification sink, the operations API) is a class with ``start()``, ``stop()``,
 ``host`` and ``port``: an HTTP server on loopback, and methods the check calls to plan answers
 and read what it recorded. :class:`StandInProcess` runs one in a child process
-(``python -m knownstate.chaos.standin module:Class [ARG ...]``, built as ``Class(*ARGS)``) and
-forwards every attribute it does not have itself to the child over the child's stdin and
-stdout, one pickled frame each way: a method call returns what the method returned in the
+(:mod:`.standin_child`: ``python -m knownstate.chaos.standin_child module:Class [ARG ...]``,
+built as ``Class(*ARGS)``) and forwards every attribute it does not have itself to the child
+over the child's stdin and stdout, one pickled frame each way: a method call returns what the method returned in the
 child, or raises what it raised there; any other attribute is read in the child. Only the two
 processes see the frames. The benchmarks run the servers they measure (the sink, the document
 server) the same way.
@@ -20,52 +20,23 @@ stdin closes; :meth:`StandInProcess.stop` closes it, waits, and kills it if it h
 from __future__ import annotations
 
 import contextlib
-import importlib
-import os
 import pickle
 import select
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
-from typing import Any, BinaryIO
+from typing import Any
 
 from . import timings, tools
 from .cluster import process_alive
 from .harness import EnvironmentFault
-
-_HEADER = struct.Struct(">I")
+from .standin_child import receive, send
 
 
 class StandInDied(EnvironmentFault):
     """A stand-in's process died, and not by the harness."""
-
-
-def _send(stream: BinaryIO, message: Any) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)) + data)
-    stream.flush()
-
-
-def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
-    data = b""
-    while len(data) < n:
-        part = stream.read(n - len(data))
-        if not part:
-            return None
-        data += part
-    return data
-
-
-def _receive(stream: BinaryIO) -> Any:
-    """The next frame, or raises EOFError when the other side is gone."""
-    header = _read_exactly(stream, _HEADER.size)
-    data = header and _read_exactly(stream, _HEADER.unpack(header)[0])
-    if data is None:
-        raise EOFError
-    return pickle.loads(data)
 
 
 class StandInProcess:
@@ -104,7 +75,7 @@ class StandInProcess:
         self._log = tempfile.TemporaryFile()
         target = f"{self.cls.__module__}:{self.cls.__qualname__}"
         self.proc = tools.spawn(
-            [sys.executable, "-m", __name__, target, *self.args],
+            [sys.executable, "-m", f"{__name__}_child", target, *self.args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -113,7 +84,7 @@ class StandInProcess:
         try:
             if not ready:
                 raise EOFError
-            kind, self.host, self.port = _receive(self.proc.stdout)
+            kind, self.host, self.port = receive(self.proc.stdout)
         except (EOFError, pickle.UnpicklingError, ValueError):
             problem = f"{self.describe()} did not start within {self.START_S:.0f} s"
             self.stop()
@@ -160,8 +131,8 @@ class StandInProcess:
             raise EnvironmentFault(f"{self.describe()} is not running: it was stopped")
         with self._lock:
             try:
-                _send(proc.stdin, (op, name, args, kwargs or {}))
-                kind, value = _receive(proc.stdout)
+                send(proc.stdin, (op, name, args, kwargs or {}))
+                kind, value = receive(proc.stdout)
             except (EOFError, OSError, pickle.UnpicklingError):
                 raise self._died() from None
         if kind == "raise":
@@ -199,50 +170,3 @@ class StandInProcess:
 
         call.__name__ = name
         return call
-
-
-# ---------------------------------------------------------------------------------------
-# The child.
-# ---------------------------------------------------------------------------------------
-
-
-def serve(target: str, *args: str) -> None:
-    """Run ``module:Class`` (built with ``args``) and answer the parent's frames until its stdin
-    closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it; a Ctrl-C is the parent's
-    frames_out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # whatever the stand-in prints goes to the log, never into a frame
-    frames_in = os.fdopen(0, "rb")
-    module, _, qualname = target.partition(":")
-    part = getattr(importlib.import_module(module), qualname)(*args).start()
-    try:
-        _send(frames_out, ("ready", part.host, part.port))
-        while True:
-            try:
-                op, name, args, kwargs = _receive(frames_in)
-            except EOFError:
-                return
-            _send(frames_out, _answer(part, op, name, args, kwargs))
-    finally:
-        part.stop()
-
-
-def _answer(part: Any, op: str, name: str, args: tuple, kwargs: dict) -> tuple[str, Any]:
-    try:
-        if name.startswith("_"):
-            raise AttributeError(f"{type(part).__name__} keeps {name} to itself")
-        value = getattr(part, name)
-        if op == "get":
-            return ("method", None) if callable(value) else ("value", value)
-        answer = ("value", value(*args, **kwargs))
-    except Exception as e:  # raised again in the parent
-        answer = ("raise", e)
-    try:
-        pickle.dumps(answer)
-    except Exception as e:
-        return "raise", RuntimeError(f"{type(part).__name__}.{name}: {type(e).__name__}: {e}")
-    return answer
-
-
-if __name__ == "__main__":
-    serve(*sys.argv[1:])

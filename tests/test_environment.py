@@ -187,7 +187,7 @@ PARTS = {
         ["outbox", "approved-plan", "branch-reset", "document-session"],
     ),
     "stand-in": (
-        lambda cmd: "knownstate.chaos.standin" in cmd,
+        lambda cmd: "knownstate.chaos.standin_child" in cmd,
         "stand-in",
         ["outbox", "branch-reset"],
     ),
