@@ -5,10 +5,10 @@ A stand-in (the notification sink, the operations API) is a class with ``start()
 and read what it recorded. :class:`StandInProcess` runs one in a child process
 (:mod:`.standin_child`: ``python -m knownstate.chaos.standin_child module:Class [ARG ...]``,
 built as ``Class(*ARGS)``) and forwards every attribute it does not have itself to the child
-over the child's stdin and stdout, one pickled frame each way: a method call returns what the method returned in the
-child, or raises what it raised there; any other attribute is read in the child. Only the two
-processes see the frames. The benchmarks run the servers they measure (the sink, the document
-server) the same way.
+over the child's stdin and stdout, one pickled frame each way: a method call returns what the
+method returned in the child, or raises what it raised there; any other attribute is read in
+the child. Only the two processes see the frames. The benchmarks run the servers they measure
+(the sink, the document server) the same way.
 
 Health like PostgreSQL's and Toxiproxy's: :attr:`StandInProcess.running` is whether the child
 lives, and a call to a child that died raises :class:`StandInDied`, an
