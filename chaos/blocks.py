@@ -503,7 +503,7 @@ class Blocks:
         for op, answers, states in refused:
             offer = offers[op.client]
             for answer in answers or (None,):
-                named += broken_by(answer, op.output, offer.fenced, offer.guarantee)
+                named += broken_by(answer, op.output, offer.fenced, offer.breaks)
             if (
                 offer.fenced
                 and isinstance(op.output, Won)

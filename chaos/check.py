@@ -247,7 +247,7 @@ class KindCheck(Engine):
                 on_error=action.on_error,
                 external_maybe=action.external_maybe,
                 fenced=action.fence,
-                guarantee=action.guarantee,
+                guarantee=action.breaks,
                 parts=action.parts,
             )
         if got is not None and action.after is not None:
@@ -264,7 +264,7 @@ class KindCheck(Engine):
         on_error: Callable[[], None] | None = None,
         external_maybe: Callable[[Any], None] | None = None,
         fenced: tuple[Any, int, bool] | Callable[[], tuple[Any, int, bool]] | None = None,
-        guarantee: str | None = None,
+        guarantee: str | Callable[[Any], tuple[str, ...]] | None = None,
         parts: tuple[Callable[[Any], Any], ...] = (),
     ) -> Any:
         """Apply one operation to the model and to the implementation, and compare outcomes.
@@ -280,9 +280,10 @@ class KindCheck(Engine):
         the database let it write? — before the outcomes are compared. With ``guarantee``
         (``claim``, ``lease``), the operation's outcome *is* that guarantee of the contract
         (which runs a claim takes, which runs a reaper takes back): an outcome that differs from
-        the model's breaks it. With ``parts`` (:attr:`.steps.Action.parts`) it is several
-        transactions: a failure may have left any of them landed. Every operation is judged on
-        its own: a second operation in one rule first has the one before it observed."""
+        the model's breaks it (a function of that outcome: what it breaks). With ``parts``
+        (:attr:`.steps.Action.parts`) it is several transactions: a failure may have left any
+        of them landed. Every operation is judged on its own: a second operation in one rule
+        first has the one before it observed."""
         self.start_step()
         self.env.ensure_alive()
         bases = [c.model for c in self.candidates]  # more than one where the rows cannot tell

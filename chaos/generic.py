@@ -592,12 +592,22 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
                 return None
             return tuple(Won((k,) if k in taken else ()) for k in keys)
 
+        terminal = self.description.terminal
+
+        def terminal_taken(got) -> tuple[str, ...]:
+            """A terminal run among those it took back: the terminal state's too, whether or
+            not taking it changed its row."""
+            taken = got.value if isinstance(got, Won) and isinstance(got.value, tuple) else ()
+            done = [k for k in taken if k in m.runs and m.runs[k].status in terminal]
+            return ("terminal-answers-from-receipts",) if done else ()
+
         return Action(
             "reclaim_stale",
             "reclaim_stale()",
             lambda m: m.reclaim_stale(),
             impl,
             guarantee="lease",
+            also_breaks=terminal_taken,
             runs=lapsed,
             parts=parts if self.description.reaps_apart else (),
             split=split,

@@ -63,6 +63,10 @@ class Action:
     """The guarantee of the contract the outcome *is* (``claim``: which runs a claim takes,
     ``lease``: which runs a reaper takes back): an outcome other than the model's breaks it
     (default: none)."""
+    also_breaks: Callable[[Any], tuple[str, ...]] | None = None
+    """Besides ``guarantee``, what an outcome other than the model's breaks, read from that
+    outcome (a reaper that took back a terminal run: the terminal state's too, whether or not
+    its row changed) (default: nothing more)."""
     fence: Callable[[], tuple[Any, Any, bool]] | None = None
     """For a write by an owner, which the contract refuses once the writer lost the run:
     ``(run, token, owner)`` now, ``owner`` whether the model says the writer still owns the run
@@ -106,6 +110,12 @@ class Action:
     @property
     def fenced(self) -> bool:
         return self.fence is not None
+
+    def breaks(self, got: Any) -> tuple[str, ...]:
+        """What an outcome ``got`` other than the model's breaks: its guarantee, and what
+        ``also_breaks`` reads in it."""
+        own = (self.guarantee,) if self.guarantee else ()
+        return own + (self.also_breaks(got) if self.also_breaks else ())
 
     def shown(self, worker: str) -> str:
         """The label with its worker: ``complete(w1, 3, attempt=2)``."""
@@ -162,13 +172,18 @@ def in_parts(history: list, actions: dict[str, Action], failed: set[str]) -> lis
     return out
 
 
-def broken_by(expected: Any, got: Any, fenced: bool, guarantee: str | None) -> tuple[str, ...]:
+def broken_by(
+    expected: Any, got: Any, fenced: bool, guarantee: str | Callable[[Any], tuple] | None
+) -> tuple[str, ...]:
     """What an outcome that differs from the model's breaks, besides what the state shows: the
     guarantee the operation's outcome is (which runs a claim or a reaper takes, which step a
     step is, a payload approval froze), if it is one; and when a write the contract refuses
     went through, or one it lets win was refused, also the fence (a write by an owner) or the
-    conditional transition (any other: exactly one caller wins, and it is this one)."""
-    own = (guarantee,) if guarantee else ()
+    conditional transition (any other: exactly one caller wins, and it is this one).
+    ``guarantee`` may be read in the outcome (:meth:`Action.breaks`)."""
+    if callable(guarantee):
+        guarantee = guarantee(got)
+    own = (guarantee,) if isinstance(guarantee, str) else tuple(guarantee or ())
     if {type(expected), type(got)} == {LostRace, Won}:
         return (("lease-fence",) if fenced else ("conditional-transition",)) + own
     return own

@@ -34,6 +34,21 @@ def test_mutant_is_caught_with_a_short_counterexample(knownstate_env, name):
     assert r.counterexample_steps <= 15, "\n".join(r.counterexample)
 
 
+def test_a_reaper_that_takes_back_a_terminal_run_breaks_the_terminal_state_too(knownstate_env):
+    """The reaper's answer is its lease guarantee; a terminal run in it is the terminal state's
+    as well, even when taking it back left its row as it was (a dead run that stays dead). At
+    seed 5 that is the first failure of reaper-touches-terminal, which named lease alone."""
+    r = run_check(
+        MUTANT["reaper-touches-terminal"].machine(OutboxCheck),
+        knownstate_env,
+        seed=5,
+        require_all=False,
+        shrinks=0,
+    )
+    assert r.failure is not None and "reclaim_stale" in r.failure, r.failure
+    assert {"lease", "terminal-answers-from-receipts"} <= set(r.invariants), r.failure
+
+
 def test_a_seed_replays_the_same_run(knownstate_env):
     traces: list[list[list[str]]] = [[], []]
     for kept in traces:
