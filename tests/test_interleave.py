@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import random
 import re
+import signal
 import threading
 
 import psycopg
@@ -29,8 +31,10 @@ from knownstate.chaos.interleave import (
     WorkerStuck,
     history,
 )
+from knownstate.chaos.interleave.server import SchedulerEnvironmentError, check_backend
 from knownstate.impl import errors
 from knownstate.model.contract import Won
+from polling import poll
 
 SCHEMA = """
 CREATE TABLE account (id int PRIMARY KEY, balance int NOT NULL);
@@ -652,3 +656,31 @@ def test_a_block_needs_idle_scheduled_connections(scheduler, connect, knownstate
         scheduler.run(
             [Op("w0", "x", busy, lambda c: None), Op("w0", "y", busy, lambda c: None)], script()
         )
+
+
+def test_a_backend_that_is_exiting_is_not_paused_and_a_process_not_postgres_is_refused(
+    knownstate_db,
+):
+    """Pausing a backend resting in a lock wait: one whose client is gone and which the server
+    has not reaped yet (a zombie) has nothing left to pause, which is no environment fault;
+    a live backend is paused; a process that is not PostgreSQL's is never signalled."""
+    dsn = knownstate_db(None)
+    conn = psycopg.connect(dsn, autocommit=True)
+    pid = conn.info.backend_pid
+    assert check_backend(pid) is True
+    with pytest.raises(SchedulerEnvironmentError, match="not a PostgreSQL process"):
+        check_backend(os.getpid())
+    with open(f"/proc/{pid}/stat") as f:
+        postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+    os.kill(postmaster, signal.SIGSTOP)  # it cannot reap the backend that exits now
+    try:
+        conn.close()
+
+        def state() -> str:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+
+        poll(f"backend {pid} exits and is left unreaped", lambda: state() == "Z", 30)
+        assert check_backend(pid) is False
+    finally:
+        os.kill(postmaster, signal.SIGCONT)

@@ -577,8 +577,7 @@ class Block:
             pids = [w.pid for w in self._workers if w.state == RUNNING and w.blocked_by]
             pids += [g.pid for g in self._ghosts if g.blocked]
         for pid in pids:
-            if pid not in self._paused:
-                check_backend(pid)
+            if pid not in self._paused and check_backend(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGSTOP)
                     self._paused.add(pid)

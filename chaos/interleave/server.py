@@ -219,23 +219,30 @@ class Observer:
 # ---------------------------------------------------------------------------------------
 
 
-def check_backend(pid: int) -> None:
-    """Refuse to signal a process that is not a PostgreSQL backend on this machine."""
+def check_backend(pid: int) -> bool:
+    """Whether backend ``pid`` can be paused: False when it is exiting (its client gone, the
+    server has not reaped it yet: a zombie, or a process whose command line is already empty;
+    there is nothing left to pause). Refuses to signal a process that is not a PostgreSQL
+    backend on this machine."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read()
         with open(f"/proc/{pid}/stat") as f:
-            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
         with open(f"/proc/{ppid}/cmdline", "rb") as f:
             parent = f.read()
     except (OSError, ValueError, IndexError):
         cmdline = parent = b""
+        state = ""
+    if b"postgres" in parent and (state in ("Z", "X") or not cmdline):
+        return False
     if b"postgres" not in cmdline or b"postgres" not in parent:
         raise SchedulerEnvironmentError(
             f"backend pid {pid} is not a PostgreSQL process on this "
             "machine: pausing backends needs the server here; use "
             "Scheduler(pause=False) for a remote server"
         )
+    return True
 
 
 def apply_settings(conn: Any, worker: str) -> None:
