@@ -142,6 +142,10 @@ class ReplayCheck(Engine):
         """Whether the request changes the server's state when it lands (a read does not)."""
         raise NotImplementedError
 
+    def compared(self, outcome: Any) -> Any:
+        """An outcome as it is compared with the model's (default: all of it)."""
+        return outcome
+
     def unanswered(self, why: str) -> Any:
         """The answer a model's client gets for a request the real side never made (only while
         following a diverged run, so the judge can look at the real world)."""
@@ -217,7 +221,7 @@ class ReplayCheck(Engine):
                 except Diverged as e:
                     problems.append(f"{label}: {e}")
                     continue
-                if canon(got) != canon(real):
+                if canon(self.compared(got)) != canon(self.compared(real)):
                     problems.append(
                         f"{label}: the implementation's outcome is "
                         f"{self.describe(real)} ({short(real)}), the model's is "

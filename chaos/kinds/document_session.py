@@ -228,6 +228,14 @@ class DocumentSessionCheck(WorldRules, ServerBlocks, ReplayCheck):
     def may_change(self, request: Any) -> bool:
         return not isinstance(request, ReadRequest)
 
+    def compared(self, outcome: Any) -> Any:
+        """A lost answer by what was lost (``lost``, ``unreachable``, ...), not by the
+        transport's error: of two requests lost in one step, which one's error the client
+        reports is timing (the browser's driver reports the last it saw)."""
+        if isinstance(outcome, NoAnswer):
+            return NoAnswer(outcome.reason.partition(":")[0])
+        return outcome
+
     def unanswered(self, why: str) -> NoAnswer:
         return NoAnswer(why)
 
