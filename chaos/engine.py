@@ -101,6 +101,8 @@ hook                        for   read / called                          default
                                   an outcome
 ``landing_changes(a)``      R     a lost request landed: whether that    True
                                   changed anything
+``compared(outcome)``       R     each step: the outcome as compared     the outcome
+                                  with the model's
 ``judge(real, m, xs)``      R     after every step: the invariants on    ``[]``
                                   the real world
 ``counted(chosen)``         R     after a step matched a world: count    nothing
