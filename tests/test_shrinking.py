@@ -192,6 +192,86 @@ def test_the_step_pass_deletes_two_steps_when_no_single_one_goes():
     assert shrinker.shrink_target.choices == (True, tick, True, mark, True, tick)
 
 
+def test_the_step_pass_deletes_a_run_of_steps_when_no_single_one_or_pair_goes():
+    """Two steps up and one two down between the ticks: deleting any one or two of them moves
+    the second tick off 0, deleting the three keeps it there (a detour the failure does not
+    need, as a block with the stall that freed its run). With singles and pairs only, the pass
+    stopped at six steps."""
+    from random import Random
+
+    from hypothesis.internal.conjecture.data import Status
+    from hypothesis.internal.conjecture.engine import ConjectureRunner
+    from hypothesis.stateful import STATE_MACHINE_RUN_LABEL
+
+    tick, mark, up, down2 = range(4)
+
+    def steps(data) -> None:
+        level = ticks = marks = 0
+        while True:
+            data.start_span(STATE_MACHINE_RUN_LABEL)
+            if not data.draw_boolean():
+                data.stop_span()
+                return
+            step = data.draw_integer(0, 3)
+            level += (step == up) - 2 * (step == down2)
+            marks += step == mark
+            ticks += step == tick and level == 0
+            data.stop_span()
+            if ticks >= 2 and marks:
+                data.mark_interesting(("alpha",))
+
+    drawn = [tick, mark, up, up, down2, tick]
+    engine = ConjectureRunner(
+        steps,
+        settings=settings(database=None, suppress_health_check=list(HealthCheck)),
+        random=Random(0),
+    )
+    initial = engine.cached_test_function([c for s in drawn for c in (True, s)] + [False])
+    assert initial.status == Status.INTERESTING
+    shrinker = engine.new_shrinker(initial, lambda d: d.status == Status.INTERESTING)
+    shrinker.fixate_shrink_passes([shrink.step_pass(shrinker)])
+    assert shrinker.shrink_target.choices == (True, tick, True, mark, True, tick)
+
+
+def test_runs_of_steps_tried_in_vain_do_not_count_towards_the_stall():
+    """Six steps, each needed: the pass tries singles, pairs and then runs, deleting none (15
+    replays, then 6: Hypothesis knows some outcomes without one). A stall of 18 replays is past
+    once the runs began; they are not counted, so shrinking goes on
+    to Hypothesis's passes as it did before runs were tried (the outbox's
+    ``unconditional-complete`` at seed 2 stopped at 17 steps where it had reached 6)."""
+    from random import Random
+
+    from hypothesis.internal.conjecture.data import Status
+    from hypothesis.internal.conjecture.engine import ConjectureRunner
+    from hypothesis.stateful import STATE_MACHINE_RUN_LABEL
+
+    def steps(data) -> None:
+        seen = set()
+        while True:
+            data.start_span(STATE_MACHINE_RUN_LABEL)
+            if not data.draw_boolean():
+                data.stop_span()
+                return
+            seen.add(data.draw_integer(0, 5))
+            data.stop_span()
+            if seen == set(range(6)):
+                data.mark_interesting(("alpha",))
+
+    engine = ConjectureRunner(
+        steps,
+        settings=settings(database=None, suppress_health_check=list(HealthCheck)),
+        random=Random(0),
+    )
+    initial = engine.cached_test_function([c for s in range(6) for c in (True, s)] + [False])
+    assert initial.status == Status.INTERESTING
+    shrinker = engine.new_shrinker(initial, lambda d: d.status == Status.INTERESTING)
+    shrink._stop_when_no_step_goes(shrinker, stall=18)
+    before = shrinker.calls
+    shrinker.fixate_shrink_passes([shrink.step_pass(shrinker)])  # no StopShrinking
+    assert shrinker.calls - before > 18 and shrink._excused(shrinker) > 0
+    assert shrinker.calls - before - shrink._excused(shrinker) < 18
+
+
 def test_a_budget_over_the_default_lets_shrinking_go_on_longer_without_deleting_a_step():
     """The default budget and smaller ones keep 200 replays; a larger one a fifth of itself
     (pgqueuer's stale finish at seed 5: 12 steps at 200, 5 at 400)."""
