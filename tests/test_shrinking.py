@@ -151,35 +151,14 @@ def test_shrinking_stops_at_its_count_of_replays():
     assert before >= after >= 3, run.shrinking.steps
 
 
-def test_the_step_pass_deletes_two_steps_when_no_single_one_goes():
-    """A step up and a step down between the two ticks a failure needs: deleting either alone
-    moves the second tick off 0 (as deleting one block that moved a run makes a later step draw
-    another row), deleting both keeps it there. The pass alone, none of Hypothesis's: one at a
-    time it stopped at five steps."""
+def _shrinker(steps, drawn: list[int]):
+    """A shrinker of Hypothesis's own for ``steps`` (a test drawing stateful steps), started
+    from the example that draws ``drawn``, one number a step, which must fail."""
     from random import Random
 
     from hypothesis.internal.conjecture.data import Status
     from hypothesis.internal.conjecture.engine import ConjectureRunner
-    from hypothesis.stateful import STATE_MACHINE_RUN_LABEL
 
-    tick, mark, up, down = range(4)
-
-    def steps(data) -> None:
-        level = ticks = marks = 0
-        while True:
-            data.start_span(STATE_MACHINE_RUN_LABEL)
-            if not data.draw_boolean():
-                data.stop_span()
-                return
-            step = data.draw_integer(0, 3)
-            level += (step == up) - (step == down)
-            marks += step == mark
-            ticks += step == tick and level == 0
-            data.stop_span()
-            if ticks >= 2 and marks:
-                data.mark_interesting(("alpha",))
-
-    drawn = [tick, up, mark, up, down, tick, down, tick]
     engine = ConjectureRunner(
         steps,
         settings=settings(database=None, suppress_health_check=list(HealthCheck)),
@@ -187,9 +166,45 @@ def test_the_step_pass_deletes_two_steps_when_no_single_one_goes():
     )
     initial = engine.cached_test_function([c for s in drawn for c in (True, s)] + [False])
     assert initial.status == Status.INTERESTING
-    shrinker = engine.new_shrinker(initial, lambda d: d.status == Status.INTERESTING)
+    return engine.new_shrinker(initial, lambda d: d.status == Status.INTERESTING)
+
+
+def _drawn_steps(data):
+    """Each stateful step of ``data``: the number it draws (0 to 5), until one draws no step."""
+    from hypothesis.stateful import STATE_MACHINE_RUN_LABEL
+
+    while True:
+        data.start_span(STATE_MACHINE_RUN_LABEL)
+        if not data.draw_boolean():
+            data.stop_span()
+            return
+        yield data.draw_integer(0, 5)
+        data.stop_span()
+
+
+TICK, MARK, UP, DOWN, DOWN2 = range(5)
+
+
+def _ticks_at_level(data) -> None:
+    """Fails ("alpha") at a second tick seen at level 0 once a mark was seen: UP raises the
+    level by one, DOWN lowers it by one, DOWN2 by two."""
+    level = ticks = marks = 0
+    for step in _drawn_steps(data):
+        level += (step == UP) - (step == DOWN) - 2 * (step == DOWN2)
+        marks += step == MARK
+        ticks += step == TICK and level == 0
+        if ticks >= 2 and marks:
+            data.mark_interesting(("alpha",))
+
+
+def test_the_step_pass_deletes_two_steps_when_no_single_one_goes():
+    """A step up and a step down between the two ticks a failure needs: deleting either alone
+    moves the second tick off 0 (as deleting one block that moved a run makes a later step draw
+    another row), deleting both keeps it there. The pass alone, none of Hypothesis's: one at a
+    time it stopped at five steps."""
+    shrinker = _shrinker(_ticks_at_level, [TICK, UP, MARK, UP, DOWN, TICK, DOWN, TICK])
     shrinker.fixate_shrink_passes([shrink.step_pass(shrinker)])
-    assert shrinker.shrink_target.choices == (True, tick, True, mark, True, tick)
+    assert shrinker.shrink_target.choices == (True, TICK, True, MARK, True, TICK)
 
 
 def test_the_step_pass_deletes_a_run_of_steps_when_no_single_one_or_pair_goes():
@@ -197,74 +212,26 @@ def test_the_step_pass_deletes_a_run_of_steps_when_no_single_one_or_pair_goes():
     the second tick off 0, deleting the three keeps it there (a detour the failure does not
     need, as a block with the stall that freed its run). With singles and pairs only, the pass
     stopped at six steps."""
-    from random import Random
-
-    from hypothesis.internal.conjecture.data import Status
-    from hypothesis.internal.conjecture.engine import ConjectureRunner
-    from hypothesis.stateful import STATE_MACHINE_RUN_LABEL
-
-    tick, mark, up, down2 = range(4)
-
-    def steps(data) -> None:
-        level = ticks = marks = 0
-        while True:
-            data.start_span(STATE_MACHINE_RUN_LABEL)
-            if not data.draw_boolean():
-                data.stop_span()
-                return
-            step = data.draw_integer(0, 3)
-            level += (step == up) - 2 * (step == down2)
-            marks += step == mark
-            ticks += step == tick and level == 0
-            data.stop_span()
-            if ticks >= 2 and marks:
-                data.mark_interesting(("alpha",))
-
-    drawn = [tick, mark, up, up, down2, tick]
-    engine = ConjectureRunner(
-        steps,
-        settings=settings(database=None, suppress_health_check=list(HealthCheck)),
-        random=Random(0),
-    )
-    initial = engine.cached_test_function([c for s in drawn for c in (True, s)] + [False])
-    assert initial.status == Status.INTERESTING
-    shrinker = engine.new_shrinker(initial, lambda d: d.status == Status.INTERESTING)
+    shrinker = _shrinker(_ticks_at_level, [TICK, MARK, UP, UP, DOWN2, TICK])
     shrinker.fixate_shrink_passes([shrink.step_pass(shrinker)])
-    assert shrinker.shrink_target.choices == (True, tick, True, mark, True, tick)
+    assert shrinker.shrink_target.choices == (True, TICK, True, MARK, True, TICK)
 
 
 def test_runs_of_steps_tried_in_vain_do_not_count_towards_the_stall():
     """Six steps, each needed: the pass tries singles, pairs and then runs, deleting none (15
     replays, then 6: Hypothesis knows some outcomes without one). A stall of 18 replays is past
-    once the runs began; they are not counted, so shrinking goes on
-    to Hypothesis's passes as it did before runs were tried (the outbox's
-    ``unconditional-complete`` at seed 2 stopped at 17 steps where it had reached 6)."""
-    from random import Random
+    once the runs began; they are not counted, so shrinking goes on to Hypothesis's passes as
+    it did before runs were tried (the outbox's ``unconditional-complete`` at seed 2 stopped at
+    17 steps where it had reached 6)."""
 
-    from hypothesis.internal.conjecture.data import Status
-    from hypothesis.internal.conjecture.engine import ConjectureRunner
-    from hypothesis.stateful import STATE_MACHINE_RUN_LABEL
-
-    def steps(data) -> None:
+    def every_number(data) -> None:
         seen = set()
-        while True:
-            data.start_span(STATE_MACHINE_RUN_LABEL)
-            if not data.draw_boolean():
-                data.stop_span()
-                return
-            seen.add(data.draw_integer(0, 5))
-            data.stop_span()
+        for step in _drawn_steps(data):
+            seen.add(step)
             if seen == set(range(6)):
                 data.mark_interesting(("alpha",))
 
-    engine = ConjectureRunner(
-        steps,
-        settings=settings(database=None, suppress_health_check=list(HealthCheck)),
-        random=Random(0),
-    )
-    initial = engine.cached_test_function([c for s in range(6) for c in (True, s)] + [False])
-    assert initial.status == Status.INTERESTING
-    shrinker = engine.new_shrinker(initial, lambda d: d.status == Status.INTERESTING)
+    shrinker = _shrinker(every_number, list(range(6)))
     shrink._stop_when_no_step_goes(shrinker, stall=18)
     before = shrinker.calls
     shrinker.fixate_shrink_passes([shrink.step_pass(shrinker)])  # no StopShrinking
