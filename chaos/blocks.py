@@ -105,8 +105,8 @@ class Blocks:
         return (
             "concurrency" in self.run.capabilities
             and len(self.candidates) == 1
-            and len(self._able()) >= 2
             and all(w.clean() for w in self.workers)
+            and len(self._able()) >= 2  # the costliest question last
         )
 
     def _contested(self) -> dict[Any, list[Worker]]:
@@ -599,6 +599,9 @@ class Blocks:
         for link in struck:
             if link is not None:
                 self._toxi(link.clear)
+        for w in chosen:  # the fault took its backend: its next operation connects anew
+            if None in struck or w.link in struck:
+                w.abandon()
         self.log("CONCURRENTLY " + " | ".join(f"{w.name} {offers[w.name].label}" for w in chosen))
         self.trace.extend(f"  {line}" for line in res.trace[1:])
         self.stats.events["concurrent block"] += 1

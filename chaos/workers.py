@@ -212,8 +212,11 @@ class Worker:
     def still_answers(self, conn) -> None:
         """The seam of :meth:`ready` that asks a kept connection whether it still answers (a
         driver's connection asks through its own loop)."""
-        conn.execute("select 1")
-        conn.rollback()  # never leave a transaction open: now() would stay at its start
+        conn.autocommit = True  # one round trip, and no transaction left open (now() would stay)
+        try:
+            conn.execute("select 1")
+        finally:
+            conn.autocommit = False
 
     def faulted(self) -> bool:
         """A toxic on one of its links, a link down, or a COMMIT fault armed."""

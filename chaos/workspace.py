@@ -60,6 +60,7 @@ class Workspace:
                 pause=self.env.can_crash,
                 clock_guard=self.env.clock is not None,
                 gone=lambda: self.env.health() is not None,  # a part died: no waiting it out
+                keep_settings=True,  # the workers' connections are the check's own
             )
             # a block's operations run on threads of their own: the main thread's wait for them
             # is the implementation's time (--timings)

@@ -640,6 +640,39 @@ def test_a_block_restores_the_connections_own_settings(scheduler, connect):
     assert conn.execute("SHOW statement_timeout").fetchone() == ("10s",)
 
 
+def test_a_scheduler_that_keeps_settings_sets_them_once_per_connection(
+    knownstate_cluster, db, connect
+):
+    """``keep_settings``: the block's settings stay on the connection after the block, and the
+    next block on it does not set them again (what the check's own workers save)."""
+    keeping = Scheduler(knownstate_cluster.dsn(db), pause=True, keep_settings=True)
+    conn = connect("w0", options="-c lock_timeout=2000")
+    sets: list[str] = []
+
+    def show(c):
+        value = c.execute("SHOW lock_timeout").fetchone()[0]
+        c.commit()
+        return value
+
+    real_execute = conn.execute
+
+    def execute(query, *args, **kwargs):
+        if "set_config" in str(query):
+            sets.append(query)
+        return real_execute(query, *args, **kwargs)
+
+    conn.execute = execute
+    try:
+        for _ in range(2):
+            assert keeping.run([Op("w0", "show", conn, show)], script()).ops[0].value == "0"
+            assert real_execute("SHOW deadlock_timeout").fetchone() == ("1ms",)
+            assert real_execute("SHOW lock_timeout").fetchone() == ("0",)
+            conn.rollback()
+    finally:
+        keeping.close()
+    assert len(sets) == 1, sets
+
+
 def test_a_block_needs_idle_scheduled_connections(scheduler, connect, knownstate_cluster, db):
     plain = psycopg.connect(knownstate_cluster.dsn(db))
     try:

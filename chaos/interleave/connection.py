@@ -113,6 +113,7 @@ class Gated:
 
     _seat: "_Worker | None" = None
     _in_step = False
+    _block_settings = False  # a block's settings are on it (``Scheduler(keep_settings=True)``)
 
     def _seated(self) -> "_Worker | None":
         """The block's seat of the calling thread, when the call is to be scheduled."""
