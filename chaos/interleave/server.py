@@ -29,7 +29,8 @@ SESSION_SETTINGS = {
     "idle_in_transaction_session_timeout": "0",
     "max_parallel_workers_per_gather": "0",
 }
-"""Set on every worker session for the duration of a block. ``deadlock_timeout`` and
+"""Set on every worker session for the duration of a block (with
+``Scheduler(keep_settings=True)``: from its first block on). ``deadlock_timeout`` and
 ``log_lock_waits`` (and ``lc_messages``, so the notice is parsed in English) need a superuser."""
 
 
