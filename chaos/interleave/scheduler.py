@@ -197,7 +197,8 @@ class Scheduler:
         block, instead of setting them at every block and restoring the connection's own after
         it: for a caller that owns its connections and runs nothing on them that the settings
         change (the check's workers; the settings only matter while a statement waits on a
-        lock). Saves a round trip to set and one to restore per connection per block."""
+        lock). Saves the round trips that set and restore them (three each) per connection per
+        block."""
 
     def block(self, ops: Sequence[Op]) -> "Block":
         """Start ``ops`` together; use as a context manager (it always cleans up)."""
