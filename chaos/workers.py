@@ -172,12 +172,14 @@ class Worker:
         return self.conn
 
     def abandon(self) -> None:
-        """Drop the connection after an error and wait until the server has let go of it."""
+        """Drop the connection after an error and wait until the server has let go of it. Once
+        it has, a second call (a block's fault, then the operation's error) asks nothing."""
         if self.conn is not None:
             cut_socket(self.conn)
             self.conn = None
         if self.app_name:
             self.env.settle(self.app_name)
+            self.app_name = ""
 
     def close(self) -> None:
         if self.conn is not None:
