@@ -192,8 +192,10 @@ class RunState:
 
     def pass_over_simplest(self) -> None:
         """Before a step: after the first batch, an example whose steps from here on are
-        Hypothesis's simplest choices is passed over (:func:`_simplest_from_here`)."""
+        Hypothesis's simplest choices is passed over (:func:`_simplest_from_here`). It is not
+        counted as an example (Hypothesis does not count it either); the step it ran is."""
         if self.batch > 0 and not self.failures and _simplest_from_here():
+            self.stats.examples -= 1
             reject()
 
     def too_slow(self) -> str | None:
