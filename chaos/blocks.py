@@ -150,10 +150,12 @@ class Blocks:
         that can race only in a rare state (a read of an executing run, a cancel while the
         reaper runs) was one of a dozen in the few blocks that met that state, and decided how
         many examples a run needed."""
-        if not hasattr(self, "_focused"):
+        if not hasattr(self, "_focused"):  # one machine per example: drawn once in each
             known = required_pairs(self)
-            n = data.draw(st.integers(0, 2**16 - 1), label="the pair this example aims at")
-            self._focused = known[n % len(known)] if known else None
+            self._focused = None
+            if known:
+                n = data.draw(st.integers(0, 2**16 - 1), label="the pair this example aims at")
+                self._focused = known[n % len(known)]
         names = {pair_event(*key): key for key in pairs}
         return names.get(self._focused) if self._focused else None
 
