@@ -63,13 +63,6 @@ def _last_step(label: str | None) -> bool:
     return text.split(" (")[0] in ("COMMIT", "ROLLBACK") or text.startswith(WHOLE_CALL)
 
 
-def required_pairs(check: Any) -> list[str]:
-    """The pairs ``check``'s kind requires raced, by name, in name order."""
-    return [
-        label for label in sorted(r.label for r in check.requirements()) if label.startswith(PAIR)
-    ]
-
-
 def raced(*pairs: tuple[str, str]) -> tuple[Requirement, ...]:
     """Required events for a kind's ``required_events``: each pair of its operations that can
     touch one row raced on one in a block, where the database allows blocks (a database that
@@ -143,22 +136,6 @@ class Blocks:
                             out.setdefault(key, []).append((w, a, x, b, run))
         return out
 
-    def _focus(self, data, pairs: dict[tuple[str, str], list[tuple]]) -> tuple[str, str] | None:
-        """The pair this example aims at, drawn at its first block aimed at a pair, among the
-        kind's required pairs (each as likely, drawn as :meth:`_draw_pair` draws): every later
-        block aimed at a pair races it whenever it can race now. Drawn block by block, a pair
-        that can race only in a rare state (a read of an executing run, a cancel while the
-        reaper runs) was one of a dozen in the few blocks that met that state, and decided how
-        many examples a run needed."""
-        if not hasattr(self, "_focused"):  # one machine per example: drawn once in each
-            known = required_pairs(self)
-            self._focused = None
-            if known:
-                n = data.draw(st.integers(0, 2**16 - 1), label="the pair this example aims at")
-                self._focused = known[n % len(known)]
-        names = {pair_event(*key): key for key in pairs}
-        return names.get(self._focused) if self._focused else None
-
     def _draw_pair(self, data, pairs: dict[tuple[str, str], list[tuple]]) -> tuple[str, str]:
         """One of the ``pairs`` that can race now, each as likely as the others, drawn so that
         a draw means the same pair whatever came before it (shrinking the steps before a failing
@@ -169,7 +146,11 @@ class Blocks:
         (in 200 examples of approved-plan, 8 of 23 blocks raced the first pair available and
         none ``compensate × repeat``)."""
         names = {pair_event(*key): key for key in pairs}
-        known = required_pairs(self)
+        known = [
+            label
+            for label in sorted(r.label for r in type(self).requirements())
+            if label.startswith(PAIR)
+        ]
         fixed = known + sorted(set(names) - set(known))
         n = data.draw(st.integers(0, 2**16 - 1), label="the operations they race")
         if fixed[n % len(fixed)] in names:
@@ -181,14 +162,13 @@ class Blocks:
     @rule(data=st.data(), aim=st.sampled_from(("pair", "run", "any")))
     def concurrently(self, data, aim: str) -> None:
         """Two or three workers start an operation each, together. A third of the blocks aim at
-        a pair of operations that can race on one row now (the example's own pair whenever it
-        can race, :meth:`_focus`; otherwise each pair as likely as the others, however many ways
-        there are to race it: rare pairs are reached too; no fault strikes inside such a block,
-        so the race runs to its end), a third at one run that several of them can write (where
-        locks are waited on and fences meet)."""
+        a pair of operations that can race on one row now (each pair as likely as the others,
+        however many ways there are to race it: rare pairs are reached too; no fault strikes
+        inside such a block, so the race runs to its end), a third at one run that several of
+        them can write (where locks are waited on and fences meet)."""
         pairs = self._pairs() if aim == "pair" else {}
         if pairs:
-            key = self._focus(data, pairs) or self._draw_pair(data, pairs)
+            key = self._draw_pair(data, pairs)
             w, a, x, b, run = rows.row(
                 data,
                 pairs[key],

@@ -321,31 +321,3 @@ def test_a_drawn_pair_means_the_same_two_operations_whatever_else_can_race_now()
     for others in ([], [("read", "read")], [("approve", "approve"), ("repeat", "repeat")]):
         pairs = {key: [] for key in [*others, wanted]}
         assert Blocks._draw_pair(Kind(), Replayed([place]), pairs) == wanted, others
-
-
-def test_an_example_aims_its_pair_blocks_at_one_pair_whenever_that_pair_can_race():
-    """An example draws one required pair at its first block aimed at a pair (its place in the
-    kind's list); every such block races it while it can race, and draws as before while it
-    cannot: a pair that can race only in a rare state gets every block that meets the state."""
-    from hypothesis.internal.conjecture.data import ConjectureData
-
-    from knownstate.chaos.blocks import Blocks, pair_event, required_pairs
-    from knownstate.chaos.kinds.approved_plan import ApprovedPlanCheck
-
-    class Kind:
-        requirements = ApprovedPlanCheck.requirements
-
-    class Replayed:  # Hypothesis's ``data`` replaying fixed choices; no choice left: overrun
-        def __init__(self, choices):
-            self.data = ConjectureData.for_choices(choices)
-
-        def draw(self, strategy, label=None):
-            return self.data.draw(strategy)
-
-    wanted = ("read", "read")
-    place = required_pairs(ApprovedPlanCheck).index(pair_event(*wanted))
-    kind, common = Kind(), {("expire", "expire"): [], ("repeat", "repeat"): []}
-    assert Blocks._focus(kind, Replayed([place]), {**common, wanted: []}) == wanted
-    assert Blocks._focus(kind, Replayed([]), common) is None  # drawn once: nothing drawn again
-    assert Blocks._focus(kind, Replayed([]), {**common, wanted: []}) == wanted
-    assert Blocks._focus(Kind(), Replayed([place + 1]), {**common, wanted: []}) != wanted
