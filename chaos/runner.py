@@ -191,10 +191,11 @@ class RunState:
             raise GoalMet()
 
     def pass_over_simplest(self) -> None:
-        """Before a step: after the first batch, an example whose steps from here on are
-        Hypothesis's simplest choices is passed over (:func:`_simplest_from_here`). It is not
-        counted as an example (Hypothesis does not count it either); the step it ran is."""
-        if self.batch > 0 and not self.failures and _simplest_from_here():
+        """Before a step after the first: after the first batch, the all-simplest example is
+        passed over (:func:`_all_simplest`; passed over before any choice, it would tell
+        Hypothesis that every example is invalid). It is not counted as an example (Hypothesis
+        does not count it either); the step it ran is."""
+        if self.batch > 0 and not self.failures and _all_simplest():
             self.stats.examples -= 1
             reject()
 
@@ -269,26 +270,22 @@ stops mid-batch when it is met). Batch ``i`` of seed ``s`` always runs the same 
 failure replays from its batch alone."""
 
 
-def _simplest_from_here() -> bool:
-    """Whether the example running now draws only Hypothesis's simplest choices from here on.
-    Each batch begins with the all-simplest example, then a few short prefixes completed that
-    way. For a state machine that is the first rule able to run, step after step, every draw
-    zero: the same example in every batch. Run again in each batch, it was about one example in
-    ten, and most of the blocks aimed at a pair of operations (approved-plan, seed 7: 890 of
-    1,545 pair draws were these examples' zero, racing the first pair in name order). Passed
-    over once a step has run (passed over before any choice, the example would tell Hypothesis
-    that every example is invalid). Reads Hypothesis's internals defensively: if they change,
-    no example is passed over."""
+def _all_simplest() -> bool:
+    """Whether the example running now is Hypothesis's all-simplest one, every choice its
+    simplest. Hypothesis begins every batch with it; for a state machine it is the first rule
+    able to run, step after step, every draw zero: the same example in every batch. Run again in
+    each batch, it counted the same events towards coverage every time. (The few examples that
+    follow it, a short random prefix completed with simplest choices, differ from batch to
+    batch, and some catch bugs: they run.) Reads Hypothesis's internals defensively: if they
+    change, no example is passed over."""
     try:
         from hypothesis.control import current_build_context
 
-        data = current_build_context().data
-        prefix, index = data.prefix, data.index
+        prefix = current_build_context().data.prefix
     except Exception:  # not inside a test, or the internals changed
         return False
-    last = prefix[-1] if prefix else None
-    simplest = type(last).__name__ == "ChoiceTemplate" and getattr(last, "type", "") == "simplest"
-    return simplest and index >= len(prefix) - 1
+    only = prefix[0] if prefix is not None and len(prefix) == 1 else None
+    return type(only).__name__ == "ChoiceTemplate" and getattr(only, "type", "") == "simplest"
 
 
 def batch_seed(seed: int, batch: int) -> int:

@@ -93,6 +93,10 @@ def test_a_reaper_of_one_transaction_per_run_so_described_passes(knownstate_env)
 
 def test_the_same_reaper_described_as_one_transaction_is_caught(knownstate_env):
     """Described as one transaction, the reaper's partial take-back is a state the model cannot
-    reach: caught at seed 1 (shrunk for 10 replays: the length is not what this proves)."""
+    reach: caught at seed 1 (shrunk for 10 replays: the length is not what this proves). Caught
+    after a step, the rows disagree with the model; caught in a block, reapers that took some
+    stale runs each, where the model takes them all at once, are in no order that explains them."""
     r = run_check(DescribedAsTogetherKind, knownstate_env, seed=1, require_all=False, shrinks=10)
-    assert r.failure is not None and "disagrees with the model" in r.failure, r.failure
+    assert r.failure is not None, r.vacuous
+    partial = "not linearizable" in r.failure and "reclaim_stale" in r.failure
+    assert "disagrees with the model" in r.failure or partial, r.failure
