@@ -237,7 +237,6 @@ class Engine(FaultRules, Blocks, RuleBasedStateMachine):
         self.model = self.new_model()
         self.candidates = [Candidate(self.model)]
         self._struck = False
-        self.steps_here = 0  # this example's
         self.run_names: dict[Any, str] = {}
         self.begin_example()
         run.stats.examples += 1
@@ -350,10 +349,7 @@ class Engine(FaultRules, Blocks, RuleBasedStateMachine):
         """Every step (a block: one per operation in it) starts here: counted, and stopped if a
         signal's interrupt was dropped."""
         tools.raise_if_interrupted()
-        if self.steps_here:
-            self.run.pass_over_simplest()
         self.clock_runs()
-        self.steps_here += n
         self.stats.steps += n
 
     # -- the door -------------------------------------------------------------------------------

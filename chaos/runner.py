@@ -190,15 +190,6 @@ class RunState:
         if self.fixed_examples is None and not self.failures and self.goal_met():
             raise GoalMet()
 
-    def pass_over_simplest(self) -> None:
-        """Before a step after the first: after the first batch, the all-simplest example is
-        passed over (:func:`_all_simplest`; passed over before any choice, it would tell
-        Hypothesis that every example is invalid). It is not counted as an example (Hypothesis
-        does not count it either); the step it ran is."""
-        if self.batch > 0 and not self.failures and _all_simplest():
-            self.stats.examples -= 1
-            reject()
-
     def too_slow(self) -> str | None:
         """Between two batches: why this machine is too slow to go on (None: it is not). The
         environment's failure, never a verdict: the verdict is the counts'."""
@@ -268,24 +259,6 @@ BATCH = 20
 """Examples per batch. Hypothesis runs a batch; before each example the run checks its goal (and
 stops mid-batch when it is met). Batch ``i`` of seed ``s`` always runs the same examples, so a
 failure replays from its batch alone."""
-
-
-def _all_simplest() -> bool:
-    """Whether the example running now is Hypothesis's all-simplest one, every choice its
-    simplest. Hypothesis begins every batch with it; for a state machine it is the first rule
-    able to run, step after step, every draw zero: the same example in every batch. Run again in
-    each batch, it counted the same events towards coverage every time. (The few examples that
-    follow it, a short random prefix completed with simplest choices, differ from batch to
-    batch, and some catch bugs: they run.) Reads Hypothesis's internals defensively: if they
-    change, no example is passed over."""
-    try:
-        from hypothesis.control import current_build_context
-
-        prefix = current_build_context().data.prefix
-    except Exception:  # not inside a test, or the internals changed
-        return False
-    only = prefix[0] if prefix is not None and len(prefix) == 1 else None
-    return type(only).__name__ == "ChoiceTemplate" and getattr(only, "type", "") == "simplest"
 
 
 def batch_seed(seed: int, batch: int) -> int:

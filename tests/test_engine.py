@@ -231,28 +231,3 @@ def test_a_seed_runs_the_same_examples_whatever_else_the_process_imported(
     before = trace()
     __import__("many_constants")
     assert trace() == before
-
-
-def test_after_the_first_batch_the_all_simplest_example_is_passed_over_after_one_step(
-    knownstate_env,
-):
-    """Hypothesis begins every batch with the same example, every choice its simplest: the
-    first batch runs it whole; later batches pass it over once its first step has run (it would
-    be the same steps again)."""
-
-    def first_example(batch: int) -> list[str]:
-        traces: list[list[str]] = []
-        run_check(
-            OutboxCheck,
-            knownstate_env,
-            seed=1,
-            examples=3,
-            steps=6,
-            require_all=False,
-            traces=traces,
-            start_batch=batch,
-        )
-        return [line for line in traces[0] if not line.startswith(" ")]
-
-    whole, passed_over = first_example(0), first_example(1)
-    assert len(whole) > 1 and passed_over == whole[:1], (whole, passed_over)
