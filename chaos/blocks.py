@@ -478,10 +478,13 @@ class Blocks:
         longest linearizable prefix break; only when they name nothing, what those refused in
         any order of the block break (a stale owner's unfenced write is named lease-fence, not
         also what the reaper and the new claim racing it guarantee). Besides the prefix's, what
-        the operation that ended last breaks where some order refuses it: it ran after every
-        other had committed, yet of several longest prefixes the search finds one, maybe the
-        one that puts it first (a heartbeat that wrote by id after a read healed its run was
-        read before the heal, naming only the heal's ``lease``, at 5 seeds of 5)."""
+        the operation that ended last breaks where some order refuses it, and what the first
+        operation refused in the order they ended breaks: that is the order the database let
+        them take effect in, yet of several longest prefixes the search finds one, maybe one
+        that puts the last first (a heartbeat that wrote by id after a read healed its run was
+        read before the heal, naming only the heal's ``lease``, at 5 seeds of 5; a cancel that
+        overwrote a run the reaper had just failed was read before the reap, naming the reap's
+        ``lease`` and not the cancel's ``conditional-transition``)."""
         anywhere = {id(op): states for op, _, states in verdict.refused_anywhere}
         at_prefix = tuple(
             (op, answers, anywhere.get(id(op), ()))
@@ -492,8 +495,8 @@ class Blocks:
             return self._broken(verdict.refused_anywhere, offers, real)
         ended = [r for r in verdict.refused_anywhere if r[0].ret is not None]
         last = max(ended, key=lambda r: r[0].ret, default=None)
-        if last is not None:
-            named += tuple(n for n in self._broken((last,), offers, real) if n not in named)
+        for refused in ((last,) if last is not None else ()) + verdict.refused_in_end_order:
+            named += tuple(n for n in self._broken((refused,), offers, real) if n not in named)
         return named
 
     def _broken(self, refused, offers: dict[str, Action], real: Any) -> tuple[str, ...]:

@@ -128,6 +128,10 @@ class Verdict:
     longest prefix. Which guarantee a history breaks depends on the order it is read in (a
     heartbeat before a heal makes the heal wrong; after it, the heartbeat): a failure names the
     guarantees of all of them."""
+    refused_in_end_order: tuple[tuple[Operation, tuple[Any, ...], tuple[Any, ...]], ...] = ()
+    """The first operation refused when the part's operations are taken in the order they
+    returned (the order in which the database let them take effect), as in
+    ``refused_anywhere``; empty when that order explains them all."""
 
     def __bool__(self) -> bool:
         return bool(self.ok)
@@ -434,16 +438,45 @@ def _dead_ends(
             if new is not None:
                 walk(new, done | {i})
             else:
-                answers, states = out.setdefault(i, ([], []))
-                for m in state.models.values():
-                    trial, got = _apply(ops[i], m, copy)
-                    if trial is not None:
-                        states.append(m)
-                        if got not in answers:
-                            answers.append(got)
+                _refused_in(state, ops[i], copy, *out.setdefault(i, ([], [])))
 
     walk(start, frozenset())
     return tuple((ops[i], tuple(out[i][0]), tuple(out[i][1])) for i in sorted(out))
+
+
+def _refused_in(
+    state: _States, op: Operation, copy: Callable[[Any], Any], answers: list, states: list
+) -> None:
+    """Add to ``answers`` what the model answers ``op`` instead, in each of ``state``'s models
+    that refuses it, and those models to ``states``."""
+    for m in state.models.values():
+        trial, got = _apply(op, m, copy)
+        if trial is not None:
+            states.append(m)
+            if got not in answers:
+                answers.append(got)
+
+
+def _refused_in_end_order(
+    ops: Sequence[Operation],
+    start: _States,
+    fp: Callable[[Any], Hashable],
+    copy: Callable[[Any], Any],
+) -> tuple[tuple[Operation, tuple[Any, ...], tuple[Any, ...]], ...]:
+    """The first operation the model refuses when the operations are taken in the order they
+    returned (those without an answer last), as ``(operation, the model's answers, the states
+    it was refused in)``; empty when it refuses none. Operations that overlapped on one row
+    ended in the order the database serialised them: the order their writes took effect."""
+    state = start
+    for op in sorted(ops, key=lambda op: (op.ret is None, op.ret or 0)):
+        new = _step(state, op, fp, copy)
+        if new is None:
+            answers: list[Any] = []
+            states: list[Any] = []
+            _refused_in(state, op, copy, answers, states)
+            return ((op, tuple(answers), tuple(states)),)
+        state = new
+    return ()
 
 
 def check(
@@ -514,6 +547,7 @@ def check(
             anywhere = (
                 _dead_ends(part, start, fingerprint, copy) if len(part) <= DEAD_ENDS_UP_TO else ()
             )
+            in_end_order = _refused_in_end_order(part, start, fingerprint, copy)
             return Verdict(
                 False,
                 ops,
@@ -524,6 +558,7 @@ def check(
                 shown,
                 next_answers=tuple(raw for _, _, raw in refused),
                 refused_anywhere=anywhere,
+                refused_in_end_order=in_end_order,
                 partitions=len(parts),
                 seconds=time.monotonic() - t0,
             )

@@ -125,6 +125,19 @@ def test_every_operation_some_order_cannot_go_on_with_is_named_not_only_the_long
     assert {o.client for o, _ in verdict.next_refused} < {"r", "w1"}
 
 
+def test_the_first_operation_refused_in_the_order_they_ended_is_named():
+    """All called together: w0 puts 1 and returns first, then w1 puts 2, then r reads 3, which
+    no order explains. Taken in the order they ended, r is refused where x is 2 (the model
+    answers 2); listed first, or after w0 only, it would meet 0 or 1."""
+    model = Registers({"x": 0})
+    bad = [get("r", "x", 3, 0, 9), put("w0", "x", 1, 0, 3), put("w1", "x", 2, 0, 5)]
+    verdict = check(bad, model)
+    assert verdict.ok is False
+    (refused,) = verdict.refused_in_end_order
+    assert refused[0].client == "r" and refused[1] == (Won(2),)
+    assert [m.values for m in refused[2]] == [{"x": 2}]
+
+
 def test_a_model_that_raises_refuses_the_operation_and_the_report_says_so():
     model = OutboxModel(Config())
     bad = [op("w0", "lookup(9)", lambda m: m.deliveries[9], 0, 1, Won())]
