@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from knownstate.chaos import linearize as lin
+from knownstate.chaos.bench import linearize as figure
 from knownstate.chaos.linearize import UNKNOWN, FinalState, Operation, check
 from knownstate.model.contract import LostRace, Won
 from knownstate.model.outbox import Claim, Config, OutboxModel
@@ -366,16 +367,16 @@ def test_fingerprints_ignore_the_transition_log_and_see_every_other_attribute():
 
 
 def test_a_search_out_of_time_is_undecided_not_a_verdict():
-    history, initial, final = lin.outbox_history(200, 3, seed=1)
+    history, initial, final = figure.outbox_history(200, 3, seed=1)
     verdict = check(history, initial, final=final, budget_s=0)
     assert verdict.ok is None and not verdict
     assert verdict.explain()[0].startswith("undecided")
 
 
 def test_a_thousand_operation_history_is_linearizable_and_one_wrong_outcome_is_found():
-    history, initial, final = lin.outbox_history(1000, 3, seed=0)
+    history, initial, final = figure.outbox_history(1000, 3, seed=0)
     fp = lambda m: (m.now, m.state(), m._next_id)  # noqa: E731
-    verdict = check(history, initial, final=final, fingerprint=fp, copy=lin._outbox_copy)
+    verdict = check(history, initial, final=final, fingerprint=fp, copy=figure._outbox_copy)
     assert verdict.ok and len(verdict.order) == len(history)
     k = next(
         i
@@ -383,12 +384,12 @@ def test_a_thousand_operation_history_is_linearizable_and_one_wrong_outcome_is_f
         if i > 500 and o.label.startswith("complete") and o.output == Won("sent")
     )
     history[k] = dataclasses.replace(history[k], output=LostRace("fenced"))
-    verdict = check(history, initial, final=final, fingerprint=fp, copy=lin._outbox_copy)
+    verdict = check(history, initial, final=final, fingerprint=fp, copy=figure._outbox_copy)
     assert verdict.ok is False
     assert any(o is history[k] for o, _ in verdict.next_refused)
 
 
 def test_bench_reports_a_figure():
-    result = lin.bench(n_ops=100, clients=2, seed=0)
+    result = figure.bench(n_ops=100, clients=2, seed=0)
     assert result.ok and result.operations == 100
     assert "100 operations" in result.report()

@@ -20,6 +20,9 @@ commit loop gets commits.
     from the previous answer); saves/s against the ceiling and PUT latency. With ``--rate R``,
     first an open loop: PUTs due at R per second whatever the answers' pace, each one's latency
     counted from when it was due.
+:mod:`.linearize`
+    Not a subcommand: the linearizability checker's own figure, seconds to judge a random
+    1,000-operation outbox history with its final rows (``bench()``, run by its tests).
 
 The loops under test (and the ceiling's) are threads of this process. psycopg releases the GIL
 while it waits on the server, the loops' own Python uses well under one core here, and a
