@@ -66,9 +66,9 @@ class _PollReissues(impl.BranchResetStore):
         self.fresh = _FreshKeyClient(self.api.base_url, timeout=self.api.timeout)
 
     def poll(self, conn, run_id):
-        with boundary("branch-reset.poll"):
+        with boundary("branch-reset.poll"):  # a lost connection is the reference's error
             row = conn.execute(self.q["poll_target"], {"run_id": run_id}).fetchone()
-        conn.rollback()
+            conn.rollback()
         if row is not None and row[0] == Status.RUNNING:
             self.fresh.create(run_id, run_id.rsplit("#", 1)[0], run_id)
         return super().poll(conn, run_id)
