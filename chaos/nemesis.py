@@ -47,7 +47,8 @@ run (a loop records one run by another write than a batch). It stops the worker 
 keeps it stopped, whatever that takes, until what it held was taken from it
 (:meth:`Parts.taken`, read from the database): ``resume=reaped``, as soon as its lease lapsed
 (by the clock that stamped it) and was taken back; ``resume=reclaimed``, once another worker
-holds some of it under a new token, or nobody can. Meanwhile the other workers' calls to the
+holds some of it under a new token, or nobody can (it aims only at runs the reaper puts
+back, not at those whose attempts it ends). Meanwhile the other workers' calls to the
 stand-in are slow (``ms`` per call), so the run, once taken back, stays free or held by its new
 owner for a while: the old owner resumes into exactly that window, and its next write carries
 a token the row no longer says. The moment is read from the server, never guessed from a
@@ -196,9 +197,10 @@ class Parts(Protocol):
     def slow_others(self, proc: str, ms: int | None) -> None:
         """Latency on the stand-in links of every worker but ``proc`` (None: remove it)."""
 
-    def holds(self, proc: str) -> dict[str, tuple[object, int]]:
+    def holds(self, proc: str, again: bool = False) -> dict[str, tuple[object, int]]:
         """The runs ``proc`` (its current incarnation) holds a lease on: run -> (token, how many
-        changes it committed to the run under that token, its claim included)."""
+        changes it committed to the run under that token, its claim included); ``again``: only
+        those a claim can take again once the reaper took them back."""
 
     def writes_bound(self) -> int:
         """The most writes the kind's loop makes under one lease before its last (0: none)."""
@@ -335,9 +337,10 @@ class Nemesis:
                 )
             )
             return
-        if self._aimed(f, p.holds(f.target)):
+        again = f.param("resume") == "reclaimed"  # runs another owner can take
+        if self._aimed(f, p.holds(f.target, again)):
             p.stop(f.target)
-            held = p.quiet(f.target, 0.5) and p.holds(f.target)
+            held = p.quiet(f.target, 0.5) and p.holds(f.target, again)
             if self._aimed(f, held):
                 del self._aim_until[f]
                 began = time.time()

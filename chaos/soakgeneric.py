@@ -144,6 +144,9 @@ class DescribedSoak(SoakKind):
         self.writes_bound = 1  # the claim, then (heartbeats and) the outcome
         self.tables: tuple[str, ...] = ()
 
+    def max_attempts(self) -> int | None:
+        return self.params["timing"]["max_attempts"]
+
     # -- the judge ------------------------------------------------------------------------------
     def judging(self, config: dict) -> Judging:
         contract, d = self.check.contract, self.description

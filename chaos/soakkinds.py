@@ -90,6 +90,23 @@ class SoakKind:
             contract=contract, fence=d.fence.kind, app_clock_lease=d.app_clock_lease, **kw
         )
 
+    def max_attempts(self) -> int | None:
+        """The attempts a run is given in a soak (None: no limit the soak knows)."""
+        return self.params.get("max_attempts")
+
+    def claimed_again(self, row: RunRow) -> bool:
+        """Whether the run of ``row``, taken back by the reaper, can be claimed again: not when
+        the description's reaper ends a run whose attempts are spent (``reclaim_dead``) and the
+        row's token is the attempt that spends them. A hold that waits for another owner aims
+        only at runs that can have one (a held run the reaper ends instead leaves its stale
+        owner's write nothing to land on)."""
+        d, limit = self.description, self.max_attempts()
+        counted = d.retry is not None and d.retry.counts == "claims"
+        if not counted or d.retry.taken_back != "unchanged" or d.fence.kind != "attempt":
+            return True
+        spent = "reclaim_dead" in d.events() and limit is not None
+        return not (spent and isinstance(row.token, int) and row.token >= limit)
+
     def claimable(self) -> frozenset[str]:
         """The statuses a claim takes a run from: a run in one was asked for."""
         owned = set(self.description.owned)

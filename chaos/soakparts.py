@@ -486,10 +486,11 @@ class SoakParts:
         r = self.procs.running[proc]
         return self.procs.app(r.name, r.inc)
 
-    def holds(self, proc: str) -> dict[str, tuple[object, int]]:
+    def holds(self, proc: str, again: bool = False) -> dict[str, tuple[object, int]]:
         """The runs ``proc``'s incarnation claimed (its committed changes, from the audit) that
         the kind still shows owned under that claim's token, with how many changes it committed
-        to each under that token (the claim is the first)."""
+        to each under that token (the claim is the first). ``again``: only those a claim can
+        take again once the reaper took them back (:meth:`SoakKind.claimed_again`)."""
         app = self._app(proc)
         last, claims = self._seen.get(app, (0, {}))
 
@@ -515,7 +516,10 @@ class SoakParts:
         return {
             run: (token, writes)
             for run, (token, writes) in claims.items()
-            if run in now and now[run].status in self.owned and now[run].token == token
+            if run in now
+            and now[run].status in self.owned
+            and now[run].token == token
+            and (not again or self.kind.claimed_again(now[run]))
         }
 
     def writes_bound(self) -> int:

@@ -731,6 +731,30 @@ def test_without_a_stand_in_nothing_is_refused_or_slowed():
     assert not kinds & {"stand-in-refuses", "stand-in-slow"} and "db-crash" in kinds
 
 
+def test_a_hold_waiting_for_another_owner_aims_only_at_runs_the_reaper_puts_back():
+    """The outbox's reaper ends a run at its last attempt (``reclaim_dead``): a stale owner held
+    on it until another worker claims it waits for nothing. Other kinds' tokens are no count."""
+    from knownstate.chaos.judge import RunRow
+
+    outbox = kinds.soak("outbox")
+    last = outbox.max_attempts()
+    assert last == 4
+    assert outbox.claimed_again(RunRow("1", "processing", last - 1))
+    assert not outbox.claimed_again(RunRow("1", "processing", last))
+    reset = kinds.soak("branch-reset")
+    assert reset.claimed_again(RunRow("1", reset.description.owned[0], 9))
+    # a described kind: its description's own limit
+    from knownstate.chaos.generic import kind
+    from knownstate.chaos.kinds.outbox import OutboxAdapter
+    from knownstate.chaos.soakgeneric import described
+    from knownstate.model.describe import Retry
+
+    two = outbox.description.model_copy(update={"retry": Retry(max_attempts=2, base="1m")})
+    webhook_like = described(kind(two, OutboxAdapter))
+    assert webhook_like.claimed_again(RunRow("1", "processing", 1))
+    assert not webhook_like.claimed_again(RunRow("1", "processing", 2))
+
+
 def test_the_timeline_is_one_self_contained_file(tmp_path):
     h = outbox_history("stale-complete-landed")
     v = judged(h)
