@@ -23,7 +23,8 @@ lint: setup
 # workers, 20.1 min with three; both green).
 # --durations: the 25 slowest tests, so the suite's time is measured where it goes.
 WORKERS ?= 3
-PYTEST = .venv/bin/python -m pytest tests -n $(WORKERS) --dist loadfile
+# The heaviest files first (tests/conftest.py, HEAVY), not xdist's order by count of tests.
+PYTEST = .venv/bin/python -m pytest tests -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: lint
 	$(PYTEST) --durations=25

@@ -181,6 +181,14 @@ def test_this_suite_loads_the_plugin_once(pytestconfig):
     assert [name for name, p in plugins if p is pytest_plugin] == ["knownstate"]
 
 
+def test_the_heavy_files_this_suite_starts_first_are_its_files():
+    """A file renamed or removed would silently lose its place in the order (conftest.HEAVY)."""
+    from conftest import HEAVY
+
+    here = Path(__file__).resolve().parent
+    assert HEAVY and all((here / name).is_file() for name in HEAVY), sorted(HEAVY)
+
+
 def test_this_suite_loads_the_plugin_with_plugin_autoloading_off():
     here = "tests/test_pytest_plugin.py::test_this_suite_loads_the_plugin_once"
     run = subprocess.run(
