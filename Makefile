@@ -20,7 +20,8 @@ lint: setup
 # file stays whole on one worker, in its order. WORKERS=0 runs the suite in this one process.
 # Three on two cores: the tests wait on servers much of their time, and beside other load three
 # processes get a larger share of the cores (fresh clone beside two CPU hogs: 22.4 min with two
-# workers, 20.1 min with three; both green).
+# workers, 20.1 min with three; both green). Four do not pay: with the heaviest files first,
+# beside two hogs the tests took 1,045 s with four and 1,092 s with three, within the noise.
 # --durations: the 25 slowest tests, so the suite's time is measured where it goes.
 WORKERS ?= 3
 # The heaviest files first (tests/conftest.py, HEAVY), not xdist's order by count of tests.
