@@ -21,7 +21,7 @@ from hypothesis.stateful import precondition, rule
 from knownstate.impl.errors import ClientError, ConnectionLost, ExternalCallFailed
 from knownstate.model.contract import LostRace, Won, check_invariants
 
-from . import interleave, linearize, rows
+from . import interleave, linearize, rows, timings
 from .harness import EnvironmentFault, Worker, WorkerDied
 from .interleave import Op, SchedulerEnvironmentError
 from .runner import Requirement, needs
@@ -590,7 +590,7 @@ class Blocks:
 
         names = [w.name for w in chosen]
         try:
-            with self.ws.scheduler().block(ops) as running:
+            with timings.span("block"), self.ws.scheduler().block(ops) as running:
                 choose = (
                     schedule(data, names, offers, running.pending)
                     if schedule is not None
@@ -655,15 +655,16 @@ class Blocks:
             {w.name for w in chosen if results[w.name].error is not None},
         )
         self._after_block = True  # a run may have moved twice: the linearization judges moves
-        real = self.observe_impl()
-        before = [c.model for c in self.candidates]
-        verdict = linearize.check(
-            history,
-            before,
-            fingerprint=self.fingerprint,
-            final=linearize.FinalState(real, self.observe_model),
-            every_end=True,
-        )
+        with timings.span("check"):
+            real = self.observe_impl()
+            before = [c.model for c in self.candidates]
+            verdict = linearize.check(
+                history,
+                before,
+                fingerprint=self.fingerprint,
+                final=linearize.FinalState(real, self.observe_model),
+                every_end=True,
+            )
         if not verdict.ok:
             self.fail(
                 "\n".join(verdict.explain()),

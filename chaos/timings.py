@@ -3,11 +3,12 @@
 A :class:`Timings` collector is installed for one run (:func:`collecting`); the few places
 where costly work happens open a :func:`span` of their category — the database crash and
 restart, a call to Toxiproxy's API, a new connection, a wait for the server (a backend to go,
-a lease to lapse), the reset between examples, the implementation's own call, the model and
+a lease to lapse), the reset between examples, the implementation's own call, a concurrent
+block (its workers' operations, one statement at a time as its schedule says), the model and
 the invariants. Spans nest and are exclusive: a connection opened inside the implementation's
-call counts as ``connect``, not twice. What is in no span is Hypothesis itself (drawing,
-shrinking, running the rules) and the engine's bookkeeping: ``hypothesis`` is the rest of the
-run's time, so the categories sum to it.
+call counts as ``connect``, not twice, and a crash inside a block as ``crash``. What is in no
+span is Hypothesis itself (drawing, shrinking, running the rules) and the engine's
+bookkeeping: ``hypothesis`` is the rest of the run's time, so the categories sum to it.
 
 Only the thread that installed the collector records (the check's main thread); work on
 other threads (a concurrent block's workers, the lock watch) shows as the main thread's wait
@@ -31,6 +32,7 @@ CATEGORIES: dict[str, str] = {
     "reset": "reset between examples",
     "stand-in": "the check's calls to stand-ins",
     "impl": "the implementation's calls",
+    "block": "concurrent blocks (scheduled)",
     "check": "model and invariant checks",
     "hypothesis": "Hypothesis and the engine (the rest)",
 }

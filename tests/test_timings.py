@@ -85,6 +85,9 @@ def test_a_run_with_timings_reports_every_category_summing_to_its_time(env):
         assert t["categories"][category]["calls"] > 0, category
         assert t["categories"][category]["seconds"] > 0, category
     assert t["steps_per_s"] > 0 and r.steps > 0
+    # every concurrent block is one span of its own, not a part of "the rest"
+    blocks = r.stats.events["concurrent block"]
+    assert blocks > 0 and t["categories"]["block"]["calls"] == blocks
 
     unit = Unit(0, "outbox", 5, None)
     rec = finished_record(unit, r, Replay())
