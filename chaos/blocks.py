@@ -21,7 +21,7 @@ from hypothesis.stateful import precondition, rule
 from knownstate.impl.errors import ClientError, ConnectionLost, ExternalCallFailed
 from knownstate.model.contract import LostRace, Won, check_invariants
 
-from . import interleave, linearize, rows, timings
+from . import interleave, linearize, rows, schedules, timings
 from .harness import EnvironmentFault, Worker, WorkerDied
 from .interleave import Op, SchedulerEnvironmentError
 from .runner import Requirement, needs
@@ -49,18 +49,7 @@ def write_name(action: Action) -> str:
     return action.label.split("(")[0]
 
 
-WHOLE_CALL = "CALL "
-"""How the step of an operation that is one external call begins (``CALL POST /runs/3``): its
-only step, so its last, where a block aimed at a pair must preempt it as before a COMMIT."""
-
 IN_A_BLOCK = "in a block: "
-
-
-def _last_step(label: str | None) -> bool:
-    """Whether a worker parked before ``label`` ends its operation with it (COMMIT, ROLLBACK,
-    or the one step of an external call made as a whole operation)."""
-    text = label or ""
-    return text.split(" (")[0] in ("COMMIT", "ROLLBACK") or text.startswith(WHOLE_CALL)
 
 
 def raced(*pairs: tuple[str, str]) -> tuple[Requirement, ...]:
@@ -168,24 +157,7 @@ class Blocks:
         them can write (where locks are waited on and fences meet)."""
         pairs = self._pairs() if aim == "pair" else {}
         if pairs:
-            key = self._draw_pair(data, pairs)
-            w, a, x, b, run = rows.row(
-                data,
-                pairs[key],
-                "who, on which row",
-                name=lambda p: _raced_name(*p[:4], self.row_name(p[4])),
-            )
-            self._block(
-                data,
-                [w, x],
-                run,
-                only={w.name: [a], x.name: [b]},
-                schedule=lambda data, names, _, pending: self._schedule(
-                    data, names, pending=pending
-                ),
-                faults=False,
-                aimed=True,
-            )
+            self._race_pair(data, pairs)
             return
         contested = self._contested() if aim == "run" else {}
         if contested:
@@ -210,15 +182,36 @@ class Blocks:
         chosen = rows.rows(data, able, 2, 3, "who", name=lambda w: w.name)
         self._block(data, chosen, run)
 
+    def _race_pair(self, data, pairs: dict[tuple[str, str], list[tuple]]) -> None:
+        """One block racing one of ``pairs`` (:meth:`_pairs`), the pair drawn by
+        :meth:`_draw_pair`, then who does which and on which row; no fault inside it."""
+        key = self._draw_pair(data, pairs)
+        w, a, x, b, run = rows.row(
+            data,
+            pairs[key],
+            "who, on which row",
+            name=lambda p: _raced_name(*p[:4], self.row_name(p[4])),
+        )
+        self._block(
+            data,
+            [w, x],
+            run,
+            only={w.name: [a], x.name: [b]},
+            schedule=lambda data, names, _, pending: schedules.pct(data, names, pending=pending),
+            faults=False,
+            aimed=True,
+        )
+
     def race(self, data, w: int, frozen: bool = False, due: frozenset = frozenset()) -> bool:
         """Worker ``w`` (resuming from a stall) races the others on a run it can write: a block
         of its next write (a fenced one, on that run) and other workers' operations on the same
         run (the reaper taking it back, a new owner claiming or writing it), scheduled as any
-        block's (:meth:`_schedule`). ``frozen``: it froze *inside* that write (:meth:`_frozen`:
-        a pause between two statements of its transaction while every other worker on the run
-        does a whole operation; the pause is the block's fault, no other strikes inside it;
-        when a reaper takes the run back and another worker claims it meanwhile, its write is
-        the kind's ``frozen_aim`` twice as often as all its other writes together).
+        block's (:func:`.schedules.pct`). ``frozen``: it froze *inside* that write
+        (:func:`.schedules.frozen`: a pause between two statements of its transaction while
+        every other worker on the run does a whole operation; the pause is the block's fault,
+        no other strikes inside it; when a reaper takes the run back and another worker claims
+        it meanwhile, its write is the kind's ``frozen_aim`` twice as often as all its other
+        writes together).
         ``due``: the runs of the write it was about to make (empty: any it holds). False when no
         other worker can touch its runs."""
         mine = {run for o in self.offers(w) if o.fenced for run in o.runs}  # the runs it holds
@@ -275,7 +268,7 @@ class Blocks:
                 aimed = data.draw(st.integers(0, 2), label=f"{stalled.name} makes its aimed write")
                 only[stalled.name] = aim if aimed < 2 else [o for o in writes if o not in aim]
         if frozen:
-            schedule = lambda data, names, offers, pending: self._frozen(  # noqa: E731
+            schedule = lambda data, names, offers, pending: schedules.frozen(  # noqa: E731
                 data,
                 stalled.name,
                 [n for n in names if n != stalled.name],
@@ -329,58 +322,6 @@ class Blocks:
             )
 
     @staticmethod
-    def _schedule(
-        data, names: list[str], pending: Callable[[str], str | None] | None = None
-    ) -> Callable[[list[str]], str]:
-        """The block's schedule, drawn as PCT draws it (Burckhardt et al., probabilistic
-        concurrency testing): a priority order of the workers and up to two change points, steps
-        after which the worker then on top drops to the bottom. The highest-priority worker that
-        can run takes each step. A race of depth d (one read, then others' commits, then the
-        write) needs d - 1 change points, so short draws reach it often, and the schedule shrinks
-        towards running the workers one after another.
-
-        ``pending`` (a block aimed at a pair of operations on one row: the statement a worker is
-        parked before) makes the pair race: exactly one change point (with two operations, one
-        preemption of either reaches every race of depth 2; a second one mostly undoes the
-        first, the preempted worker running again before the other read), drawn uniformly among
-        the first 3 n steps (as a wide number: drawn as a step, it was mostly the first one,
-        and a read three statements into the operation, as a get-or-create's, was rarely
-        passed); it always comes before the first worker's COMMIT (or ROLLBACK): a
-        change point drawn past it (an operation shorter than the draw) falls on it, so every
-        statement of the operation, its last one included, is a point where it can be
-        preempted, and the two operations always overlap. Shrinks towards the first worker's
-        first step, then the other's whole operation."""
-        interleaved = pending is not None
-        order = list(data.draw(st.permutations(names), label="priority"))
-        if interleaved:
-            drawn = data.draw(st.integers(0, 2**16 - 1), label="priority change (drawn)")
-            changes = {1 + drawn % (3 * len(names))}
-        else:
-            changes = set(
-                data.draw(
-                    st.lists(st.integers(1, 2 * len(names)), max_size=2, unique=True),
-                    label="priority changes after steps",
-                )
-            )
-        step = 0
-        changed = False
-
-        def choose(options: list[str]) -> str:
-            nonlocal step, changed
-            step += 1
-            top = next(n for n in order if n in options)
-            due = step - 1 in changes or (
-                interleaved and not changed and len(options) > 1 and _last_step(pending(top))
-            )
-            if due:
-                changed = True
-                order.remove(top)
-                order.append(top)
-            return next(n for n in order if n in options)
-
-        return choose
-
-    @staticmethod
     def _pairs_raced(names: list[str], offers: dict[str, Action], res, aimed: bool) -> set[str]:
         """The *raced on one row* events of a block of ``names`` (``res``: its
         :class:`~.interleave.BlockResult`): the pair it aimed at, when the two operations
@@ -400,47 +341,6 @@ class Blocks:
             for b in names[i + 1 :]
             if offers[a].runs & offers[b].runs and res.overlapped(a, b)
         }
-
-    @staticmethod
-    def _frozen(
-        data,
-        stalled: str,
-        others: list[str],
-        later: list[str] = (),
-        pending: Callable[[str], str | None] = lambda _: None,
-        first: bool = False,
-    ) -> Callable[[list[str]], str]:
-        """The schedule of a worker frozen inside its operation (a GC pause, a suspended VM,
-        between two statements of its transaction, holding what it locked): it runs its first
-        statements (after each one but a BEGIN or SAVEPOINT, whether it freezes there is drawn:
-        after the first, three times in four; frozen after a BEGIN it has read nothing, so it
-        would only run after the others), then the others run their whole operations one after
-        another (one that waits on a lock the frozen worker holds steps aside), then it finishes.
-        The others' order is drawn, except that those in ``later`` (which can write the run only
-        once another operation freed it: a claim of a row whose lease lapsed) come after the rest.
-        ``first``: it freezes right after its first statement (a block aimed at its run taken
-        back and claimed: the widest gap between what it read and what it writes). Shrinks
-        towards never freezing: the stalled worker's whole write, then the others'."""
-        drawn = data.draw(st.permutations(others), label="the others' order")
-        order = sorted(drawn, key=lambda n: n in later)
-        frozen = False
-
-        def choose(options: list[str]) -> str:
-            nonlocal frozen
-            if not frozen and stalled in options:
-                if (pending(stalled) or "").startswith(("BEGIN", "SAVEPOINT")):
-                    return stalled
-                frozen = (
-                    first
-                    or data.draw(
-                        st.integers(0, 3), label=f"{stalled} freezes after this step (unless 0)"
-                    )
-                    > 0
-                )
-                return stalled
-            return next((n for n in order if n in options), stalled)
-
-        return choose
 
     def _unowned(self, model: Any, runs: frozenset) -> bool:
         """Whether, in ``model``, one of ``runs`` is in a status nobody owns it in."""
@@ -530,7 +430,7 @@ class Blocks:
         """Run one block of ``chosen`` workers' operations (aimed at ``run`` when given; a worker
         named in ``only`` does one of those offers), scheduled by ``schedule(data, names,
         offers, pending)`` (``pending(worker)``: the statement it is parked before; default:
-        drawn as :meth:`_schedule` draws it); a fault may strike inside it unless ``faults`` is
+        drawn as :func:`.schedules.pct` draws it); a fault may strike inside it unless ``faults`` is
         False. ``aimed``: the block races a pair of operations on one row, drawn so that they do
         (:meth:`concurrently`), or a frozen write against the others (:meth:`race`); only such a
         block counts as *raced on one row*, when the two overlapped. Returns what each did."""
@@ -594,7 +494,7 @@ class Blocks:
                 choose = (
                     schedule(data, names, offers, running.pending)
                     if schedule is not None
-                    else self._schedule(data, names)
+                    else schedules.pct(data, names)
                 )
                 res = running.run(choose, between=between)
         except SchedulerEnvironmentError as e:

@@ -17,7 +17,7 @@ from knownstate.impl.errors import ExternalCallFailed
 from knownstate.model import generic
 
 from .adapter import OK, PERMANENT, RETRY, no_answer_errors
-from .blocks import WHOLE_CALL
+from .schedules import WHOLE_CALL
 from .check import Action, Candidate, Failure
 from .harness import EnvironmentFault, WorkerDied
 from .sink import JsonHandler, NotificationSink

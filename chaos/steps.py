@@ -105,7 +105,7 @@ class Action:
     once_freed: frozenset = frozenset()
     """Of its ``runs``, those it can write only once another operation freed them (a claim of
     a row whose lease lapsed: after the reaper took it back). A worker frozen inside its write
-    on such a run sees the others act in that order (:meth:`.blocks.Blocks._frozen`)."""
+    on such a run sees the others act in that order (:func:`.schedules.frozen`)."""
 
     @property
     def fenced(self) -> bool:

@@ -1,9 +1,10 @@
-"""A write frozen inside its transaction (``Blocks._frozen``) and what a run must see of it
+"""A write frozen inside its transaction (``schedules.frozen``) and what a run must see of it
 (``genericbuild.required_events``). Pure Python: the schedule is a function of its draws."""
 
 from __future__ import annotations
 
-from knownstate.chaos.blocks import Blocks, frozen_retaken
+from knownstate.chaos import schedules
+from knownstate.chaos.blocks import frozen_retaken
 from knownstate.chaos.genericbuild import required_events
 from knownstate.chaos.kinds.outbox import CHECKED, OutboxAdapter
 
@@ -25,7 +26,7 @@ def test_a_write_never_freezes_right_after_its_begin():
     two. It freezes after its first statement that is not a BEGIN."""
     data = Drawn()
     at = {"w1": "UPDATE ...", "w2": "UPDATE ..."}
-    choose = Blocks._frozen(data, "w0", ["w1", "w2"], pending=at.get)
+    choose = schedules.frozen(data, "w0", ["w1", "w2"], pending=at.get)
     everyone = ["w0", "w1", "w2"]
     at["w0"] = "BEGIN (transaction block)"
     assert choose(everyone) == "w0"  # no freeze drawn after a BEGIN

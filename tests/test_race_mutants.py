@@ -210,7 +210,7 @@ class _Drawn:
 def _pair_schedule(drawn: _Drawn, pair: bool) -> list[str]:
     """The steps a block of w0 (three statements, then COMMIT) and w1 (two, then COMMIT) takes
     under the pair-aimed schedule (``pair``) or the general one."""
-    from knownstate.chaos.blocks import Blocks
+    from knownstate.chaos import schedules
 
     labels = {"w0": ["s1", "s2", "s3", "COMMIT"], "w1": ["t1", "t2", "COMMIT"]}
     done = {"w0": 0, "w1": 0}
@@ -218,7 +218,7 @@ def _pair_schedule(drawn: _Drawn, pair: bool) -> list[str]:
     def pending(w):
         return labels[w][done[w]] if done[w] < len(labels[w]) else None
 
-    choose = Blocks._schedule(drawn, ["w0", "w1"], pending=pending if pair else None)
+    choose = schedules.pct(drawn, ["w0", "w1"], pending=pending if pair else None)
     taken = []
     while options := [w for w in labels if pending(w) is not None]:
         w = choose(options)

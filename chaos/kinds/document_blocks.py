@@ -41,7 +41,7 @@ from knownstate.model.contract import Violation, Won
 from knownstate.model.document import Saved, SaveRequest, SeqTaken, Snapshot, VersionConflict
 from knownstate.model.document_server import ServerModel
 
-from .. import linearize
+from .. import linearize, schedules
 from ..harness import EnvironmentFault
 from ..interleave import BlockResult, Op, ScheduledConnection, SchedulerEnvironmentError, history
 from ..replay import Exchange, canon
@@ -309,7 +309,7 @@ class ServerBlocks:
         else:
             reader = data.draw(st.sampled_from(["alice", "bob", STRANGER]), label="who reads")
             calls = [ServerCall("reader", "get", (reader, DOC)), save("saver", "alice")]
-        return calls, self._schedule(data, [c.worker for c in calls])
+        return calls, schedules.pct(data, [c.worker for c in calls])
 
 
 def _overtaking(first: int) -> Callable[[list[str]], str]:
