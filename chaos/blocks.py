@@ -372,7 +372,7 @@ class Blocks:
         return ()
 
     def _named(
-        self, verdict: linearize.Verdict, offers: dict[str, Action], real: Any
+        self, verdict: linearize.Verdict, offers: dict[str, Action], real: Any, before: list = ()
     ) -> tuple[str, ...]:
         """What a block that is not linearizable breaks: what the operations refused after its
         longest linearizable prefix break; only when they name nothing, what those refused in
@@ -384,7 +384,9 @@ class Blocks:
         that puts the last first (a heartbeat that wrote by id after a read healed its run was
         read before the heal, naming only the heal's ``lease``, at 5 seeds of 5; a cancel that
         overwrote a run the reaper had just failed was read before the reap, naming the reap's
-        ``lease`` and not the cancel's ``conditional-transition``)."""
+        ``lease`` and not the cancel's ``conditional-transition``). With nothing refused (every
+        outcome explained, yet no order ends in the rows read after), what a run that had ended
+        in the states the block started from (``before``) and changed in it breaks."""
         anywhere = {id(op): states for op, _, states in verdict.refused_anywhere}
         at_prefix = tuple(
             (op, answers, anywhere.get(id(op), ()))
@@ -392,7 +394,11 @@ class Blocks:
         )
         named = self._broken(at_prefix, offers, real)
         if not named:
-            return self._broken(verdict.refused_anywhere, offers, real)
+            # every outcome explained, no order ends in the rows read after: a run that had
+            # ended before the block and changed in it (a repeat that ran its steps again,
+            # caught in a block racing it with a compensation) is named by what it breaks
+            named = self._broken(verdict.refused_anywhere, offers, real)
+            return named or self._ended_then_changed(tuple(before), real)
         ended = [r for r in verdict.refused_anywhere if r[0].ret is not None]
         last = max(ended, key=lambda r: r[0].ret, default=None)
         for refused in ((last,) if last is not None else ()) + verdict.refused_in_end_order:
@@ -569,7 +575,7 @@ class Blocks:
             self.fail(
                 "\n".join(verdict.explain()),
                 real=real,
-                otherwise=self._named(verdict, offers, real) or ("conditional-transition",),
+                otherwise=self._named(verdict, offers, real, before) or ("conditional-transition",),
             )
         self.candidates = [Candidate(m) for m in verdict.final_states]
         # what each operation met in the order found: an after hook judges its outcome by it

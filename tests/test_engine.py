@@ -139,6 +139,30 @@ def test_a_block_is_judged_from_the_states_where_its_orders_stopped():
     assert not chk._unowned(claimed, frozenset({"1"}))
 
 
+def test_a_block_with_nothing_refused_names_a_run_that_had_ended_before_it_and_changed():
+    """Every outcome explained, yet no order ends in the rows read after the block: a run that
+    had ended in a state the block started from, and changed, names terminal answers (a repeat
+    that ran a finished plan's steps again, in a block racing it with a compensation, was
+    named only by the default, conditional-transition: approved-plan's repeat-reexecutes was
+    missed at seeds 2 and 3). A run that had not ended, or did not change, names nothing."""
+    from knownstate.chaos import linearize
+    from knownstate.model.generic import GenericModel
+
+    m = GenericModel(OutboxCheck.description, OutboxCheck.timing)
+    m.enqueue("1")
+    (job,) = m.claim(1).value
+    claimed = m.copy()
+    m.complete(job)
+    done, retried = m, claimed.copy()
+    retried.fail(job, permanent=False)
+    chk = _bare_outbox_check(done)
+    explained = linearize.Verdict(False, ())
+    changed = chk.observe_model(retried)
+    assert chk._named(explained, {}, changed, [done]) == ("terminal-answers-from-receipts",)
+    assert chk._named(explained, {}, changed, [claimed]) == ()
+    assert chk._named(explained, {}, chk.observe_model(done), [done]) == ()
+
+
 def test_a_block_names_what_the_operations_refused_after_its_longest_prefix_break_first():
     """The stale owner's write refused after the longest prefix names lease-fence; the claim
     refused only in some other order is named only when the prefix's refusals name nothing."""
