@@ -24,7 +24,7 @@ DEVIATION = "reaped live run under skew past bound (known deviation)"
 @pytest.fixture(scope="session")
 def reference_run(knownstate_env):
     """One small run of the reference, every example's trace kept: every requirement observed
-    once (83 examples at seed 3; the CI profile's three times each took 329), each event the
+    once (126 examples at seed 3; the CI profile's three times each took 143), each event the
     tests below count being one of them."""
     traces: list[list[str]] = []
     result = run_check(BranchResetCheck, knownstate_env, seed=3, profile=ONCE, traces=traces)
