@@ -112,11 +112,9 @@ def _bare_outbox_check(m) -> OutboxCheck:
     return chk
 
 
-def test_a_block_is_judged_from_the_states_where_its_orders_stopped():
-    """Across a block only what no legal moves can explain is named: a run that had ended in a
-    state where an order stopped and then changed (terminal answers), a run nobody owns (a stale
-    write with no status guard). A run that ended only after the block, or a changed run that
-    had not ended, names nothing."""
+def _claimed_done_retried() -> tuple:
+    """One outbox run as the model sees it: claimed; then completed; and, from the claim,
+    retried instead (a record that changed after the run ended, seen from ``done``)."""
     from knownstate.model.generic import GenericModel
 
     m = GenericModel(OutboxCheck.description, OutboxCheck.timing)
@@ -124,8 +122,17 @@ def test_a_block_is_judged_from_the_states_where_its_orders_stopped():
     (job,) = m.claim(1).value
     claimed = m.copy()
     m.complete(job)
-    done, retried = m, claimed.copy()
+    retried = claimed.copy()
     retried.fail(job, permanent=False)
+    return claimed, m, retried
+
+
+def test_a_block_is_judged_from_the_states_where_its_orders_stopped():
+    """Across a block only what no legal moves can explain is named: a run that had ended in a
+    state where an order stopped and then changed (terminal answers), a run nobody owns (a stale
+    write with no status guard). A run that ended only after the block, or a changed run that
+    had not ended, names nothing."""
+    claimed, done, retried = _claimed_done_retried()
     chk = _bare_outbox_check(done)
     seen = chk.observe_model
     assert chk._ended_then_changed((done,), seen(retried)) == ("terminal-answers-from-receipts",)
@@ -146,15 +153,8 @@ def test_a_block_with_nothing_refused_names_a_run_that_had_ended_before_it_and_c
     named only by the default, conditional-transition: approved-plan's repeat-reexecutes was
     missed at seeds 2 and 3). A run that had not ended, or did not change, names nothing."""
     from knownstate.chaos import linearize
-    from knownstate.model.generic import GenericModel
 
-    m = GenericModel(OutboxCheck.description, OutboxCheck.timing)
-    m.enqueue("1")
-    (job,) = m.claim(1).value
-    claimed = m.copy()
-    m.complete(job)
-    done, retried = m, claimed.copy()
-    retried.fail(job, permanent=False)
+    claimed, done, retried = _claimed_done_retried()
     chk = _bare_outbox_check(done)
     explained = linearize.Verdict(False, ())
     changed = chk.observe_model(retried)
