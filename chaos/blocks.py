@@ -137,8 +137,8 @@ class Blocks:
         numbers (226 of 555 in 150 examples of approved-plan), the first pair that can race now
         by name (``expire × expire`` raced 865 times, ``read × read`` 3, in 388 examples). A 0
         read as the pair this example drew least so far spread them, but a counterexample then
-        kept the blocks that made its last one race its pair (approved-plan's mutants, seed 1:
-        79 steps in all, 91 so), so a kind reaches a rare pair on purpose instead
+        kept the blocks that made its last one race its pair (approved-plan's catalogue at
+        seed 1: 91 steps in all against 79), so a kind reaches a rare pair on purpose instead
         (:meth:`race_on`)."""
         names = {pair_event(*key): key for key in pairs}
         known = [
@@ -192,7 +192,8 @@ class Blocks:
         """A block aimed at one of the pairs of operations ``keys`` (``("compensate",
         "repeat")``) on ``run``, drawn and scheduled as :meth:`concurrently` draws its aimed
         blocks: for a kind that builds a rare state on purpose and races it at once (a state its
-        own rules leave within a few steps). False when none of them can race there now."""
+        own rules leave within a few steps). False when none of them can race there now, or no
+        block can run (:meth:`_may_block`)."""
         wanted = {tuple(sorted(key)) for key in keys}
         pairs = {
             key: [p for p in ways if p[4] == run]
