@@ -59,6 +59,12 @@ def raced(*pairs: tuple[str, str]) -> tuple[Requirement, ...]:
     return tuple(needs(pair_event(a, b), "concurrency") for a, b in pairs)
 
 
+def against(*ops: str) -> st.SearchStrategy[str | None]:
+    """A rule's ``against`` (:meth:`Blocks.race_on`): alone (None, drawn first, so a
+    counterexample shrinks to the rule's own step) or raced at once against one of ``ops``."""
+    return st.sampled_from((None, *ops))
+
+
 def _raced_name(w: Worker, a: Action, x: Worker, b: Action, run: str) -> str:
     """What names a way to race a pair on one row whatever came before: who does which
     operation, on which row (named by the check's ``row_name``)."""
@@ -188,22 +194,21 @@ class Blocks:
         chosen = rows.rows(data, able, 2, 3, "who", name=lambda w: w.name)
         self._block(data, chosen, run)
 
-    def race_on(self, data, run: Any, *keys: tuple[str, str]) -> bool:
-        """A block aimed at one of the pairs of operations ``keys`` (``("compensate",
-        "repeat")``) on ``run``, drawn and scheduled as :meth:`concurrently` draws its aimed
-        blocks: for a kind that builds a rare state on purpose and races it at once (a state its
-        own rules leave within a few steps). False when none of them can race there now, or no
-        block can run (:meth:`_may_block`)."""
-        wanted = {tuple(sorted(key)) for key in keys}
-        pairs = {
-            key: [p for p in ways if p[4] == run]
-            for key, ways in self._pairs().items()
-            if key in wanted
-        }
-        pairs = {key: ways for key, ways in pairs.items() if ways}
-        if not pairs or not self._may_block():
+    def race_on(self, data, run: Any, op: str, against: str | None) -> bool:
+        """A block aimed at the pair of operations ``op × against`` on ``run``, drawn and
+        scheduled as :meth:`concurrently` draws its aimed blocks: for a rule that leaves a state
+        a pair needs (a claim, a compensation) or is drawn only when it can see something new (a
+        read), so that its pairs, met otherwise only by blocks aimed at pairs at random, are
+        raced at once (``against`` drawn by :func:`against`). False when ``against`` is None,
+        the pair cannot race there now, or no block can run (:meth:`_may_block`): the rule then
+        does its operation alone."""
+        if against is None:
             return False
-        self._race_pair(data, pairs)
+        key = tuple(sorted((op, against)))
+        ways = [p for p in self._pairs().get(key, []) if p[4] == run]
+        if not ways or not self._may_block():
+            return False
+        self._race_pair(data, {key: ways})
         return True
 
     def _race_pair(self, data, pairs: dict[tuple[str, str], list[tuple]]) -> None:

@@ -42,7 +42,7 @@ from knownstate.model.approved_plan import Status
 from knownstate.model.contract import LostRace, Repeat, RunView, StepView, Won
 
 from .. import rows
-from ..blocks import raced
+from ..blocks import against, raced
 from ..check import QUANTUM, FaultPolicy, KindCheck, Action, Worker, WorkerDied, needs
 from ..history import Audit
 from ..judge import Judging, Replay, RunRow, StepRow
@@ -407,25 +407,40 @@ class ApprovedPlanCheck(KindCheck):
         else:
             self._op(w, op, self._pick(data, OPEN if op == "expire" else {Status.PENDING}))
 
+    # A rule that leaves the state a pair of operations needs (a claim, a compensation), or that
+    # is drawn only when it can see something new (a read), races it at once, drawn (``against``,
+    # :meth:`race_on`): the last pairs a run waited for were these (read × read at 8 of 20
+    # seeds, compensate × repeat at 3 of 3), met otherwise by blocks aimed at pairs at random.
     @precondition(lambda self: self._with_status({Status.APPROVED}))
-    @rule(w=st.integers(0, 1), data=st.data())
-    def mark_executing(self, w: int, data) -> None:
+    @rule(w=st.integers(0, 1), data=st.data(), against=against("mark_executing", "expire"))
+    def mark_executing(self, w: int, data, against: str | None) -> None:
         """The claim. The winner holds the token in memory; the other worker loses the race."""
-        self.do(w, self._mark_executing(w, self._pick(data, {Status.APPROVED})))
+        pid = self._pick(data, {Status.APPROVED})
+        if self.race_on(data, pid, "mark_executing", against):
+            return
+        self.do(w, self._mark_executing(w, pid))
 
     @precondition(lambda self: self._claims())
-    @rule(data=st.data(), action=st.sampled_from(("next", "next", "again", "skip", "heartbeat")))
-    def execute(self, data, action: str) -> None:
+    @rule(
+        data=st.data(),
+        action=st.sampled_from(("next", "next", "again", "skip", "heartbeat")),
+        against=against("run_step", "read", "expire"),
+    )
+    def execute(self, data, action: str, against: str | None) -> None:
         """The claim's holder runs the step it believes is next (after a lost connection: the one it
         was running, which may have committed), asks again for the one before (answered from its
         receipt, never re-applied), asks for one too far (refused), or renews its heartbeat. A
-        holder refused by the fence lets go of the run."""
+        holder refused by the fence lets go of the run. Its next step (or heartbeat) maybe raced
+        against the same step (the request delivered twice), a read or the sweeper."""
         w, pid = rows.row(
             data,
             self._claims(),
             "worker, proposal",
             name=lambda c: f"w{c[0]} {self.row_name(c[1])}",
         )
+        op = {"next": "run_step", "heartbeat": "heartbeat"}.get(action)
+        if op and self.race_on(data, pid, op, against):
+            return
         self._execute(w, pid, action)
 
     def _execute(self, w: int, pid: int, action: str) -> None:
@@ -450,11 +465,14 @@ class ApprovedPlanCheck(KindCheck):
         return (self.model.now, p.heartbeat_at, len(p.receipts))
 
     @precondition(lambda self: self._unread())
-    @rule(w=st.integers(0, 1), data=st.data())
-    def read(self, w: int, data) -> None:
+    @rule(w=st.integers(0, 1), data=st.data(), against=against("read", "run_step", "expire"))
+    def read(self, w: int, data, against: str | None) -> None:
         """A reader of an executing run: it heals the run first if its heartbeat is stale
         (markInterruptedIfStale), then reports it."""
-        self.do(w, self._read(w, rows.row(data, self._unread(), "proposal", name=self.row_name)))
+        pid = rows.row(data, self._unread(), "proposal", name=self.row_name)
+        if self.race_on(data, pid, "read", against):
+            return
+        self.do(w, self._read(w, pid))
 
     def _unrepeated(self) -> list[int]:
         return [pid for pid in self._with_status(model.TERMINAL) if pid not in self.repeated]
@@ -490,22 +508,18 @@ class ApprovedPlanCheck(KindCheck):
         ]
 
     @precondition(lambda self: self._compensable())
-    @rule(
-        w=st.integers(0, 1), data=st.data(), against=st.sampled_from((None, "repeat", "compensate"))
-    )
+    @rule(w=st.integers(0, 1), data=st.data(), against=against("repeat", "compensate"))
     def compensate(self, w: int, data, against: str | None) -> None:
         """Propose the run that undoes a finished run's committed steps: it is approved, claimed and
         executed like any plan, with its own receipts. Drawn for a run that has none yet, or
         any run (the existing compensation is found; a run with nothing to undo is refused).
-        On one that has none yet, maybe raced at once (:meth:`race_on`) against a repeat or
-        another compensation: this rule ends the state those races need, and they decided how
-        many examples a run needed (336, 335 and 775 at seeds 1 to 3)."""
+        On one that has none yet, maybe raced against a repeat or another compensation."""
         compensable = self._compensable()
         every = [p.proposal_id for p in self._proposals()]
         pid = rows.one_of_classes(
             data, (compensable, compensable, every), "proposal", name=self.row_name
         )
-        if against and pid in compensable and self.race_on(data, pid, ("compensate", against)):
+        if pid in compensable and self.race_on(data, pid, "compensate", against):
             return
         self._op(w, "compensate", pid)
 

@@ -40,7 +40,7 @@ from knownstate.model.branch_reset import ExternalOp, ExternalState, ExternalSta
 from knownstate.model.contract import LostRace, Rejected, Repeat, Won, Write
 
 from .. import effects, rows
-from ..blocks import raced
+from ..blocks import against, raced
 from ..check import QUANTUM, FaultPolicy, KindCheck, Action, needs
 from ..interleave import ScheduledCalls
 from ..history import Audit
@@ -440,18 +440,14 @@ class BranchResetCheck(Clocks, KindCheck):
         self.do(w, self._poll(w, rows.row(data, runs, "run")))
 
     @precondition(lambda self: self._past_queued())
-    @rule(
-        w=st.sampled_from(POLLERS),
-        data=st.data(),
-        against=st.sampled_from((None, "reap", "poll", "cancel")),
-    )
+    @rule(w=st.sampled_from(POLLERS), data=st.data(), against=against("reap", "poll", "cancel"))
     def cancel(self, w: int, data, against: str | None) -> None:
         """Someone cancels a run (through a poller's connection). The operation is left alone.
         A running run's cancel is maybe raced at once (:meth:`race_on`) against the reaper, a
         poll or another cancel: those races decided how many examples a run needed (171, 415
         and 329 at seeds 1 to 3), since a cancel is what ends the state they need."""
         run_id = rows.row(data, self._past_queued(), "run")
-        if against and self.race_on(data, run_id, ("cancel", against)):
+        if self.race_on(data, run_id, "cancel", against):
             return
         self.do(w, self._cancel(w, run_id))
 
