@@ -414,8 +414,10 @@ class Blocks:
         read before the heal, naming only the heal's ``lease``, at 5 seeds of 5; a cancel that
         overwrote a run the reaper had just failed was read before the reap, naming the reap's
         ``lease`` and not the cancel's ``conditional-transition``). With nothing refused (every
-        outcome explained, yet no order ends in the rows read after), what a run that had ended
-        in the states the block started from (``before``) and changed in it breaks."""
+        outcome explained, yet no order ends in the rows read after), what the rows' difference
+        from the closest order's breaks where the kind reads it (``difference_breaks``: a
+        backoff cut short), else what those refused in any order break, else what a run that
+        had ended in the states the block started from (``before``) and changed in it breaks."""
         anywhere = {id(op): states for op, _, states in verdict.refused_anywhere}
         at_prefix = tuple(
             (op, answers, anywhere.get(id(op), ()))
@@ -426,7 +428,11 @@ class Blocks:
             # every outcome explained, no order ends in the rows read after: a run that had
             # ended before the block and changed in it (a repeat that ran its steps again,
             # caught in a block racing it with a compensation) is named by what it breaks
-            named = self._broken(verdict.refused_anywhere, offers, real)
+            # first what the rows' difference from the closest order's shows (a backoff cut
+            # short: the reaper's lease, refused in another order, is not what broke)
+            if verdict.final is not None:
+                named = self.difference_breaks(verdict.final[0], real)
+            named = named or self._broken(verdict.refused_anywhere, offers, real)
             return named or self._ended_then_changed(tuple(before), real)
         ended = [r for r in verdict.refused_anywhere if r[0].ret is not None]
         last = max(ended, key=lambda r: r[0].ret, default=None)

@@ -140,6 +140,12 @@ class KindCheck(Engine):
         """The kind's own named properties (``own_invariants``), judged on the real state."""
         return []
 
+    def difference_breaks(self, expected: Any, real: Any) -> tuple[str, ...]:
+        """What the real state's difference from ``expected`` (both observed) breaks, where the
+        rows alone show it (default: nothing): a block whose every outcome is explained but
+        whose rows no order ends in is named by it."""
+        return ()
+
     def observed(self, model: Any) -> None:
         """Called after each step once the database agreed with ``model``: count events."""
 
@@ -305,12 +311,14 @@ class KindCheck(Engine):
             self.event("indeterminate commit")
             self._lost_connection(worker, on_error)
             self._indeterminate = True
-            # the model refuses it: had it committed, it would have changed nothing; rows that
-            # neither state explains are then its refused write landing
-            self._if_landed = (
-                broken_by(expected, Won(None), fenced is not None, guarantee)
-                if isinstance(expected, LostRace)
-                else ()
+            # rows that neither state explains break what its outcome guarantees (a reaper's
+            # take-back part-way: lease); where the model refuses it, also its fence: had it
+            # committed, it would have changed nothing, so such rows are its write landing
+            self._if_landed = broken_by(
+                expected,
+                Won(None) if isinstance(expected, LostRace) else None,
+                fenced is not None,
+                guarantee,
             )
             self.candidates = self._with_external(
                 [

@@ -77,6 +77,9 @@ hook                        for   read / called                          default
                                   states                                 transition log
 ``kind_violations(real)``   T     after every step: the kind's own       ``[]``
                                   named properties
+``difference_breaks``       T     a block no order of which ends in the  ``()``
+                                  rows read after: what their difference
+                                  from the closest order's breaks
 ``frozen_aim``              T     a stall frozen inside a write whose    None (each write as
                                   run is taken back and claimed: the     likely)
                                   write drawn twice as often as the

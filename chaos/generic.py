@@ -175,6 +175,9 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
         rows, received = observation
         return generic.views(self.description, self.timing, rows, dict(received), self.owing)
 
+    def difference_breaks(self, expected, real) -> tuple[str, ...]:
+        return tuple(v.invariant for v in generic.cut_short(real[0], [expected[0]]))
+
     def kind_violations(self, real) -> list[Violation]:
         rows, _ = real
         out = []
@@ -193,7 +196,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
                         f"{', '.join(sorted(landed))})",
                     )
                 )
-        out += generic.leases_cut_short(rows, [c.model for c in self.candidates])
+        out += generic.cut_short(rows, [c.model.state() for c in self.candidates])
         keys = [r.key for r in rows]
         for key in sorted({k for k in keys if keys.count(k) > 1}, key=_order):
             out.append(

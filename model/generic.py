@@ -614,23 +614,42 @@ def views(
     return out
 
 
-def leases_cut_short(rows: tuple[Observed, ...], models: list[GenericModel]) -> list[Violation]:
-    """Held runs whose lease the database shows shorter than every possible model state does:
-    the system lost lease time their owners were granted (a heartbeat kept where a crash
-    empties it, ...), so a run may be taken back while its owner's lease is live: the
-    contract's ``lease`` guarantee, named where the rows first show it."""
+def cut_short(rows: tuple[Observed, ...], possible: list[tuple[Observed, ...]]) -> list[Violation]:
+    """Runs whose lease, or whose wait for their backoff, the database shows shorter than every
+    possible state does (``possible``: the rows of each). A held run's lease cut short: the
+    system lost lease time its owner was granted (a heartbeat kept where a crash empties it,
+    ...), so the run may be taken back while its owner's lease is live, the contract's
+    ``lease``. A waiting run due sooner after the same attempts: a retry that did not wait its
+    backoff, ``retry-policy``. Both are named where the rows first show them."""
     out = []
     for r in rows:
-        granted = [m.observe(m.runs[r.key]).lease_left for m in models if r.key in m.runs]
-        if r.lease_left is None or not granted:
+        same = [x for p in possible for x in p if x.key == r.key]
+        if not same:
             continue
-        if all(g is not None and g > r.lease_left for g in granted):
+        if r.lease_left is not None and all(
+            x.lease_left is not None and x.lease_left > r.lease_left for x in same
+        ):
+            granted = min(x.lease_left for x in same)
             out.append(
                 Violation(
                     "lease",
                     f"run {r.key}: its lease has {r.lease_left}s left in the database, "
-                    f"{min(granted)}s by its owner's last heartbeat: lease time lost, so "
+                    f"{granted}s by its owner's last heartbeat: lease time lost, so "
                     "the run can be taken back while its owner's lease is live",
+                )
+            )
+        waits = [x.due_in for x in same if (x.status, x.attempts) == (r.status, r.attempts)]
+        if (
+            r.attempts
+            and r.due_in is not None
+            and len(waits) == len(same)
+            and all(w is not None and w > r.due_in for w in waits)
+        ):
+            out.append(
+                Violation(
+                    "retry-policy",
+                    f"run {r.key} is due again in {r.due_in}s after attempt {r.attempts}, "
+                    f"where every possible state has it wait {min(waits)}s: its backoff cut short",
                 )
             )
     return out

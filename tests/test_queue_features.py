@@ -754,17 +754,34 @@ def test_every_pair_that_can_meet_on_one_row_is_required_raced_and_no_other():
     assert raced(CHANCY_LIKE, commits="autocommit") == set()
 
 
-def test_a_lease_the_database_shows_shorter_than_granted_is_named_lease():
-    from knownstate.model.generic import Observed, leases_cut_short
+def test_a_lease_or_a_backoff_the_database_shows_shorter_is_named():
+    """A lease shorter in the rows than every possible state has it is ``lease``; a run due
+    again sooner after the same attempts is ``retry-policy`` (a block's rows that no order
+    explains are named so too)."""
+    from knownstate.model.generic import Observed, cut_short
 
     m = GenericModel(RunKind(**CHANCY_LIKE))
     m.enqueue("1")
     m.claim(1, holder="w0")
     kept = (Observed("1", "running", lease_left=60),)
     lost = (Observed("1", "running", lease_left=0),)  # a crash emptied the workers' beats
-    assert leases_cut_short(kept, [m]) == []
-    [found] = leases_cut_short(lost, [m])
+    assert cut_short(kept, [m.state()]) == []
+    [found] = cut_short(lost, [m.state()])
     assert found.invariant == "lease" and "0s left in the database, 60s" in found.message
+
+    m = GenericModel(RunKind(**QUEUE))
+    m.enqueue("1")
+    [job] = m.claim(1).value
+    m.fail(job, False)
+    waited = (Observed("1", "queued", attempts=1, due_in=60),)
+    at_once = (Observed("1", "queued", attempts=1, due_in=0),)
+    assert cut_short(waited, [m.state()]) == []
+    [found] = cut_short(at_once, [m.state()])
+    assert found.invariant == "retry-policy"
+    assert "every possible state has it wait 60s" in found.message
+    # another attempt's wait, or a state where it is held, says nothing of this backoff
+    held = (Observed("1", "picked", attempts=1, lease_left=60),)
+    assert cut_short(at_once, [m.state(), held]) == []
 
 
 def test_a_python_migration_is_recorded_as_the_sql_it_runs_on_an_empty_database():
