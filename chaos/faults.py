@@ -192,10 +192,12 @@ class FaultRules:
     Hooks a kind answers (all optional):
 
     - ``turns(w) -> list``: the work worker ``w`` can do next that ends in a COMMIT or an
-      external call (empty: none). ``turn(w, data)`` does one of them.
+      external call (empty: none). ``turn(w, data, due)`` does one of them (``due``: after a
+      stall, the runs of the write ``next_write`` brought it to).
     - ``leases() -> list[int]``: workers holding a live lease (a stall freezes one of them).
     - ``meanwhile(w, data)``: what the others do while ``w`` is frozen (the reaper runs, ...).
-    - ``next_write(w, data)``: bring ``w`` to its next write (a stall freezes inside it).
+    - ``next_write(w, data)``: bring ``w`` to its next write (a stall freezes inside it, or
+      before it while its runs are taken back and claimed).
     - ``clock_matters() -> bool``: whether a database clock jump could change anything now;
       ``crash_matters() -> bool`` likewise for a crash between two steps.
     - ``external_links(worker) -> list[Link]``: the worker's links to stand-ins.
@@ -210,7 +212,9 @@ class FaultRules:
     def turns(self, w: int) -> list:
         return []
 
-    def turn(self, w: int, data) -> None:
+    def turn(self, w: int, data, due: frozenset = frozenset()) -> None:
+        """Worker ``w`` takes its next turn (:meth:`turns`) as one step. ``due``: after a stall,
+        the runs of the write it was about to make (:meth:`next_write`; empty: any)."""
         raise NotImplementedError(
             f"{type(self).__name__}.turns() offers work but turn() is missing"
         )
@@ -224,9 +228,10 @@ class FaultRules:
         claimed again by another worker (or healed, where reads heal)."""
 
     def next_write(self, w: int, data) -> frozenset:
-        """Worker ``w`` is about to freeze inside its next write: do what its loop does before
-        that write (an external call whose outcome the write records) and return the runs the
-        write is for (default: nothing done; any run it holds)."""
+        """Worker ``w`` is about to freeze inside its next write, or just before it while its
+        runs are taken back and claimed: do what its loop does before that write (an external
+        call whose outcome the write records) and return the runs the write is for (default:
+        nothing done; any run it holds)."""
         return frozenset()
 
     def clock_matters(self) -> bool:
@@ -479,14 +484,17 @@ class FaultRules:
         racing stalls are such too). A racing stall that finds no other worker able to touch its
         runs resumes at once after the world went on. One stall in six is aimed at what a fence
         is for: meanwhile its runs are taken back and claimed again (the kind's ``meanwhile``
-        with ``retake``), and it resumes at once. Its writes must be fenced either way."""
+        with ``retake``), and it resumes at once with the write it was about to make (the
+        kind's ``next_write``). Its writes must be fenced either way."""
         w = rows.row(data, self.leases(), "worker")
         frozen = resume == "inside its write" or (
             resume == "racing the others" and data.draw(st.booleans(), label="or froze inside")
         )
         due = frozenset()
-        if frozen:
+        if frozen or resume == "after its runs were taken back":
+            # the write it was about to make: the one it makes on resuming, fenced meanwhile
             due = self.next_write(w, data)
+        if frozen:
             self.model_agrees()  # judged (and a lost answer's fate observed) before it freezes
         seconds = self.policy.stall
         self.stall_passes(seconds)
@@ -506,7 +514,7 @@ class FaultRules:
         self.meanwhile(w, data, retake=resume == "after its runs were taken back")
         if resume != "later" and self.turns(w):
             self.log(f"  (w{w} resumes)")
-            self.turn(w, data)
+            self.turn(w, data, due)
 
 
 class _ExternalCall:

@@ -528,7 +528,7 @@ class ApprovedPlanCheck(KindCheck):
         """A holder's next turn: a step (or a heartbeat) of a run it holds that is executing."""
         return [pid for x, pid in self._claims(executing_only=True) if x == w]
 
-    def turn(self, w: int, data) -> None:
+    def turn(self, w: int, data, due: frozenset = frozenset()) -> None:
         pid = rows.row(data, self.turns(w), "proposal", name=self.row_name)
         self._execute(w, pid, data.draw(st.sampled_from(("next", "heartbeat")), label="action"))
 

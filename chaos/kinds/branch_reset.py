@@ -495,7 +495,7 @@ class BranchResetCheck(Clocks, KindCheck):
         """A poller's next turn: start a queued run, or poll a running one (the reaper has none)."""
         return self._next_work() if w in POLLERS else []
 
-    def turn(self, w: int, data) -> None:
+    def turn(self, w: int, data, due: frozenset = frozenset()) -> None:
         work = self.turns(w)
         starts = [x for x in work if x[0] == "start"]  # a start's outcome is always observable
         op, run_id = rows.row(data, starts or work, "work")
