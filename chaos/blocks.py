@@ -441,11 +441,11 @@ class Blocks:
         )
         named = self._broken(at_prefix, offers, real)
         if not named:
-            # every outcome explained, no order ends in the rows read after: a run that had
-            # ended before the block and changed in it (a repeat that ran its steps again,
+            # every outcome explained, no order ends in the rows read after: first what the
+            # rows' difference from the closest order's shows (a backoff cut short: the
+            # reaper's lease, refused in another order, is not what broke); last, a run that
+            # had ended before the block and changed in it (a repeat that ran its steps again,
             # caught in a block racing it with a compensation) is named by what it breaks
-            # first what the rows' difference from the closest order's shows (a backoff cut
-            # short: the reaper's lease, refused in another order, is not what broke)
             if verdict.final is not None:
                 named = self.difference_breaks(verdict.final[0], real)
             named = named or self._broken(verdict.refused_anywhere, offers, real)
