@@ -40,7 +40,6 @@ import contextlib
 import datetime as dt
 import inspect
 import re
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping
@@ -56,7 +55,7 @@ from knownstate.model.generic import Timing
 
 from . import timings
 from .harness import Worker, cut_socket
-from .interleave import AsyncScheduledConnection, ScheduledConnection, round_trip_label
+from .interleave import AsyncScheduledConnection, ScheduledConnection, round_trip_label, run_on
 
 OK, RETRY, PERMANENT = "ok", "retry", "permanent"
 """What an external call answered: done, failed for now, failed for good."""
@@ -529,29 +528,9 @@ class AdapterWorker(Worker):
         self.binding: Adapter | None = None  # the adapter instance of the current example
 
     def run(self, value: Any) -> Any:
-        """A coroutine's result, run on this worker's own event loop; any other value as is.
-        Called while another worker's loop runs (inside that worker's COMMIT hook), it runs
-        this worker's loop on a thread of its own and waits for it."""
-        if not inspect.isawaitable(value):
-            return value
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return self.loop.run_until_complete(value)
-        box: dict[str, Any] = {}
-
-        def target() -> None:
-            try:
-                box["result"] = self.loop.run_until_complete(value)
-            except BaseException as e:  # handed back to the caller's thread as is
-                box["error"] = e
-
-        thread = threading.Thread(target=target, name=f"{self.name}-loop")
-        thread.start()
-        thread.join()
-        if "error" in box:
-            raise box["error"]
-        return box["result"]
+        """A coroutine's result, run on this worker's own event loop; any other value as is
+        (:func:`.interleave.run_on`: on a thread of its own where this thread runs a loop)."""
+        return run_on(self.loop, value)
 
     def dsn(self) -> str:
         return self.ws.conninfo(host=self.link.host, port=self.link.port)

@@ -368,6 +368,22 @@ def judge(result, calls, admin):
     )
 
 
+def test_an_asyncio_connection_at_rest_runs_where_this_thread_runs_another_loop(connect_async):
+    """Playwright's sync API keeps its loop running on the main thread while the browser kind's
+    Chromium is kept for the run: an async adapter's next block ran its connections' session
+    settings there and failed ("Cannot run the event loop while another loop is running"),
+    reported as the implementation's failure. The connection's loop then runs on a thread of
+    its own, and the caller waits for it."""
+    conn, _ = connect_async("w0")
+
+    async def another_loop():
+        cur = conn.at_rest(conn.execute("SELECT 41 + 1"))
+        return conn.at_rest(cur.fetchone())
+
+    assert asyncio.run(another_loop()) == (42,)
+    assert conn.at_rest(conn.at_rest(conn.execute("SELECT 1")).fetchone()) == (1,)
+
+
 @pytest.mark.parametrize("closer", ["w1", "w0"])
 def test_a_deadlock_is_an_outcome_the_model_expects_and_the_closer_is_its_victim(
     scheduler, connect, admin, closer

@@ -13,6 +13,7 @@ from .connection import (
     ScheduledCalls,
     ScheduledConnection,
     round_trip_label,
+    run_on,
     shutdown_socket,
     statement_label,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "OpResult",
     "Raised",
     "round_trip_label",
+    "run_on",
     "Runaway",
     "ScheduledCalls",
     "ScheduledConnection",

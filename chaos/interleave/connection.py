@@ -209,9 +209,7 @@ class AsyncScheduledConnection(Gated, psycopg.AsyncConnection):
     def at_rest(self, result: Any) -> Any:
         """A coroutine of this connection, run to its end on the connection's own loop (idle
         between a block's steps)."""
-        if not inspect.isawaitable(result):
-            return result
-        return self._loop.run_until_complete(result)
+        return run_on(self._loop, result)
 
 
 class ScheduledCalls:
@@ -238,6 +236,35 @@ class ScheduledCalls:
                 return value(*args, **kwargs)
 
         return call
+
+
+def run_on(loop: asyncio.AbstractEventLoop, value: Any) -> Any:
+    """A coroutine's result, run to its end on ``loop``; any other value as is. Where this
+    thread already runs a loop (another worker's, inside its COMMIT hook; Playwright's sync API,
+    whose loop stays running while the browser kind's Chromium is kept for the run), ``loop``
+    runs on a thread of its own and the caller waits for it: run here, it would refuse ("Cannot
+    run the event loop while another loop is running"), and an async adapter's run after the
+    browser kind failed with that as the implementation's bug."""
+    if not inspect.isawaitable(value):
+        return value
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return loop.run_until_complete(value)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = loop.run_until_complete(value)
+        except BaseException as e:  # handed back to the caller's thread as is
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name="knownstate-loop")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 @contextlib.contextmanager
