@@ -31,7 +31,6 @@ import itertools
 import threading
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
-from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
@@ -125,15 +124,11 @@ class ApprovedPlanCheck(KindCheck):
             ("mark_executing", "mark_executing"),
             ("expire", "read"),
             ("expire", "run_step"),
-            ("read", "read"),
-            ("read", "run_step"),
-            ("run_step", "run_step"),
+            *itertools.combinations_with_replacement(("read", "run_step"), 2),
             ("expire", "heartbeat"),
             ("heartbeat", "read"),
             ("heartbeat", "run_step"),
-            ("compensate", "compensate"),
-            ("compensate", "repeat"),
-            ("repeat", "repeat"),
+            *itertools.combinations_with_replacement(("compensate", "repeat"), 2),
         ),
     )
 
@@ -228,8 +223,8 @@ class ApprovedPlanCheck(KindCheck):
 
     # -- the operations, each written once: the rules below and the blocks draw from these -------
     def _simple(self, w: int, name: str, *args, shown: str | None = None) -> Action:
-        """A person's or a sweeper's operation on a plan (propose, approve, revise, reject,
-        expire, compensate): the model's and the store's method of that name."""
+        """An operation on a plan by worker ``w``: the model's and the store's method of that
+        name, its outcome what :data:`GUARANTEE` says (the kind's others add to it)."""
         return Action(
             name,
             f"{name}({shown if shown is not None else ', '.join(map(str, args))})",
@@ -239,10 +234,6 @@ class ApprovedPlanCheck(KindCheck):
             runs=frozenset(a for a in args[:1] if isinstance(a, int)),
         )
 
-    def _op(self, w: int, name: str, *args, shown: str | None = None) -> Any:
-        """One such operation by worker ``w``, as a step."""
-        return self.do(w, self._simple(w, name, *args, shown=shown))
-
     def _mark_executing(self, w: int, pid: int) -> Action:
         """The claim. The winner holds the token in memory; another worker loses the race."""
 
@@ -250,15 +241,7 @@ class ApprovedPlanCheck(KindCheck):
             if isinstance(got, Won):
                 self.held[w][pid] = Claim(pid, got.value)
 
-        return Action(
-            "mark_executing",
-            f"mark_executing({pid})",
-            lambda m: m.mark_executing(pid),
-            lambda c: self.stores[w].mark_executing(c, pid),
-            after=after,
-            guarantee="claim",
-            runs=frozenset({pid}),
-        )
+        return replace(self._simple(w, "mark_executing", pid), after=after)
 
     def _run_step(self, w: int, holder: int, pid: int, i: int) -> Action:
         """Step ``i`` of run ``pid`` under the token ``holder`` holds, by worker ``w`` (another
@@ -354,19 +337,14 @@ class ApprovedPlanCheck(KindCheck):
         repeat, compensate and race: :meth:`compensate`). Maybe a second one pending. The
         invariants compare consecutive states, so each operation here is checked on its own."""
         pid = self._propose(0, first, names[0])
-        for op in {
-            "executed": ("approve", "mark_executing", "run"),
-            "executing": ("approve", "mark_executing"),
-            "approved": ("approve",),
-            "pending": (),
-        }[stage]:
-            if op == "approve":
-                self._op(0, "approve", pid)
-            elif op == "mark_executing":
-                self.do(0, self._mark_executing(0, pid))
-            else:  # every step, to the end: a finished run to compensate, repeat and race
-                while pid in self.held[0] and self.model.proposal(pid).status is Status.EXECUTING:
-                    self._execute(0, pid, "next")
+        if stage != "pending":
+            self.do(0, self._simple(0, "approve", pid))
+        if stage in ("executing", "executed"):
+            self.do(0, self._mark_executing(0, pid))
+        while stage == "executed" and pid in self.held[0]:  # every step, to the end
+            if self.model.proposal(pid).status is not Status.EXECUTING:
+                break
+            self._execute(0, pid, "next")
         for steps in more:
             self._propose(0, steps, names[1])
 
@@ -384,7 +362,7 @@ class ApprovedPlanCheck(KindCheck):
     def _propose(self, w: int, steps, name: int) -> int | None:
         """A plan proposed by worker ``w``, named ``name`` (:meth:`name_run`: its id is the
         database's serial): the new proposal's id, None when it failed on a fault."""
-        got = self._op(w, "propose", steps, shown=show(steps))
+        got = self.do(w, self._simple(w, "propose", steps, shown=show(steps)))
         if isinstance(got, Won):
             self.name_run(got.value, name)
             return got.value
@@ -403,9 +381,10 @@ class ApprovedPlanCheck(KindCheck):
         if op == "revise":
             pid = self._pick(data, {Status.PENDING})
             steps = data.draw(plans(), label="steps")
-            self._op(w, "revise", pid, steps, shown=f"{pid}, {show(steps)}")
+            self.do(w, self._simple(w, "revise", pid, steps, shown=f"{pid}, {show(steps)}"))
         else:
-            self._op(w, op, self._pick(data, OPEN if op == "expire" else {Status.PENDING}))
+            pid = self._pick(data, OPEN if op == "expire" else {Status.PENDING})
+            self.do(w, self._simple(w, op, pid))
 
     # A rule that leaves the state a pair of operations needs (a claim, a compensation), or that
     # is drawn only when it can see something new (a read), races it at once, drawn (``against``,
@@ -414,7 +393,6 @@ class ApprovedPlanCheck(KindCheck):
     @precondition(lambda self: self._with_status({Status.APPROVED}))
     @rule(w=st.integers(0, 1), data=st.data(), against=against("mark_executing", "expire"))
     def mark_executing(self, w: int, data, against: str | None) -> None:
-        """The claim. The winner holds the token in memory; the other worker loses the race."""
         pid = self._pick(data, {Status.APPROVED})
         if self.race_on(data, pid, "mark_executing", against):
             return
@@ -467,8 +445,6 @@ class ApprovedPlanCheck(KindCheck):
     @precondition(lambda self: self._unread())
     @rule(w=st.integers(0, 1), data=st.data(), against=against("read", "run_step", "expire"))
     def read(self, w: int, data, against: str | None) -> None:
-        """A reader of an executing run: it heals the run first if its heartbeat is stale
-        (markInterruptedIfStale), then reports it."""
         pid = rows.row(data, self._unread(), "proposal", name=self.row_name)
         if self.race_on(data, pid, "read", against):
             return
@@ -521,7 +497,7 @@ class ApprovedPlanCheck(KindCheck):
         )
         if pid in compensable and self.race_on(data, pid, "compensate", against):
             return
-        self._op(w, "compensate", pid)
+        self.do(w, self._simple(w, "compensate", pid))
 
     # -- the fault policy's questions -----------------------------------------------------------
     def turns(self, w: int) -> list[int]:
@@ -537,13 +513,9 @@ class ApprovedPlanCheck(KindCheck):
 
     # -- concurrent blocks ---------------------------------------------------------------------
     def offers(self, w: int) -> list[Action]:
-        """What worker ``w`` can start together with the other: every operation of the kind.
-        Propose a plan (two at once take turns on the id counter); approve, revise or reject a
-        pending one; expire an open one (racing its claim); claim an approved run; run the next
-        step of a run it holds, or renew its heartbeat; run the step the other worker holds,
-        with its token (the same step request delivered twice); read an executing run (which
-        heals it when its heartbeat is stale); repeat the execute request of a terminal run;
-        compensate a finished run (two at once must find one compensation)."""
+        """What worker ``w`` can start together with the other: every operation of the kind, on
+        every plan it can act on; also the step the other worker holds, with its token (the same
+        step request delivered twice)."""
         pending = self._with_status({Status.PENDING})
         out = (
             [self._simple(w, "propose", STEPS[:1], shown=show(STEPS[:1]))]
