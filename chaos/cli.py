@@ -312,7 +312,7 @@ def execute(args, p: Plan) -> int:
             if p.memory and p.memory.local and not args.part:
                 how = "replayed first" if p.replay_stored else "new ones kept, none replayed"
                 jobs.say(args, f"  example database: {p.memory.local} (failing examples {how})")
-            for unit in p.units:
+            for unit in kind_by_kind(env, p.units):
                 _run_unit(args, p, report, env, unit)
         tools.interrupt_caught()  # a signal from here on waits for the reports
     except (KeyboardInterrupt, EnvironmentFault, MissingTool, Unavailable) as e:
@@ -369,6 +369,16 @@ def _interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
             return seen
         seen = seen.__context__
     return None
+
+
+def kind_by_kind(env, units: list[Unit]):
+    """The units in order (a kind's are together); between two kinds the stand-ins the last
+    one started are stopped, so its parts (the browser kind's Chromium) do not run beside the
+    next kind's checks."""
+    for before, unit in zip([None, *units], units):
+        if before is not None and before.kind != unit.kind:
+            env.stop_stand_ins()
+        yield unit
 
 
 def _run_unit(args, p: Plan, report: Report, env, unit: Unit) -> None:

@@ -132,10 +132,7 @@ class Env:
         cannot be dropped is named in ``leftovers`` and on stderr, with the statement that
         drops it."""
         with deferred_signals():
-            for part in self.stand_ins.values():
-                with contextlib.suppress(Exception):
-                    part.stop()
-            self.stand_ins.clear()
+            self.stop_stand_ins()
             for ws in self.workspaces:
                 ws.close()
             for conn in self._admin.values():
@@ -253,6 +250,15 @@ class Env:
             else:
                 self.stand_ins[name] = part().start()
         return self.stand_ins[name]
+
+    def stop_stand_ins(self) -> None:
+        """Stop every stand-in started so far; the next :meth:`stand_in` starts its own again.
+        A run of several kinds calls it between two kinds, so one kind's parts (a browser) are
+        not kept running while the next kind is checked."""
+        for part in self.stand_ins.values():
+            with contextlib.suppress(Exception):
+                part.stop()
+        self.stand_ins.clear()
 
     # -- workspaces and the check's own connections ------------------------------------------
     def workspace(self, kind: str, schema_sql: str) -> Workspace:

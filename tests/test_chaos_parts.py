@@ -598,6 +598,26 @@ def test_a_stand_in_process_answers_like_the_class_and_raises_its_errors():
             ops._clear()  # the stand-in's own business
 
 
+def test_a_run_of_several_kinds_stops_one_kinds_stand_ins_before_the_next_kind():
+    """A kind's stand-ins are kept for all its runs, and stopped before the next kind's first
+    run (the browser kind's Chromium ran on beside every kind after it)."""
+    from types import SimpleNamespace
+
+    from knownstate.chaos.cli import kind_by_kind
+    from knownstate.chaos.harness import Env
+
+    units = [SimpleNamespace(kind=k) for k in ("a", "a", "b")]
+    seen = []
+    with Env.open() as env:
+        for unit in kind_by_kind(env, units):
+            part = env.stand_in(f"sink-{unit.kind}", NotificationSink)
+            seen.append((part.pid, sorted(env.stand_ins)))
+    (a1, first), (a2, second), (b, third) = seen
+    assert a1 == a2 and first == second == ["sink-a"]  # kept for the kind's runs
+    assert third == ["sink-b"] and b != a1 and not alive(a1)  # stopped before the next kind
+    assert not alive(b)  # and the last when the run ends
+
+
 def test_a_stand_in_killed_from_outside_is_dead_at_once_and_named_when_called():
     with StandInProcess("sink", NotificationSink) as sink:
         pid = sink.pid
