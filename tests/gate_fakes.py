@@ -102,6 +102,9 @@ class FakeEnv:
     def capabilities(self) -> frozenset[str]:
         return frozenset({"db-clock", "db-crash", "time-shift", "concurrency"})
 
+    def stop_stand_ins(self) -> None:
+        """Between two kinds: it started none."""
+
     @classmethod
     @contextlib.contextmanager
     def open(cls, dsn=None):
