@@ -447,14 +447,26 @@ class Block:
     def fault(self, label: str, action: Callable[[], None], *, lost: Iterable[str] = ()) -> None:
         """Inject a fault at rest, between two steps: run ``action`` and wait until the server
         has let go of the backends of the ``lost`` workers (their links were cut, or the
-        database crashed), or until each waits on a lock."""
+        database crashed), or until each waits on a lock; and until each lost worker that was
+        inside a statement (waiting on a lock) has seen its connection go. Its statement raises
+        then, not at some point during the next step: the trace says so at the same place
+        whatever the machine's load (the same seed, the same report)."""
         self._trace.append(f"     FAULT {label}")
         action()
         with self._cv:
-            for name in lost:
-                w = self._worker(name)
+            inside = [w for w in map(self._worker, lost) if w.state == RUNNING]
+            for w in map(self._worker, lost):
                 if all(g.pid != w.pid for g in self._ghosts):
-                    self._ghosts.append(_Ghost(name, w.pid))
+                    self._ghosts.append(_Ghost(w.name, w.pid))
+            seen = self._cv.wait_for(
+                lambda: all(w.state != RUNNING for w in inside), self.scheduler.deadline_s
+            )
+        if not seen:
+            raise WorkerStuck(
+                f"{', '.join(w.name for w in inside)} still ran a statement "
+                f"{self.scheduler.deadline_s:.0f} s after the fault ({label}) cut its connection "
+                f"({self._states()}): the client never saw the connection go"
+            )
         self._settle()
         self._note_changes()
 
