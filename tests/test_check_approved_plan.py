@@ -8,6 +8,7 @@ import pytest
 
 from knownstate.chaos.check import run_check
 from knownstate.chaos.kinds.approved_plan import MUTANTS, ApprovedPlanCheck
+from replays import assert_same_traces
 
 MUTANT = {m.name: m for m in MUTANTS}
 MUTANT_INVARIANT = {m.name: m.invariant for m in MUTANTS}
@@ -72,7 +73,7 @@ def test_a_seed_replays_the_same_run(knownstate_env):
             require_all=False,
             traces=kept,
         )
-    assert traces[0] and traces[0] == traces[1]
+    assert_same_traces(*traces)
 
 
 @pytest.mark.slow

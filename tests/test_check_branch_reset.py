@@ -4,8 +4,6 @@ bound (past it, labelled as the known deviation), and a seed replays the same ru
 
 from __future__ import annotations
 
-import difflib
-
 import pytest
 
 from knownstate.chaos.check import run_check
@@ -14,6 +12,7 @@ from knownstate.chaos.kinds.branch_reset_clocks import BOUND, LEASE, MARGIN
 from knownstate.model.branch_reset import BranchResetModel, skew_bound
 from knownstate.model.contract import Won
 from profiles import ONCE
+from replays import assert_same_traces
 
 pytestmark = pytest.mark.slow
 
@@ -87,10 +86,7 @@ def test_a_seed_replays_the_same_run(knownstate_env):
             require_all=False,
             traces=kept,
         )
-    assert traces[0] and len(traces[0]) == len(traces[1])
-    for i, (first, again) in enumerate(zip(*traces)):
-        diff = "\n".join(difflib.unified_diff(first, again, "first", "again", lineterm=""))
-        assert first == again, f"example {i} ran differently at the same seed:\n{diff}"
+    assert_same_traces(*traces)
 
 
 def test_a_poll_refused_in_a_block_is_judged_by_the_stamp_it_met_not_the_one_before_the_block():

@@ -9,6 +9,7 @@ import pytest
 
 from knownstate.chaos.check import QUANTUM, run_check
 from knownstate.chaos.kinds.outbox import MUTANTS, OutboxCheck
+from replays import assert_same_traces
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +62,7 @@ def test_a_seed_replays_the_same_run(knownstate_env):
             require_all=False,
             traces=kept,
         )
-    assert traces[0] and traces[0] == traces[1]
+    assert_same_traces(*traces)
 
 
 class _SlowBetweenSteps(OutboxCheck):
@@ -85,6 +86,6 @@ def test_time_between_steps_never_ages_a_lease_nor_decides_a_verdict(knownstate_
             machine, knownstate_env, examples=1, steps=12, seed=4, require_all=False, traces=kept
         )
         assert r.failure is None, "\n".join([r.failure or "", *r.counterexample])
-    assert traces[0] == traces[1]
+    assert_same_traces(*traces)
     first, *after = traces[0][0]
     assert first.startswith("enqueue") and any("Job(" in line for line in after), traces[0][0]
