@@ -454,8 +454,9 @@ class Block:
         self._trace.append(f"     FAULT {label}")
         action()
         with self._cv:
-            inside = [w for w in map(self._worker, lost) if w.state == RUNNING]
-            for w in map(self._worker, lost):
+            cut = [self._worker(name) for name in lost]
+            inside = [w for w in cut if w.state == RUNNING]
+            for w in cut:
                 if all(g.pid != w.pid for g in self._ghosts):
                     self._ghosts.append(_Ghost(w.name, w.pid))
             seen = self._cv.wait_for(
