@@ -53,7 +53,9 @@ stand-in are slow (``ms`` per call), so the run, once taken back, stays free or 
 owner for a while: the old owner resumes into exactly that window, and its next write carries
 a token the row no longer says. The moment is read from the server, never guessed from a
 timer; :data:`HOLD_BOUND` leases is only the bound after which the owner resumes anyway (the
-detail of the period says which).
+detail of the period says which). With ``resume=reclaimed``, a hold whose runs were taken back
+and wait for a new owner gets the bound again from that moment: on a slow machine, or while the
+other workers' calls are slow, a claim can be seconds away, and the catch must not depend on it.
 """
 
 from __future__ import annotations
@@ -235,6 +237,7 @@ class Nemesis:
         self._aim_until: dict[Fault, float] = {}  # a hold still looking for its moment
         self._held: dict[Fault, dict] = {}  # a hold's worker is stopped holding these
         self._why: dict[Fault, str] = {}  # how a hold ended
+        self._bounds: dict[Fault, int] = {}  # a hold's bounds still to come (the last ends it)
         self._halt = threading.Event()
         self._lock = threading.RLock()
         self._queue: list[_Due] = []
@@ -348,7 +351,8 @@ class Nemesis:
                 self.active[f] = began
                 if f.param("ms"):
                     p.slow_others(f.target, f.param("ms"))
-                self._push(self.t0 + f.at + f.duration, "end", f)
+                self._bounds[f] = 1
+                self._push(self.t0 + f.at + f.duration, "bound", f)
                 self._push(began + POLL, "watch", f)
                 return
             p.cont(f.target)
@@ -378,7 +382,18 @@ class Nemesis:
                 self._why[f] = ", ".join(f"{run} {w}" for run, w in sorted(where.items()))
                 self._end(f)
                 return
+            if f not in self._why:  # taken back, waiting for a new owner: the bound again
+                self._why[f] = "taken back, no new owner before the bound"
+                self._bounds[f] += 1
+                self._push(time.time() + f.duration, "bound", f)
         self._push(time.time() + POLL, "watch", f)
+
+    def _bound(self, f: Fault) -> None:
+        """A hold's bound came: it ends, unless a later bound was set since (see ``_watch``)."""
+        if f in self._bounds:
+            self._bounds[f] -= 1
+            if not self._bounds[f]:
+                self._end(f)
 
     def _end(self, f: Fault) -> None:
         p = self.parts
@@ -386,6 +401,7 @@ class Nemesis:
         if began is None:
             return
         if f.kind == "worker-hold":
+            self._bounds.pop(f, None)
             p.cont(f.target)
             if f.param("ms"):
                 p.slow_others(f.target, None)

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -753,6 +754,75 @@ def test_a_hold_waiting_for_another_owner_aims_only_at_runs_the_reaper_puts_back
     webhook_like = described(kind(two, OutboxAdapter))
     assert webhook_like.claimed_again(RunRow("1", "processing", 1))
     assert not webhook_like.claimed_again(RunRow("1", "processing", 2))
+
+
+class ScriptedHolder:
+    """The parts a hold looks at, scripted: w0 holds run ``r`` after its claim, between its
+    transactions, and ``where`` is what the database says of it. Only the hold's logic is
+    under test here; the soak's tests run it against real parts."""
+
+    def __init__(self):
+        self.where, self.stopped, self.looks = "held", False, []
+
+    def stop(self, proc):
+        self.stopped = True
+
+    def cont(self, proc):
+        self.stopped = False
+
+    def quiet(self, proc, within):
+        return True
+
+    def holds(self, proc, again=False):
+        return {"r": ("t1", 2)}
+
+    def writes_bound(self):
+        return 3
+
+    def taken(self, held):
+        self.looks.append(time.time())
+        return {run: self.where for run in held}
+
+
+def hold(resume: str, bound: float) -> nemesis.Fault:
+    params = (("resume", resume), ("runs", "any"), ("after", 1), ("ms", 0))
+    return nemesis.Fault(0.0, "worker-hold", "w0", bound, params)
+
+
+def looked_after(parts: ScriptedHolder, when: float) -> bool:
+    """Two looks began after ``when``. A look is pushed by the one before it, and events are
+    carried out in the order they are due, so the second look came after everything due at
+    ``when`` was carried out; and a look is only taken while the hold lasts."""
+    return len([t for t in parts.looks if t > when]) >= 2
+
+
+def test_a_hold_whose_runs_wait_for_a_new_owner_gets_its_bound_again_from_then():
+    """Taken back and not yet claimed again when the bound comes (a slow machine, slow
+    workers): the stale owner stays stopped until another worker holds the run, so its write
+    meets the new owner, not a free row."""
+    parts, f = ScriptedHolder(), hold("reclaimed", 3.0)
+    t0 = time.time()
+    n = nemesis.Nemesis([f], parts, t0).start()
+    poll("the hold stops w0", lambda: parts.stopped and f in n.now_active())
+    poll("half the bound passed", lambda: time.time() > t0 + f.duration / 2)
+    parts.where = "free"  # its second bound is at least half a bound after its first
+    poll("the hold outlasts its first bound", lambda: looked_after(parts, t0 + f.duration))
+    assert not n.periods and parts.stopped
+    parts.where = "reheld"
+    poll("the hold ends", lambda: n.periods)
+    assert not parts.stopped and n.periods[0].detail.endswith("resumed: r reheld")
+    n.heal()
+
+
+def test_a_hold_whose_runs_are_never_claimed_again_ends_at_its_second_bound():
+    parts, f = ScriptedHolder(), hold("reclaimed", 0.3)
+    n = nemesis.Nemesis([f], parts, time.time()).start()
+    poll("the hold stops w0", lambda: parts.stopped and f in n.now_active())
+    parts.where = "free"
+    poll("the hold ends", lambda: n.periods)
+    assert n.periods[0].detail.endswith("resumed: taken back, no new owner before the bound")
+    assert not parts.stopped
+    n.heal()
 
 
 def test_the_timeline_is_one_self_contained_file(tmp_path):
