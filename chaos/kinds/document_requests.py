@@ -174,6 +174,9 @@ HOSTILE: tuple[Hostile, ...] = (
         ),
     ),
 )
+HOSTILE_EVENTS = tuple(f"hostile request refused: {h.name}" for h in HOSTILE)
+"""The Python check's requirements: each request the contract refuses was sent and refused
+(drawn among the cases, one of them could be missing from a run that saw many refusals)."""
 
 
 def judge(case: Hostile, response: httpx.Response, before, after) -> list[Violation]:

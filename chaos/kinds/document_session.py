@@ -15,7 +15,10 @@ which restores its draft), load, edit, the debounce tick (which saves when due),
 while a save is in flight, discard, discard-and-reload, reload, reads that race (out of order,
 against a local edit, against a save), conflict resolution by rebase, copy or discard, adopting
 or discarding a sibling draft, close, a tab killed mid-save, the server-side writer, the draft
-store failing and recovering, and the other clients (:mod:`.document_world`). The server's own
+store failing and recovering, and the other clients (:mod:`.document_world`). The rare
+situations are reached on purpose, each by a rule with a budget per example
+(:mod:`.document_aimed`): a sibling draft offered to a fresh tab, a conflict left each of its
+seven ways, unsaved work left after a save failed offline. The server's own
 operations are also raced at statement level, judged by linearizability against its model
 (:mod:`.document_blocks`). Faults are rules too: a request made offline or whose answer is lost
 (per step), toxics with concrete values and links taken down (on a tab's link or on the server's
@@ -98,21 +101,31 @@ from .document_plant import (
     Plant,
     RealSide,
 )
+from .document_aimed import AimedRules
 from .document_blocks import SERVER_BLOCKS, ServerBlocks
 from .document_world import WorldRules, fmt_patch
-from .document_requests import REQUEST_INVARIANTS
+from .document_requests import HOSTILE_EVENTS, REQUEST_INVARIANTS
 
 NETS = ("ok",) * 6 + ("offline", "answer lost")  # for a step that reads
 NETS_WRITE = ("ok",) * 3 + ("offline", "answer lost", "answer lost")  # for a step that may write
 NETS_COPY = ("ok", "offline", "answer lost")  # for keeping a copy
-BUDGET = {"other client": 2, "impostor": 1, "reopen": 1, "server block": 2}
-"""Steps per example for the rules that are not the session's own work: they share the example
-with it, and the vacuity rule wants the session's every transition in a CI-size run."""
+BUDGET = {
+    "other client": 2,
+    "impostor": 1,
+    "reopen": 1,
+    "server block": 2,
+    "sibling": 2,
+    "conflict": 3,
+    "work": 2,
+}
+"""Steps per example for the rules that are not the session's own work, and for the situations
+reached on purpose (:mod:`.document_aimed`): they share the example with it, and the vacuity
+rule wants the session's every transition in a CI-size run."""
 FAULT_STEPS = 4  # a link fault heals by itself after this many operations (work keeps flowing)
 DEBOUNCE = 1.0
 
 
-class DocumentSessionCheck(WorldRules, ServerBlocks, ReplayCheck):
+class DocumentSessionCheck(AimedRules, WorldRules, ServerBlocks, ReplayCheck):
     kind = "document-session"
     contract = None
     schema = store_impl.schema_sql()
@@ -141,6 +154,7 @@ class DocumentSessionCheck(WorldRules, ServerBlocks, ReplayCheck):
         "draft-store recovery",
         "lost response",
         "hostile request refused",
+        *HOSTILE_EVENTS,
         *SERVER_BLOCKS,
     )
     EVENTS = {  # counter of the model -> event name

@@ -60,6 +60,7 @@ class WorldRules:
         self.stats.invariants_checked += len(REQUEST_INVARIANTS)
         if not self.refusals:
             self.event("hostile request refused")
+            self.event(f"hostile request refused: {case.name}")
 
     def _alice_pending(self) -> list[str]:
         return [slot for slot in self._slots(*self.PENDING) if SLOTS[slot] == "alice"]
