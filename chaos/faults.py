@@ -512,7 +512,7 @@ class FaultRules:
                 "worker-stall", f"w{w} stalls {seconds}s, past its lease; meanwhile:", pace=False
             )
         self.meanwhile(w, data, retake=resume == "after its runs were taken back")
-        if resume != "later" and self.turns(w):
+        if resume != "later" and (due or self.turns(w)):
             self.log(f"  (w{w} resumes)")
             self.turn(w, data, due)
 
