@@ -261,7 +261,7 @@ class Blocks:
         if frozen and self.frozen_aim is not None:
             # aimed at what its fence is for: its run taken back and claimed, where one can be
             takeable = {r: ws for r, ws in contested.items() if self._retakers(r, ws, w)}
-            retake = bool(takeable) and rows.coin(data, "aimed at a run retaken")
+            retake = bool(takeable) and data.draw(st.booleans(), label="aimed at a run retaken")
             contested = takeable if retake else contested
         run = rows.row(data, list(contested), "the run they race on", name=self.row_name)
         others = [x for x in contested[run] if x.index != w]

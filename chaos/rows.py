@@ -95,14 +95,6 @@ def row(
     return rank(n, options, name, weight)[0]
 
 
-def coin(data, label: str) -> bool:
-    """Heads or tails, drawn as a row of the two (:func:`row`) rather than as ``st.booleans()``,
-    whose True came out 12 % to 58 % of the time from one seed to another in the check's runs
-    (the outbox's frozen stall aimed at its run retaken, at seeds 3, 11 and 20, 150 examples
-    each: 8 in 27, 18 in 31, 2 in 17; drawn so, 34 in 60, 20 in 47, 21 in 37)."""
-    return row(data, (True, False), label, name=str)
-
-
 def rows(
     data, options: Sequence[T], least: int, most: int, label: str, name: Callable[[T], Any] = repr
 ) -> list[T]:

@@ -62,14 +62,3 @@ def test_several_rows_keep_their_order_and_their_count_in_range():
         assert 2 <= len(picked) <= 3
         assert picked == sorted(picked)
     assert rows.rows(replay(1, 5), ["w0", "w1"], 2, 3, "who", name=str) == ["w0", "w1"]
-
-
-def test_a_coin_is_one_wide_draw_each_side_about_half_of_the_numbers():
-    # read from one wide number (not st.booleans(), whose True came out 12 % to 58 % of the time
-    # from seed to seed in the check's runs): each side about half of the numbers, and the same
-    # number the same side
-    sides = Counter(rows.coin(replay(n), "coin") for n in range(2000))
-    assert set(sides) == {True, False} and min(sides.values()) > 900, sides
-    data = replay(424242, 7)
-    first = rows.coin(data, "coin")
-    assert data.draw(st.integers(0, 10)) == 7 and rows.coin(replay(424242), "coin") == first
