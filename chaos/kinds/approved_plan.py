@@ -382,16 +382,13 @@ class ApprovedPlanCheck(KindCheck):
         raced at once against another review of the same plan or the sweeper: with compensations
         and a heartbeat's refusal reached on purpose, the pairs of reviews were the last a run
         waited for (among the rarest as a run stopped at 15 of 20 seeds, 5 since)."""
+        pid = self._pick(data, OPEN if op == "expire" else {Status.PENDING})
+        if self.race_on(data, pid, op, against):
+            return
         if op == "revise":
-            pid = self._pick(data, {Status.PENDING})
-            if self.race_on(data, pid, op, against):
-                return
             steps = data.draw(plans(), label="steps")
             self.do(w, self._simple(w, "revise", pid, steps, shown=f"{pid}, {show(steps)}"))
         else:
-            pid = self._pick(data, OPEN if op == "expire" else {Status.PENDING})
-            if self.race_on(data, pid, op, against):
-                return
             self.do(w, self._simple(w, op, pid))
 
     # A rule that leaves the state a pair of operations needs (a claim, a compensation), or that
