@@ -233,9 +233,10 @@ class Blocks:
 
     def race(self, data, w: int, frozen: bool = False, due: frozenset = frozenset()) -> bool:
         """Worker ``w`` (resuming from a stall) races the others on a run it can write: a block
-        of its next write (a fenced one, on that run) and other workers' operations on the same
-        run (the reaper taking it back, a new owner claiming or writing it), scheduled as any
-        block's (:func:`.schedules.pct`). ``frozen``: it froze *inside* that write
+        of its next write (an owner's, :attr:`~.steps.Action.by_owner`: fenced, or a heartbeat
+        by id alone, on that run) and other workers' operations on the same run (the reaper
+        taking it back, a new owner claiming or writing it), scheduled as any block's
+        (:func:`.schedules.pct`). ``frozen``: it froze *inside* that write
         (:func:`.schedules.frozen`: a pause between two statements of its transaction while
         every other worker on the run does a whole operation; the pause is the block's fault,
         no other strikes inside it; when a reaper takes the run back and another worker claims
@@ -243,7 +244,7 @@ class Blocks:
         writes together).
         ``due``: the runs of the write it was about to make (empty: any it holds). False when no
         other worker can touch its runs."""
-        mine = {run for o in self.offers(w) if o.fenced for run in o.runs}  # the runs it holds
+        mine = {run for o in self.offers(w) if o.by_owner for run in o.runs}  # the runs it holds
         contested = {
             run: ws
             for run, ws in self._contested().items()
@@ -270,7 +271,7 @@ class Blocks:
         else:
             racers = rows.rows(data, others, 1, 2, "who races it", name=lambda x: x.name)
         stalled = self.workers[w]
-        writes = [o for o in self.offers(w) if o.fenced and run in o.runs]
+        writes = [o for o in self.offers(w) if o.by_owner and run in o.runs]
         only = {stalled.name: writes}
         schedule = None
         retaken = False

@@ -485,7 +485,7 @@ class FaultRules:
         runs resumes at once after the world went on. One stall in six is aimed at what a fence
         is for: meanwhile its runs are taken back and claimed again (the kind's ``meanwhile``
         with ``retake``), and it resumes at once with the write it was about to make (the
-        kind's ``next_write``). Its writes must be fenced either way."""
+        kind's ``next_write``). Either way it races with its run owner's writes (``by_owner``)."""
         w = rows.row(data, self.leases(), "worker")
         frozen = resume == "inside its write" or (
             resume == "racing the others" and data.draw(st.booleans(), label="or froze inside")

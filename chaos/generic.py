@@ -563,6 +563,7 @@ class GenericCheck(FaultAnswers, ClaimRace, ExternalCall, AdapterCalls, KindChec
             after=after,
             on_error=self._unanswered(worker, h),
             fence=self._fence(h, "extend_lease") if judged else None,
+            owner_write=not judged,
             runs=frozenset({key}),
         )
 

@@ -107,9 +107,20 @@ class Action:
     a row whose lease lapsed: after the reaper took it back). A worker frozen inside its write
     on such a run sees the others act in that order (:func:`.schedules.frozen`)."""
 
+    owner_write: bool = False
+    """For a write only its run's owner makes that the contract lets land whether or not the
+    writer still owns the run (a heartbeat matched by the run's id alone): a stalled owner
+    races the others with it, as with its fenced writes (:meth:`.blocks.Blocks.race`)
+    (default False; a fenced write is an owner's already)."""
+
     @property
     def fenced(self) -> bool:
         return self.fence is not None
+
+    @property
+    def by_owner(self) -> bool:
+        """A write its run's owner makes: fenced, or :attr:`owner_write`."""
+        return self.fenced or self.owner_write
 
     def breaks(self, got: Any) -> tuple[str, ...]:
         """What an outcome ``got`` other than the model's breaks: its guarantee, and what
