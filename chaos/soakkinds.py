@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import random
 import threading
-from collections import Counter
+from collections import Counter, defaultdict
 from datetime import datetime
 from typing import Any, Callable
 
 import psycopg
 
 from knownstate.impl import errors
-from knownstate.model.contract import Contract, RunView
+from knownstate.model.contract import Contract, RunView, StepView
 from knownstate.model.describe import RunKind
 
 from .history import Audit
-from .judge import Judging, RunRow
+from .judge import Judging, Replay, RunRow, StepRow
 
 
 def ts(value: Any) -> float | None:
@@ -51,6 +51,80 @@ def queue_view(contract: Contract):
         return RunView(run_id=row.key, status=row.status, fence_token=token)
 
     return view
+
+
+def steps_view(row: RunRow, counts: Counter) -> RunView:
+    """A run of several steps' view: its status and fence token, each step's receipts, failed
+    receipts and effects as its rows counted them, and the steps its payload has (the run row's
+    ``extra["steps"]``)."""
+    ids = sorted({step for step, _ in counts}, key=int)
+    return RunView(
+        run_id=row.key,
+        status=row.status,
+        fence_token=row.token,
+        steps={
+            s: StepView(
+                receipts=counts[(s, "receipt")],
+                effects=counts[(s, "effect")],
+                failed=counts[(s, "failed")],
+            )
+            for s in ids
+        },
+        valid_step_ids=frozenset(str(i) for i in range(row.extra.get("steps", 0))),
+    )
+
+
+def next_step_refused(r: Replay) -> None:
+    """A judge's extra for a run of several steps (:func:`steps_view`), a step being its
+    position in the frozen payload: a write asked for the next step (its ``step_index``; as
+    many receipts committed as its index, all by its own worker's earlier operations: only the
+    run's holder writes them, one operation after another) is never refused."""
+    receipts: dict[str, list] = defaultdict(list)
+    for a in r.h.audit:
+        read = r.k.row(a, False)
+        if isinstance(read, StepRow) and read.what != "effect" and a.op == "INSERT":
+            if a.ref in r.ops:
+                receipts[read.run].append(r.ops[a.ref])
+    for o in r.h.ops:
+        asked = o.args.get("step_index")
+        if o.out != "rejected" or type(asked) is not int:
+            continue
+        for run in o.runs:
+            done = sum(1 for w in receipts.get(run, []) if w.inc == o.inc and w.t0 < o.t0)
+            row = r.rows.get(run)
+            if row is not None and asked == done < row.extra.get("steps", 0):
+                r.finding(
+                    "stable-step-identity",
+                    f"{o.inc} {o.name}({run}, step {asked}) was refused ({o.value}), but "
+                    f"step {asked} was the next of its payload ({done} receipt(s) before it)",
+                    run,
+                    t=o.t1 if o.t1 is not None else o.t0,
+                    ref=o.ref,
+                )
+
+
+def receipts_in_order(r: Replay) -> None:
+    """A judge's extra for a run of several steps (:func:`steps_view`): its receipts are a
+    prefix of its payload; a run done has every one, each ok."""
+    for run, row in r.rows.items():
+        counts = r.steps[run]
+        got = sorted(
+            {int(s) for (s, what), n in counts.items() if n and what in ("receipt", "failed")}
+        )
+        if got != list(range(len(got))):
+            r.finding(
+                "stable-step-identity",
+                f"run {run} has receipts for steps {got}: not a prefix of its payload",
+                run,
+            )
+        ok = sum(1 for (s, what), n in counts.items() if n and what == "receipt")
+        if row.status == r.k.done and (ok != row.extra.get("steps") or len(got) != ok):
+            r.finding(
+                "receipt-with-effect",
+                f"run {run} is {row.status} with {ok} ok receipt(s) for "
+                f"{row.extra.get('steps')} step(s)",
+                run,
+            )
 
 
 # ---------------------------------------------------------------------------------------

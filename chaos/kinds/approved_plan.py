@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
@@ -38,14 +37,15 @@ from hypothesis.stateful import initialize, precondition, rule
 from knownstate.impl import approved_plan as impl
 from knownstate.model import approved_plan as model
 from knownstate.model.approved_plan import Status
-from knownstate.model.contract import LostRace, Repeat, RunView, StepView, Won
+from knownstate.model.contract import LostRace, Repeat, Won
 
 from .. import rows
 from ..blocks import against, raced
 from ..check import QUANTUM, FaultPolicy, KindCheck, Action, Worker, WorkerDied, needs
 from ..history import Audit
-from ..judge import Judging, Replay, RunRow, StepRow
-from ..soakkinds import Producer, SoakKind, recording, ts
+from ..judge import Judging, RunRow, StepRow
+from ..soakkinds import Producer, SoakKind, next_step_refused, receipts_in_order, recording
+from ..soakkinds import steps_view, ts
 
 # The demo domain's steps a plan is drawn from: credits always succeed; the debit only when the
 # account holds enough (not before a credit); "fail" never does. Credits first, so a plan shrinks
@@ -623,34 +623,17 @@ class PlanSoak(SoakKind):
                 return StepRow(str(r["proposal_id"]), str(r["step_index"]), "effect")
             return None
 
-        def view(row: RunRow, counts: Counter) -> RunView:
-            ids = sorted({step for step, _ in counts}, key=int)
-            return RunView(
-                run_id=row.key,
-                status=row.status,
-                fence_token=row.token,
-                steps={
-                    s: StepView(
-                        receipts=counts[(s, "receipt")],
-                        effects=counts[(s, "effect")],
-                        failed=counts[(s, "failed")],
-                    )
-                    for s in ids
-                },
-                valid_step_ids=frozenset(str(i) for i in range(row.extra.get("steps", 0))),
-            )
-
         return self._judging(
             contract,
             row=row,
-            view=view,
+            view=steps_view,
             owner_writes=frozenset({"run_step", "heartbeat"}),
             heartbeats=frozenset({"heartbeat"}),
             take_backs=frozenset({"read", "repeat", "compensate"}),
             creations=frozenset({"propose"}),
             done="executed",
             token_noun="token",
-            extras=(_next_step_refused, _receipts_in_order),
+            extras=(next_step_refused, receipts_in_order),
         )
 
     def store(self, spec: dict, log, check: type):
@@ -679,55 +662,6 @@ class PlanSoak(SoakKind):
             store.reject(producer.conn(), out.value)
         else:
             store.approve(producer.conn(), out.value)
-
-
-def _next_step_refused(r: Replay) -> None:
-    """A step is its position in the frozen payload: a run_step asked for the next step (as
-    many receipts committed as its index, all by its own executor's earlier operations: only
-    the holder of the run's token writes them, one operation after another) is never refused."""
-    receipts: dict[str, list] = defaultdict(list)
-    for a in r.h.audit:
-        if a.table == "agent_proposal_step" and a.op == "INSERT" and a.ref in r.ops:
-            receipts[str(a.row["proposal_id"])].append(r.ops[a.ref])
-    for o in r.h.ops:
-        asked = o.args.get("step_index")
-        if o.name != "run_step" or o.out != "rejected" or type(asked) is not int:
-            continue
-        for run in o.runs:
-            done = sum(1 for w in receipts.get(run, []) if w.inc == o.inc and w.t0 < o.t0)
-            row = r.rows.get(run)
-            if row is not None and asked == done < row.extra.get("steps", 0):
-                r.finding(
-                    "stable-step-identity",
-                    f"{o.inc} run_step({run}, step {asked}) was refused ({o.value}), but "
-                    f"step {asked} was the next of its payload ({done} receipt(s) before it)",
-                    run,
-                    t=o.t1 if o.t1 is not None else o.t0,
-                    ref=o.ref,
-                )
-
-
-def _receipts_in_order(r: Replay) -> None:
-    """Receipts are a prefix of the payload; an executed plan has every one, each ok."""
-    for run, row in r.rows.items():
-        counts = r.steps[run]
-        got = sorted(
-            {int(s) for (s, what), n in counts.items() if n and what in ("receipt", "failed")}
-        )
-        if got != list(range(len(got))):
-            r.finding(
-                "stable-step-identity",
-                f"plan {run} has receipts for steps {got}: not a prefix of its payload",
-                run,
-            )
-        ok = sum(1 for (s, what), n in counts.items() if n and what == "receipt")
-        if row.status == r.k.done and (ok != row.extra.get("steps") or len(got) != ok):
-            r.finding(
-                "receipt-with-effect",
-                f"plan {run} is {row.status} with {ok} ok receipt(s) for "
-                f"{row.extra.get('steps')} step(s)",
-                run,
-            )
 
 
 CHECK = ApprovedPlanCheck
