@@ -218,11 +218,11 @@ def test_the_step_pass_deletes_a_run_of_steps_when_no_single_one_or_pair_goes():
 
 
 def test_runs_of_steps_tried_in_vain_do_not_count_towards_the_stall():
-    """Six steps, each needed: the pass tries singles, pairs and then runs, deleting none (15
-    replays, then 6: Hypothesis knows some outcomes without one). A stall of 18 replays is past
-    once the runs began; they are not counted, so shrinking goes on to Hypothesis's passes as
-    it did before runs were tried (the outbox's ``unconditional-complete`` at seed 2 stopped at
-    17 steps where it had reached 6)."""
+    """Six steps, each needed: the pass tries singles, runs and then pairs, deleting none
+    (singles and pairs 15 replays, runs 6: Hypothesis knows some outcomes without one). A stall
+    of 18 replays is past with all of them; the runs are not counted, so shrinking goes on to
+    Hypothesis's passes as it did before runs were tried (the outbox's
+    ``unconditional-complete`` at seed 2 stopped at 17 steps where it had reached 6)."""
 
     def every_number(data) -> None:
         seen = set()
