@@ -18,7 +18,7 @@ from knownstate.chaos.check import run_check
 from knownstate.chaos.generic import kind
 from knownstate.chaos.genericrules import SkewsAppClock
 from knownstate.model.describe import Claim, Fence, Lease, RunKind
-from profiles import ONCE
+from tests.profiles import ONCE
 
 pytestmark = pytest.mark.slow
 

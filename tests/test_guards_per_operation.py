@@ -15,7 +15,7 @@ import pytest
 from knownstate.chaos.check import run_check
 from knownstate.chaos.generic import kind
 from knownstate.model.describe import Fence
-from profiles import ONCE
+from tests.profiles import ONCE
 
 from tests.test_app_clock_lease import AppLease
 from tests.test_reaps_apart import ONE_BY_ONE, ReapsOneByOne

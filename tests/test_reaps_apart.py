@@ -16,7 +16,7 @@ from knownstate.chaos.check import run_check
 from knownstate.chaos.generic import kind
 from knownstate.chaos.steps import part_way
 from knownstate.model.describe import Lease
-from profiles import ONCE
+from tests.profiles import ONCE
 from tests.test_app_clock_lease import APP_LEASE, AppLease
 
 pytestmark = pytest.mark.slow
