@@ -44,8 +44,15 @@ from ..blocks import against, raced
 from ..check import QUANTUM, FaultPolicy, KindCheck, Action, Worker, WorkerDied, needs
 from ..history import Audit
 from ..judge import Judging, RunRow, StepRow
-from ..soakkinds import Producer, SoakKind, next_step_refused, receipts_in_order, recording
-from ..soakkinds import steps_view, ts
+from ..soakkinds import (
+    Producer,
+    SoakKind,
+    next_step_refused,
+    receipts_in_order,
+    recording,
+    steps_view,
+    ts,
+)
 
 # The demo domain's steps a plan is drawn from: credits always succeed; the debit only when the
 # account holds enough (not before a credit); "fail" never does. Credits first, so a plan shrinks
