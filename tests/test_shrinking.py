@@ -246,6 +246,30 @@ def test_a_budget_over_the_default_lets_shrinking_go_on_longer_without_deleting_
     assert shrink.step_stall(100) == 200 and shrink.step_stall(2000) == 400
 
 
+def test_a_short_example_stops_shrinking_after_fewer_replays_without_a_deletion():
+    """35 replays per step left, at least 50, at most the stall: a two-step failure stops after
+    70 replays that deleted nothing, an eleven-step one after the whole 200. (The helper's
+    examples end with a step span that draws no step: one drawn number is two steps.)"""
+    from hypothesis.internal.conjecture.shrinker import StopShrinking
+
+    def fails(data) -> None:
+        list(_drawn_steps(data))
+        data.mark_interesting(("alpha",))
+
+    for drawn, stops in (([], 50), ([1], 70), ([1] * 10, 200)):
+        shrinker = _shrinker(fails, drawn)
+        shrink._stop_when_no_step_goes(shrinker)
+        start = shrinker.calls
+        for n in range(1, 300):
+            shrinker.engine.call_count = start + n
+            try:
+                shrinker.check_calls()
+            except StopShrinking:
+                break
+        assert n == stops, (drawn, n)
+    assert shrink.stall_at(6, 18) == 18  # never past the stall it is given
+
+
 def test_the_step_pass_runs_before_hypothesis_lowers_anything(monkeypatch):
     """Hypothesis's shrinker starts by lowering each small number that may choose a branch
     (every rule and row drawn), a replay each, deleting no step: on a long failure it took the
