@@ -145,8 +145,9 @@ least ``STALL_FLOOR``, at most the stall above (:func:`stall_at`). A short one h
 for Hypothesis's passes to lower before the one that frees a step. The four catalogues at seeds
 1-2 (118 runs): 19,848 replays against 23,108, and 465 counterexample lines against 464 (the
 approved plan's ``repeat-reexecutes`` at seed 1 stopped at its 4 rule steps as before, one of
-them a line longer: a value not lowered); approved-plan 4,851 replays against 6,377, document-
-session 5,868 against 6,899, the outbox 5,703 against 6,094, branch-reset 3,426 against 3,738.
+them a line longer: a value not lowered); the approved plan 4,851 replays against 6,377, the
+document session 5,868 against 6,899, the outbox 5,703 against 6,094, branch-reset 3,426 against
+3,738.
 Simulated on the recorded deletions first: at 28 per step two runs stop with more rule steps."""
 
 
