@@ -227,11 +227,11 @@ class FaultRules:
         ``retake``: on purpose the way a fence exists for: what ``w`` holds is taken back and
         claimed again by another worker (or healed, where reads heal)."""
 
-    def next_write(self, w: int, data) -> frozenset:
-        """Worker ``w`` is about to freeze inside its next write, or just before it while its
-        runs are taken back and claimed: do what its loop does before that write (an external
-        call whose outcome the write records) and return the runs the write is for (default:
-        nothing done; any run it holds)."""
+    def next_write(self, w: int, data, frozen: bool = False) -> frozenset:
+        """Worker ``w`` is about to freeze inside its next write (``frozen``), or just before it
+        while its runs are taken back and claimed: do what its loop does before that write (an
+        external call whose outcome the write records) and return the runs the write is for
+        (default: nothing done; any run it holds)."""
         return frozenset()
 
     def clock_matters(self) -> bool:
@@ -493,7 +493,7 @@ class FaultRules:
         due = frozenset()
         if frozen or resume == "after its runs were taken back":
             # the write it was about to make: the one it makes on resuming, fenced meanwhile
-            due = self.next_write(w, data)
+            due = self.next_write(w, data, frozen)
         if frozen:
             self.model_agrees()  # judged (and a lost answer's fate observed) before it freezes
         seconds = self.policy.stall

@@ -116,15 +116,24 @@ class FaultAnswers:
         sent = {w for w, k in holding if self.held[w][k].result is not None}
         return sorted(sent or {w for w, _ in holding})
 
-    def next_write(self, w: int, data) -> frozenset:
+    def next_write(self, w: int, data, frozen: bool = False) -> frozenset:
         """The write a worker's loop makes next is the record of a run it called out for: one
         that called for none yet makes its call first. The completion is the write a stall
         aims at (:attr:`frozen_aim`): of the runs it called for, one answered 200 is drawn as
-        often as the others together.
+        often as the others together; and a worker about to freeze inside its write that holds
+        none answered 200 but one it has not called for makes that call first, answered 200.
+        (At outbox seed 11 the worker holding a lease had only failed calls in 36 of 46 frozen
+        stalls, and the frozen completion, met last at 9 of seeds 1-20, took 516 examples; with
+        the call first, 133. Seeds 1-20: 3,120 examples against 4,393, at most 258 against 598.)
         The runs: that one (without an external side: every run it holds)."""
         if self.receiver is None:
             return frozenset(self._mine(w, sent=None))
-        if not self._mine(w, sent=True) and self._mine(w, False):
+        called = self._mine(w, sent=True)
+        aimed = frozen and self.frozen_aim == "complete" and self._mine(w, False)
+        if aimed and not any(self.held[w][k].result == OK for k in called):
+            key = rows.row(data, self._mine(w, sent=False), "run")
+            self.do(w, self._send(w, key, 200))
+        elif not called and self._mine(w, False):
             key = rows.row(data, self._mine(w, sent=False), "run")
             answer = data.draw(st.sampled_from(self._answers()), label="answer")
             self.do(w, self._send(w, key, answer))

@@ -545,7 +545,7 @@ class ApprovedPlanCheck(KindCheck):
         pid = rows.row(data, sorted(due) or self.turns(w), "proposal", name=self.row_name)
         self._execute(w, pid, data.draw(st.sampled_from(("next", "heartbeat")), label="action"))
 
-    def next_write(self, w: int, data) -> frozenset:
+    def next_write(self, w: int, data, frozen: bool = False) -> frozenset:
         """The run its next step or heartbeat is for, drawn before it stalls: it makes that
         write on resuming even when the read meanwhile ended the run (its heartbeat lapsed), the
         refusal the stall is for. (Drawn after, among the runs still executing, it made none:
