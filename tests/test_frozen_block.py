@@ -1,11 +1,14 @@
-"""A write frozen inside its transaction (``schedules.frozen``) and what a run must see of it
+"""A write frozen inside its transaction (``schedules.frozen``), the write a worker about to
+freeze makes (``FaultAnswers.next_write``), and what a run must see of it
 (``genericbuild.required_events``). Pure Python: the schedule is a function of its draws."""
 
 from __future__ import annotations
 
 from knownstate.chaos import schedules
+from knownstate.chaos.adapter import OK, RETRY
 from knownstate.chaos.blocks import frozen_retaken
 from knownstate.chaos.genericbuild import required_events
+from knownstate.chaos.genericfaults import FaultAnswers
 from knownstate.chaos.kinds.outbox import CHECKED, OutboxAdapter
 
 
@@ -51,3 +54,57 @@ def test_a_frozen_completion_whose_run_is_taken_back_and_claimed_is_required_of_
     assert frozen_retaken("complete") in required
     assert frozen_retaken("extend_lease") not in required
     assert frozen_retaken("complete") not in labels(required_events(CHECKED, mode, True))
+
+
+class _Held:
+    def __init__(self, result: str | None = None) -> None:
+        self.result = result
+
+
+class _Holder(FaultAnswers):
+    """A described queue's faults with worker 0 holding runs ``held`` (key: the answer its call
+    was read as, or None before its call); a call's answer is read as the adapter reads it."""
+
+    receiver = object()  # it calls out
+
+    def __init__(self, held: dict[str, str | None]) -> None:
+        self.held = [{k: _Held(r) for k, r in held.items()}]
+        self.calls: list[tuple[str, int]] = []
+
+    def _mine(self, w: int, sent: bool | None) -> list[str]:
+        return [k for k, h in self.held[w].items() if sent is None or (h.result is None) != sent]
+
+    def _send(self, w: int, key: str, answer: int) -> tuple[str, int]:
+        return key, answer
+
+    def do(self, w: int, call: tuple[str, int]) -> None:
+        key, answer = call
+        self.calls.append(call)
+        self.held[w][key].result = OK if answer == 200 else RETRY
+
+
+class _First:
+    """Draws the first of everything."""
+
+    def draw(self, strategy, label=None):
+        return 0
+
+
+def test_a_worker_about_to_freeze_inside_its_write_calls_first_for_a_completion_to_freeze():
+    """A worker whose only call failed freezes inside the write that records the failure, and
+    the frozen completion (the write a fence exists for) never happens: one that also holds a
+    run it has not called for makes that call first, answered 200, and freezes completing it.
+    Only a frozen stall does (a worker resuming after its runs were taken back makes its next
+    write as it would), and only where no call of its was answered 200 already."""
+    failed_and_unsent = {"a": RETRY, "b": None}
+    frozen = _Holder(failed_and_unsent)
+    assert frozen.next_write(0, _First(), frozen=True) == frozenset({"b"})
+    assert frozen.calls == [("b", 200)]
+
+    resuming = _Holder(failed_and_unsent)
+    assert resuming.next_write(0, _First(), frozen=False) == frozenset({"a"})
+    assert resuming.calls == []
+
+    answered = _Holder({"a": OK, "b": None})
+    assert answered.next_write(0, _First(), frozen=True) == frozenset({"a"})
+    assert answered.calls == []
