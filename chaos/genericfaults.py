@@ -128,13 +128,13 @@ class FaultAnswers:
         The runs: that one (without an external side: every run it holds)."""
         if self.receiver is None:
             return frozenset(self._mine(w, sent=None))
-        called = self._mine(w, sent=True)
-        aimed = frozen and self.frozen_aim == "complete" and self._mine(w, False)
+        called, unsent = self._mine(w, sent=True), self._mine(w, sent=False)
+        aimed = frozen and self.frozen_aim == "complete" and unsent
         if aimed and not any(self.held[w][k].result == OK for k in called):
-            key = rows.row(data, self._mine(w, sent=False), "run")
+            key = rows.row(data, unsent, "run")
             self.do(w, self._send(w, key, 200))
-        elif not called and self._mine(w, False):
-            key = rows.row(data, self._mine(w, sent=False), "run")
+        elif not called and unsent:
+            key = rows.row(data, unsent, "run")
             answer = data.draw(st.sampled_from(self._answers()), label="answer")
             self.do(w, self._send(w, key, answer))
         sent = self._mine(w, sent=True)
