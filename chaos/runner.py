@@ -137,6 +137,10 @@ class RunState:
     """--invariant: only a failure naming it ends the search and is shrunk; others are passed
     over (each kept in ``stats.shortest`` by the engine, the shortest in ``passed_over``)."""
     passed_over: tuple[str, tuple[str, ...], list[str]] | None = None
+    learned: dict = field(default_factory=dict)
+    """What a check learns of the implementation across a run's examples, for its coverage
+    (never for a draw: a replay must draw the same): e.g. how many statements each of the
+    document server's operations ran (:mod:`.kinds.document_blocks`)."""
 
     def failed(self, message: str, names: tuple[str, ...], trace: list[str]) -> NoReturn:
         """Record a failing example and fail it; once the run has failed, a failure that breaks

@@ -11,9 +11,19 @@ What the HTTP layer adds to an operation is a mapping of its outcome to a status
 operations raced are the store's, which the API serves one for one.
 
 The blocks (:data:`SCENARIOS`): saves on one version, a retry racing its original, a save racing
-an owner's change of the access list, a read racing a save, and a retry overtaking its original
-(the original's answer is lost on the way back while it is still in flight: the retry runs
-whole after the original's first statements, and only the retry's answer is seen).
+an owner's change of the access list (the saver may write before it), a read racing a save, and
+a retry overtaking its original (the original's answer is lost on the way back while it is still
+in flight, and only the retry's answer is seen).
+
+How a block is scheduled: one operation is preempted once, after a drawn statement, while the
+others run whole (:func:`~knownstate.chaos.schedules.preempted_once`); the original, in a retry
+overtaking it. How a block counts for its scenario's requirement: by the preemption points it
+covered. Each operation that ran first must have been preempted after each of its statements
+but its last, three times each (the profile's count), as many statements as the scenario's
+blocks saw it run first (:meth:`ServerBlocks._count_coverage`). A bug one preemption reveals is then
+found before the reference could pass, whichever statement the preemption needs. The counts
+depend on the server checked (a mutant that reads the version before its swap has one point
+more), so they are learned as the run goes.
 
 How it is judged: the outcomes, and the documents and access list read afterwards, must be
 explained by some order of the operations applied to the server's pure model,
@@ -50,19 +60,27 @@ from .document_judge import show
 from .document_plant import DOC
 
 SCENARIOS = (
-    "saves on one version",
-    "a retry racing its original",
     "a save racing an access change",
     "a read racing a save",
+    "saves on one version",
+    "a retry racing its original",
     "a retry overtaking its original",
 )
+"""In the order Hypothesis favours (the first about four times as often as each other): the
+two whose other operation is one statement first, since only their save, run first, has a
+point to preempt (at seed 8, 23 of 62 blocks of a save racing an access change preempted
+the save, 62 of 90 of a read racing a save)."""
 SERVER_BLOCKS = tuple(needs(f"server block: {s}", "concurrency") for s in SCENARIOS)
-"""The check's requirements: a run passes only once it ran a block of every scenario (where
-blocks can run at all). A block counts whether or not its operations interleaved (at seed 2, 39
-of 58 blocks of saves on one version ran one after the other): counted only where two
-operations overlapped, a save racing an access change never counts, the stranger's save being
-refused at its first statement."""
+"""The check's requirements: a run passes only once every scenario's preemption points were
+covered (where blocks can run at all). Counted by block, 39 of 58 blocks of saves on one version
+ran one after the other at seed 2, and a race two saves reveal was found after 4 to 126
+examples at seeds 1-10, some of them close to where the reference passed."""
 STRANGER = "carol"  # the user whose access the owner changes in a block (no tab is hers)
+GRANT = "grant"  # the worker that lets her write before a block changes her access
+
+
+def preempted_event(scenario: str, op: str, k: int) -> str:
+    return f"server block: {scenario}: {op} preempted after statement {k}"
 
 
 @dataclass(frozen=True)
@@ -242,11 +260,11 @@ class ServerBlocks:
                 seen = "(answer lost)" if c.lost else describe_outcome(r.value)
                 self.trace.append(f"    {c.worker} -> {seen}")
         self.event("server block")
-        self.event(f"server block: {scenario}")
+        self._count_coverage(scenario, calls, res)
         self.event("lock wait in a server block", res.waits)
-        rows = real_rows(self.observer.documents(), self.ws.query(ACL_SQL))
+        after = real_rows(self.observer.documents(), self.ws.query(ACL_SQL))
         world = self.worlds[0]
-        verdict = judge_block(res, calls, [world.model.server], rows)
+        verdict = judge_block(res, calls, [world.model.server], after)
         if not verdict.ok:
             self._server_block_failed(verdict, calls, res, world.model)
         kept = []
@@ -280,6 +298,35 @@ class ServerBlocks:
         violations += [Violation(n, problem) for n in dict.fromkeys(names) if n not in found]
         self.fail(problem, violations)
 
+    def _count_coverage(self, scenario: str, calls: Sequence[ServerCall], res: BlockResult) -> None:
+        """Count the preemption points the block covered (an operation with another's statement
+        between its k-th and its next), and set its scenario's requirement to the fewest times
+        any point of the scenario was covered: for each operation, each k after which it went
+        on with another statement when it ran first (up to
+        :data:`~knownstate.chaos.schedules.PREEMPTION_POINTS`), the one a block preempts. Only
+        what ran first counts: a save run whole after another misses its swap and reads why,
+        a statement more than it can run first. Where no operation of the scenario ran two
+        statements first, it is the scenario's blocks instead."""
+        ops = {c.worker: c.op for c in calls if c.worker != GRANT}
+        steps = [w for w in res.schedule if w in ops]
+        seen = self.run.learned.setdefault(f"server block: {scenario}", {"blocks": 0, "points": {}})
+        seen["blocks"] += 1
+        for worker, op in ops.items():
+            mine = [i for i, w in enumerate(steps) if w == worker]
+            gaps = [k for k, (i, j) in enumerate(zip(mine, mine[1:]), 1) if j > i + 1]
+            for k in gaps:
+                self.event(preempted_event(scenario, op, k))
+            if worker == steps[0]:
+                unpreempted = min(gaps, default=len(mine) - 1)
+                seen["points"][op] = max(seen["points"].get(op, 0), unpreempted)
+        events = self.stats.events
+        points = [
+            events[preempted_event(scenario, op, k)]
+            for op, n in seen["points"].items()
+            for k in range(1, min(n, schedules.PREEMPTION_POINTS) + 1)
+        ]
+        events[f"server block: {scenario}"] = min(points, default=seen["blocks"])
+
     def _server_calls(self, data, scenario: str) -> tuple[list[ServerCall], Callable]:
         """The operations of a block of ``scenario`` on the document as the model has it now,
         and the block's schedule."""
@@ -291,6 +338,7 @@ class ServerBlocks:
             return ServerCall(worker, "put", (user, DOC, v, content, f"blk-{self.edits}", 1))
 
         users = st.sampled_from(["alice", "bob"])
+        first = None
         if scenario == "saves on one version":
             n = data.draw(st.integers(2, 3), label="saves")
             calls = [save(f"s{i}", data.draw(users, label="who saves")) for i in range(1, n + 1)]
@@ -299,32 +347,19 @@ class ServerBlocks:
             lost = scenario.startswith("a retry overtaking")
             retry = dataclasses.replace(original, worker="retry")
             calls = [dataclasses.replace(original, lost=lost), retry]
-            if lost:
-                first = data.draw(st.integers(1, 2), label="the original's statements first")
-                return calls, _overtaking(first)
+            first = "original" if lost else None
         elif scenario == "a save racing an access change":
             change = data.draw(st.sampled_from(["write", "read", "none"]), label="access change")
             if change == "none":
                 acl = ServerCall("owner", "unshare", ("alice", DOC, STRANGER))
             else:
                 acl = ServerCall("owner", "share", ("alice", DOC, STRANGER, change == "write"))
-            calls = [acl, save("saver", STRANGER)]
+            calls = [save("saver", STRANGER), acl]
+            if not self.worlds[0].model.server.docs[DOC].acl.get(STRANGER):
+                grant = ServerCall(GRANT, "share", ("alice", DOC, STRANGER, True))
+                race = schedules.preempted_once(data, [c.worker for c in calls])
+                return [grant, *calls], lambda ready: GRANT if GRANT in ready else race(ready)
         else:
             reader = data.draw(st.sampled_from(["alice", "bob", STRANGER]), label="who reads")
-            calls = [ServerCall("reader", "get", (reader, DOC)), save("saver", "alice")]
-        return calls, schedules.pct(data, [c.worker for c in calls])
-
-
-def _overtaking(first: int) -> Callable[[list[str]], str]:
-    """The original runs its first ``first`` statements, then the retry runs whole, then the
-    original ends: the retry overtakes it while it is in flight."""
-    steps = 0
-
-    def choose(options: list[str]) -> str:
-        nonlocal steps
-        steps += 1
-        if "original" in options and (steps <= first or "retry" not in options):
-            return "original"
-        return "retry"
-
-    return choose
+            calls = [save("saver", "alice"), ServerCall("reader", "get", (reader, DOC))]
+        return calls, schedules.preempted_once(data, [c.worker for c in calls], first)
