@@ -316,7 +316,7 @@ class ServerBlocks:
             gaps = [k for k, (i, j) in enumerate(zip(mine, mine[1:]), 1) if j > i + 1]
             for k in gaps:
                 self.event(preempted_event(scenario, op, k))
-            if worker == steps[0]:
+            if steps and worker == steps[0]:  # an operation may end before any statement
                 unpreempted = min(gaps, default=len(mine) - 1)
                 seen["points"][op] = max(seen["points"].get(op, 0), unpreempted)
         events = self.stats.events
