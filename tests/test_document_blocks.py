@@ -29,6 +29,7 @@ from knownstate.chaos.kinds.document_plant import DOC, INITIAL, SCHEMA
 from knownstate.chaos.kinds.document_session import DocumentSessionCheck
 from knownstate.impl.documents.store import DocumentStore, schema_sql
 from knownstate.model.document_server import ServerModel
+from fixed_draws import FixedDraws
 
 
 @pytest.fixture
@@ -126,16 +127,6 @@ def test_a_save_racing_an_access_change_and_a_read_racing_a_save(dsn, scheduler)
             assert verdict.ok, "\n".join(verdict.explain() + list(res.trace))
 
 
-class _Drawn:
-    """Stands in for Hypothesis's ``data``: each draw takes the next of fixed values."""
-
-    def __init__(self, *values):
-        self.values = list(values)
-
-    def draw(self, strategy, label=None):
-        return self.values.pop(0)
-
-
 def test_one_preemption_finds_a_version_compared_in_python_exactly_after_its_read(dsn, scheduler):
     """Two saves on one version, the first preempted after each of its statements in turn: the
     reference is linearizable at every point; the mutant that reads the version, compares it
@@ -145,12 +136,12 @@ def test_one_preemption_finds_a_version_compared_in_python_exactly_after_its_rea
     store_class, queries = _mutant_store("cas-compared-in-python")
     caught = []
     for k in range(1, schedules.PREEMPTION_POINTS + 1):
-        choose = schedules.preempted_once(_Drawn(["s1", "s2"], k), ["s1", "s2"])
+        choose = schedules.preempted_once(FixedDraws(["s1", "s2"], k), ["s1", "s2"])
         res, ok = _block(dsn, scheduler, calls, choose)
         assert ok.ok, f"reference, preempted after {k}:\n" + "\n".join(res.trace)
         first = min(k, res.schedule.count("s1"))
         assert res.schedule[:first] == ("s1",) * first
-        choose = schedules.preempted_once(_Drawn(["s1", "s2"], k), ["s1", "s2"])
+        choose = schedules.preempted_once(FixedDraws(["s1", "s2"], k), ["s1", "s2"])
         res, bad = _block(dsn, scheduler, calls, choose, store_class, queries)
         if not bad.ok:
             caught.append(k)

@@ -18,6 +18,7 @@ from knownstate.chaos import race_mutants as rm
 from knownstate.chaos import kinds
 from knownstate.chaos.mutants import Mutant
 from knownstate.model.contract import INVARIANTS
+from fixed_draws import FixedDraws
 
 MUTANTS = {m.name: m for m in rm.RACE_MUTANTS}
 
@@ -197,17 +198,7 @@ def test_every_pair_that_can_race_on_one_row_is_a_required_event():
     assert pair_event("start", "start") in {r.label for r in BranchResetCheck.requirements()}
 
 
-class _Drawn:
-    """Stands in for Hypothesis's ``data``: each draw takes the next of fixed values."""
-
-    def __init__(self, *values):
-        self.values = list(values)
-
-    def draw(self, strategy, label=None):
-        return self.values.pop(0)
-
-
-def _pair_schedule(drawn: _Drawn, pair: bool) -> list[str]:
+def _pair_schedule(drawn: FixedDraws, pair: bool) -> list[str]:
     """The steps a block of w0 (three statements, then COMMIT) and w1 (two, then COMMIT) takes
     under the pair-aimed schedule (``pair``) or the general one."""
     from knownstate.chaos import schedules
@@ -232,11 +223,11 @@ def test_a_pair_aimed_schedule_preempts_the_first_worker_at_latest_before_its_co
     (the pair races, with everything read and written but nothing committed); the general
     schedule runs them one after the other. A change point inside the operation is kept."""
     late = ["w0 s1", "w0 s2", "w0 s3", "w1 t1", "w1 t2", "w1 COMMIT", "w0 COMMIT"]
-    assert _pair_schedule(_Drawn(["w0", "w1"], 5), pair=True) == late
+    assert _pair_schedule(FixedDraws(["w0", "w1"], 5), pair=True) == late
     sequential = ["w0 s1", "w0 s2", "w0 s3", "w0 COMMIT", "w1 t1", "w1 t2", "w1 COMMIT"]
-    assert _pair_schedule(_Drawn(["w0", "w1"], [6]), pair=False) == sequential
+    assert _pair_schedule(FixedDraws(["w0", "w1"], [6]), pair=False) == sequential
     early = ["w0 s1", "w1 t1", "w1 t2", "w1 COMMIT", "w0 s2", "w0 s3", "w0 COMMIT"]
-    assert _pair_schedule(_Drawn(["w0", "w1"], 0), pair=True) == early
+    assert _pair_schedule(FixedDraws(["w0", "w1"], 0), pair=True) == early
 
 
 def test_two_operations_raced_only_when_one_stepped_between_the_others_first_and_last():
