@@ -7,7 +7,14 @@ from __future__ import annotations
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis import seed as hyp_seed
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, invariant, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    get_state_machine_test,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from knownstate.chaos import runner, shrink
 from knownstate.chaos.steps import Failure
@@ -217,9 +224,172 @@ def test_the_step_pass_deletes_a_run_of_steps_when_no_single_one_or_pair_goes():
     assert shrinker.shrink_target.choices == (True, TICK, True, MARK, True, TICK)
 
 
+class NoiseThenBumps(RuleBasedStateMachine):
+    """Two bumps fail; noise steps matter to nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = 0
+
+    @rule(junk=st.integers(0, 100))
+    def noise(self, junk) -> None:
+        pass
+
+    @rule()
+    def bump(self) -> None:
+        self.a += 1
+
+    @invariant()
+    def judged(self) -> None:
+        assert self.a < 2
+
+
+def _first_failure(machine_class, seed: int):
+    """A shrinker of Hypothesis's own started from the first failing example of
+    ``machine_class`` (a real state machine: its rules' feature flags, its rule strategy)
+    generated from ``seed``."""
+    from random import Random
+
+    from hypothesis.control import BuildContext
+    from hypothesis.internal.conjecture.data import Status
+    from hypothesis.internal.conjecture.engine import ConjectureRunner
+    from hypothesis.strategies._internal.core import DataObject
+
+    inner = get_state_machine_test(
+        machine_class, settings=settings(stateful_step_count=10, deadline=None)
+    ).hypothesis.inner_test
+
+    def test(data) -> None:
+        with BuildContext(data, wrapped_test=inner):
+            try:
+                inner(DataObject(data))
+            except AssertionError:
+                data.mark_interesting(("alpha",))
+
+    engine = ConjectureRunner(
+        test,
+        settings=settings(database=None, suppress_health_check=list(HealthCheck)),
+        random=Random(seed),
+    )
+    while True:
+        data = engine.new_conjecture_data(())
+        engine.test_function(data)
+        if data.status == Status.INTERESTING:
+            return engine.new_shrinker(data.as_result(), lambda d: d.status == Status.INTERESTING)
+
+
+def test_the_step_pass_deletes_the_first_step_that_chose_a_rule():
+    """Hypothesis draws which rules an example may choose (its feature flags) once, in the first
+    step that chooses a rule; deleted whole, that step took the draw with it, and the next step
+    read its rule from what was left: every later draw misaligned, and the first step of a
+    counterexample never went (the document session's ``server-ignores-base-version`` at seed 3
+    kept a server block it did not need). At seeds 0-3 the first failure starts with noise; the
+    pass alone stopped at three steps at each, and goes to the two bumps."""
+    for seed in range(4):
+        shrinker = _first_failure(NoiseThenBumps, seed)
+        assert shrink._steps(shrinker.shrink_target) > 2, seed
+        shrinker.fixate_shrink_passes([shrink.step_pass(shrinker)])
+        assert shrink._steps(shrinker.shrink_target) == 2, seed
+
+
+def lamp(stable: bool):
+    """Two ``zbump`` fail; ``flip`` switches a lamp, and twelve rules may run only while it is
+    lit. ``zbump`` comes after them among the rules, so its place among the rules that may run
+    differs with the lamp: deleting a ``flip`` before it moves it. Every example starts with an
+    initialize rule, as a check's do. ``stable``: rules chosen by
+    :func:`shrink.stable_rule_choice`, as the checks choose them, four of the lamp's rules in the
+    swarm (so the first rule step draws which of them are switched off)."""
+
+    class Lamp(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.lit = 0, False
+            if stable:
+                swarm = frozenset(f"lit{i}" for i in range(4))
+                shrink.stable_rule_choice(self._rules_strategy, swarm)
+
+        @initialize(dim=st.booleans())
+        def start(self, dim: bool) -> None:
+            pass
+
+        @rule()
+        def flip(self) -> None:
+            self.lit = not self.lit
+
+        @rule()
+        def zbump(self) -> None:
+            self.a += 1
+
+        @invariant()
+        def judged(self) -> None:
+            assert self.a < 2
+
+    def lit_rule(name: str):
+        def lit(self, x) -> None:
+            pass
+
+        lit.__name__ = name
+        return precondition(lambda m: m.lit)(rule(x=st.integers(0, 3))(lit))
+
+    for i in range(12):
+        setattr(Lamp, f"lit{i}", lit_rule(f"lit{i}"))
+    return Lamp
+
+
+def test_a_rule_is_chosen_so_that_deleting_an_earlier_step_keeps_it():
+    """Hypothesis chooses a rule that none of three tries hit as an index among the rules that
+    may run now: deleting a step that changed which may run (a ``flip``) made that index choose
+    another rule, and the deletion failed. Chosen as the checks choose (one try, written back by
+    the step pass), the same rule stays wherever its step stands: one step at a time, the pass
+    goes to the initialize step and the two ``zbump`` at every seed, where Hypothesis's own
+    choice stopped at five steps at seed 4."""
+
+    def singles(machine_class, seed: int) -> int:
+        shrinker = _first_failure(machine_class, seed)
+        shrinker.fixate_shrink_passes([shrink.step_pass(shrinker, pairs=False)])
+        return shrink._steps(shrinker.shrink_target)
+
+    assert singles(lamp(stable=False), 4) > 3  # the control: a later rule moved
+    longer = 0
+    for seed in range(10):
+        longer += shrink._steps(_first_failure(lamp(stable=True), seed).shrink_target) > 3
+        assert singles(lamp(stable=True), seed) == 3, seed
+    assert longer >= 5
+
+
+def test_deleting_the_first_rule_step_moves_what_it_drew_once_in_order():
+    """The first step that chooses a rule draws Hypothesis's feature flags, then which rules the
+    swarm switches off (a number, then one choice for each of the lamp's four rules); every later
+    step finds them drawn. Deleted, the step leaves them to the next one, in that order: moved
+    the other way round, the flags read the swarm's number and the swarm read a choice as its
+    number, and the document session's ``close-drops-pending-edit`` misaligned there."""
+    result = _first_failure(lamp(stable=True), 1).shrink_target
+    first = shrink._deletable(result)[0]
+    nodes, kept, start = result.nodes, [], 0
+    for at, end, moved in shrink._cuts(result, [first]):
+        kept += [*nodes[start:at], *moved]
+        start = end
+    kept += nodes[start:]
+    once = [n.value for n in nodes[first.start + 1 : first.start + 7]]
+    assert [n.type for n in nodes[first.start + 1 : first.start + 7]] == ["integer"] * 2 + [
+        "boolean"
+    ] * 4
+    assert [n.value for n in kept[first.start + 1 : first.start + 7]] == once
+
+
+def test_the_step_pass_tries_no_initialize_step_and_not_the_failing_one():
+    """Every example runs each initialize rule once, first: deleted, the next step ran it with
+    what another rule drew. Without the failing step the steps before it pass. Neither is tried
+    (one replay each, in every round)."""
+    shrinker = _first_failure(lamp(stable=True), 1)
+    result = shrinker.shrink_target
+    steps = shrink._step_spans(result)
+    assert shrink._deletable(result) == steps[1:-1]
+
+
 def test_runs_of_steps_tried_in_vain_do_not_count_towards_the_stall():
-    """Six steps, each needed: the pass tries singles, runs and then pairs, deleting none
-    (singles and pairs 15 replays, runs 6: Hypothesis knows some outcomes without one). A stall
+    """Six steps, each needed: the pass tries singles, runs and then pairs of the five before the
+    failing one, deleting none (singles and pairs 15 replays, runs 5). A stall
     of 18 replays is past with all of them; the runs are not counted, so shrinking goes on to
     Hypothesis's passes as it did before runs were tried (the outbox's
     ``unconditional-complete`` at seed 2 stopped at 17 steps where it had reached 6)."""
