@@ -134,7 +134,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from knownstate.model.contract import INVARIANTS, Contract, RunModel, Violation
 
-from . import shrink, timings, tools
+from . import timings, tools
 from .blocks import Blocks
 from .faults import FaultPolicy, FaultRules
 from .harness import QUANTUM, Env, EnvironmentFault, Stats, Worker, Workspace
@@ -280,10 +280,19 @@ class Engine(FaultRules, Blocks, RuleBasedStateMachine):
         """Hypothesis's swarm testing switches a random subset of rules off for each example. Let
         it vary the fault kinds the policy allows (``policy.swarm``) but never switch off an
         operation or another fault: no required event may depend on the luck of the switch.
-        Rules are chosen so that shrinking can delete a step and keep the later ones
-        (:func:`.shrink.stable_rule_choice`)."""
-        swarm = frozenset(f"fault_{k.replace('-', '_')}" for k in self.policy.swarm)
-        shrink.stable_rule_choice(getattr(self, "_rules_strategy", None), swarm)
+        Uses Hypothesis internals defensively: if they change, swarm testing applies to every
+        rule again."""
+        rs = getattr(self, "_rules_strategy", None)
+        needed = ("rules_strategy", "is_valid", "_enabled_rules_strategy", "_feature_flags")
+        if rs is None or not all(hasattr(rs, a) for a in needed):
+            return
+        swarm = {f"fault_{k.replace('-', '_')}" for k in self.policy.swarm}
+
+        def enabled(r) -> bool:
+            name = r.function.__name__
+            return rs.is_valid(r) and (name not in swarm or rs._feature_flags.is_enabled(name))
+
+        rs._enabled_rules_strategy = rs.rules_strategy.filter(enabled)
 
     # -- time ---------------------------------------------------------------------------------
     def to_model_time(self, ts: dt.datetime) -> int:

@@ -10,7 +10,6 @@ report says of it: when the first failure came, how many replays, how many steps
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -57,83 +56,6 @@ at seeds 836747..836751 stopped above 15 steps; a larger budget only goes on fro
 smaller one stopped.)"""
 
 
-def stable_rule_choice(rules_strategy, swarm: frozenset[str]) -> None:
-    """Make a state machine choose its rules so that deleting a step leaves the later ones as
-    they were drawn, and let Hypothesis's swarm testing switch off only the rules in ``swarm``.
-
-    Hypothesis draws a rule as an index into every rule (three tries), and when none of the three
-    may run now, as an index into those that may, which depends on the state: deleting an earlier
-    step changed which rules could run, the later index chose another rule or none, and every
-    later draw was misaligned. 131 of the 162 deletions the step pass tried on the document
-    session's ``close-drops-pending-edit`` at seed 2 were, and it stopped at 13 rule steps after
-    284 replays; now 22 of 60, and it goes to 4 (three lines) in 173. Here a rule is drawn with
-    :func:`pick`. The rules switched off are drawn once per example, up front (``Swarm``), not
-    when a step first asks, which also depended on the state. Uses Hypothesis internals
-    defensively: if they change, its own choice applies, with swarm testing on every rule."""
-    needed = ("rules", "is_valid", "_enabled_rules_strategy")
-    if all(hasattr(rules_strategy, a) for a in needed):
-        rules_strategy._enabled_rules_strategy = _strategies()[1](rules_strategy, swarm)
-
-
-def pick(data, everything, allowed):
-    """One of ``allowed`` (some of ``everything``, a list that does not change), each as likely,
-    drawn so that shrinking keeps it where an earlier step is deleted: as its place in
-    ``everything``, one try, and when that one is not allowed now, as a place in ``allowed``, with
-    its place in ``everything`` recorded after it, so that the step pass can write the choice back
-    as its one try (:func:`_cuts`). A place in ``allowed`` alone depends on the state: deleting
-    an earlier step that changed what is allowed chose another, or drew nothing where one was
-    allowed, and every later draw was misaligned."""
-    if not allowed:
-        raise ValueError("pick: nothing is allowed to be chosen; check the rule's precondition")
-    data = getattr(data, "conjecture_data", data)  # a rule's st.data(), or the data itself
-    data.start_span(PICK)
-    i = data.draw_integer(0, len(everything) - 1)
-    if everything[i] not in allowed:
-        chosen = allowed[data.draw_integer(0, len(allowed) - 1)]
-        i = everything.index(chosen)
-        data.draw_integer(0, len(everything) - 1, forced=i)
-    data.stop_span()
-    return everything[i]
-
-
-PICK = int.from_bytes(b"ks: pick", "big")
-"""The label of a :func:`pick`'s span (Hypothesis's labels are 64-bit numbers too)."""
-
-
-@functools.cache
-def _strategies():
-    """The two strategies of :func:`stable_rule_choice` (Hypothesis imported only when used)."""
-    from hypothesis import strategies as st
-    from hypothesis.strategies._internal.strategies import SearchStrategy
-
-    class Swarm(SearchStrategy):
-        """The rules an example switches off, drawn once (as Hypothesis's feature flags): how
-        likely each is to be off, then each rule in turn."""
-
-        def __init__(self, names) -> None:
-            super().__init__()
-            self.names = sorted(names)
-
-        def do_draw(self, data) -> frozenset[str]:
-            p = data.draw_integer(0, 254) / 255
-            return frozenset(n for n in self.names if data.draw_boolean(p))
-
-    class RuleChoice(SearchStrategy):
-        def __init__(self, rules_strategy, swarm) -> None:
-            super().__init__()
-            self.rs = rules_strategy
-            self.off = st.shared(Swarm(swarm), key="knownstate: rules switched off")
-
-        def do_draw(self, data):
-            off = data.draw(self.off)
-            rules = self.rs.rules
-            valid = [r for r in rules if self.rs.is_valid(r)]
-            may = [r for r in valid if r.function.__name__ not in off] or valid
-            return pick(data, rules, may)
-
-    return Swarm, RuleChoice
-
-
 def step_pass(shrinker, pairs: bool = True):
     """Our own shrink pass, first of all: delete whole steps (an operation, a fault, a
     block) until none goes, one at a time (last first); when no single one goes, a run of three
@@ -168,17 +90,17 @@ def step_pass(shrinker, pairs: bool = True):
 
     def without(*spans) -> bool:
         nodes, kept, start = shrinker.nodes, [], 0
-        for at, end, moved in _cuts(shrinker.shrink_target, spans):
-            kept += [*nodes[start:at], *moved]
-            start = end
+        for span in sorted(spans, key=lambda s: s.start):
+            kept += nodes[start : span.start]
+            start = span.end
         return shrinker.consider_new_nodes(kept + list(nodes[start:]))
 
     def one() -> bool:
-        steps = _deletable(shrinker.shrink_target)
+        steps = _step_spans(shrinker.shrink_target)
         return any(without(steps[i]) for i in reversed(range(len(steps))))
 
     def two() -> bool:
-        steps = _deletable(shrinker.shrink_target)
+        steps = _step_spans(shrinker.shrink_target)
         return any(
             without(steps[i], steps[j])
             for j in reversed(range(len(steps)))
@@ -186,7 +108,7 @@ def step_pass(shrinker, pairs: bool = True):
         )
 
     def runs() -> bool:
-        steps = _deletable(shrinker.shrink_target)
+        steps = _step_spans(shrinker.shrink_target)
         n = len(steps)
         shrinker.knownstate_runs_from = start = shrinker.calls
         try:
@@ -243,67 +165,6 @@ def _step_spans(result) -> list:
     from hypothesis.stateful import STATE_MACHINE_RUN_LABEL
 
     return [s for s in result.spans if s.label == STATE_MACHINE_RUN_LABEL]
-
-
-def _deletable(result) -> list:
-    """The steps the step pass tries to delete: all but the last, the one that failed (without
-    it the steps before run as they did, pass, and draw past the example's end: an overrun,
-    never a shorter failure), and but those that chose no rule with :func:`pick` where others
-    did (an initialize rule's: every example runs each once, first)."""
-    steps = _step_spans(result)[:-1]
-    chosen = [s for s in steps if _first(result, s, PICK, lambda f: True)]
-    return chosen or steps
-
-
-def _cuts(result, spans) -> list[tuple[int, int, list]]:
-    """How to delete ``spans`` (steps of ``result``): ``(start, end, moved)``, the nodes from
-    start to end replaced by ``moved``. What an example draws once, in the first step that
-    needs it (the rules switched off: Hypothesis's feature flags, then our ``Swarm``), is an
-    empty span in every later step: deleting that step moves the draws into the next step
-    kept, at its empty spans, in the order they were drawn. (Deleted as a whole, the next step
-    read its rule from that draw and every later draw was misaligned: the first step of a
-    counterexample never went; the document session's ``server-ignores-base-version`` at seed 3
-    kept a server block it did not need.) And every :func:`pick` made in two draws is written
-    back as its one try."""
-    from hypothesis.strategies._internal.featureflags import FeatureStrategy
-
-    once = (FeatureStrategy().label, _strategies()[0](()).label)
-    nodes = result.nodes
-    gone = {(s.start, s.end) for s in spans}
-    kept = [s for s in _step_spans(result) if (s.start, s.end) not in gone]
-    cuts = [(s.start, s.end, 0, []) for s in spans]
-    for span in spans:
-        for order, label in enumerate(once, 1):
-            drawn = _first(result, span, label, lambda f: f.end > f.start)
-            empty = next(
-                (e for s in kept if s.start >= span.end for e in [_empty(result, s, label)] if e),
-                None,
-            )
-            if drawn and empty:
-                moved = list(nodes[drawn.start : drawn.end])
-                cuts.append((empty.start, empty.start, order, moved))
-    for p in result.spans:
-        if p.label == PICK and p.end - p.start == 3 and (p.start, p.end) not in gone:
-            if not any(s.start <= p.start < s.end for s in spans):
-                one = nodes[p.start].copy(with_value=nodes[p.end - 1].value)
-                cuts.append((p.start, p.end, 0, [one]))
-    return [(a, b, moved) for a, b, _, moved in sorted(cuts, key=lambda c: c[:3])]
-
-
-def _first(result, step, label: int, ok):
-    """The first span labelled ``label`` within ``step`` for which ``ok`` holds, or None."""
-    return next(
-        (
-            s
-            for s in result.spans
-            if s.label == label and step.start <= s.start and s.end <= step.end and ok(s)
-        ),
-        None,
-    )
-
-
-def _empty(result, step, label: int):
-    return _first(result, step, label, lambda f: f.end == f.start)
 
 
 def _steps(result) -> int:

@@ -209,16 +209,13 @@ def test_the_reference_client_passes_a_small_run(knownstate_env):
         ("success-wipes-pending-edit", 2),  # 32 s alone (seed 3: 127 s; seed 1: 101 s in make test)
         ("sibling-draft-applied-silently", 1),
         # a conflict made on purpose is judged before the user leaves it: when both were one
-        # step, the overwrite was left unjudged and seed 4 named another invariant (not caught).
-        # Since rules are chosen so that shrinking keeps them, seed 4 meets the mutant's resave
-        # in a reload first (a difference from the model naming no invariant); 1-3, 5, 6 name it
-        ("conflict-resolved-by-overwrite", 2),
+        # step, the overwrite was left unjudged and seed 4 named another invariant (not caught)
+        ("conflict-resolved-by-overwrite", 4),
     ],
 )
 def test_a_client_mutant_is_caught_with_a_short_counterexample(knownstate_env, name, seed):
     mutant = next(m for m in MUTANTS if m.name == name)
-    # 60 replays shrink each as far as 300 did (3, 8 and 3 steps; since rules are chosen so that
-    # shrinking keeps them, 6, 3 and 3 at 60): the rest changed nothing
+    # 60 replays shrink each as far as 300 did (3, 8 and 3 steps): the rest changed nothing
     r = run_check(
         mutant.machine(BrowserDocumentSessionCheck),
         knownstate_env,
