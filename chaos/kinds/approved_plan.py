@@ -40,7 +40,7 @@ from knownstate.model.approved_plan import Status
 from knownstate.model.contract import LostRace, Repeat, Won
 
 from .. import rows
-from ..blocks import against, raced
+from ..blocks import against, frozen_against_take_back, raced
 from ..check import QUANTUM, FaultPolicy, KindCheck, Action, Worker, WorkerDied, needs
 from ..history import Audit
 from ..judge import Judging, RunRow, StepRow
@@ -95,6 +95,7 @@ assert model.HEARTBEAT_S % QUANTUM == 0, "every duration the check uses is a mul
 
 FINISHED = {Status.EXECUTED, Status.FAILED}  # the runs that can have committed steps to compensate
 OPEN = {Status.PENDING, Status.APPROVED, Status.EXECUTING}
+OWNER_WRITES = ("heartbeat", "run_step")  # what only the claim's holder writes, fenced by it
 
 
 class ApprovedPlanCheck(KindCheck):
@@ -122,6 +123,8 @@ class ApprovedPlanCheck(KindCheck):
         "fence refusal: heartbeat (no longer claimed)",
         needs("concurrent block", "concurrency"),
         needs("lock wait in a block", "concurrency"),
+        # an owner's write frozen past its lease while a read heals its run
+        *frozen_against_take_back(*OWNER_WRITES),
         # every pair of operations that can touch one run, raced on one: a pending run (review,
         # expiry), an approved one (claim, expiry), an executing one (steps, heartbeat, reads,
         # expiry), a finished one (repeats, compensations)
@@ -634,7 +637,7 @@ class PlanSoak(SoakKind):
             contract,
             row=row,
             view=steps_view,
-            owner_writes=frozenset({"run_step", "heartbeat"}),
+            owner_writes=frozenset(OWNER_WRITES),
             heartbeats=frozenset({"heartbeat"}),
             take_backs=frozenset({"read", "repeat", "compensate"}),
             creations=frozenset({"propose"}),
