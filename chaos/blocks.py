@@ -303,7 +303,6 @@ class Blocks:
             # beside a reaper that cannot claim, and nobody claimed: outbox seed 16 saw a frozen
             # completion retaken 3 times in 916 examples; now 5 times in its first 100)
             leaving = [x for x in reapers if any(claim[y.name] for y in others if y is not x)]
-            claimers = []
             if reapers:
                 reaper = rows.row(
                     data, leaving or reapers, "who takes it back", name=lambda x: x.name
@@ -333,10 +332,11 @@ class Blocks:
                 first=taken,
             )
 
-        def retaken_while_frozen(res, offers: dict[str, Action]) -> set[str]:
-            # counted where the reaper and a claim ran while the write was frozen between two
-            # of its statements (a write that ran whole first was not raced: outbox seed 2
-            # counted two such of its three and passed a completion that reads its fence first)
+        def taken_while_frozen(res, offers: dict[str, Action]) -> set[str]:
+            # counted where the reaper (and a claim, where one can) ran while the write was
+            # frozen between two of its statements (a write that ran whole first was not raced:
+            # outbox seed 2 counted two such of its three and passed a completion that reads its
+            # fence first)
             ran = {x.name for x in (reaper, *claimers) if res.overlapped(stalled.name, x.name)}
             if reaper.name not in ran:
                 return set()
@@ -351,7 +351,7 @@ class Blocks:
             schedule=schedule,
             faults=not frozen,
             aimed=frozen,
-            counted=retaken_while_frozen if taken else None,
+            counted=taken_while_frozen if taken else None,
         )
         return True
 
