@@ -134,11 +134,13 @@ def knownstate_db(knownstate_cluster):
 @pytest.fixture
 def knownstate_db_clock(knownstate_cluster):
     """The database server's clock: ``jump(seconds)`` moves every backend's ``now()`` at once
-    (libfaketime), ``offset`` says by how much. Back to true time after the test. Skips when
-    the server is not one the harness owns."""
+    (libfaketime), ``offset`` says by how much. At true time and running when the test starts,
+    whatever a check before it left (a check holds the clock after its last step, a week back),
+    and back to true time after it. Skips when the server is not one the harness owns."""
     clock = getattr(knownstate_cluster, "clock", None)
     if clock is None:
         pytest.skip("the database clock can move only on the throwaway cluster with libfaketime")
+    clock.reset()
     yield clock
     clock.reset()
 

@@ -638,7 +638,7 @@ def test_a_worker_stuck_outside_any_lock_is_an_environment_error_naming_it(
 def test_a_database_clock_ahead_of_real_time_is_refused_with_the_reason(
     scheduler, connect, knownstate_db_clock
 ):
-    knownstate_db_clock.reset(300)  # from true time: a check before may have left it elsewhere
+    knownstate_db_clock.reset(300)  # 300 s ahead of true time
     with pytest.raises(ClockAhead, match="300 s ahead of real time.*a day back"):
         scheduler.run([Op("w0", "add", connect("w0"), add(1, 1))], script())
     knownstate_db_clock.reset(-86_400)  # behind real time: fine

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psycopg
@@ -179,6 +180,29 @@ def test_this_suite_loads_the_plugin_once(pytestconfig):
 
     plugins = pytestconfig.pluginmanager.list_name_plugin()
     assert [name for name, p in plugins if p is pytest_plugin] == ["knownstate"]
+
+
+def test_the_clock_fixture_starts_at_true_time_and_running_after_a_check_left_it_held(
+    knownstate_cluster, request, monkeypatch
+):
+    """A check holds the database clock after its last step, a week back. A test after it on the
+    same server that read ``now()`` and then held the clock itself would, at its first release,
+    take back all the real time since the check's hold: its stamps came out minutes before its
+    start (heartbeat_at=-177 where the model said 7)."""
+    from knownstate.chaos import cluster
+
+    clock = knownstate_cluster.clock
+    if clock is None:
+        pytest.skip("the database clock can move only on the throwaway cluster with libfaketime")
+    monkeypatch.setattr(cluster, "HOLD_GRAIN", 0.0)  # every hold taken back, however short
+    clock.reset(-7 * 86_400)
+    clock.hold()  # what a check's last step leaves
+    start = time.monotonic()
+    while time.monotonic() == start:
+        pass  # real time passes while it is held
+    given = request.getfixturevalue("knownstate_db_clock")
+    given.release()
+    assert (given.offset, given.held_total) == (0, 0)
 
 
 def test_the_heavy_files_this_suite_starts_first_are_its_files():
