@@ -425,19 +425,27 @@ class BranchResetCheck(Clocks, KindCheck):
         self.do(w, (self._start if op == "start" else self._poll)(w, run_id))
 
     @precondition(lambda self: self.model.runs)
-    @rule(w=st.sampled_from(POLLERS), data=st.data())
-    def start(self, w: int, data) -> None:
-        """A poller takes a run: claims it and creates its external operation, once."""
+    @rule(w=st.sampled_from(POLLERS), data=st.data(), against=against("start"))
+    def start(self, w: int, data, against: str | None) -> None:
+        """A poller takes a run: claims it and creates its external operation, once. Maybe raced
+        at once against another poller taking it (:meth:`race_on`)."""
         run_id = rows.row(data, self._runs(Status.QUEUED) * 3 + self._runs(), "run")
+        if self.race_on(data, run_id, "start", against):
+            return
         self.do(w, self._start(w, run_id))
 
     @precondition(lambda self: self._past_queued())
-    @rule(w=st.sampled_from(POLLERS), data=st.data())
-    def poll(self, w: int, data) -> None:
+    @rule(w=st.sampled_from(POLLERS), data=st.data(), against=against("poll", "reap"))
+    def poll(self, w: int, data, against: str | None) -> None:
         """A poller polls a run's operation: records what it saw, ends the run or extends the
-        lease."""
+        lease. Maybe raced at once against another poller's poll or the reaper: start × start,
+        poll × poll and poll × reap, met otherwise only by blocks aimed at pairs at random, were
+        among the requirements a run met last at 5 of seeds 1-6."""
         runs = self._ended() * 4 + self._past_queued(running=4)
-        self.do(w, self._poll(w, rows.row(data, runs, "run")))
+        run_id = rows.row(data, runs, "run")
+        if self.race_on(data, run_id, "poll", against):
+            return
+        self.do(w, self._poll(w, run_id))
 
     @precondition(lambda self: self._past_queued())
     @rule(w=st.sampled_from(POLLERS), data=st.data(), against=against("reap", "poll", "cancel"))
