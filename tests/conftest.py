@@ -6,7 +6,8 @@ The real parts are knownstate's own pytest plugin's (``chaos/pytest_plugin.py``,
 PostgreSQL under libfaketime), ``knownstate_toxiproxy`` (the Toxiproxy server),
 ``knownstate_env`` (the real parts of a verify run, on those two), ``knownstate_db`` (a factory
 ``knownstate_db(schema_sql) -> dsn`` of empty databases), ``knownstate_db_clock`` (the
-database's clock, back to true time after the test). Here only what this suite alone needs:
+database's clock, at true time when the test starts and after it). Here only what this suite
+alone needs:
 
 - ``toxiproxy``: the Toxiproxy client; every proxy healed after each test.
 
