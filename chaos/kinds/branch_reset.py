@@ -438,9 +438,9 @@ class BranchResetCheck(Clocks, KindCheck):
     @rule(w=st.sampled_from(POLLERS), data=st.data(), against=against("poll", "reap"))
     def poll(self, w: int, data, against: str | None) -> None:
         """A poller polls a run's operation: records what it saw, ends the run or extends the
-        lease. Maybe raced at once against another poller's poll or the reaper: start × start,
-        poll × poll and poll × reap, met otherwise only by blocks aimed at pairs at random, were
-        among the requirements a run met last at 5 of seeds 1-6."""
+        lease. Maybe raced at once against another poller's poll or the reaper: these pairs
+        (and start's, raced by :meth:`start`), met otherwise only by blocks aimed at pairs at
+        random, were among the requirements a run met last at 5 of seeds 1-6."""
         runs = self._ended() * 4 + self._past_queued(running=4)
         run_id = rows.row(data, runs, "run")
         if self.race_on(data, run_id, "poll", against):
