@@ -72,6 +72,22 @@ CLOCK_BASE = -7 * 86_400
 there. Under libfaketime a server clock *ahead* of real time delays its lock-wait timers
 (deadlock_timeout fires that much late): a concurrent block needs it at or behind."""
 
+RECOVERY_GRACE_S = 30.0
+"""How long the check's own connection waits for a server that refuses it while it starts or
+recovers (SQLSTATE 57P03, not one shutting down): after a restart between two runs, or the
+server's own restart after one of its processes died. Polled; past it, the server is not
+answering (exit 3)."""
+
+
+def _recovering(e: psycopg.Error) -> bool:
+    """Whether PostgreSQL refused the connection because it is starting or in crash recovery,
+    and will answer once that ends (libpq reports it at connect time by its message only)."""
+    return any(
+        f"the database system is {what}" in str(e)
+        for what in ("starting up", "not yet accepting connections", "in recovery mode")
+    )
+
+
 QUANTUM = 60
 """Model time is whole seconds, and every duration a check uses is a multiple of this. The
 database clock ticks in real time while a step runs and stands still between steps
@@ -290,17 +306,23 @@ class Env:
             return conn
         self.ensure_alive()
         app = self.app_name("observer")
-        try:
-            with timings.span("connect"):
-                conn = (
-                    ws.connect(application_name=app)
-                    if ws is not None
-                    else psycopg.connect(
-                        self.db.dsn(), autocommit=True, connect_timeout=5, application_name=app
+        deadline = time.monotonic() + RECOVERY_GRACE_S
+        while True:
+            try:
+                with timings.span("connect"):
+                    conn = (
+                        ws.connect(application_name=app)
+                        if ws is not None
+                        else psycopg.connect(
+                            self.db.dsn(), autocommit=True, connect_timeout=5, application_name=app
+                        )
                     )
-                )
-        except psycopg.Error as e:
-            raise self._not_answering(e) from None
+                break
+            except psycopg.Error as e:
+                if not (_recovering(e) and time.monotonic() < deadline):
+                    raise self._not_answering(e) from None
+                self.ensure_alive()  # a server that died while recovering is named as dead
+                time.sleep(0.01)
         self._admin[key] = conn
         return conn
 

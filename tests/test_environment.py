@@ -3,6 +3,8 @@
 - A driver error raised by the client itself (a query missing a parameter, no SQLSTATE, the
   connection alive) is the implementation's: the check fails naming the error. So does an
   implementation that calls such an error a lost connection.
+- A server restarted between two runs, or restarting on its own after one of its backends died
+  (refusing connections until its recovery ends), is waited for: no fault of the next run.
 - A real part that dies without the harness killing it ends the run as the environment's fault
   (``EnvironmentFault``, exit 3) naming the part, whatever Hypothesis was doing: generating (the
   death shows first as a failed observation), replaying or shrinking a failure it found, or
@@ -23,10 +25,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import psycopg
 import pytest
 from hypothesis.errors import FlakyStrategyDefinition
 from polling import poll
 
+from knownstate.chaos.cluster import PostgresCluster
 from knownstate.chaos.check import CheckResult, EnvironmentFault, run_check
 from knownstate.chaos.harness import Env
 from knownstate.chaos.kinds.outbox import OutboxCheck
@@ -89,6 +93,36 @@ def test_a_server_restarted_between_two_runs_is_no_fault_of_the_next(
     knownstate_cluster.restart()
     ws = knownstate_env.workspace("restarted-between-runs", "create table t (x int)")
     assert knownstate_env.query(f"select count(*) from {ws.name}.t") == [(0,)]
+
+
+def test_a_server_recovering_from_its_own_restart_is_waited_for_not_a_fault(knownstate_toxiproxy):
+    """One backend dies abnormally (here SIGKILL): PostgreSQL ends every session and restarts on
+    its own, refusing connections ("the database system is in recovery mode") until it has.
+    The check's next connection waits for it, as for a restart between two runs. (Another
+    backend, stopped, holds the restart back: the postmaster SIGKILLs it after 5 s.)"""
+    with PostgresCluster(faketime=False) as db:
+        env = Env(db, knownstate_toxiproxy)
+        try:
+            env.admin().execute("select 1")
+            doomed, stuck = (psycopg.connect(db.dsn(), autocommit=True) for _ in range(2))
+            os.kill(stuck.info.backend_pid, signal.SIGSTOP)
+            os.kill(doomed.info.backend_pid, signal.SIGKILL)
+            poll("the server refuses connections while it restarts", lambda: _refused(db.dsn()))
+            ws = env.workspace("after-its-own-restart", "create table t (x int)")
+            assert env.query(f"select count(*) from {ws.name}.t") == [(0,)]
+            assert db.running and env.health() is None
+            doomed.close()
+            stuck.close()
+        finally:
+            env.close()
+
+
+def _refused(dsn: str) -> bool:
+    try:
+        psycopg.connect(dsn, connect_timeout=5).close()
+        return False
+    except psycopg.OperationalError as e:
+        return "the database system is in recovery mode" in str(e)
 
 
 # ---------------------------------------------------------------------------------------
