@@ -51,7 +51,9 @@ holds some of it under a new token, or nobody can (it aims only at runs the reap
 back, not at those whose attempts it ends). Meanwhile the other workers' calls to the
 stand-in are slow (``ms`` per call), so the run, once taken back, stays free or held by its new
 owner for a while: the old owner resumes into exactly that window, and its next write carries
-a token the row no longer says. The moment is read from the server, never guessed from a
+a token the row no longer says. They stay slow after it resumed, until no run it held is held
+by another (its write or the new owner's landed): the new owner's call, released at once,
+would otherwise race the old owner's write. The moment is read from the server, never guessed from a
 timer; :data:`HOLD_BOUND` leases is only the bound after which the owner resumes anyway (the
 detail of the period says which). With ``resume=reclaimed``, a hold whose runs were taken back
 and wait for a new owner gets the bound again from that moment: on a slow machine, or while the
@@ -238,6 +240,7 @@ class Nemesis:
         self._held: dict[Fault, dict] = {}  # a hold's worker is stopped holding these
         self._why: dict[Fault, str] = {}  # how a hold ended
         self._bounds: dict[Fault, int] = {}  # a hold's bounds still to come (the last ends it)
+        self._slowed: dict[Fault, tuple[float, dict]] = {}  # resumed, the others still slow
         self._halt = threading.Event()
         self._lock = threading.RLock()
         self._queue: list[_Due] = []
@@ -350,6 +353,7 @@ class Nemesis:
                 self._held[f] = {run: token for run, (token, _) in held.items()}
                 self.active[f] = began
                 if f.param("ms"):
+                    self._lift_all()  # an earlier hold's slowness is this one's now
                     p.slow_others(f.target, f.param("ms"))
                 self._bounds[f] = 1
                 self._push(self.t0 + f.at + f.duration, "bound", f)
@@ -403,8 +407,9 @@ class Nemesis:
         if f.kind == "worker-hold":
             self._bounds.pop(f, None)
             p.cont(f.target)
-            if f.param("ms"):
-                p.slow_others(f.target, None)
+            if f.param("ms"):  # the others stay slow until the resumed owner has written
+                self._slowed[f] = (time.time() + f.duration, self._held[f])
+                self._lift(f)
             held = ", ".join(f"{run}@{token}" for run, token in sorted(self._held.pop(f).items()))
             why = self._why.pop(f, "") or "still held (the bound was reached, or the quiet period)"
             self.periods.append(
@@ -433,6 +438,26 @@ class Nemesis:
             p.slow(f.target, None)
         self.periods.append(Period(f.kind, f.target, began, time.time(), _detail(f)))
 
+    def _lift(self, f: Fault) -> None:
+        """One look after a hold's worker resumed: the other workers' calls stay slow while a
+        new owner holds what it held, so the resumed owner's next write meets that owner (its
+        own calls were never slow). Lifted once no run it held is held by another (its write
+        landed, or the new owner's did), or after the hold's duration."""
+        if f not in self._slowed:
+            return
+        until, held = self._slowed[f]
+        where = self.parts.taken(held)
+        if time.time() < until and (where is None or "reheld" in where.values()):
+            self._push(time.time() + POLL, "lift", f)
+            return
+        del self._slowed[f]
+        self.parts.slow_others(f.target, None)
+
+    def _lift_all(self) -> None:
+        for f in list(self._slowed):
+            del self._slowed[f]
+            self.parts.slow_others(f.target, None)
+
     def heal(self) -> None:
         """Stop planning; end every fault in progress now (the quiet period begins)."""
         self._halt.set()
@@ -454,6 +479,7 @@ class Nemesis:
                         ),
                     )
                 )
+            self._lift_all()
             self._queue.clear()
             self._aim_until.clear()
 

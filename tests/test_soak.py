@@ -762,7 +762,7 @@ class ScriptedHolder:
     under test here; the soak's tests run it against real parts."""
 
     def __init__(self):
-        self.where, self.stopped, self.looks = "held", False, []
+        self.where, self.stopped, self.looks, self.slow = "held", False, [], None
 
     def stop(self, proc):
         self.stopped = True
@@ -783,9 +783,12 @@ class ScriptedHolder:
         self.looks.append(time.time())
         return {run: self.where for run in held}
 
+    def slow_others(self, proc, ms):
+        self.slow = ms
 
-def hold(resume: str, bound: float) -> nemesis.Fault:
-    params = (("resume", resume), ("runs", "any"), ("after", 1), ("ms", 0))
+
+def hold(resume: str, bound: float, ms: int = 0) -> nemesis.Fault:
+    params = (("resume", resume), ("runs", "any"), ("after", 1), ("ms", ms))
     return nemesis.Fault(0.0, "worker-hold", "w0", bound, params)
 
 
@@ -822,6 +825,23 @@ def test_a_hold_whose_runs_are_never_claimed_again_ends_at_its_second_bound():
     poll("the hold ends", lambda: n.periods)
     assert n.periods[0].detail.endswith("resumed: taken back, no new owner before the bound")
     assert not parts.stopped
+    n.heal()
+
+
+def test_the_others_stay_slow_after_a_hold_until_the_run_leaves_its_new_owners_hands():
+    """Resumed because another worker holds its run, the stale owner's next write must meet
+    that owner: the others' calls stay slow (its own never were) until the run is no longer
+    held by another, by its write or the new owner's, not only until the moment it resumes."""
+    parts, f = ScriptedHolder(), hold("reclaimed", 30.0, ms=600)
+    n = nemesis.Nemesis([f], parts, time.time()).start()
+    poll("the hold stops w0", lambda: parts.stopped and parts.slow == 600)
+    parts.where = "reheld"
+    poll("the hold ends", lambda: n.periods)
+    assert not parts.stopped
+    poll("two looks after it resumed", lambda: looked_after(parts, n.periods[0].end))
+    assert parts.slow == 600
+    parts.where = "done"
+    poll("the others' calls are fast again", lambda: parts.slow is None)
     n.heal()
 
 
