@@ -374,6 +374,8 @@ class PostgresCluster:
                 FAKETIME_NO_CACHE="1",
                 FAKETIME_DONT_FAKE_MONOTONIC="1",
             )
+        if self._ld:
+            leftovers.sweep_faketime()  # what a postmaster SIGKILLed before this one left
         self._log = self._dir / "postgres.log"
         with open(self._log, "ab") as log:
             if self._user:

@@ -10,6 +10,9 @@ it (a PostgreSQL server that outlived its runner: its processes' working directo
 folder). A folder whose owner lives is never touched, and neither is one without the lock file
 (being made this instant, or made by a knownstate before this one): the lock file appears,
 already locked, in one rename.
+
+:func:`sweep_faketime` removes what libfaketime leaves of a server killed with SIGKILL (every
+injected crash), which would stop a later server from starting.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -74,6 +78,35 @@ def sweep(where: str | None = None) -> list[Path]:
                 removed.append(folder)
         finally:
             os.close(fd)
+    return removed
+
+
+SHM = Path("/dev/shm")
+_FAKETIME = re.compile(r"(?:sem\.)?faketime_(?:shm|sem)_(\d+)")
+
+
+def sweep_faketime(where: Path = SHM) -> list[str]:
+    """Remove the POSIX shared memory objects and semaphores libfaketime made for processes
+    that are gone; the names removed. libfaketime (0.9.10) makes them in a process of the
+    server, named by its pid (``faketime_shm_<pid>``, ``sem.faketime_sem_<pid>``, with O_EXCL),
+    and removes them when that process exits. One killed with SIGKILL (an injected crash)
+    leaves them, and a later server process that gets the same pid (pids wrap at
+    ``/proc/sys/kernel/pid_max``: 32,768 on many machines) exits at once: "libfaketime: In
+    ft_shm_create(), shm_open failed: File exists" (in CI, a restarted server's startup process,
+    so the server did not start). Run before a server starts, so no leftover waits for a pid. A
+    process that lives (or is a zombie) keeps its pid and its objects; those of another user
+    are left where they may not be removed (upstream's README: delete them "occasionally")."""
+    removed = []
+    try:
+        names = sorted(os.listdir(where))
+    except OSError:
+        return removed
+    for name in names:
+        found = _FAKETIME.fullmatch(name)
+        if found and not os.path.exists(f"/proc/{found.group(1)}"):
+            with contextlib.suppress(OSError):
+                (where / name).unlink()
+                removed.append(name)
     return removed
 
 

@@ -14,7 +14,9 @@ is never replaced, leaked, hung on or misread.
 - **malformed input**: a DSN that does not parse and a negative seed are exit 2 with one line;
 - **tool overrides** naming a missing file fail loudly, naming the variable;
 - **leftovers**: after ``kill -KILL`` of a running ``verify``, the next run sweeps what the
-  first left in the temp folder, and only what belongs to a dead run.
+  first left in the temp folder, and only what belongs to a dead run; what libfaketime left of a
+  SIGKILLed server (shared memory named by its pid, which would stop a later server given that
+  pid from starting) is gone before the next server starts.
 """
 
 from __future__ import annotations
@@ -388,6 +390,44 @@ def test_the_sweep_removes_only_the_folders_of_dead_runs(temp_dir):
         alive.wait(timeout=30)
         squatter.kill()
         squatter.wait(timeout=30)
+
+
+def test_the_faketime_sweep_removes_only_what_processes_that_are_gone_left(tmp_path):
+    from knownstate.chaos import leftovers
+
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=30)
+    mine = os.getpid()
+    names = [f"faketime_shm_{gone.pid}", f"sem.faketime_sem_{gone.pid}"]
+    kept = [f"faketime_shm_{mine}", f"sem.faketime_sem_{mine}", "faketime_shm_x", "PostgreSQL.1"]
+    for name in names + kept:
+        (tmp_path / name).write_bytes(b"")
+    assert leftovers.sweep_faketime(tmp_path) == sorted(names)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
+
+
+def test_what_libfaketime_left_in_dev_shm_is_gone_when_a_server_starts_again():
+    """libfaketime makes a shared memory object and a semaphore named by the pid of the server
+    process it first runs in, with O_EXCL, and removes them when that process exits: one killed
+    with SIGKILL (an injected crash) leaves them, and a server process that got that pid later
+    could not start (CI: the startup process, "shm_open failed: File exists", so the server
+    exited 1). A leftover of a process that is gone goes before the server starts again."""
+    from knownstate.chaos import leftovers
+    from knownstate.chaos.cluster import PostgresCluster
+
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=30)
+    left = [
+        leftovers.SHM / f"faketime_shm_{gone.pid}",
+        leftovers.SHM / f"sem.faketime_sem_{gone.pid}",
+    ]
+    with PostgresCluster() as db:
+        for path in left:
+            path.write_bytes(b"")
+        db.crash()
+        assert all(p.exists() for p in left)
+        db.restart()
+        assert not any(p.exists() for p in left)
 
 
 @pytest.mark.slow
