@@ -359,6 +359,9 @@ class PostgresCluster:
             "checkpoint_timeout": "30s",
             "max_wal_size": "64MB",
             "min_wal_size": "32MB",
+            # its dynamic shared memory in the data directory, removed with it: in /dev/shm
+            # (posix), what a server killed with SIGKILL made there stayed (1 MB a server)
+            "dynamic_shared_memory_type": "mmap",
             "log_min_messages": "fatal",
             "logging_collector": "off",
         }

@@ -16,7 +16,8 @@ is never replaced, leaked, hung on or misread.
 - **leftovers**: after ``kill -KILL`` of a running ``verify``, the next run sweeps what the
   first left in the temp folder, and only what belongs to a dead run; what libfaketime left of a
   SIGKILLed server (shared memory named by its pid, which would stop a later server given that
-  pid from starting) is gone before the next server starts.
+  pid from starting) is gone before the next server starts, and a server keeps its dynamic
+  shared memory in its data directory, not in /dev/shm where a kill would leave it.
 """
 
 from __future__ import annotations
@@ -428,6 +429,17 @@ def test_what_libfaketime_left_in_dev_shm_is_gone_when_a_server_starts_again():
         assert all(p.exists() for p in left)
         db.restart()
         assert not any(p.exists() for p in left)
+
+
+def test_a_server_keeps_no_shared_memory_in_dev_shm_that_a_kill_would_leave():
+    """What a server maps from /dev/shm outlives it when it is killed with SIGKILL (as every
+    injected crash kills it) and its folder removed: 1 MB a server, before. The throwaway
+    server keeps its dynamic shared memory in its data directory instead."""
+    from knownstate.chaos.cluster import PostgresCluster
+
+    with PostgresCluster(faketime=False) as db:
+        maps = Path(f"/proc/{db._proc.pid}/maps").read_text()
+        assert "/dev/shm/" not in maps and f"{db.data}/pg_dynshmem/" in maps, maps
 
 
 @pytest.mark.slow
