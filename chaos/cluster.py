@@ -378,7 +378,7 @@ class PostgresCluster:
                 FAKETIME_DONT_FAKE_MONOTONIC="1",
             )
         if self._ld:
-            leftovers.sweep_faketime()  # what a postmaster SIGKILLed before this one left
+            leftovers.sweep_faketime()  # what server processes killed before this one left
         self._log = self._dir / "postgres.log"
         with open(self._log, "ab") as log:
             if self._user:

@@ -85,7 +85,7 @@ SHM = Path("/dev/shm")
 _FAKETIME = re.compile(r"(?:sem\.)?faketime_(?:shm|sem)_(\d+)")
 
 
-def sweep_faketime(where: Path = SHM) -> list[str]:
+def sweep_faketime(where: Path | None = None) -> list[str]:
     """Remove the POSIX shared memory objects and semaphores libfaketime made for processes
     that are gone; the names removed. libfaketime (0.9.10) makes them in a process of the
     server, named by its pid (``faketime_shm_<pid>``, ``sem.faketime_sem_<pid>``, with O_EXCL),
@@ -95,8 +95,9 @@ def sweep_faketime(where: Path = SHM) -> list[str]:
     ft_shm_create(), shm_open failed: File exists" (in CI, a restarted server's startup process,
     so the server did not start). Run before a server starts, so no leftover waits for a pid. A
     process that lives (or is a zombie) keeps its pid and its objects; those of another user
-    are left where they may not be removed (upstream's README: delete them "occasionally")."""
-    removed = []
+    are left where they may not be removed (upstream's README: delete them "occasionally").
+    ``where``: the folder (default :data:`SHM`)."""
+    removed, where = [], where or SHM
     try:
         names = sorted(os.listdir(where))
     except OSError:

@@ -407,7 +407,7 @@ def test_the_faketime_sweep_removes_only_what_processes_that_are_gone_left(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
 
 
-def test_what_libfaketime_left_in_dev_shm_is_gone_when_a_server_starts_again():
+def test_what_libfaketime_left_in_dev_shm_is_gone_when_a_server_starts_again(tmp_path, monkeypatch):
     """libfaketime makes a shared memory object and a semaphore named by the pid of the server
     process it first runs in, with O_EXCL, and removes them when that process exits: one killed
     with SIGKILL (an injected crash) leaves them, and a server process that got that pid later
@@ -418,10 +418,9 @@ def test_what_libfaketime_left_in_dev_shm_is_gone_when_a_server_starts_again():
 
     gone = subprocess.Popen(["true"])
     gone.wait(timeout=30)
-    left = [
-        leftovers.SHM / f"faketime_shm_{gone.pid}",
-        leftovers.SHM / f"sem.faketime_sem_{gone.pid}",
-    ]
+    # /dev/shm stands in a folder of its own: another run's sweep must not remove them first
+    monkeypatch.setattr(leftovers, "SHM", tmp_path)
+    left = [tmp_path / f"faketime_shm_{gone.pid}", tmp_path / f"sem.faketime_sem_{gone.pid}"]
     with PostgresCluster() as db:
         for path in left:
             path.write_bytes(b"")
