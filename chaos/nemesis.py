@@ -53,11 +53,12 @@ stand-in are slow (``ms`` per call), so the run, once taken back, stays free or 
 owner for a while: the old owner resumes into exactly that window, and its next write carries
 a token the row no longer says. They stay slow after it resumed, until no run it held is held
 by another (its write or the new owner's landed): the new owner's call, released at once,
-would otherwise race the old owner's write. The moment is read from the server, never guessed from a
-timer; :data:`HOLD_BOUND` leases is only the bound after which the owner resumes anyway (the
-detail of the period says which). With ``resume=reclaimed``, a hold whose runs were taken back
-and wait for a new owner gets the bound again from that moment: on a slow machine, or while the
-other workers' calls are slow, a claim can be seconds away, and the catch must not depend on it.
+would otherwise race the old owner's write. The moment is read from the server, never guessed
+from a timer; :data:`HOLD_BOUND` leases is only the bound after which the owner resumes anyway
+(the detail of the period says which). With ``resume=reclaimed``, a hold whose runs were taken
+back and wait for a new owner gets the bound again from that moment: on a slow machine, or
+while the other workers' calls are slow, a claim can be seconds away, and the catch must not
+depend on it.
 """
 
 from __future__ import annotations
