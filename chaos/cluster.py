@@ -444,6 +444,7 @@ class PostgresCluster:
             proc.wait()
             _wait_gone(victims)
         if self._dir is not None:
+            leftovers.release_shared_memory(self._dir / "data")  # a killed server's
             leftovers.remove(self._dir)
             self._dir = None
 

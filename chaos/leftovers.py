@@ -12,12 +12,14 @@ folder). A folder whose owner lives is never touched, and neither is one without
 already locked, in one rename.
 
 :func:`sweep_faketime` removes what libfaketime leaves of a server killed with SIGKILL (every
-injected crash), which would stop a later server from starting.
+injected crash), which would stop a later server from starting; :func:`release_shared_memory`
+the System V segment such a server leaves, when its folder goes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import re
@@ -73,6 +75,7 @@ def sweep(where: str | None = None) -> list[Path]:
             except OSError:
                 continue  # its owner is alive
             _kill_living_in(folder)
+            release_shared_memory(folder / "data")
             shutil.rmtree(folder, ignore_errors=True)
             if not folder.exists():
                 removed.append(folder)
@@ -109,6 +112,27 @@ def sweep_faketime(where: Path | None = None) -> list[str]:
                 (where / name).unlink()
                 removed.append(name)
     return removed
+
+
+IPC_RMID, IPC_STAT = 0, 2
+
+
+def release_shared_memory(data: Path) -> bool:
+    """Remove the System V shared memory segment a PostgreSQL server killed before it could shut
+    down left: its interlock, named in ``postmaster.pid`` in its data directory ``data``. A
+    server started again on the same data removes it; one whose folder is removed never is, and
+    the kernel's limit on segments (``kernel.shmmni``, 4,096 by default) is then reached one
+    killed server at a time. Only the segment whose key is still the one the file names goes.
+    Call once no process of the server lives. True when one was removed."""
+    try:
+        key, shmid = map(int, (data / "postmaster.pid").read_text().splitlines()[6].split())
+    except (OSError, IndexError, ValueError):
+        return False  # shut down cleanly (no file), or not a server's data directory
+    libc = ctypes.CDLL(None, use_errno=True)
+    stat = ctypes.create_string_buffer(256)  # struct shmid_ds: its key (a key_t) comes first
+    if libc.shmctl(shmid, IPC_STAT, stat) != 0 or ctypes.c_int.from_buffer(stat).value != key:
+        return False  # gone, or the id is another segment's now
+    return libc.shmctl(shmid, IPC_RMID, None) == 0
 
 
 def _kill_living_in(folder: Path, deadline_s: float = 10.0) -> None:

@@ -16,8 +16,9 @@ is never replaced, leaked, hung on or misread.
 - **leftovers**: after ``kill -KILL`` of a running ``verify``, the next run sweeps what the
   first left in the temp folder, and only what belongs to a dead run; what libfaketime left of a
   SIGKILLed server (shared memory named by its pid, which would stop a later server given that
-  pid from starting) is gone before the next server starts, and a server keeps its dynamic
-  shared memory in its data directory, not in /dev/shm where a kill would leave it.
+  pid from starting) is gone before the next server starts, a server keeps its dynamic shared
+  memory in its data directory, not in /dev/shm where a kill would leave it, and the System V
+  segment a killed server leaves goes with its folder.
 """
 
 from __future__ import annotations
@@ -439,6 +440,61 @@ def test_a_server_keeps_no_shared_memory_in_dev_shm_that_a_kill_would_leave():
     with PostgresCluster(faketime=False) as db:
         maps = Path(f"/proc/{db._proc.pid}/maps").read_text()
         assert "/dev/shm/" not in maps and f"{db.data}/pg_dynshmem/" in maps, maps
+
+
+def _segment(data: Path) -> tuple[int, int]:
+    """The System V segment (key, id) a server's ``postmaster.pid`` names."""
+    key, shmid = (data / "postmaster.pid").read_text().splitlines()[6].split()
+    return int(key), int(shmid)
+
+
+def _segment_key(shmid: int) -> int | None:
+    """The key of the segment ``shmid`` (IPC_STAT), or None when there is none."""
+    import ctypes
+
+    stat = ctypes.create_string_buffer(256)
+    if ctypes.CDLL(None).shmctl(shmid, 2, stat) != 0:
+        return None
+    return ctypes.c_int.from_buffer(stat).value
+
+
+def test_a_server_killed_and_removed_leaves_no_shared_memory_segment():
+    """A server killed with SIGKILL (a crash left as it was at the end of a run) leaves the
+    System V segment PostgreSQL keeps as its interlock: one more each time, until the kernel's
+    limit (kernel.shmmni) refuses new servers. Removing its folder removes the segment too."""
+    from knownstate.chaos.cluster import PostgresCluster
+
+    with PostgresCluster(faketime=False) as db:
+        key, shmid = _segment(db.data)
+        assert _segment_key(shmid) == key
+        db.crash()
+        assert _segment_key(shmid) == key, "a SIGKILLed server leaves it"
+    assert _segment_key(shmid) != key
+
+
+def test_the_sweep_removes_the_shared_memory_segment_a_dead_runs_server_left(temp_dir):
+    """A run killed with its server leaves the segment its ``postmaster.pid`` names: the sweep
+    of its folder removes it (here a segment made for the test, named as a server names it)."""
+    import ctypes
+    import random
+
+    from knownstate.chaos import leftovers
+
+    key = random.randrange(1 << 20, 1 << 30)
+    shmid = ctypes.CDLL(None).shmget(key, 56, 0o1000 | 0o2000 | 0o600)  # IPC_CREAT|IPC_EXCL
+    assert shmid >= 0 and _segment_key(shmid) == key
+    try:
+        dead, folder = _owner(temp_dir)
+        (folder / "data").mkdir()
+        fields = ["1", str(folder / "data"), "0", "5432", str(folder), "127.0.0.1"]
+        (folder / "data" / "postmaster.pid").write_text("\n".join([*fields, f"{key} {shmid}"]))
+        dead.kill()
+        dead.wait(timeout=30)
+        assert leftovers.sweep(str(temp_dir)) == [folder]
+        assert _segment_key(shmid) != key
+    finally:
+        if _segment_key(shmid) == key:
+            ctypes.CDLL(None).shmctl(shmid, 0, None)
 
 
 @pytest.mark.slow
