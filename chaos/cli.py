@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from typing import Iterable
 
 from . import browser_cli, jobs, kinds, memory, outpath
 from . import dsn as dsns
@@ -190,7 +191,7 @@ def plan(args, command: str) -> Plan:
         for target in targets:
             units += [Unit(len(units) + i, kind, s, target) for i, s in enumerate(seeds)]
     planned = len(units)
-    if shard:
+    if shard and not args.part:  # a --jobs shard asks for its runs (jobs.pulled)
         units = [u for u in units if u.index % shard[1] == shard[0] - 1]
     for flag, what in (("json", "JSON report"), ("junit", "JUnit report")):
         path = getattr(args, flag)
@@ -295,7 +296,10 @@ def execute(args, p: Plan) -> int:
     if args.jobs > 1 and len(p.units) > 1:
         return jobs.run(args, p, lambda doc: _finish(args, doc))
     report = _report(args, p, p.memory.local if p.memory else None)
-    if not args.part:  # a --jobs shard's are its parent's
+    if args.part:  # a --jobs shard: its header is its parent's; the runs it is handed join it
+        report.units = []
+        jobs.follow_parent()
+    else:
         print(_header(args, p), flush=True)
         for note in p.notes:
             print(f"  note: {note}", flush=True)
@@ -312,7 +316,8 @@ def execute(args, p: Plan) -> int:
             if p.memory and p.memory.local and not args.part:
                 how = "replayed first" if p.replay_stored else "new ones kept, none replayed"
                 jobs.say(args, f"  example database: {p.memory.local} (failing examples {how})")
-            for unit in kind_by_kind(env, p.units):
+            units = jobs.pulled(p.units, report) if args.part else p.units
+            for unit in kind_by_kind(env, units):
                 _run_unit(args, p, report, env, unit)
         tools.interrupt_caught()  # a signal from here on waits for the reports
     except (KeyboardInterrupt, EnvironmentFault, MissingTool, Unavailable) as e:
@@ -371,14 +376,17 @@ def _interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
     return None
 
 
-def kind_by_kind(env, units: list[Unit]):
+def kind_by_kind(env, units: Iterable[Unit]):
     """The units in order (a kind's are together); between two kinds the stand-ins the last
     one started are stopped, so its parts (the browser kind's Chromium) do not run beside the
-    next kind's checks."""
-    for before, unit in zip([None, *units], units):
+    next kind's checks. Read one at a time: a ``--jobs`` shard asks for each
+    (:func:`.jobs.pulled`)."""
+    before = None
+    for unit in units:
         if before is not None and before.kind != unit.kind:
             env.stop_stand_ins()
         yield unit
+        before = unit
 
 
 def _run_unit(args, p: Plan, report: Report, env, unit: Unit) -> None:

@@ -130,8 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
             default=1,
             metavar="N",
             help="run the runs in N processes side by side, each with its own PostgreSQL and "
-            "Toxiproxy (the plan's shards, their reports joined): the same verdicts, examples "
-            "and steps as one after another, sooner where the checks wait on I/O",
+            "Toxiproxy, each taking the next run when it is free (their reports joined): the "
+            "same verdicts, examples and steps as one after another, sooner where the checks "
+            "wait on I/O",
         )
         sp.add_argument("--part", action="store_true", help=argparse.SUPPRESS)  # a --jobs shard
         sp.add_argument(

@@ -359,9 +359,11 @@ class ReportError(Exception):
     """A report cannot be read or merged: the message says which file and why."""
 
 
-def merge(docs: list[tuple[str, dict]]) -> dict:
+def merge(docs: list[tuple[str, dict]], unrun: list[dict] = ()) -> dict:
     """The document of a whole run from the documents of its shards (``(path, document)``).
-    Every shard of the run must be there, once: together they are the plan of one run."""
+    Every shard of the run must be there, once: together they are the plan of one run, with
+    the records of runs no shard began (``unrun``: shards that take their runs one at a time,
+    :mod:`.jobs`)."""
     if not docs:
         raise ReportError("nothing to merge: give the JSON report of every shard")
     for path, d in docs:
@@ -401,7 +403,7 @@ def merge(docs: list[tuple[str, dict]]) -> dict:
             f"shard {', '.join(f'{i}/{n}' for i in missing)} missing: give the "
             "JSON report of every shard"
         )
-    runs = sorted((r for _, d in docs for r in d["runs"]), key=lambda r: r["index"])
+    runs = sorted([*(r for _, d in docs for r in d["runs"]), *unrun], key=lambda r: r["index"])
     if [r["index"] for r in runs] != list(range(first["planned"])):
         raise ReportError(
             "the shards' runs do not make up the plan of one run (a run is "

@@ -755,14 +755,97 @@ def test_jobs_run_the_same_runs_side_by_side_into_one_report(tmp_path):
 
 @pytest.mark.slow
 def test_jobs_stop_every_shard_on_a_signal_and_report_it(tmp_path):
+    """Each shard's run in progress is reported interrupted; the run no shard took yet (the
+    kind with the fewest requirements is handed out last), not run."""
+    proc = _start_verify(tmp_path, "outbox", "branch-reset", "approved-plan", "--jobs", "2")
+    err = tmp_path / "stderr"
+    poll("both shards run", lambda: "approved-plan seed 1:" in err.read_text(), 120)
+    started = descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    doc, xml = _ends_cleanly(proc, tmp_path, 143, "interrupted by SIGTERM", started)
+    assert (doc["outcome"], doc["signal"]) == ("interrupted", "SIGTERM")
+    assert [(r["kind"], r["status"]) for r in doc["runs"]] == [
+        ("outbox", "interrupted"),
+        ("branch-reset", "not run"),
+        ("approved-plan", "interrupted"),
+    ]
+    assert [s.get("type") for s in xml.iter("skipped")] == ["not-run"]
+
+
+@pytest.mark.slow
+def test_jobs_shards_end_with_a_parent_killed_outright(tmp_path):
+    """SIGKILL of the parent (which can then stop nothing): its shards stop anyway, each with its
+    servers, instead of running their endless runs on alone."""
     proc = _start_verify(tmp_path, "outbox", "branch-reset", "--jobs", "2")
     err = tmp_path / "stderr"
     poll("both shards run", lambda: "branch-reset seed 1:" in err.read_text(), 120)
     started = descendants(proc.pid)
-    proc.send_signal(signal.SIGTERM)
-    doc, _ = _ends_cleanly(proc, tmp_path, 143, "interrupted by SIGTERM", started)
-    assert (doc["outcome"], doc["signal"]) == ("interrupted", "SIGTERM")
-    assert {r["status"] for r in doc["runs"]} == {"interrupted"}
+    proc.kill()
+    proc.wait()
+    left = lambda: [p for p in started if os.path.exists(f"/proc/{p}") and exe(p)]  # noqa: E731
+    try:
+        poll("nothing the shards started is left running", lambda: not left(), 120)
+    finally:  # without the fix the shards run on: stopped here, not left to the machine
+        for pid in left():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_jobs_a_free_shard_takes_the_next_run_while_another_is_still_busy(tmp_path):
+    """--jobs 2 over a run that never ends (the reference, 100,000 examples) and two that end
+    soon (two mutants, caught unshrunk): the shard that is free takes both. Dealt round-robin,
+    the second mutant (the plan's third run) waited behind the reference forever."""
+    env = {**os.environ, "CI": "true"}
+    env.pop("DATABASE_URL", None)
+    out = tmp_path / "stdout"
+    with open(out, "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        proc = subprocess.Popen(
+            [
+                *KNOWNSTATE,
+                "mutants",
+                "branch-reset",
+                "--mutant",
+                "one-in-flight-missing",
+                "--mutant",
+                "reaper-ignores-lease",
+                "--examples",
+                "100000",
+                "--shrinks",
+                "0",
+                "--seed",
+                "1",
+                "--jobs",
+                "2",
+                *REPORTS,
+            ],
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+    try:
+        caught = ("one-in-flight-missing seed 1: CAUGHT", "reaper-ignores-lease seed 1: CAUGHT")
+        poll(
+            "both mutants caught beside the endless reference",
+            lambda: all(line in out.read_text() for line in caught),
+            180,
+        )
+    finally:  # also when the poll fails: SIGTERM stops the shards (SIGKILL would orphan them)
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=120)
+        proc.kill()
+    assert proc.returncode == 143, out.read_text()
+    doc, _ = reports(tmp_path)
+    assert [
+        (r["mutant"] and r["mutant"]["name"], r["status"], r["caught"]) for r in doc["runs"]
+    ] == [
+        (None, "interrupted", None),
+        ("one-in-flight-missing", "failed", True),
+        ("reaper-ignores-lease", "failed", True),
+    ]
 
 
 def _killed_from_outside(tmp_path: Path, part: str, message: str):
