@@ -28,13 +28,12 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections import deque
 from pathlib import Path
 from typing import Iterator
 
-from . import kinds, tools
+from . import kinds, leftovers, tools
 from .report import Report, ReportError, Unit, merge, partial_record, read
 
 ASK = {"next": "run"}
@@ -56,8 +55,11 @@ def run(args, p, finish) -> int:
     for note in p.notes:
         print(f"  note: {note}", flush=True)
     lock, left = threading.Lock(), deque(sorted(p.units, key=_longest_first))
-    with tempfile.TemporaryDirectory(prefix="knownstate-jobs-") as tmp:
-        paths = [Path(tmp) / f"shard-{i}.json" for i in range(1, n + 1)]
+    # the shards' reports: swept by a later run if this process is killed outright
+    with contextlib.ExitStack() as stack:
+        tmp = leftovers.make("knownstate-jobs-")
+        stack.callback(leftovers.remove, tmp)
+        paths = [tmp / f"shard-{i}.json" for i in range(1, n + 1)]
         procs = [_start(args, p, i, n, path, tmp) for i, path in enumerate(paths, 1)]
         relays = [threading.Thread(target=_relay, args=(pr, lock, left)) for pr in procs]
         for t in relays:
@@ -106,10 +108,10 @@ def _longest_first(unit: Unit) -> tuple[bool, int]:
     return (unit.mutant is not None, -len(kinds.check(unit.kind).requirements()))
 
 
-def _start(args, p, i: int, n: int, report: Path, tmp: str) -> subprocess.Popen:
+def _start(args, p, i: int, n: int, report: Path, tmp: Path) -> subprocess.Popen:
     seeds = ["--seed", str(p.seeds[0]), "--seeds", str(len(p.seeds))]
     argv = [*args.argv, *seeds, "--shard", f"{i}/{n}", "--json", str(report)]
-    argv += ["--junit", str(Path(tmp) / f"shard-{i}.xml"), "--jobs", "1", "--part"]
+    argv += ["--junit", str(tmp / f"shard-{i}.xml"), "--jobs", "1", "--part"]
     return subprocess.Popen(
         [sys.executable, "-m", "knownstate.chaos.cli", *argv],
         stdin=subprocess.PIPE,

@@ -25,7 +25,7 @@ from xml.etree import ElementTree as ET
 import pytest
 from gate_fakes import Engine, FakeEnv, NeverStart, machine_of, result, validate
 
-from knownstate.chaos import cli, kinds, memory, tools
+from knownstate.chaos import cli, kinds, leftovers, memory, tools
 from knownstate.chaos.check import PROFILES, EnvironmentFault, SaveOnly
 from knownstate.chaos.mutants import Mutant
 from knownstate.chaos.report import knownstate_version
@@ -513,11 +513,15 @@ def descendants(pid: int) -> list[int]:
     return _descendants(pid)
 
 
-def exe(pid: int) -> str:
+def _argv(pid: int) -> list[str]:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
-        return ""
+        return []
+
+
+def exe(pid: int) -> str:
+    return (_argv(pid) or [""])[0]
 
 
 def reports(tmp_path: Path) -> tuple[dict, ET.Element]:
@@ -775,11 +779,14 @@ def test_jobs_stop_every_shard_on_a_signal_and_report_it(tmp_path):
 @pytest.mark.slow
 def test_jobs_shards_end_with_a_parent_killed_outright(tmp_path):
     """SIGKILL of the parent (which can then stop nothing): its shards stop anyway, each with its
-    servers, instead of running their endless runs on alone."""
+    servers, instead of running their endless runs on alone; the folder of their reports is
+    removed by the next run's sweep."""
     proc = _start_verify(tmp_path, "outbox", "branch-reset", "--jobs", "2")
     err = tmp_path / "stderr"
     poll("both shards run", lambda: "branch-reset seed 1:" in err.read_text(), 120)
     started = descendants(proc.pid)
+    argv = next(a for a in map(_argv, started) if "--part" in a)  # a shard's: its report's path
+    folder = Path(argv[len(argv) - argv[::-1].index("--junit")]).parent  # its own, the last
     proc.kill()
     proc.wait()
     left = lambda: [p for p in started if os.path.exists(f"/proc/{p}") and exe(p)]  # noqa: E731
@@ -789,6 +796,8 @@ def test_jobs_shards_end_with_a_parent_killed_outright(tmp_path):
         for pid in left():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+    leftovers.sweep()  # as every run does when it starts a cluster
+    assert not folder.exists()
 
 
 @pytest.mark.slow
