@@ -23,18 +23,16 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from knownstate.chaos import kinds, tools
+from knownstate.chaos import kinds, leftovers, tools
 from knownstate.chaos.check import run_check
 from knownstate.chaos.cli import build_parser
 from knownstate.chaos.cluster import ExternalDatabase, PostgresCluster, open_database, resolve_dsn
@@ -85,8 +83,10 @@ def _as_postgres() -> dict:
 
 @pytest.fixture(scope="module")
 def server():
-    """A PostgreSQL started with pg_ctl, on a free port in a temp directory; stopped at the end."""
-    base = Path(tempfile.mkdtemp(prefix="knownstate-own-pg-"))
+    """A PostgreSQL started with pg_ctl, on a free port in a temp directory; stopped at the end
+    (its folder made by ``leftovers``: a test run killed outright leaves a server that the next
+    run's sweep stops, not one that runs on)."""
+    base = leftovers.make("knownstate-own-pg-")
     if tools.running_as_root():
         pw = pwd.getpwnam("postgres")
         os.chown(base, pw.pw_uid, pw.pw_gid)
@@ -163,7 +163,7 @@ def server():
             cwd=base,
             **_as_postgres(),
         )
-        shutil.rmtree(base, ignore_errors=True)
+        leftovers.remove(base)
 
 
 def knownstate(
